@@ -1,0 +1,3 @@
+from localspec.cli import main
+
+raise SystemExit(main())

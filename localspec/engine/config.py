@@ -1,0 +1,59 @@
+"""Engine settings and the request shape. Pydantic validates both; CLI flags override fields."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from localspec.engine.chat import ChatMessage
+from localspec.engine.sampling import SamplingParams
+
+Mode = Literal["off", "draft", "lookup"]
+MODES: tuple[str, ...] = ("off", "draft", "lookup")
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n_ctx: int = Field(4096, ge=64, description="context tokens per parallel slot")
+    parallel: int = Field(1, ge=1, le=64, description="sequence slots sharing one llama.cpp context")
+    n_batch: int = Field(512, ge=16, description="most tokens in one llama_decode")
+    prefill_budget: int = Field(256, ge=1, description="prompt tokens per step, so long prompts share the engine")
+    n_threads: int | None = Field(None, ge=1)
+    n_gpu_layers: int = -1
+    flash_attn: Literal["auto", "on", "off"] = "auto"
+    mode: Mode = "draft"
+    draft_k: int = Field(6, ge=0, le=32, description="most tokens the draft model proposes per step")
+    draft_p_min: float = Field(0.5, ge=0.0, le=1.0, description="greedy drafting stops below this top-1 probability")
+    lookup_k: int = Field(8, ge=0, le=64)
+    lookup_n_min: int = Field(2, ge=1)
+    lookup_n_max: int = Field(4, ge=1)
+    lora_path: str | None = None
+
+
+class GenerationRequest(BaseModel):
+    """A prompt or chat messages, and how to continue it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    max_tokens: int = Field(256, gt=0, le=1_000_000)
+    sampling: SamplingParams = SamplingParams()
+    stop: list[str] = Field(default_factory=list)
+    mode: Mode | None = None  # None: the engine's configured mode
+    k: int | None = Field(None, ge=0, le=64, description="draft length; None: the mode's default")
+    truncate: bool = Field(False, description="chat only: drop the oldest turns (never the system prompt) to fit")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GenerationRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.prompt is not None and not self.prompt:
+            raise ValueError("the prompt is empty")
+        if self.messages is not None and not self.messages:
+            raise ValueError("'messages' is empty")
+        if self.truncate and self.messages is None:
+            raise ValueError("'truncate' applies to chat messages only")
+        return self

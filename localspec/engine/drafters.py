@@ -1,0 +1,177 @@
+"""Drafters: whatever proposes the tokens the target then verifies in one batch.
+
+* `DraftModelDrafter`: a small model with the target's tokenizer. Greedy mode proposes its top-1
+  token and stops early when that token's probability falls below `p_min`; sampling mode samples
+  from its distribution q and keeps q for verification.
+* `PromptLookupDrafter`: copies what followed the latest earlier occurrence of the last n tokens
+  (prompt plus output). Strong when the answer quotes its input (editing, refactoring).
+* No drafter at all is mode `off`: the target decodes one token per pass.
+
+The draft model keeps its own KV cache per sequence. It is kept as a list of the tokens it
+holds, so catching up after the target accepted or rejected tokens is a prefix comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localspec.engine.runtime import ModelRuntime, Row
+from localspec.engine.sampling import SamplingParams, distribution, penalize
+from localspec.engine.verify import Draft, PositionRng
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class DraftJob:
+    """One sequence's request for a draft of up to k tokens after `history`."""
+
+    seq: int
+    history: list[int]
+    k: int
+    params: SamplingParams
+    rng: PositionRng
+    tokens: list[int] = field(default_factory=list)
+    q: list[np.ndarray] = field(default_factory=list)
+
+
+class PromptLookupDrafter:
+    """n-gram lookup over the sequence's own tokens; no model, no cost worth counting."""
+
+    name = "lookup"
+
+    def __init__(self, n_min: int = 2, n_max: int = 4) -> None:
+        if not 1 <= n_min <= n_max:
+            raise ValueError("need 1 <= n_min <= n_max")
+        self.n_min, self.n_max = n_min, n_max
+
+    def propose(self, history: Sequence[int], k: int) -> Draft:
+        """The tokens after the most recent earlier match of the longest suffix n-gram."""
+        arr = np.asarray(history, dtype=np.int64)
+        for n in range(min(self.n_max, len(arr) - 1), self.n_min - 1, -1):
+            if k <= 0:
+                break
+            pattern = arr[-n:]
+            # Windows that start before the suffix itself and are followed by at least one token.
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+            hits = np.flatnonzero((windows == pattern).all(axis=1))
+            hits = hits[hits + n < len(arr)]
+            if hits.size:
+                start = int(hits[-1]) + n
+                proposal = arr[start : start + k]
+                return Draft(tokens=tuple(int(t) for t in proposal), q=None, source="lookup")
+        return Draft(tokens=(), q=None, source="lookup")
+
+    def match_length(self, history: Sequence[int]) -> int:
+        """Length of the n-gram a proposal would be based on (0 = none); the controller's input."""
+        arr = np.asarray(history, dtype=np.int64)
+        for n in range(min(self.n_max, len(arr) - 1), self.n_min - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+            if (windows == arr[-n:]).all(axis=1).any():
+                return n
+        return 0
+
+
+class DraftModelDrafter:
+    """A small model that drafts for many sequences at once, one batched decode per draft step."""
+
+    name = "draft"
+
+    def __init__(self, runtime: ModelRuntime, target_n_vocab: int, p_min: float = 0.0) -> None:
+        self.runtime = runtime
+        self.target_n_vocab = target_n_vocab
+        self.p_min = p_min
+        self.kv: dict[int, list[int]] = {}  # seq -> tokens held in the draft's KV cache
+        self.decode_calls = 0
+
+    # -------------------------------------------------------------- KV bookkeeping
+
+    def _truncate(self, seq: int, n: int) -> None:
+        kv = self.kv.setdefault(seq, [])
+        if n < len(kv):
+            self.runtime.seq_rm(seq, n, -1)
+            del kv[n:]
+
+    def forget(self, seq: int) -> None:
+        self._truncate(seq, 0)
+
+    def sync(self, seq: int, history: Sequence[int], budget: int) -> int:
+        """Feed up to `budget` tokens of history the draft has not seen (used during prefill).
+
+        Keeps the final history token back: `propose` decodes it to get the first draft logits.
+        Returns the number of tokens fed.
+        """
+        kv = self.kv.setdefault(seq, [])
+        keep = common_prefix(kv, history)
+        self._truncate(seq, keep)
+        todo = list(history[keep : len(history) - 1])[:budget]
+        if todo:
+            base = len(kv)
+            self.runtime.decode([Row(t, base + i, seq) for i, t in enumerate(todo)])
+            self.decode_calls += 1
+            kv.extend(todo)
+        return len(todo)
+
+    # -------------------------------------------------------------- drafting
+
+    def _logits(self, row: np.ndarray) -> np.ndarray:
+        # A draft vocabulary larger than the target's must never propose the extra ids.
+        return row[: self.target_n_vocab] if row.shape[0] > self.target_n_vocab else row
+
+    def propose_many(self, jobs: list[DraftJob]) -> list[Draft]:
+        """Draft for several sequences; every draft step is one batch across them."""
+        rows: list[Row] = []
+        active: list[DraftJob] = []
+        for job in jobs:
+            if job.k <= 0:
+                continue
+            kv = self.kv.setdefault(job.seq, [])
+            # Catch up: everything after the common prefix, re-decoding at least the last token.
+            keep = min(common_prefix(kv, job.history), len(job.history) - 1)
+            self._truncate(job.seq, keep)
+            for i, t in enumerate(job.history[keep:]):
+                rows.append(Row(t, keep + i, job.seq, logits=(keep + i == len(job.history) - 1)))
+            kv.extend(job.history[keep:])
+            active.append(job)
+        while active:
+            logits = self.runtime.decode(rows)
+            self.decode_calls += 1
+            rows, still = [], []
+            for job, row in zip(active, logits):
+                ctx = job.history + job.tokens
+                pos = len(ctx)
+                row = self._logits(row)
+                if job.params.greedy:
+                    z = penalize(row, job.params, ctx).astype(np.float64)
+                    top = int(np.argmax(z))
+                    if self.p_min > 0.0:
+                        p_top = 1.0 / np.exp(z - z[top]).sum()
+                        if p_top < self.p_min:
+                            continue  # not confident: stop drafting this sequence here
+                    job.tokens.append(top)
+                else:
+                    q = distribution(row, job.params, ctx, n_vocab=self.target_n_vocab)
+                    job.tokens.append(job.rng.choice(q, pos, PositionRng.DRAFT))
+                    job.q.append(q)
+                if len(job.tokens) < job.k:
+                    rows.append(Row(job.tokens[-1], pos, job.seq, logits=True))
+                    self.kv[job.seq].append(job.tokens[-1])
+                    still.append(job)
+            active = still
+        return [
+            Draft(tokens=tuple(j.tokens), q=tuple(j.q) if j.q else None, source="draft") for j in jobs
+        ]
+
+    def rollback(self, seq: int, history: Sequence[int]) -> None:
+        """After verification: keep only the draft KV that agrees with the accepted history."""
+        kv = self.kv.setdefault(seq, [])
+        self._truncate(seq, min(common_prefix(kv, history), max(len(history) - 1, 0)))

@@ -1,0 +1,443 @@
+"""The engine: a multi-sequence stepper over one target context (and one draft context).
+
+`submit(request) -> Handle` queues a request; each `step()` then does, for every active slot:
+
+1. prefill: the next chunk of its prompt, within a per-step token budget shared by all slots,
+   so a long prompt neither stalls other streams nor blocks cancellation;
+2. draft: proposals from its drafter (draft-model steps are batched across slots);
+3. verify: one target `llama_decode` holding the prefill chunks and every slot's
+   [last token, d1..dk] rows, then `verify()` per slot and a KV rollback of what was rejected.
+
+Each slot keeps the list of tokens its target KV cache holds. That list is the whole of the KV
+bookkeeping: a rollback truncates it (and `llama_memory_seq_rm`s the cells), and a new request
+reuses the longest common prefix with it, so a multi-turn chat does not re-read its history.
+
+`generate(request)` is a thin loop over `submit` and `step` for one caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localspec.engine.chat import render_chat
+from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
+from localspec.engine.events import Done, Event, Stats, Token
+from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
+from localspec.engine.sampling import distribution, greedy_token, penalize
+from localspec.engine.text import StopMatcher, Utf8Stream
+from localspec.engine.verify import Draft, PositionRng, verify
+from localspec.errors import ContextOverflowError, IncompatibleDraftError, RequestError
+
+logger = logging.getLogger(__name__)
+
+# llama.cpp accepts a draft whose vocabulary differs from the target's by up to this many tokens.
+MAX_VOCAB_DIFFERENCE = 128
+
+
+class Handle:
+    """The caller's side of a submitted request: an event queue and a cancel switch."""
+
+    def __init__(self, request_id: int) -> None:
+        self.id = request_id
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._cancel = threading.Event()
+        self.done = threading.Event()
+        self.result: Done | None = None
+
+    def cancel(self) -> None:
+        """Safe from any thread; the engine stops the request at its next step."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+
+@dataclass
+class _Slot:
+    seq: int
+    kv: list[int] = field(default_factory=list)  # tokens held in the target KV cache, in order
+    active: _Active | None = None
+
+
+@dataclass
+class _Active:
+    handle: Handle
+    request: GenerationRequest
+    tokens: list[int]  # prompt + generated so far
+    n_prompt: int
+    mode: str
+    k: int
+    rng: PositionRng
+    stats: Stats
+    t_submit: float
+    t_admit: float = 0.0
+    t_first: float = 0.0
+    t_last: float = 0.0
+    decoding: bool = False
+    utf8: Utf8Stream = field(default_factory=Utf8Stream)
+    stop: StopMatcher | None = None
+    text: list[str] = field(default_factory=list)
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+
+class Engine:
+    def __init__(
+        self,
+        target: ModelRuntime,
+        draft: ModelRuntime | None = None,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.target = target
+        self.draft = draft
+        self.drafter: DraftModelDrafter | None = None
+        if draft is not None:
+            diff = abs(draft.n_vocab - target.n_vocab)
+            if diff > MAX_VOCAB_DIFFERENCE:
+                raise IncompatibleDraftError(
+                    f"The draft's vocabulary has {draft.n_vocab} tokens and the target's {target.n_vocab} "
+                    f"(a difference of {diff}; at most {MAX_VOCAB_DIFFERENCE} is tolerated).",
+                    "Use a draft model of the target's family with the same tokenizer.",
+                )
+            self.drafter = DraftModelDrafter(draft, target.n_vocab, self.config.draft_p_min)
+        self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
+        self.slots = [_Slot(seq=i) for i in range(self.config.parallel)]
+        self._pending: deque[tuple[Handle, GenerationRequest, list[int], float]] = deque()
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self.steps = 0
+        self.last_step_sequences = 0  # sequences that had rows in the last target decode
+        self.max_step_sequences = 0
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(
+        cls, target_path: str, draft_path: str | None = None, config: EngineConfig | None = None
+    ) -> Engine:
+        config = config or EngineConfig()
+        k_rows = max(config.draft_k, config.lookup_k) + 1
+        rc = RuntimeConfig(
+            n_ctx=config.n_ctx,
+            n_seq_max=config.parallel,
+            n_batch=config.n_batch,
+            n_ubatch=config.n_batch,
+            n_outputs_max=max(config.parallel * (k_rows + 1), 16),
+            n_threads=config.n_threads,
+            n_gpu_layers=config.n_gpu_layers,
+            flash_attn=config.flash_attn,
+            lora_path=config.lora_path,
+        )
+        target = ModelRuntime(target_path, rc)
+        draft = None
+        if draft_path:
+            try:
+                draft = ModelRuntime(draft_path, RuntimeConfig(**{**rc.__dict__, "lora_path": None}))
+            except BaseException:
+                target.close()
+                raise
+        try:
+            return cls(target, draft, config)
+        except BaseException:
+            target.close()
+            if draft:
+                draft.close()
+            raise
+
+    def close(self) -> None:
+        self.target.close()
+        if self.draft is not None:
+            self.draft.close()
+
+    # ------------------------------------------------------------------ requests
+
+    def prompt_tokens(self, request: GenerationRequest) -> tuple[list[int], int]:
+        """Tokenize a request; returns (tokens, messages dropped by the truncate policy)."""
+        if request.prompt is not None:
+            tokens = self.target.tokenize(request.prompt, add_special=True, parse_special=True)
+            dropped = 0
+        else:
+            messages = list(request.messages or [])
+            dropped = 0
+            while True:
+                tokens = self._render(messages)
+                if len(tokens) < self.config.n_ctx or not request.truncate:
+                    break
+                # Drop the oldest turn that is not the system prompt, keeping the last message.
+                idx = next((i for i, m in enumerate(messages[:-1]) if m.role != "system"), None)
+                if idx is None:
+                    break
+                del messages[idx]
+                dropped += 1
+        if len(tokens) >= self.config.n_ctx:
+            raise ContextOverflowError(len(tokens), self.config.n_ctx)
+        if not tokens:
+            raise RequestError("The prompt produced no tokens.", "Send a non-empty prompt.")
+        return tokens, dropped
+
+    def _render(self, messages) -> list[int]:
+        bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
+        eos = self.target.token_text(self.target.eos) if self.target.eos >= 0 else ""
+        text = render_chat(self.target.chat_template, messages, bos_token=bos, eos_token=eos)
+        # A template that writes the BOS itself must not get a second one from the tokenizer.
+        add_special = not (bos and text.startswith(bos))
+        return self.target.tokenize(text, add_special=add_special, parse_special=True)
+
+    def submit(self, request: GenerationRequest) -> Handle:
+        """Validate and queue a request. Raises RequestError subclasses for bad input."""
+        mode = request.mode or self.config.mode
+        if mode == "draft" and self.drafter is None:
+            raise RequestError("Mode 'draft' needs a draft model and none is loaded.", "Load one, or use --mode lookup/off.")
+        tokens, dropped = self.prompt_tokens(request)
+        with self._lock:
+            handle = Handle(self._next_id)
+            self._next_id += 1
+            self._pending.append((handle, request, tokens, time.perf_counter()))
+        handle.dropped_messages = dropped
+        return handle
+
+    def generate(self, request: GenerationRequest) -> Iterator[Event]:
+        """Submit one request and step the engine until it is done, yielding its events."""
+        handle = self.submit(request)
+        try:
+            while True:
+                while True:
+                    try:
+                        event = handle.events.get_nowait()
+                    except queue.Empty:
+                        break
+                    yield event
+                    if isinstance(event, Done):
+                        return
+                self.step()
+        finally:
+            if not handle.done.is_set():
+                handle.cancel()
+                while not handle.done.is_set():
+                    self.step()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending) or any(s.active for s in self.slots)
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> bool:
+        """Advance every active request by one target pass. Returns False when idle."""
+        self._admit()
+        for slot in self.slots:
+            if slot.active and slot.active.handle.cancelled:
+                self._finish(slot, "cancelled")
+        running = [s for s in self.slots if s.active]
+        if not running:
+            return False
+        decoding = [s for s in running if s.active.decoding]
+        prefilling = [s for s in running if not s.active.decoding]
+        try:
+            drafts = self._draft(decoding)
+            rows: list[Row] = []
+            plan: list[tuple[_Slot, Draft | None, bool]] = []  # (slot, draft or None for prefill, wants logits)
+            for slot in decoding:
+                a, d = slot.active, drafts[slot.seq]
+                base = len(a.tokens) - 1
+                rows.append(Row(a.tokens[-1], base, slot.seq, logits=True))
+                rows.extend(Row(t, base + 1 + i, slot.seq, logits=True) for i, t in enumerate(d.tokens))
+                slot.kv.extend([a.tokens[-1], *d.tokens])
+                plan.append((slot, d, True))
+            budget = self.config.prefill_budget
+            for slot in prefilling:
+                if budget <= 0:
+                    break
+                a = slot.active
+                start = len(slot.kv)
+                chunk = a.tokens[start : min(a.n_prompt, start + budget)]
+                last = start + len(chunk) == a.n_prompt
+                rows.extend(
+                    Row(t, start + i, slot.seq, logits=last and i == len(chunk) - 1) for i, t in enumerate(chunk)
+                )
+                slot.kv.extend(chunk)
+                plan.append((slot, None, last))
+                budget -= len(chunk)
+                if a.mode == "draft" and self.drafter is not None:
+                    self.drafter.sync(slot.seq, a.tokens[: a.n_prompt], budget=len(chunk))
+            logits = self.target.decode(rows)
+        except Exception as exc:  # a failed decode leaves the KV state unknown: reset those slots
+            logger.exception("engine step failed")
+            for slot in running:
+                self._reset_kv(slot)
+                self._finish(slot, "error", error=f"{type(exc).__name__}: {exc}")
+            return True
+        self.steps += 1
+        self.last_step_sequences = len(plan)
+        self.max_step_sequences = max(self.max_step_sequences, len(plan))
+        off = 0
+        now = time.perf_counter()
+        for slot, d, wants in plan:
+            if d is None:
+                if wants:
+                    self._first_token(slot, logits[off], now)
+                    off += 1
+                continue
+            n = len(d) + 1
+            self._accept(slot, d, logits[off : off + n], now)
+            off += n
+        return True
+
+    def _admit(self) -> None:
+        """Move queued requests into free slots, preferring the slot whose KV shares the most prefix."""
+        with self._lock:
+            while self._pending:
+                free = [s for s in self.slots if s.active is None]
+                if not free:
+                    return
+                handle, request, tokens, t_submit = self._pending.popleft()
+                slot = max(free, key=lambda s: common_prefix(s.kv, tokens))
+                # Keep at least the last prompt token to decode: its logits give the first token.
+                keep = min(common_prefix(slot.kv, tokens), len(tokens) - 1)
+                self._truncate(slot, keep)
+                mode = request.mode or self.config.mode
+                k = request.k if request.k is not None else (
+                    self.config.draft_k if mode == "draft" else self.config.lookup_k if mode == "lookup" else 0
+                )
+                seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
+                stats = Stats(mode=mode, prompt_tokens=len(tokens), reused_prefix_tokens=keep)
+                slot.active = _Active(
+                    handle=handle, request=request, tokens=list(tokens), n_prompt=len(tokens), mode=mode,
+                    k=k if mode != "off" else 0, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
+                    t_admit=time.perf_counter(), stop=StopMatcher(request.stop),
+                )
+
+    def _draft(self, decoding: list[_Slot]) -> dict[int, Draft]:
+        drafts: dict[int, Draft] = {}
+        jobs: list[DraftJob] = []
+        for slot in decoding:
+            a = slot.active
+            # No point drafting past max_tokens or the end of the context.
+            k = min(a.k, a.request.max_tokens - a.generated - 1, self.config.n_ctx - len(a.tokens))
+            if k <= 0 or a.mode == "off":
+                drafts[slot.seq] = Draft(())
+            elif a.mode == "lookup":
+                drafts[slot.seq] = self.lookup.propose(a.tokens, k)
+            else:
+                jobs.append(DraftJob(slot.seq, list(a.tokens), k, a.request.sampling, a.rng))
+        if jobs:
+            for job, d in zip(jobs, self.drafter.propose_many(jobs)):
+                drafts[job.seq] = d
+        return drafts
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _target_rows(self, a: _Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list[np.ndarray]:
+        """The target's distribution per verify row, each with the history up to that row."""
+        params = a.request.sampling
+        out = []
+        for i, row in enumerate(rows):
+            history = a.tokens + list(drafted[:i]) if params.has_penalties else a.tokens
+            if params.greedy:
+                p = np.zeros(row.shape[0])
+                p[int(np.argmax(penalize(row, params, history)))] = 1.0
+            else:
+                p = distribution(row, params, history)
+            out.append(p)
+        return out
+
+    def _first_token(self, slot: _Slot, row: np.ndarray, now: float) -> None:
+        a = slot.active
+        a.stats.prefill_ms = (now - a.t_admit) * 1000
+        a.decoding = True
+        params = a.request.sampling
+        pos = len(a.tokens)
+        if params.greedy:
+            token = greedy_token(row, params, a.tokens)
+        else:
+            token = a.rng.choice(distribution(row, params, a.tokens), pos)
+        self._emit(slot, [token], "target", now)
+
+    def _accept(self, slot: _Slot, d: Draft, rows: np.ndarray, now: float) -> None:
+        a = slot.active
+        p = self._target_rows(a, rows, d.tokens)
+        verdict = verify(p, d, a.rng, start_pos=len(a.tokens))
+        a.stats.target_passes += 1
+        if len(d):
+            a.stats.drafted += len(d)
+            a.stats.accepted += verdict.accepted
+            a.stats.record_position(len(d), verdict.accepted)
+        accepted = list(d.tokens[: verdict.accepted])
+        history = a.tokens + accepted + [verdict.next_token]
+        # Roll back the target KV to what the accepted history shares with it.
+        self._truncate(slot, min(common_prefix(slot.kv, history), len(history) - 1))
+        if accepted:
+            self._emit(slot, accepted, "draft", now)
+        if slot.active is a:  # not finished by a stop among the accepted tokens
+            self._emit(slot, [verdict.next_token], "target", now)
+        if slot.active is a and self.drafter is not None and a.mode == "draft":
+            self.drafter.rollback(slot.seq, a.tokens)
+
+    def _emit(self, slot: _Slot, tokens: list[int], origin: str, now: float) -> None:
+        a = slot.active
+        for token in tokens:
+            if a.stats.completion_tokens == 0:
+                a.t_first = now
+                a.stats.ttft_ms = (now - a.t_submit) * 1000
+            a.t_last = now
+            if self.target.is_eog(token):
+                self._finish(slot, "stop")
+                return
+            a.tokens.append(token)
+            a.stats.completion_tokens += 1
+            text, stopped = a.stop.feed(a.utf8.feed(self.target.piece(token)))
+            if text:
+                a.text.append(text)
+            a.handle.events.put(Token(text=text, ids=(token,), origin=origin))
+            if stopped:
+                self._finish(slot, "stop", flush=False)
+                return
+            if a.generated >= a.request.max_tokens or len(a.tokens) >= self.config.n_ctx:
+                self._finish(slot, "length")
+                return
+
+    def _finish(self, slot: _Slot, reason: str, error: str | None = None, flush: bool = True) -> None:
+        a = slot.active
+        if flush and reason != "error":
+            tail = a.stop.feed(a.utf8.flush())[0] + a.stop.flush()
+            if tail:
+                a.text.append(tail)
+                a.handle.events.put(Token(text=tail, ids=(), origin="target"))
+        if a.t_first:
+            a.stats.decode_ms = (a.t_last - a.t_first) * 1000
+        # Keep only KV cells that match the final history, for the next request's prefix reuse.
+        self._truncate(slot, common_prefix(slot.kv, a.tokens))
+        if self.drafter is not None:
+            self.drafter.rollback(slot.seq, a.tokens)
+        done = Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error)
+        a.handle.result = done
+        a.handle.events.put(done)
+        a.handle.done.set()
+        slot.active = None
+
+    # ------------------------------------------------------------------ KV bookkeeping
+
+    def _truncate(self, slot: _Slot, n: int) -> None:
+        if n < len(slot.kv):
+            self.target.seq_rm(slot.seq, n, -1)
+            del slot.kv[n:]
+
+    def _reset_kv(self, slot: _Slot) -> None:
+        self.target.seq_rm(slot.seq, 0, -1)
+        slot.kv.clear()
+        if self.drafter is not None:
+            self.drafter.forget(slot.seq)

@@ -1,0 +1,93 @@
+"""Verification of a draft against the target: the rule that makes speculation lossless.
+
+Notation (Leviathan et al. 2023, Chen et al. 2023): p is the target's distribution at a position,
+q the drafter's, d the drafted token.
+
+* accept d with probability min(1, p(d) / q(d));
+* on the first rejection, sample the replacement from norm(max(0, p - q)) and stop;
+* if every draft token is accepted, sample one bonus token from the target's next p.
+
+The output then has exactly the target's distribution. Drafters that propose deterministically
+(prompt lookup, greedy draft) have a point-mass q: q(d) = 1. Greedy requests pass one-hot p,
+so the same rule reduces to "accept while the target's argmax equals the draft token".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Below this mass the residual max(0, p - q) is rounding noise; sample from p instead of dividing
+# by (almost) zero. It only happens when p and q are (almost) equal, where p is the right answer.
+RESIDUAL_EPS = 1e-9
+
+
+class PositionRng:
+    """Random draws keyed by (seed, token position, purpose), not by call order.
+
+    So for a fixed mode and draft length, a seed reproduces a run exactly however the scheduler
+    interleaves this sequence with others. A different k (as `auto` chooses) uses different
+    draws for the same positions: the output distribution stays exact, the sample may differ.
+    """
+
+    DRAFT, ACCEPT, SAMPLE = 0, 1, 2
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def _gen(self, pos: int, purpose: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, pos, purpose])
+
+    def uniform(self, pos: int) -> float:
+        return float(self._gen(pos, self.ACCEPT).random())
+
+    def choice(self, probs: np.ndarray, pos: int, purpose: int = SAMPLE) -> int:
+        cdf = np.cumsum(probs)
+        u = self._gen(pos, purpose).random() * cdf[-1]
+        return int(min(np.searchsorted(cdf, u, side="right"), probs.shape[0] - 1))
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens; `q[i]` is the drafter's distribution for tokens[i], or None for a point mass."""
+
+    tokens: tuple[int, ...]
+    q: tuple[np.ndarray, ...] | None = None
+    source: str = "none"
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: int  # how many draft tokens were kept
+    next_token: int  # the target's own token after them: a correction or the bonus
+
+
+def verify(p: Sequence[np.ndarray], draft: Draft, rng: PositionRng, start_pos: int) -> Verdict:
+    """Check `draft` against the target rows `p` (len(draft) + 1 of them).
+
+    p[i] is the target's distribution for the token at position start_pos + i, given the history
+    and draft.tokens[:i]. Draws are keyed by that position.
+    """
+    for i, d in enumerate(draft.tokens):
+        pos = start_pos + i
+        q_d = 1.0 if draft.q is None else float(draft.q[i][d])
+        # Accept d with probability min(1, p(d)/q(d)), written without the division.
+        if rng.uniform(pos) * q_d < p[i][d]:
+            continue
+        # Rejected: the replacement comes from norm(max(0, p - q)).
+        if draft.q is None:
+            residual = p[i].copy()
+            residual[d] = 0.0
+        else:
+            residual = np.maximum(p[i] - draft.q[i], 0.0)
+        if residual.sum() < RESIDUAL_EPS:
+            residual = p[i]
+        return Verdict(accepted=i, next_token=rng.choice(residual, pos))
+    # Every draft token survived: the last row gives a bonus token for free.
+    k = len(draft.tokens)
+    return Verdict(accepted=k, next_token=rng.choice(p[k], start_pos + k))

@@ -1,0 +1,55 @@
+"""One error type that every face can print as a single line: what went wrong, and the fix."""
+
+from __future__ import annotations
+
+
+class LocalspecError(Exception):
+    """An expected failure with a cause and a fix, shown to users without a traceback."""
+
+    def __init__(self, cause: str, fix: str | None = None) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.cause} Fix: {self.fix}" if self.fix else self.cause
+
+
+class ConfigError(LocalspecError):
+    """A malformed registry, overlay or settings file."""
+
+
+class ModelNotFoundError(LocalspecError):
+    """An unknown model id, or a model that is not installed."""
+
+
+class DownloadError(LocalspecError):
+    """Every source of a model failed."""
+
+
+class DiskFullError(DownloadError):
+    """The disk filled up while writing a model file; the partial file was removed."""
+
+
+class IntegrityError(LocalspecError):
+    """A file whose hash, size or GGUF header is wrong."""
+
+
+class IncompatibleDraftError(LocalspecError):
+    """A draft model whose tokenizer does not match the target's."""
+
+
+class RequestError(LocalspecError):
+    """A generation request that cannot be served as given (bad parameters, too long)."""
+
+
+class ContextOverflowError(RequestError):
+    """The prompt does not fit in the context window."""
+
+    def __init__(self, prompt_tokens: int, n_ctx: int, fix: str | None = None) -> None:
+        super().__init__(
+            f"The prompt has {prompt_tokens} tokens but the context holds {n_ctx}.",
+            fix or "Shorten the prompt, raise n_ctx, or enable the 'truncate' policy for chats.",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx

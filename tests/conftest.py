@@ -1,0 +1,72 @@
+"""Shared fixtures.
+
+Every test runs with LOCALSPEC_HOME in a temp dir, so nothing writes to the user's config or
+data. The model store is the exception: LOCALSPEC_MODELS_DIR keeps pointing at the shared store
+(the one CI fills with `localspec models pull`), so the real models are downloaded once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MODELS = REPO.parent / "shared" / "models"
+MINILM = SHARED_MODELS / "all-minilm-l6-v2-f16.gguf"
+
+# llama.cpp's thread count is pinned so runs compare across machines and do not oversubscribe.
+TEST_THREADS = 2
+
+TARGET_ID = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+DRAFT_ID = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+
+
+def _shared_store() -> Path:
+    # Resolve before any test moves LOCALSPEC_HOME.
+    from localspec.paths import resolve_paths
+
+    return resolve_paths().models_dir
+
+
+SHARED_STORE = _shared_store()
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory, monkeypatch) -> Path:
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    monkeypatch.setenv("LOCALSPEC_MODELS_DIR", str(SHARED_STORE))
+    return home
+
+
+def _require(path: Path | None, what: str) -> Path:
+    """Missing models skip locally but fail in CI, where .ci/run installs them first."""
+    if path is not None and path.exists():
+        return path
+    msg = f"{what} is not installed; run `localspec models pull --profile default`"
+    if os.environ.get("LOCALSPEC_REQUIRE_MODELS") == "1":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def _installed(model_id: str) -> Path | None:
+    from localspec.models import ModelManager
+
+    return ModelManager().installed_path(model_id)
+
+
+@pytest.fixture(scope="session")
+def target_path() -> Path:
+    return _require(_installed(TARGET_ID), TARGET_ID)
+
+
+@pytest.fixture(scope="session")
+def draft_path() -> Path:
+    return _require(_installed(DRAFT_ID), DRAFT_ID)
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    return _require(MINILM if MINILM.exists() else None, "the MiniLM test model in ../shared/models")
