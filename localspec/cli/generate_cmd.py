@@ -1,0 +1,124 @@
+"""`localspec generate`: one prompt, streamed to the terminal, then a one-line stats summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+
+from pydantic import ValidationError
+
+from localspec.engine.config import MODES, GenerationRequest
+from localspec.engine.events import Done, Token
+from localspec.engine.sampling import SamplingParams
+from localspec.errors import RequestError
+
+_GREEN = "\x1b[32m"
+_RESET = "\x1b[0m"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt", description=__doc__)
+    p.add_argument("prompt", help="the prompt text ('-' reads standard input)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the model's chat template")
+    p.add_argument("--system", help="system prompt (with --chat)")
+    p.add_argument("--mode", choices=MODES, help="speculation: off, draft (draft model) or lookup (prompt lookup)")
+    p.add_argument("-k", "--draft-k", type=int, dest="k", help="most tokens drafted per step")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--profile", help="model profile from models.toml (default: the registry's default)")
+    p.add_argument("--model", help="target model id, overriding the profile's")
+    p.add_argument("--draft-model", help="draft model id, overriding the profile's")
+    p.add_argument("--n-ctx", type=int, help="context tokens")
+    p.add_argument("--threads", type=int, help="llama.cpp threads")
+    p.add_argument("--show-draft", action="store_true", help="colour tokens the draft proposed and the target accepted")
+    p.add_argument("--json", action="store_true", help="print the text, finish reason and stats as one JSON object")
+    p.set_defaults(func=run)
+
+
+def _request(args: argparse.Namespace) -> GenerationRequest:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    try:
+        sampling = SamplingParams(
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+            repeat_penalty=args.repeat_penalty, seed=args.seed,
+        )
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+                {"role": "user", "content": prompt}
+            ]
+            return GenerationRequest(
+                messages=messages, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop,
+                mode=args.mode, k=args.k,
+            )
+        return GenerationRequest(
+            prompt=prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, mode=args.mode, k=args.k
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "request"
+        raise RequestError(f"Invalid {field}: {err['msg']}.", "See `localspec generate --help`.") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    from localspec.service import open_engine  # heavy import (llama.cpp) only for this verb
+
+    request = _request(args)
+    t0 = time.perf_counter()
+    engine = open_engine(
+        profile=args.profile, target=args.model, draft=args.draft_model,
+        mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
+    )
+    load_s = time.perf_counter() - t0
+    colour = args.show_draft and sys.stdout.isatty()
+    out = sys.stdout
+    done: Done | None = None
+    try:
+        for event in engine.generate(request):
+            if isinstance(event, Token) and not args.json:
+                if colour and event.origin == "draft":
+                    out.write(f"{_GREEN}{event.text}{_RESET}")
+                else:
+                    out.write(event.text)
+                out.flush()
+            elif isinstance(event, Done):
+                done = event
+    finally:
+        engine.close()
+    assert done is not None
+    s = done.stats
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if args.json:
+        record = {
+            "text": done.text,
+            "finish_reason": done.finish_reason,
+            "stats": s.to_dict(),
+            "load_s": round(load_s, 3),
+            "peak_rss_mb": round(peak_rss_mb, 1),
+        }
+        print(json.dumps(record, ensure_ascii=False))
+    else:
+        out.write("\n")
+        summary = (
+            f"[{s.mode}] {s.completion_tokens} tokens, {s.tokens_per_second:.1f} tok/s, "
+            f"TTFT {s.ttft_ms:.0f} ms, prompt {s.prompt_tokens} (reused {s.reused_prefix_tokens})"
+        )
+        if s.drafted:
+            summary += (
+                f", accepted {s.accepted}/{s.drafted} ({s.acceptance_rate:.0%}), "
+                f"{s.mean_accepted_length:.2f} tokens/pass"
+            )
+        summary += f", finish={done.finish_reason}, peak RSS {peak_rss_mb:.0f} MB"
+        print(summary, file=sys.stderr)
+    if done.finish_reason == "error":
+        print(f"error: {done.error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,92 @@
+"""The request pipeline every face shares (CLI, endpoint, TUI).
+
+Today it resolves a profile to model files, checks them, and opens the engine; generation goes
+straight to the engine. The cache, router and metrics stages slot in here, so a feature added
+here appears in every face at once.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from localspec.engine.config import EngineConfig
+from localspec.engine.scheduler import Engine
+from localspec.errors import ConfigError
+from localspec.models import ModelManager
+from localspec.models.compat import check_draft_compat
+from localspec.models.gguf_info import validate_gguf
+from localspec.paths import resolve_paths
+
+
+def load_settings(path: Path | None = None) -> dict[str, Any]:
+    """The user's settings.toml: an [engine] table whose keys are EngineConfig fields."""
+    path = path or resolve_paths().settings_file
+    if not path.exists():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}.", "Fix the TOML syntax or delete the file.") from exc
+    return data.get("engine", {})
+
+
+def engine_config(profile_n_ctx: int | None = None, **overrides: Any) -> EngineConfig:
+    """Defaults < profile < settings.toml < explicit overrides (CLI flags, API arguments)."""
+    values: dict[str, Any] = {}
+    if profile_n_ctx:
+        values["n_ctx"] = profile_n_ctx
+    values.update(load_settings())
+    if os.environ.get("LOCALSPEC_THREADS"):
+        values["n_threads"] = int(os.environ["LOCALSPEC_THREADS"])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return EngineConfig(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"Engine setting '{field}': {err['msg']}.", "Correct the flag or settings.toml.") from exc
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    target: Path
+    draft: Path | None
+    target_id: str
+    draft_id: str | None
+
+
+def resolve_models(
+    profile: str | None = None, target: str | None = None, draft: str | None = None, need_draft: bool = True
+) -> tuple[ModelFiles, int]:
+    """Profile (or explicit ids) to checked files on disk; returns the files and the profile's n_ctx."""
+    mm = ModelManager()
+    prof = mm.profile(profile)
+    target_id = mm.resolve(target or prof.target).id
+    target_path = mm.require_path(target_id)
+    validate_gguf(target_path)
+    draft_id = draft or prof.draft
+    draft_path = None
+    if need_draft and draft_id:
+        draft_id = mm.resolve(draft_id).id
+        draft_path = mm.require_path(draft_id)
+        validate_gguf(draft_path)
+        check_draft_compat(target_path, draft_path)  # refuses a mismatched tokenizer, naming what differs
+    return ModelFiles(target_path, draft_path, target_id, draft_id if draft_path else None), prof.n_ctx
+
+
+def open_engine(
+    profile: str | None = None, target: str | None = None, draft: str | None = None, **overrides: Any
+) -> Engine:
+    """Load the engine for a profile. `overrides` are EngineConfig fields (None = keep)."""
+    mode = overrides.get("mode")
+    files, n_ctx = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
+    config = engine_config(n_ctx, **overrides)
+    if files.draft is None and config.mode == "draft":
+        config = config.model_copy(update={"mode": "lookup"})
+    return Engine.load(str(files.target), str(files.draft) if files.draft else None, config)

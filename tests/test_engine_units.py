@@ -1,0 +1,96 @@
+"""Engine parts that need no model: text streaming, stop strings, prompt lookup, chat templates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.engine.chat import ChatMessage, render_chat
+from localspec.engine.drafters import PromptLookupDrafter
+from localspec.engine.events import Stats
+from localspec.engine.sampling import SamplingParams, distribution, penalize
+from localspec.engine.text import StopMatcher, Utf8Stream
+from localspec.errors import RequestError
+
+
+def test_utf8_stream_holds_partial_characters():
+    data = "a🚀你".encode()
+    s = Utf8Stream()
+    out = [s.feed(data[i : i + 1]) for i in range(len(data))]
+    assert out[0] == "a" and out[1:4] == ["", "", ""] and out[4] == "🚀"
+    assert "".join(out) + s.flush() == "a🚀你"
+
+
+@pytest.mark.parametrize(
+    "chunks,stops,text",
+    [
+        (["Hel", "lo W", "orld"], ["lo W"], "Hel"),
+        (["ab", "c", "d"], ["cd"], "ab"),
+        (["x", "<|e", "nd|>", "y"], ["<|end|>"], "x"),
+        (["one two"], ["zzz"], "one two"),
+        (["aa", "ab"], ["aab", "b"], "a"),
+    ],
+)
+def test_stop_strings_across_chunks(chunks, stops, text):
+    m = StopMatcher(stops)
+    out, hit = [], False
+    for c in chunks:
+        t, hit = m.feed(c)
+        out.append(t)
+        if hit:
+            break
+    if not hit:
+        out.append(m.flush())
+    assert "".join(out) == text
+
+
+def test_stop_matcher_releases_a_false_start():
+    m = StopMatcher(["END"])
+    assert m.feed("foo EN") == ("foo ", False)
+    assert m.feed("x") == ("ENx", False)
+
+
+def test_prompt_lookup_proposes_the_continuation_of_the_latest_match():
+    d = PromptLookupDrafter(n_min=2, n_max=3)
+    hist = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3]
+    assert d.propose(hist, 2).tokens == (4, 5)
+    assert d.propose([1, 2, 3, 7], 3).tokens == ()  # nothing matches: no draft
+    assert d.match_length(hist) == 3
+    # The most recent match wins.
+    assert d.propose([5, 6, 1, 5, 6, 2, 5, 6], 1).tokens == (2,)
+
+
+def test_sandboxed_chat_template_refuses_python_internals():
+    hostile = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(RequestError) as exc:
+        render_chat(hostile, [ChatMessage(role="user", content="hi")])
+    assert "unsafe" in str(exc.value)
+
+
+def test_chatml_fallback_renders_generation_prompt():
+    text = render_chat(None, [ChatMessage(role="user", content="hi")])
+    assert text.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nhi<|im_end|>" in text
+
+
+def test_distribution_filters_and_pads():
+    logits = np.array([3.0, 2.0, 1.0, 0.0], dtype=np.float32)
+    p = distribution(logits, SamplingParams(temperature=1.0, top_k=2), [], n_vocab=6)
+    assert p.shape == (6,) and p[2:].sum() == 0 and abs(p.sum() - 1) < 1e-12
+    p = distribution(logits, SamplingParams(temperature=1.0, top_p=0.5), [])
+    assert p[0] == 1.0
+    p = distribution(logits, SamplingParams(temperature=0.0), [])
+    assert p.tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_penalties_use_the_history():
+    logits = np.array([2.0, 2.0, -1.0], dtype=np.float32)
+    out = penalize(logits, SamplingParams(repeat_penalty=2.0, presence_penalty=0.5), [0, 2, 2])
+    assert out.tolist() == [0.5, 2.0, -2.5]
+
+
+def test_stats_positions_and_mean_accepted_length():
+    s = Stats(completion_tokens=9, target_passes=2)
+    s.record_position(4, 4)
+    s.record_position(4, 1)
+    assert s.drafted_by_position == [2, 2, 2, 2] and s.accepted_by_position == [2, 1, 1, 1]
+    assert s.mean_accepted_length == 4.0
