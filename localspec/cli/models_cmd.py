@@ -1,0 +1,293 @@
+"""`localspec models …`: list, pull, rm, info, verify, import, du."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from localspec.errors import IntegrityError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list, download and check models", description=__doc__)
+    verbs = p.add_subparsers(dest="verb", metavar="VERB")
+    p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
+
+    v = verbs.add_parser("list", help="known and installed models")
+    v.add_argument("--paths", action="store_true", help="print where registry, overlay and store live")
+    v.add_argument("--no-fit", action="store_true", help="skip the memory-fit estimate")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_list)
+
+    v = verbs.add_parser("pull", help="download models (no ids: the default profile)")
+    v.add_argument("ids", nargs="*", metavar="ID")
+    v.add_argument("--profile", help="pull every model of this profile")
+    v.add_argument("--include-embedding", action="store_true",
+                   help="fail when the profile's embedding model cannot be fetched (default: skip it)")
+    v.add_argument("--force", action="store_true", help="download again even if installed")
+    v.set_defaults(func=cmd_pull)
+
+    v = verbs.add_parser("rm", help="remove an installed model")
+    v.add_argument("id", metavar="ID")
+    v.add_argument("--purge-hf-cache", action="store_true",
+                   help="also delete its files from the Hugging Face cache")
+    v.set_defaults(func=cmd_rm)
+
+    v = verbs.add_parser("info", help="GGUF metadata of a model id or file")
+    v.add_argument("target", metavar="ID_OR_PATH")
+    v.add_argument("--n-ctx", type=int, help="context size for the fit estimate (default: the profile's)")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_info)
+
+    v = verbs.add_parser("verify", help="re-hash installed files (no ids: all installed)")
+    v.add_argument("ids", nargs="*", metavar="ID")
+    v.set_defaults(func=cmd_verify)
+
+    v = verbs.add_parser("import", help="copy a local GGUF file into the store")
+    v.add_argument("path", metavar="PATH")
+    v.add_argument("--id", dest="model_id", help="registry id to install as (default: from the file name)")
+    v.add_argument("--role", default="target", choices=("target", "draft", "embedding"))
+    v.set_defaults(func=cmd_import)
+
+    v = verbs.add_parser("du", help="disk space used by models")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_du)
+
+
+def _manager():
+    from localspec.models import ModelManager
+
+    return ModelManager()
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# ---------------------------------------------------------------- list
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from huggingface_hub import constants as hf_constants
+
+    mgr = _manager()
+    if args.paths:
+        p = mgr.paths
+        rows = {
+            "builtin registry": str(mgr.registry.files[0]),
+            "user registry": str(p.user_registry),
+            "models dir": str(p.models_dir),
+            "hf cache": str(hf_constants.HF_HUB_CACHE),
+            "config dir": str(p.config_dir),
+            "data dir": str(p.data_dir),
+            "cache dir": str(p.cache_dir),
+        }
+        if args.json:
+            _print_json(rows)
+        else:
+            for k, v in rows.items():
+                print(f"{k:17} {v}")
+        return 0
+    rows = mgr.list(with_fit=not args.no_fit)
+    if args.json:
+        _print_json([{
+            "id": r.id, "role": r.role, "family": r.family, "quant": r.quant, "aliases": list(r.aliases),
+            "installed": r.installed, "size": r.size, "path": str(r.path) if r.path else None,
+            "source": r.source, "fit": r.fit.to_dict() if r.fit else None, "in_registry": r.in_registry,
+        } for r in rows])
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("id", "role", "quant", "size", "installed", "source", "fit"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        table.add_row(r.id, r.role, r.quant or "", _human(r.size), "yes" if r.installed else "no",
+                      r.source or "", r.fit.verdict if r.fit else "")
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=250)  # pipes and logs: never truncate ids
+    console.print(table)
+    return 0
+
+
+# ---------------------------------------------------------------- pull
+
+
+class _ProgressUI:
+    """Renders ProgressEvents as rich bars: bytes, rate and time left per model and phase."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+
+        self.console = Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(bar_width=30), DownloadColumn(), TransferSpeedColumn(),
+            TimeRemainingColumn(), TextColumn("[dim]{task.fields[note]}"), console=self.console, transient=False,
+        )
+        self.tasks: dict[tuple[str, str], Any] = {}
+
+    def __enter__(self) -> _ProgressUI:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def __call__(self, e) -> None:
+        label = {"download": "download", "assemble": "assemble", "verify": "verify"}.get(e.phase)
+        if label:
+            key = (e.model_id, e.phase)
+            if key not in self.tasks:
+                self.tasks[key] = self.progress.add_task(f"{e.model_id} {label}", total=e.bytes_total, note="")
+            task = self.tasks[key]
+            kw: dict[str, Any] = {"completed": e.bytes_done}
+            if e.message:
+                kw["note"] = e.message if len(e.message) <= 40 else e.message[:39] + "…"
+            if e.bytes_total is not None:
+                kw["total"] = e.bytes_total
+            self.progress.update(task, **kw)
+        elif e.phase == "start":
+            self.progress.console.print(f"[bold]{e.model_id}[/]: {e.message}")
+        elif e.phase == "failed":
+            self.progress.console.print(f"  [yellow]source failed[/] {e.source}: {e.message}")
+        elif e.phase in ("done", "skip"):
+            by_id = {t.id: t for t in self.progress.tasks}
+            for (mid, _), task in self.tasks.items():
+                t = by_id.get(task)
+                if mid == e.model_id and t is not None and t.total is not None:
+                    self.progress.update(task, completed=t.total)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    mgr = _manager()
+    if args.ids and args.profile:
+        from localspec.errors import ConfigError
+
+        raise ConfigError("Give model ids or --profile, not both.", "Run one pull per profile.")
+    with _ProgressUI() as ui:
+        if args.ids:
+            records = [mgr.pull(i, progress=ui, force=args.force) for i in args.ids]
+            skipped: dict[str, str] = {}
+        else:
+            result = mgr.pull_profile(args.profile, progress=ui, include_embedding=args.include_embedding)
+            records, skipped = result.installed, result.skipped
+    for r in records:
+        state = f"installed from {r.source}" if r.downloaded else f"already installed (from {r.source})"
+        print(f"{r.model_id}: {state}: {r.path}")
+    for mid, why in skipped.items():
+        print(f"{mid}: skipped (optional embedding model): {why}")
+    return 0
+
+
+# ---------------------------------------------------------------- rm / info / verify / import / du
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    freed = _manager().remove(args.id, purge_hf_cache=args.purge_hf_cache)
+    print(f"removed {args.id} ({_human(freed)} freed)")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from localspec.models import estimate_fit, read_gguf_info
+
+    mgr = _manager()
+    path = Path(args.target).expanduser()
+    model_id = None
+    if not path.exists() and not args.target.endswith(".gguf"):
+        model_id = mgr.resolve(args.target).id
+        path = mgr.require_path(model_id)
+    info = read_gguf_info(path)
+    n_ctx = args.n_ctx
+    if n_ctx is None:
+        try:
+            n_ctx = mgr.profile().n_ctx
+        except Exception:
+            n_ctx = 4096
+    fit = estimate_fit(info, n_ctx=n_ctx)
+    if args.json:
+        d = info.to_dict()
+        d["model_id"] = model_id
+        d["fit"] = fit.to_dict()
+        _print_json(d)
+        return 0
+    rows = [
+        ("model", model_id or "-"),
+        ("file", str(info.path)),
+        ("size", _human(info.file_size)),
+        ("architecture", info.architecture),
+        ("name", info.name or "-"),
+        ("quant", info.quant or "-"),
+        ("parameters", f"{info.parameters:,}"),
+        ("context length", str(info.context_length or "-")),
+        ("layers", str(info.block_count or "-")),
+        ("heads (q/kv)", f"{info.head_count or '-'}/{info.head_count_kv or '-'}"),
+        ("vocab size", str(info.vocab_size or "-")),
+        ("tokenizer", info.tokenizer_model or "-"),
+        ("bos/eos ids", f"{info.bos_token_id}/{info.eos_token_id}"),
+        ("chat template", "yes" if info.has_chat_template else "no"),
+        (f"fit @ n_ctx={n_ctx}", f"{fit.verdict} (needs ~{_human(fit.total_bytes)}, "
+                                 f"free RAM {_human(fit.free_ram)}"
+                                 + (f", free VRAM {_human(fit.free_vram)})" if fit.free_vram is not None else ")")),
+    ]
+    for k, v in rows:
+        print(f"{k:18} {v}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    mgr = _manager()
+    ids = args.ids or [m.model_id for m in mgr.store.manifests()]
+    if not ids:
+        print("no models installed")
+        return 0
+    bad = []
+    for mid in ids:
+        ok = mgr.verify(mid)
+        print(f"{mid}: {'ok' if ok else 'FAILED'}")
+        if not ok:
+            bad.append(mgr._model_id(mid))
+    if bad:
+        raise IntegrityError(f"{len(bad)} model(s) failed verification: {', '.join(bad)}.",
+                             f"Re-download with `localspec models pull --force {' '.join(bad)}`.")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    rec = _manager().import_file(args.path, model_id=args.model_id, role=args.role)
+    state = "imported" if rec.downloaded else "already installed from"
+    print(f"{rec.model_id}: {state} {args.path}: {rec.path}")
+    return 0
+
+
+def cmd_du(args: argparse.Namespace) -> int:
+    du = _manager().disk_usage()
+    if args.json:
+        _print_json({"models_dir": str(du.models_dir), "per_model": du.per_model, "store_bytes": du.store_bytes,
+                     "hf_cache_bytes": du.hf_cache_bytes, "free_bytes": du.free_bytes})
+        return 0
+    for mid, size in sorted(du.per_model.items()):
+        print(f"{_human(size):>10}  {mid}")
+    print(f"{_human(du.store_bytes):>10}  total in {du.models_dir}")
+    if du.hf_cache_bytes:
+        print(f"{_human(du.hf_cache_bytes):>10}  of it kept in the Hugging Face cache")
+    print(f"{_human(du.free_bytes):>10}  free on that disk")
+    return 0

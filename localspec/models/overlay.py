@@ -1,0 +1,70 @@
+"""Writing the user's overlay registry (``<config>/models.toml``) for imported models."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from localspec.errors import ConfigError
+from localspec.models.gguf_info import GGUFInfo
+from localspec.models.registry import FileSpec, FileSource, ModelEntry, parse_registry_file
+
+HEADER = (
+    "# localspec user registry: entries here add to or replace the built-in models.toml.\n"
+    "# `localspec models import` appends to this file.\n"
+)
+
+
+def id_from_filename(name: str) -> str:
+    stem = name[:-5] if name.lower().endswith(".gguf") else name
+    mid = re.sub(r"[^a-z0-9._+-]+", "-", stem.lower()).strip("-._")
+    return mid or "imported-model"
+
+
+def _q(v: str) -> str:
+    # JSON string escaping is valid TOML basic-string escaping.
+    return json.dumps(v, ensure_ascii=False)
+
+
+def _block(entry: ModelEntry, spec: FileSpec) -> str:
+    lines = ["", "[[models]]", f"id = {_q(entry.id)}", f"family = {_q(entry.family)}", f"role = {_q(entry.role)}"]
+    if entry.quant:
+        lines.append(f"quant = {_q(entry.quant)}")
+    if entry.parameters is not None:
+        lines.append(f"parameters = {entry.parameters}")
+    if entry.context_length is not None:
+        lines.append(f"context_length = {entry.context_length}")
+    lines += [
+        "",
+        "  [[models.sources]]",
+        '  kind = "file"',
+        f"  files = [{{ name = {_q(spec.name)}, size = {spec.size}, sha256 = {_q(spec.sha256 or '')} }}]",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def add_entry(overlay: Path, model_id: str, role: str, origin: Path, info: GGUFInfo) -> ModelEntry:
+    """Append an entry for a local file; the overlay is re-validated and restored on failure."""
+    from localspec.models.store import sha256_file
+
+    spec = FileSpec(name=origin.name, size=origin.stat().st_size, sha256=sha256_file(origin))
+    entry = ModelEntry(
+        id=model_id, family=info.architecture, role=role, quant=info.quant,  # type: ignore[arg-type]
+        parameters=info.parameters, context_length=info.context_length,
+        sources=[FileSource(kind="file", files=[spec])],
+    )
+    overlay.parent.mkdir(parents=True, exist_ok=True)
+    before = overlay.read_text(encoding="utf-8") if overlay.is_file() else None
+    text = (before if before is not None else HEADER) + _block(entry, spec)
+    tmp = overlay.with_name(overlay.name + ".partial")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        parse_registry_file(tmp)
+    except ConfigError:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, overlay)
+    return entry

