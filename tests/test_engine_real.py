@@ -25,7 +25,10 @@ from localspec.engine.scheduler import Engine
 from localspec.errors import ContextOverflowError, IncompatibleDraftError, LocalspecError
 from tests.conftest import TEST_THREADS
 
-NEAR_TIE = 0.25  # logits; measured batch-vs-single differences on CPU are ~1e-2
+# Logit units. On this CPU build the same history decoded as one batch or token by token gives
+# logits that differ by up to ~0.6 (mean ~0.09); see test_kv_cache_consistent_... for the control.
+NEAR_TIE = 0.5
+MAX_DIVERGENT_PROMPTS = 3  # per mode: more near-ties than this would point at a real bug
 ALPHA = 1e-3 / 2  # Bonferroni: the statistical tests in this file
 
 PROMPTS = [
@@ -78,7 +81,7 @@ def fresh_logits(engine: Engine, history: list[int]) -> np.ndarray:
 
 def assert_same_or_near_tie(engine, prompt_ids, ref, got, label):
     if got == ref:
-        return
+        return False
     n = min(len(ref), len(got))
     j = next((i for i in range(n) if ref[i] != got[i]), n)
     if j == n:  # one is a prefix of the other: only an early EOS/stop would do that
@@ -88,11 +91,13 @@ def assert_same_or_near_tie(engine, prompt_ids, ref, got, label):
     gap = float(top2[1] - top2[0])
     assert {ref[j], got[j]} <= set(np.argsort(logits)[-2:].tolist()), f"{label}: diverged at {j} on a non-top-2 token"
     assert gap < NEAR_TIE, f"{label}: diverged at token {j} but the target's top-2 gap is {gap:.3f} (not a near-tie)"
+    return True
 
 
 @pytest.mark.models
 def test_greedy_draft_and_lookup_match_target_only(engine):
     accepted = drafted = 0
+    divergent = {"draft": 0, "lookup": 0}
     for prompt in PROMPTS:
         req = chat(prompt, max_tokens=48)
         prompt_ids, _ = engine.prompt_tokens(req)
@@ -100,10 +105,11 @@ def test_greedy_draft_and_lookup_match_target_only(engine):
         assert done_ref.stats.drafted == 0
         for mode in ("draft", "lookup"):
             got, done, _ = run(engine, req.model_copy(update={"mode": mode}))
-            assert_same_or_near_tie(engine, prompt_ids, ref, got, f"{mode} on {prompt[:30]!r}")
+            divergent[mode] += assert_same_or_near_tie(engine, prompt_ids, ref, got, f"{mode} on {prompt[:30]!r}")
             if mode == "draft":
                 accepted += done.stats.accepted
                 drafted += done.stats.drafted
+    assert max(divergent.values()) <= MAX_DIVERGENT_PROMPTS, divergent
     # The real pair agrees on code most of the time; the brief's bar is 0.8 on code prompts.
     assert drafted > 0 and accepted / drafted >= 0.8, f"acceptance {accepted}/{drafted}"
 
@@ -143,25 +149,40 @@ def test_sampled_verify_token_matches_target_distribution(engine):
 
 @pytest.mark.models
 def test_kv_cache_consistent_after_draft_reject_cycles(engine):
+    """After many draft/reject/rollback cycles the KV cache holds exactly the accepted history.
+
+    Logits from that cache are compared with a fresh prefill of the same history. Batched and
+    single-row kernels differ in the last bits, so the yardstick is a control: the same history
+    decoded one token at a time, as target-only decoding would. A bookkeeping error (a stale or
+    missing cell) shifts logits by whole units and changes the argmax; noise stays at the control's level.
+    """
     req = chat("Write a short story about a robot learning to paint.", max_tokens=80, mode="draft", k=5,
                sampling=SamplingParams(temperature=1.0, seed=7))
     ids, done, _ = run(engine, req)
     assert done.stats.drafted > done.stats.accepted > 0, "need both accepts and rejects"
-    history = engine.prompt_tokens(req)[0] + ids
+    prompt = engine.prompt_tokens(req)[0]
+    history = prompt + ids
     slot = engine.slots[0]
-    assert slot.kv == history[: len(slot.kv)]
-    # Next-token logits from the KV the cycles left behind ...
+    assert slot.kv == history[: len(slot.kv)] and len(slot.kv) >= len(history) - 1
+    assert engine.target.seq_pos_max(0) == len(slot.kv) - 1  # llama.cpp holds as many cells as we think
     rest = history[len(slot.kv):] or history[-1:]
     if not history[len(slot.kv):]:
         engine.target.seq_rm(0, len(history) - 1, -1)
         del slot.kv[len(history) - 1:]
     start = len(slot.kv)
     cached = engine.target.decode([Row(t, start + i, 0, logits=(i == len(rest) - 1)) for i, t in enumerate(rest)])[-1]
-    # ... equal those of a fresh prefill of the same history.
     fresh = fresh_logits(engine, history)
+    # Control: prompt prefill, then the generated tokens one by one.
+    rt = engine.target
+    rt.decode([Row(t, i, 0) for i, t in enumerate(prompt)])
+    for i in range(len(prompt), len(history)):
+        control = rt.decode([Row(history[i], i, 0, logits=True)])[-1]
+    rt.seq_rm(0, 0, -1)
+    noise = np.abs(control - fresh)
+    diff = np.abs(cached - fresh)
     assert int(np.argmax(cached)) == int(np.argmax(fresh))
-    assert np.max(np.abs(cached - fresh)) < 0.5
-    assert np.corrcoef(cached, fresh)[0, 1] > 0.999
+    assert diff.max() <= 1.5 * noise.max() + 0.05, (diff.max(), noise.max())
+    assert diff.mean() <= 1.5 * noise.mean() + 0.01, (diff.mean(), noise.mean())
 
 
 @pytest.mark.models
@@ -239,14 +260,14 @@ def test_prompt_longer_than_context_is_refused_with_both_counts(engine):
 @pytest.mark.models
 def test_truncate_policy_drops_oldest_turns_but_keeps_system(engine):
     history = []
-    for i in range(12):
+    for i in range(20):
         history += [ChatMessage(role="user", content=f"Question {i}: " + "lorem ipsum " * 60),
                     ChatMessage(role="assistant", content="ok")]
     msgs = [ChatMessage(role="system", content="SYSTEM-MARKER be brief")] + history + [
         ChatMessage(role="user", content="Reply with the word done.")]
     with pytest.raises(ContextOverflowError):
         engine.submit(GenerationRequest(messages=msgs, max_tokens=4))
-    handle = engine.submit(GenerationRequest(messages=msgs, max_tokens=4, truncate=True))
+    handle = engine.submit(GenerationRequest(messages=msgs, max_tokens=4, truncate=True, mode="off"))
     assert handle.dropped_messages > 0
     while not handle.done.is_set():
         engine.step()
