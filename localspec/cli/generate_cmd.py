@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-model", help="draft model id, overriding the profile's")
     p.add_argument("--n-ctx", type=int, help="context tokens")
     p.add_argument("--threads", type=int, help="llama.cpp threads")
+    p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
     p.add_argument("--show-draft", action="store_true", help="colour tokens the draft proposed and the target accepted")
     p.add_argument("--json", action="store_true", help="print the text, finish reason and stats as one JSON object")
     p.set_defaults(func=run)
@@ -72,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     from localspec.service import open_engine  # heavy import (llama.cpp) only for this verb
 
     request = _request(args)
+    if not args.no_pull:
+        from localspec.cli.models_cmd import ensure_models
+
+        ensure_models(args.profile, [args.model, args.draft_model] if args.model else None)
     t0 = time.perf_counter()
     engine = open_engine(
         profile=args.profile, target=args.model, draft=args.draft_model,

@@ -291,3 +291,22 @@ def cmd_du(args: argparse.Namespace) -> int:
         print(f"{_human(du.hf_cache_bytes):>10}  of it kept in the Hugging Face cache")
     print(f"{_human(du.free_bytes):>10}  free on that disk")
     return 0
+
+
+def ensure_models(profile: str | None = None, ids: list[str | None] | None = None) -> None:
+    """Pull what the main job needs on first use, with progress; a no-op once installed.
+
+    The profile's target and draft (or the explicit ids) must be installed; the embedding model is
+    optional and never blocks.
+    """
+    mgr = _manager()
+    prof = mgr.profile(profile)
+    wanted = [mgr.resolve(i).id for i in (ids or [prof.target, prof.draft]) if i]  # unknown ids fail here
+    missing = [i for i in wanted if mgr.installed_path(i) is None]
+    if not missing:
+        return
+    print(f"First use: fetching {', '.join(missing)} (see `localspec models list`)", file=sys.stderr)
+    with _ProgressUI() as ui:
+        for model_id in missing:
+            record = mgr.pull(model_id, progress=ui)
+            print(f"{record.model_id}: installed from {record.source}", file=sys.stderr)

@@ -14,7 +14,9 @@ import llama_cpp
 logger = logging.getLogger("localspec.llama_cpp")
 
 # ggml log levels: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont (continues the last line).
-_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+# llama.cpp's warnings are mostly about model files we cannot change (e.g. token types), so they
+# go to INFO; its errors stay errors.
+_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: logging.ERROR}
 _lock = threading.Lock()
 _installed = None
 _pending: list[str] = []
