@@ -80,6 +80,11 @@ def resolve_models(
     return ModelFiles(target_path, draft_path, target_id, draft_id if draft_path else None), prof.n_ctx
 
 
+def calibration_dir() -> str:
+    """Where measured speculative costs are cached; LOCALSPEC_CALIBRATION_DIR overrides (tests share one)."""
+    return os.environ.get("LOCALSPEC_CALIBRATION_DIR") or str(resolve_paths().cache_dir)
+
+
 def open_engine(
     profile: str | None = None, target: str | None = None, draft: str | None = None, **overrides: Any
 ) -> Engine:
@@ -89,4 +94,37 @@ def open_engine(
     config = engine_config(n_ctx, **overrides)
     if files.draft is None and config.mode == "draft":
         config = config.model_copy(update={"mode": "lookup"})
-    return Engine.load(str(files.target), str(files.draft) if files.draft else None, config)
+    return Engine.load(
+        str(files.target), str(files.draft) if files.draft else None, config,
+        calibration_dir=calibration_dir(),
+    )
+
+
+@dataclass
+class Served:
+    """What a long-running face (the HTTP endpoint) serves: the engine and the names behind it."""
+
+    engine: Engine
+    files: ModelFiles
+    profile: str
+    embedding_id: str | None  # None when the profile has none or it is not installed
+    embedding_path: Path | None
+
+
+def open_served(
+    profile: str | None = None, target: str | None = None, draft: str | None = None, **overrides: Any
+) -> Served:
+    """`open_engine` plus the ids and the embedding model the endpoint advertises."""
+    mm = ModelManager()
+    prof_name = profile or mm.registry.default_profile
+    prof = mm.profile(profile)
+    mode = overrides.get("mode")
+    files, _ = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
+    engine = open_engine(profile, target, draft, **overrides)
+    emb_id = emb_path = None
+    if prof.embedding:
+        emb_id = mm.resolve(prof.embedding).id
+        emb_path = mm.installed_path(emb_id)
+        if emb_path is None:
+            emb_id = None
+    return Served(engine, files, prof_name, emb_id, emb_path)

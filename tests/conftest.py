@@ -33,11 +33,18 @@ def _shared_store() -> Path:
 SHARED_STORE = _shared_store()
 
 
+@pytest.fixture(scope="session")
+def calibration_dir(tmp_path_factory) -> Path:
+    """One calibration of the auto controller per test session, shared by every test."""
+    return tmp_path_factory.mktemp("calibration")
+
+
 @pytest.fixture(autouse=True)
-def isolated_home(tmp_path_factory, monkeypatch) -> Path:
+def isolated_home(tmp_path_factory, monkeypatch, calibration_dir) -> Path:
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("LOCALSPEC_HOME", str(home))
     monkeypatch.setenv("LOCALSPEC_MODELS_DIR", str(SHARED_STORE))
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION_DIR", str(calibration_dir))
     return home
 
 

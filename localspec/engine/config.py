@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from localspec.engine.chat import ChatMessage
 from localspec.engine.sampling import SamplingParams
 
-Mode = Literal["off", "draft", "lookup"]
-MODES: tuple[str, ...] = ("off", "draft", "lookup")
+Mode = Literal["auto", "off", "draft", "lookup"]
+MODES: tuple[str, ...] = ("auto", "off", "draft", "lookup")
 
 
 class EngineConfig(BaseModel):
@@ -23,7 +23,8 @@ class EngineConfig(BaseModel):
     n_threads: int | None = Field(None, ge=1)
     n_gpu_layers: int = -1
     flash_attn: Literal["auto", "on", "off"] = "auto"
-    mode: Mode = "draft"
+    mode: Mode = Field("auto", description="auto picks drafter and k per step from measured costs")
+    auto_k_max: int = Field(8, ge=1, le=32, description="longest draft auto considers")
     draft_k: int = Field(6, ge=0, le=32, description="most tokens the draft model proposes per step")
     draft_p_min: float = Field(0.5, ge=0.0, le=1.0, description="greedy drafting stops below this top-1 probability")
     lookup_k: int = Field(8, ge=0, le=64)
@@ -45,6 +46,9 @@ class GenerationRequest(BaseModel):
     mode: Mode | None = None  # None: the engine's configured mode
     k: int | None = Field(None, ge=0, le=64, description="draft length; None: the mode's default")
     truncate: bool = Field(False, description="chat only: drop the oldest turns (never the system prompt) to fit")
+    grammar: str | None = Field(None, description="GBNF (root rule 'root') the output must match")
+    logprobs: int | None = Field(None, ge=0, le=20, description="report each token's logprob and this many alternatives")
+    tools: list[dict] | None = Field(None, description="chat only: tool definitions handed to the chat template")
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerationRequest:

@@ -62,12 +62,25 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The target model's log-probability of an emitted token, and its most likely alternatives.
+
+    From the raw logits (log-softmax before penalties, temperature and truncation), like OpenAI's.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Token:
     """One generated token. `text` is what became certain with it (may be empty while held)."""
 
     text: str
     ids: tuple[int, ...]
     origin: Origin
+    logprob: TokenLogprob | None = None  # only when the request asked for logprobs
 
 
 @dataclass(frozen=True)

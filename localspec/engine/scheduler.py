@@ -28,10 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from localspec.engine import calibrate
 from localspec.engine.chat import render_chat
 from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.controller import Choice, Controller, Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
-from localspec.engine.events import Done, Event, Stats, Token
+from localspec.engine.events import Done, Event, Stats, Token, TokenLogprob
+from localspec.engine.grammar import Grammar
 from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
 from localspec.engine.sampling import distribution, greedy_token, penalize
 from localspec.engine.text import StopMatcher, Utf8Stream
@@ -42,6 +45,20 @@ logger = logging.getLogger(__name__)
 
 # llama.cpp accepts a draft whose vocabulary differs from the target's by up to this many tokens.
 MAX_VOCAB_DIFFERENCE = 128
+_GRAMMAR_REDRAW = 3  # PositionRng purpose of the redraw after the grammar refused a sample
+
+
+def _logprob(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
+    """Log-softmax of the raw logits: the model's own probabilities, as OpenAI reports them."""
+    z = row.astype(np.float64)
+    z = z - z.max()
+    logp = z - np.log(np.exp(z).sum())
+    top: tuple[tuple[int, float], ...] = ()
+    if n_top > 0:
+        ids = np.argpartition(-logp, n_top - 1)[:n_top]
+        ids = ids[np.argsort(-logp[ids], kind="stable")]
+        top = tuple((int(t), float(logp[t])) for t in ids)
+    return TokenLogprob(token=int(token), logprob=float(logp[token]), top=top)
 
 
 class Handle:
@@ -53,6 +70,7 @@ class Handle:
         self._cancel = threading.Event()
         self.done = threading.Event()
         self.result: Done | None = None
+        self.grammar: Grammar | None = None  # compiled by submit; the engine thread owns it after
 
     def cancel(self) -> None:
         """Safe from any thread; the engine stops the request at its next step."""
@@ -88,6 +106,10 @@ class _Active:
     utf8: Utf8Stream = field(default_factory=Utf8Stream)
     stop: StopMatcher | None = None
     text: list[str] = field(default_factory=list)
+    grammar: Grammar | None = None
+    controller: Controller | None = None  # mode auto only
+    choice: Choice | None = None  # what auto chose for the step in flight
+    lookup_match: int = 0
 
     @property
     def generated(self) -> int:
@@ -100,8 +122,11 @@ class Engine:
         target: ModelRuntime,
         draft: ModelRuntime | None = None,
         config: EngineConfig | None = None,
+        calibration_dir: str | None = None,
     ) -> None:
         self.config = config or EngineConfig()
+        self.calibration_dir = calibration_dir
+        self.costs: Costs | None = None  # measured lazily, for mode auto
         self.target = target
         self.draft = draft
         self.drafter: DraftModelDrafter | None = None
@@ -127,10 +152,14 @@ class Engine:
 
     @classmethod
     def load(
-        cls, target_path: str, draft_path: str | None = None, config: EngineConfig | None = None
+        cls,
+        target_path: str,
+        draft_path: str | None = None,
+        config: EngineConfig | None = None,
+        calibration_dir: str | None = None,
     ) -> Engine:
         config = config or EngineConfig()
-        k_rows = max(config.draft_k, config.lookup_k) + 1
+        k_rows = max(config.draft_k, config.lookup_k, config.auto_k_max) + 1
         rc = RuntimeConfig(
             n_ctx=config.n_ctx,
             n_seq_max=config.parallel,
@@ -151,12 +180,28 @@ class Engine:
                 target.close()
                 raise
         try:
-            return cls(target, draft, config)
+            engine = cls(target, draft, config, calibration_dir)
+            if config.mode == "auto":
+                engine.calibrate()
+            return engine
         except BaseException:
             target.close()
             if draft:
                 draft.close()
             raise
+
+    def calibrate(self) -> Costs:
+        """Measure (or load cached) verify and draft costs; needs an idle engine."""
+        if self.costs is None:
+            if any(s.active for s in self.slots):
+                raise RuntimeError("calibration needs an idle engine")
+            from pathlib import Path
+
+            cache = Path(self.calibration_dir) if self.calibration_dir else None
+            for slot in self.slots[:1]:
+                self._reset_kv(slot)
+            self.costs = calibrate.load_or_measure(self.target, self.draft, self.config.auto_k_max, cache)
+        return self.costs
 
     def close(self) -> None:
         self.target.close()
@@ -174,7 +219,7 @@ class Engine:
             messages = list(request.messages or [])
             dropped = 0
             while True:
-                tokens = self._render(messages)
+                tokens = self._render(messages, request.tools)
                 if len(tokens) < self.config.n_ctx or not request.truncate:
                     break
                 # Drop the oldest turn that is not the system prompt, keeping the last message.
@@ -189,10 +234,10 @@ class Engine:
             raise RequestError("The prompt produced no tokens.", "Send a non-empty prompt.")
         return tokens, dropped
 
-    def _render(self, messages) -> list[int]:
+    def _render(self, messages, tools: list[dict] | None = None) -> list[int]:
         bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
         eos = self.target.token_text(self.target.eos) if self.target.eos >= 0 else ""
-        text = render_chat(self.target.chat_template, messages, bos_token=bos, eos_token=eos)
+        text = render_chat(self.target.chat_template, messages, bos_token=bos, eos_token=eos, tools=tools)
         # A template that writes the BOS itself must not get a second one from the tokenizer.
         add_special = not (bos and text.startswith(bos))
         return self.target.tokenize(text, add_special=add_special, parse_special=True)
@@ -203,8 +248,16 @@ class Engine:
         if mode == "draft" and self.drafter is None:
             raise RequestError("Mode 'draft' needs a draft model and none is loaded.", "Load one, or use --mode lookup/off.")
         tokens, dropped = self.prompt_tokens(request)
+        if mode == "auto" and self.costs is None and not self.busy:
+            self.calibrate()
+        # The runtime's vocabulary pointer: grammars are compiled against the target's tokens.
+        grammar = (
+            Grammar.compile(self.target._vocab, self.target.n_vocab, request.grammar, self.target.eos)
+            if request.grammar else None
+        )
         with self._lock:
             handle = Handle(self._next_id)
+            handle.grammar = grammar
             self._next_id += 1
             self._pending.append((handle, request, tokens, time.perf_counter()))
         handle.dropped_messages = dropped
@@ -272,9 +325,12 @@ class Engine:
                 slot.kv.extend(chunk)
                 plan.append((slot, None, last))
                 budget -= len(chunk)
-                if a.mode == "draft" and self.drafter is not None:
+                if self.drafter is not None and self._wants_draft_prefill(a):
                     self.drafter.sync(slot.seq, a.tokens[: a.n_prompt], budget=len(chunk))
+            t0 = time.perf_counter()
             logits = self.target.decode(rows)
+            if self.costs is not None and len(plan) == 1 and plan[0][1] is not None:
+                self.costs.observe_verify(len(rows), time.perf_counter() - t0)  # clean single-sequence timing
         except Exception as exc:  # a failed decode leaves the KV state unknown: reset those slots
             logger.exception("engine step failed")
             for slot in running:
@@ -310,16 +366,23 @@ class Engine:
                 keep = min(common_prefix(slot.kv, tokens), len(tokens) - 1)
                 self._truncate(slot, keep)
                 mode = request.mode or self.config.mode
+                if mode == "auto" and self.costs is None:
+                    mode = "off"  # not calibrated yet (engine was busy): plain decoding is never wrong
                 k = request.k if request.k is not None else (
-                    self.config.draft_k if mode == "draft" else self.config.lookup_k if mode == "lookup" else 0
+                    self.config.draft_k if mode == "draft" else self.config.lookup_k if mode == "lookup"
+                    else self.config.auto_k_max if mode == "auto" else 0
                 )
+                if handle.grammar is not None and not request.sampling.greedy:
+                    mode = "off"  # sampled grammar requests do not speculate yet (greedy ones do)
                 seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
                 stats = Stats(mode=mode, prompt_tokens=len(tokens), reused_prefix_tokens=keep)
                 slot.active = _Active(
                     handle=handle, request=request, tokens=list(tokens), n_prompt=len(tokens), mode=mode,
                     k=k if mode != "off" else 0, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
-                    t_admit=time.perf_counter(), stop=StopMatcher(request.stop),
+                    t_admit=time.perf_counter(), stop=StopMatcher(request.stop), grammar=handle.grammar,
                 )
+                if mode == "auto":
+                    slot.active.controller = Controller(self.costs, k_max=k, has_draft_model=self.drafter is not None)
 
     def _draft(self, decoding: list[_Slot]) -> dict[int, Draft]:
         drafts: dict[int, Draft] = {}
@@ -328,22 +391,47 @@ class Engine:
             a = slot.active
             # No point drafting past max_tokens or the end of the context.
             k = min(a.k, a.request.max_tokens - a.generated - 1, self.config.n_ctx - len(a.tokens))
-            if k <= 0 or a.mode == "off":
+            mode = a.mode
+            if mode == "auto" and k > 0:
+                mode, k = self._auto_choice(slot, k)
+            if k <= 0 or mode == "off":
                 drafts[slot.seq] = Draft(())
-            elif a.mode == "lookup":
+            elif mode == "lookup":
                 drafts[slot.seq] = self.lookup.propose(a.tokens, k)
             else:
                 jobs.append(DraftJob(slot.seq, list(a.tokens), k, a.request.sampling, a.rng))
         if jobs:
+            t0 = time.perf_counter()
+            calls = self.drafter.decode_calls
             for job, d in zip(jobs, self.drafter.propose_many(jobs)):
                 drafts[job.seq] = d
+            if self.costs is not None and len(jobs) == 1 and self.drafter.decode_calls > calls:
+                # Includes the catch-up call; close enough for a smoothed per-step estimate.
+                self.costs.observe_draft_step((time.perf_counter() - t0) / (self.drafter.decode_calls - calls))
         return drafts
+
+    def _auto_choice(self, slot: _Slot, k_cap: int) -> tuple[str, int]:
+        """Ask the controller which drafter and k pay most for this sequence right now."""
+        a = slot.active
+        lag = len(a.tokens) - len(self.drafter.kv.get(slot.seq, [])) if self.drafter else 0
+        proposal = self.lookup.propose(a.tokens, k_cap)
+        a.lookup_match = self.lookup.match_length(a.tokens) if len(proposal) else 0
+        a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap)
+        return a.choice.drafter, a.choice.k
+
+    def _wants_draft_prefill(self, a: _Active) -> bool:
+        if a.mode == "draft":
+            return True
+        # auto: read the prompt into the draft only if drafting is expected to pay once caught up.
+        return a.mode == "auto" and a.controller.choose(0, 0, 0, a.k).drafter == "draft"
 
     # ------------------------------------------------------------------ outcomes
 
     def _target_rows(self, a: _Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list[np.ndarray]:
         """The target's distribution per verify row, each with the history up to that row."""
         params = a.request.sampling
+        if a.grammar is not None:  # greedy: sampled grammar requests run in mode off
+            return self._grammar_rows(a, rows, drafted)
         out = []
         for i, row in enumerate(rows):
             history = a.tokens + list(drafted[:i]) if params.has_penalties else a.tokens
@@ -359,19 +447,67 @@ class Engine:
         a = slot.active
         a.stats.prefill_ms = (now - a.t_admit) * 1000
         a.decoding = True
+        self._emit(slot, [self._pick(a, row)], "target", now, rows=row[None, :])
+
+    def _pick(self, a: _Active, row: np.ndarray) -> int:
+        """The target's own token for the next position (no draft involved)."""
         params = a.request.sampling
         pos = len(a.tokens)
         if params.greedy:
-            token = greedy_token(row, params, a.tokens)
-        else:
-            token = a.rng.choice(distribution(row, params, a.tokens), pos)
-        self._emit(slot, [token], "target", now)
+            if a.grammar is not None:
+                return a.grammar.best(penalize(row, params, a.tokens))
+            return greedy_token(row, params, a.tokens)
+        p = distribution(row, params, a.tokens)
+        token = a.rng.choice(p, pos)
+        if a.grammar is None or a.grammar.allows(token):
+            return token
+        # Refused: redraw from p restricted to the allowed tokens; see grammar.py for why it is exact.
+        allowed = np.isfinite(a.grammar.mask(row))
+        if not allowed.any():
+            return a.grammar.eos
+        restricted = np.where(allowed, p, 0.0)
+        if restricted.sum() <= 0.0:  # truncation (top-p/k) left no allowed token: use the full allowed set
+            restricted = distribution(np.where(allowed, row, -np.inf), params, a.tokens)
+        return a.rng.choice(restricted, pos, purpose=_GRAMMAR_REDRAW)
+
+    def _grammar_rows(self, a: _Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list[np.ndarray]:
+        """One-hot target rows under the request's grammar.
+
+        Sampled requests come here only in mode off (one row). Greedy ones may carry a draft: row i
+        is the allowed argmax after drafted[:i], so a draft token the grammar refuses is rejected.
+        """
+        def one_hot(token: int) -> np.ndarray:
+            p = np.zeros(rows.shape[1])
+            p[token] = 1.0
+            return p
+
+        if not drafted:
+            return [one_hot(self._pick(a, rows[0]))]
+        params = a.request.sampling
+        g = a.grammar.clone()
+        out: list[np.ndarray] = []
+        try:
+            for i, row in enumerate(rows):
+                best = g.best(penalize(row, params, a.tokens + list(drafted[:i])))
+                out.append(one_hot(best))
+                if i < len(drafted):
+                    if drafted[i] != best or self.target.is_eog(best):
+                        # verify() stops at this row; the later rows are never read.
+                        out.extend(out[-1] for _ in range(len(rows) - i - 1))
+                        break
+                    g.accept(best)
+        finally:
+            g.close()
+        return out
 
     def _accept(self, slot: _Slot, d: Draft, rows: np.ndarray, now: float) -> None:
         a = slot.active
         p = self._target_rows(a, rows, d.tokens)
         verdict = verify(p, d, a.rng, start_pos=len(a.tokens))
         a.stats.target_passes += 1
+        if a.choice is not None:
+            a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match)
+            a.choice = None
         if len(d):
             a.stats.drafted += len(d)
             a.stats.accepted += verdict.accepted
@@ -381,15 +517,18 @@ class Engine:
         # Roll back the target KV to what the accepted history shares with it.
         self._truncate(slot, min(common_prefix(slot.kv, history), len(history) - 1))
         if accepted:
-            self._emit(slot, accepted, "draft", now)
+            self._emit(slot, accepted, "draft", now, rows=rows[: len(accepted)])
         if slot.active is a:  # not finished by a stop among the accepted tokens
-            self._emit(slot, [verdict.next_token], "target", now)
-        if slot.active is a and self.drafter is not None and a.mode == "draft":
+            self._emit(slot, [verdict.next_token], "target", now, rows=rows[len(accepted) : len(accepted) + 1])
+        if slot.active is a and self.drafter is not None and a.mode in ("draft", "auto"):
             self.drafter.rollback(slot.seq, a.tokens)
 
-    def _emit(self, slot: _Slot, tokens: list[int], origin: str, now: float) -> None:
+    def _emit(
+        self, slot: _Slot, tokens: list[int], origin: str, now: float, rows: np.ndarray | None = None
+    ) -> None:
+        """`rows`: the target logits each token was chosen from, for logprobs."""
         a = slot.active
-        for token in tokens:
+        for i, token in enumerate(tokens):
             if a.stats.completion_tokens == 0:
                 a.t_first = now
                 a.stats.ttft_ms = (now - a.t_submit) * 1000
@@ -399,10 +538,15 @@ class Engine:
                 return
             a.tokens.append(token)
             a.stats.completion_tokens += 1
+            if a.grammar is not None:
+                a.grammar.accept(token)
             text, stopped = a.stop.feed(a.utf8.feed(self.target.piece(token)))
             if text:
                 a.text.append(text)
-            a.handle.events.put(Token(text=text, ids=(token,), origin=origin))
+            lp = None
+            if a.request.logprobs is not None and rows is not None and i < len(rows):
+                lp = _logprob(rows[i], token, a.request.logprobs)
+            a.handle.events.put(Token(text=text, ids=(token,), origin=origin, logprob=lp))
             if stopped:
                 self._finish(slot, "stop", flush=False)
                 return
@@ -423,6 +567,8 @@ class Engine:
         self._truncate(slot, common_prefix(slot.kv, a.tokens))
         if self.drafter is not None:
             self.drafter.rollback(slot.seq, a.tokens)
+        if a.grammar is not None:
+            a.grammar.close()
         done = Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error)
         a.handle.result = done
         a.handle.events.put(done)

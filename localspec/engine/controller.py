@@ -1,0 +1,157 @@
+"""The `auto` mode: choose the drafter and draft length that maximise expected tokens per second.
+
+Speculation pays only when drafting plus verification costs less than the tokens it saves. On a
+2-core CPU a verify batch of 5 rows costs ~2.7x a single-row step, so a draft model rarely pays;
+on a GPU a batch of 8 costs about one step, so it nearly always does. We measure instead of guess.
+
+For a drafter whose position-i draft survives with conditional probability a_i (given that all
+earlier ones did), proposing k tokens yields in expectation
+
+    E[tokens | k] = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k
+
+(the leading 1 is the correction or bonus token every verify pass produces). With a constant
+a_i = alpha this is the familiar (1 - alpha^(k+1)) / (1 - alpha). The cost of that step is
+
+    cost(k) = catch_up + k * draft_step + verify(k + 1)
+
+where verify(n) is the target's cost for an n-row batch and catch_up is the draft model's cost of
+re-reading tokens it missed while other drafters ran. The controller picks the (drafter, k) with
+the largest E / cost; k = 0 is plain decoding at 1 / verify(1). See docs/auto-mode.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Beta(1, 1)-style prior per position so a drafter is tried before it is judged; the prior is
+# weak (a couple of observations) so real evidence takes over within a few steps.
+PRIOR_ACCEPT = 1.4
+PRIOR_TRIALS = 2.0
+
+
+@dataclass
+class Costs:
+    """Seconds per operation on this machine; refreshed online from real timings."""
+
+    verify: list[float]  # verify[n-1] = target batch of n rows with logits (n = 1..k_max+1)
+    draft_step: float  # one single-row draft decode
+    draft_row: float  # per extra row when the draft catches up in one batch
+    smoothing: float = 0.1
+
+    def verify_cost(self, rows: int) -> float:
+        if rows <= len(self.verify):
+            return self.verify[rows - 1]
+        # Past the calibrated range: extrapolate the last slope.
+        last, prev = self.verify[-1], self.verify[-2] if len(self.verify) > 1 else self.verify[-1] / 2
+        return last + (rows - len(self.verify)) * (last - prev)
+
+    def catch_up(self, tokens: int) -> float:
+        return 0.0 if tokens <= 0 else self.draft_step + (tokens - 1) * self.draft_row
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        if 1 <= rows <= len(self.verify):
+            self.verify[rows - 1] += self.smoothing * (seconds - self.verify[rows - 1])
+
+    def observe_draft_step(self, seconds: float) -> None:
+        self.draft_step += self.smoothing * (seconds - self.draft_step)
+
+    def to_json(self) -> dict:
+        return {"verify": self.verify, "draft_step": self.draft_step, "draft_row": self.draft_row}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Costs:
+        return cls(verify=list(data["verify"]), draft_step=float(data["draft_step"]), draft_row=float(data["draft_row"]))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+
+
+@dataclass
+class Acceptance:
+    """Per-position conditional acceptance counts for one drafter (optionally one context key)."""
+
+    accepted: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+
+    def rate(self, i: int) -> float:
+        a = self.accepted[i] if i < len(self.accepted) else 0.0
+        t = self.trials[i] if i < len(self.trials) else 0.0
+        return (a + PRIOR_ACCEPT) / (t + PRIOR_TRIALS) if i >= 0 else 1.0
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Positions 1..accepted survived; position accepted+1 (if drafted) was rejected."""
+        reached = min(drafted, accepted + 1)
+        while len(self.trials) < reached:
+            self.trials.append(0.0)
+            self.accepted.append(0.0)
+        for i in range(reached):
+            self.trials[i] += 1
+            if i < accepted:
+                self.accepted[i] += 1
+
+
+def expected_tokens(rates: list[float]) -> float:
+    """1 + a1 + a1 a2 + ... for the given conditional acceptance rates."""
+    total, survive = 1.0, 1.0
+    for a in rates:
+        survive *= a
+        total += survive
+    return total
+
+
+@dataclass(frozen=True)
+class Choice:
+    drafter: str  # "draft" | "lookup" | "off"
+    k: int
+    expected_rate: float  # tokens per second this choice expects
+
+
+class Controller:
+    """Per-sequence state of `auto`: acceptance estimates per drafter, and the choice rule."""
+
+    def __init__(self, costs: Costs, k_max: int = 8, has_draft_model: bool = True) -> None:
+        self.costs = costs
+        self.k_max = k_max
+        self.has_draft_model = has_draft_model
+        self.draft = Acceptance()
+        self.lookup: dict[int, Acceptance] = {}  # keyed by n-gram match length
+
+    def choose(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int) -> Choice:
+        """Pick the best (drafter, k).
+
+        draft_lag: tokens the draft model must catch up before it can draft;
+        lookup_match: n-gram length of the prompt-lookup match (0 = none);
+        lookup_available: how many tokens the lookup match could propose;
+        k_cap: the most tokens worth drafting (max_tokens and context left).
+        """
+        c = self.costs
+        best = Choice("off", 0, 1.0 / c.verify_cost(1))
+        k_top = min(self.k_max, k_cap)
+        if self.has_draft_model:
+            rates: list[float] = []
+            for k in range(1, k_top + 1):
+                rates.append(self.draft.rate(k - 1))
+                cost = c.catch_up(draft_lag) + k * c.draft_step + c.verify_cost(k + 1)
+                rate = expected_tokens(rates) / cost
+                if rate > best.expected_rate:
+                    best = Choice("draft", k, rate)
+        if lookup_match > 0:
+            acc = self.lookup.setdefault(lookup_match, Acceptance())
+            rates = []
+            for k in range(1, min(k_top, lookup_available) + 1):
+                rates.append(acc.rate(k - 1))
+                rate = expected_tokens(rates) / c.verify_cost(k + 1)
+                if rate > best.expected_rate:
+                    best = Choice("lookup", k, rate)
+        return best
+
+    def observe(self, choice: Choice, drafted: int, accepted: int, lookup_match: int = 0) -> None:
+        if choice.drafter == "draft" and drafted:
+            self.draft.observe(drafted, accepted)
+        elif choice.drafter == "lookup" and drafted:
+            self.lookup.setdefault(lookup_match, Acceptance()).observe(drafted, accepted)

@@ -1,0 +1,90 @@
+"""Sentence embeddings from a GGUF embedding model (MiniLM) through llama.cpp.
+
+One runtime for generation and embeddings. The engine package owns this so the cache and the
+router can both use it without importing each other.
+
+MiniLM is a non-causal BERT with a 512-position window. llama.cpp aborts the whole process when a
+non-causal batch holds more tokens than n_ubatch, so the window is the batch size and a text that
+does not fit is refused here (``embed`` returns None) and never reaches llama.cpp.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from localspec.engine import llama_log
+
+WINDOW = 512  # MiniLM's positions; also n_ctx, n_batch and n_ubatch
+
+
+def file_fingerprint(path: str | os.PathLike[str]) -> str:
+    """A cheap identity for a model file: its size and the hash of its first and last MiB.
+
+    Hashing a multi-GB GGUF takes seconds; a different file (another quant, a re-conversion)
+    differs in size or in its header and metadata, which sit in the first MiB.
+    """
+    p = Path(path)
+    size = p.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with p.open("rb") as fh:
+        h.update(fh.read(1 << 20))
+        if size > 2 << 20:
+            fh.seek(size - (1 << 20))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()[:32]
+
+
+class Embedder:
+    """Mean-pooled, L2-normalised sentence vectors (float32). Thread-safe; one text at a time."""
+
+    def __init__(self, model_path: str | os.PathLike[str], n_threads: int | None = 2, window: int = WINDOW) -> None:
+        import llama_cpp  # heavy import only when an embedder is actually built
+
+        llama_log.install()
+        self.model_path = Path(model_path)
+        self.window = window
+        self.fingerprint = file_fingerprint(self.model_path)
+        self._lock = threading.Lock()
+        self._llm = llama_cpp.Llama(
+            model_path=str(self.model_path), embedding=True, n_ctx=window, n_batch=window,
+            n_ubatch=window, n_threads=n_threads, n_threads_batch=n_threads, verbose=False,
+        )
+        self.dim = int(self._llm.n_embd())
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens including the [CLS]/[SEP] the model adds."""
+        with self._lock:
+            return len(self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+
+    def fits(self, text: str) -> bool:
+        return 0 < self.count_tokens(text) <= self.window
+
+    def embed(self, text: str) -> np.ndarray | None:
+        """The unit vector for `text`, or None when it is empty or longer than the window."""
+        with self._lock:
+            n = len(self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+            if n == 0 or n > self.window:
+                return None
+            raw = self._llm.embed(text, normalize=False, truncate=False)
+        vec = np.asarray(raw, dtype=np.float32).reshape(-1)
+        if vec.shape[0] != self.dim:  # a model without pooling returns per-token rows: mean-pool them
+            vec = np.asarray(raw, dtype=np.float32).reshape(-1, self.dim).mean(axis=0)
+        norm = float(np.linalg.norm(vec))
+        return vec / norm if norm > 0 else None
+
+    def close(self) -> None:
+        with self._lock:
+            llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.close()
+
+    def __enter__(self) -> Embedder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,101 @@
+"""Grammar-constrained decoding: which tokens a llama.cpp GBNF grammar allows next.
+
+The engine keeps its own sampling (so speculative verification stays exact) and uses the
+grammar only as a filter on the target's logits:
+
+* greedy: the allowed argmax, found by checking candidates in logit order (a few, usually one);
+* sampled: draw from p; if the grammar refuses the draw, draw again from p restricted to the
+  allowed tokens. The result is exactly p restricted to the allowed set (the first draw lands on
+  an allowed t with p(t); otherwise, with probability 1 - V, the second gives p(t)/V).
+
+llama.cpp aborts the process when a grammar is made to accept a token it refuses, so callers
+only `accept` tokens that `allows`/`best` approved.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+
+from localspec.errors import RequestError
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+_CANDIDATES = 32  # logits checked per round when looking for the allowed argmax
+
+
+class Grammar:
+    """One request's grammar state. Not thread-safe: the engine thread owns it after submit."""
+
+    def __init__(self, sampler, n_vocab: int, eos: int) -> None:
+        self._smpl = sampler
+        self.n_vocab = n_vocab
+        self.eos = eos  # what `best` returns at a dead end, so the answer ends instead of breaking
+
+    @classmethod
+    def compile(cls, vocab, n_vocab: int, gbnf: str, eos: int, root: str = "root") -> Grammar:
+        """Parse GBNF for a vocabulary (a `llama_vocab` pointer). Raises RequestError on bad syntax."""
+        smpl = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), root.encode("utf-8"))
+        if not smpl:
+            raise RequestError(
+                "The grammar could not be parsed by llama.cpp.",
+                "Check the JSON schema or GBNF (the server log has llama.cpp's message).",
+            )
+        return cls(smpl, n_vocab, eos)
+
+    def clone(self) -> Grammar:
+        return Grammar(llama_cpp.llama_sampler_clone(self._smpl), self.n_vocab, self.eos)
+
+    def accept(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self._smpl, int(token))
+
+    def _apply(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """The logits of `ids` with refused tokens at -inf."""
+        arr = np.empty(ids.shape[0], dtype=_TOKEN_DATA)
+        arr["id"] = ids
+        arr["logit"] = logits
+        arr["p"] = 0.0
+        cur = llama_cpp.llama_token_data_array(
+            data=ctypes.cast(arr.ctypes.data, llama_cpp.llama_token_data_p),
+            size=ids.shape[0], selected=-1, sorted=False,
+        )
+        llama_cpp.llama_sampler_apply(self._smpl, ctypes.byref(cur))
+        return arr["logit"]
+
+    def allows(self, token: int) -> bool:
+        return bool(np.isfinite(self._apply(np.array([token], dtype=np.int32), np.zeros(1, np.float32))[0]))
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """The whole row with every refused token at -inf (costs a pass over the vocabulary)."""
+        n = min(logits.shape[0], self.n_vocab)
+        out = np.full(logits.shape[0], -np.inf, dtype=np.float32)
+        out[:n] = self._apply(np.arange(n, dtype=np.int32), logits[:n].astype(np.float32))
+        return out
+
+    def best(self, logits: np.ndarray) -> int:
+        """The highest-logit token the grammar allows; `eos` when it allows none."""
+        n = min(logits.shape[0], self.n_vocab)
+        row = logits[:n].astype(np.float32)
+        k = min(_CANDIDATES, n)
+        top = np.argpartition(-row, k - 1)[:k]
+        top = top[np.argsort(-row[top], kind="stable")].astype(np.int32)
+        ok = np.isfinite(self._apply(top, row[top]))
+        if ok.any():
+            return int(top[int(np.argmax(ok))])
+        masked = self.mask(row)  # the likely tokens are all refused: check the whole vocabulary
+        if not np.isfinite(masked).any():
+            return self.eos
+        return int(np.argmax(masked))
+
+    def close(self) -> None:
+        if self._smpl:
+            llama_cpp.llama_sampler_free(self._smpl)
+            self._smpl = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+

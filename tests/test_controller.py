@@ -1,0 +1,79 @@
+"""The auto controller's rule, on synthetic costs (no timing, no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.engine.controller import Acceptance, Controller, Costs, expected_tokens
+
+# Measured on a 2-core CPU with the real pair (issue 9): target step 60 ms, draft step 27 ms,
+# verify of 2/5/9 rows 105/161/338 ms. Intermediate sizes interpolated.
+CPU = Costs(verify=[0.060, 0.105, 0.124, 0.142, 0.161, 0.200, 0.240, 0.290, 0.338], draft_step=0.027, draft_row=0.004)
+# A GPU: a batch of 9 costs about one step.
+GPU = Costs(verify=[0.020, 0.0205, 0.021, 0.0215, 0.022, 0.0225, 0.023, 0.0235, 0.024], draft_step=0.004, draft_row=0.0002)
+
+
+def trained(costs: Costs, rate: float, steps: int = 200, k: int = 8) -> Controller:
+    c = Controller(costs, k_max=k)
+    c.draft = Acceptance(accepted=[rate * steps] * k, trials=[float(steps)] * k)
+    return c
+
+
+def test_expected_tokens_matches_closed_form():
+    a = 0.8
+    for k in range(0, 8):
+        assert expected_tokens([a] * k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+
+
+def test_chooses_plain_decoding_when_drafting_cannot_pay():
+    c = trained(CPU, rate=0.9)
+    choice = c.choose(draft_lag=0, lookup_match=0, lookup_available=0, k_cap=8)
+    assert choice.drafter == "off" and choice.k == 0
+    assert choice.expected_rate == pytest.approx(1 / 0.060)
+
+
+def test_chooses_a_long_draft_when_verification_is_nearly_free():
+    c = trained(GPU, rate=0.9)
+    choice = c.choose(draft_lag=0, lookup_match=0, lookup_available=0, k_cap=8)
+    assert choice.drafter == "draft" and choice.k >= 5
+    # ...but not when acceptance is poor.
+    assert trained(GPU, rate=0.05).choose(0, 0, 0, 8).drafter == "off"
+
+
+def test_catch_up_cost_can_tip_the_choice():
+    c = trained(GPU, rate=0.6)
+    assert c.choose(draft_lag=0, lookup_match=0, lookup_available=0, k_cap=8).drafter == "draft"
+    assert c.choose(draft_lag=400, lookup_match=0, lookup_available=0, k_cap=8).drafter == "off"
+
+
+def test_lookup_chosen_on_cpu_when_its_matches_are_reliable():
+    c = trained(CPU, rate=0.9)
+    c.lookup[4] = Acceptance(accepted=[95.0] * 8, trials=[100.0] * 8)
+    choice = c.choose(draft_lag=0, lookup_match=4, lookup_available=8, k_cap=8)
+    assert choice.drafter == "lookup" and choice.k >= 4
+    # A short proposal limits k, and a weak match length keeps its own (poor) statistics.
+    assert c.choose(0, 4, 2, 8).k <= 2
+    c.lookup[2] = Acceptance(accepted=[5.0] * 8, trials=[100.0] * 8)
+    assert c.choose(0, 2, 8, 8).drafter == "off"
+
+
+def test_k_cap_is_respected():
+    c = trained(GPU, rate=0.95)
+    assert c.choose(0, 0, 0, k_cap=2).k <= 2
+
+
+def test_acceptance_counts_only_reached_positions():
+    acc = Acceptance()
+    acc.observe(drafted=4, accepted=1)  # pos1 accepted, pos2 rejected, pos3-4 never reached
+    assert acc.trials == [1, 1] and acc.accepted == [1, 0]
+    acc.observe(drafted=2, accepted=2)
+    assert acc.trials == [2, 2] and acc.accepted == [2, 1]
+
+
+def test_online_cost_refresh_moves_towards_observations():
+    c = Costs(verify=[0.1, 0.2], draft_step=0.05, draft_row=0.01)
+    for _ in range(100):
+        c.observe_verify(2, 0.1)
+        c.observe_draft_step(0.01)
+    assert c.verify[1] == pytest.approx(0.1, rel=1e-3) and c.draft_step == pytest.approx(0.01, rel=1e-3)
+    assert c.verify_cost(4) == pytest.approx(c.verify[1] + 2 * (c.verify[1] - c.verify[0]))
