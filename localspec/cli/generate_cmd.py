@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     colour = args.show_draft and sys.stdout.isatty()
     out = sys.stdout
     done: Done | None = None
+    draft_loaded, t_gen = engine.draft is not None, time.perf_counter()
     try:
         for event in engine.generate(request):
             if isinstance(event, Token) and not args.json:
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     assert done is not None
+    _log_metrics(args, request, done, (time.perf_counter() - t_gen) * 1000, draft_loaded)
     s = done.stats
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.json:
@@ -127,3 +129,37 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {done.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _log_metrics(args: argparse.Namespace, request: GenerationRequest, done: Done, e2e_ms: float,
+                 draft_loaded: bool) -> None:
+    """Log the run with face "cli"; a metrics failure is reported, never fatal to generation."""
+    try:
+        from localspec.metrics import Metrics, RequestRecord
+        from localspec.models import ModelManager
+
+        mm = ModelManager()
+        prof = mm.profile(args.profile)
+        def model_id(name: str) -> str:  # imported models live in the store only, not the registry
+            return mm.resolve(name).id if name in mm.registry else name
+
+        target = model_id(args.model or prof.target)
+        draft_id = args.draft_model or prof.draft
+        used_draft = draft_id and draft_loaded and done.stats.mode in ("draft", "auto")
+        draft = model_id(draft_id) if used_draft else None
+        hashes = {}
+        for role, mid in (("target", target), ("draft", draft)):
+            manifest = mm.manifest(mid) if mid else None
+            if manifest and manifest.files:
+                hashes[role] = manifest.files[0].sha256
+        with Metrics.from_settings() as metrics:
+            metrics.record(RequestRecord.from_stats(
+                done.stats, face="cli", profile=args.profile or mm.registry.default_profile, target_model=target,
+                draft_model=draft, finish_reason=done.finish_reason, e2e_ms=e2e_ms,
+                error_class=done.error.split(":", 1)[0] if done.error else None,
+                prompt_text=request.prompt if request.prompt is not None else json.dumps(
+                    [m.model_dump(exclude_none=True) for m in request.messages or []], ensure_ascii=False),
+                model_hashes=hashes,
+            ))
+    except Exception as exc:  # the answer is already out; losing its log line must not fail the run
+        print(f"warning: request not logged to metrics: {exc}", file=sys.stderr)
