@@ -1,0 +1,509 @@
+"""The FastAPI app: OpenAI-compatible routes over the engine worker.
+
+Requests are admitted while fewer than `parallel + max_queue` are unfinished (else 429), submitted
+to the worker, and their events read from the handle's queue. A client that goes away cancels its
+request, which frees the slot at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import queue
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import ValidationError
+
+from localspec import __version__
+from localspec.engine.events import Done, Token
+from localspec.engine.scheduler import Handle
+from localspec.errors import ContextOverflowError, LocalspecError, RequestError
+from localspec.server import translate
+from localspec.server.backend import Backend, Loader
+from localspec.server.embeddings import encode
+from localspec.server.errors import ERROR_RESPONSES, APIError, error_json
+from localspec.server.errors import install as install_errors
+from localspec.server.schemas import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChatMessageOut,
+    ChoiceLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    Embedding,
+    EmbeddingList,
+    EmbeddingRequest,
+    EmbeddingUsage,
+    Extension,
+    Health,
+    ModelCard,
+    ModelList,
+    TokenLogprobOut,
+    ToolCallDelta,
+    TopLogprob,
+    Usage,
+)
+from localspec.server.settings import ServerSettings
+
+_POLL_S = 0.004  # how often a waiting handler looks at its event queue
+_OPEN_PATHS = {"/health", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"}
+_SSE = {"text/event-stream": {"schema": {"type": "string", "description": "data: <chunk JSON> lines, ending with data: [DONE]"}}}
+
+
+class _BodyLimit:
+    """413 for a body over the limit, by Content-Length or by counting a chunked body."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _send_error(send, 413, f"The request body is over the {self.limit} byte limit.", "body_too_large")
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    # An HTTPException passes FastAPI's body parsing unchanged (other errors become 400).
+                    raise HTTPException(413, f"The request body is over the {self.limit} byte limit.")
+            return message
+
+        return await self.app(scope, limited, send)
+
+
+class _Auth:
+    """Bearer key check with a constant-time compare; /health and the docs stay open."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        auth = headers.get(b"authorization", b"")
+        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+        if not hmac.compare_digest(given, self.key):
+            return await _send_error(send, 401, "Missing or incorrect API key (send Authorization: Bearer <key>).",
+                                     "invalid_api_key", {"www-authenticate": "Bearer"})
+        return await self.app(scope, receive, send)
+
+
+async def _send_error(send, status: int, message: str, code: str, headers: dict[str, str] | None = None) -> None:
+    body = json.dumps(error_json(status, message, code)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Admission:
+    """Counts unfinished requests; beyond slots + queue the next one gets a 429."""
+
+    def __init__(self, capacity: int, retry_after_s: int) -> None:
+        self.capacity = capacity
+        self.retry_after_s = retry_after_s
+        self.handles: set[Handle] = set()
+
+    def unfinished(self) -> int:
+        self.handles = {h for h in self.handles if not h.done.is_set()}
+        return len(self.handles)
+
+    def check(self) -> None:
+        if self.unfinished() >= self.capacity:
+            raise APIError(429, f"The server is busy ({self.capacity} requests running or queued). Retry shortly.",
+                           "queue_full", headers={"Retry-After": str(self.retry_after_s)})
+
+
+def create_app(
+    settings: ServerSettings | None = None, load: Callable[[ServerSettings], Backend] | None = None,
+    metrics: Any | None = None,
+) -> FastAPI:
+    """The ASGI app. `load` builds the backend (default: the profile's models); it runs on a thread."""
+    s = settings or ServerSettings()
+    loader = Loader(s, load)
+    admission = Admission(s.parallel + s.max_queue, s.retry_after_s)
+    if metrics is None:
+        from localspec.metrics import Metrics
+
+        metrics = Metrics.from_settings(registry=CollectorRegistry())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        loader.start()
+        yield
+        # uvicorn has already let running requests finish (its graceful timeout); cancel the rest.
+        await asyncio.to_thread(loader.close, False)
+        metrics.close()
+
+    app = FastAPI(
+        title="localspec", version=__version__, lifespan=lifespan,
+        description="OpenAI-compatible local inference with lossless speculative decoding.",
+    )
+    app.state.loader = loader
+    app.state.admission = admission
+    app.state.metrics = metrics
+    install_errors(app)
+
+    def backend() -> Backend:
+        if loader.backend is None:
+            if loader.error:
+                raise APIError(503, f"Loading the models failed: {loader.error}", "model_load_failed")
+            raise APIError(503, "The models are still loading; retry in a few seconds.", "model_loading",
+                           headers={"Retry-After": str(s.retry_after_s)})
+        return loader.backend
+
+    def queue_depth(b: Backend) -> int:
+        """Admitted requests that are not in a slot yet."""
+        return max(0, admission.unfinished() - sum(slot.active is not None for slot in b.engine.slots))
+
+    def check_model(b: Backend, name: str, names: set[str]) -> None:
+        if name not in names:
+            served = ", ".join(sorted(names)) or "none"
+            raise APIError(404, f"The model '{name}' does not exist on this server (serving: {served}).",
+                           "model_not_found", "model")
+
+    async def submit(b: Backend, plan: translate.Plan) -> Handle:
+        admission.check()
+        try:
+            handle = await asyncio.to_thread(b.worker.submit, plan.request)
+        except ContextOverflowError as exc:
+            raise APIError(
+                400, f"This prompt has {exc.prompt_tokens} tokens but the model's context holds {exc.n_ctx} tokens "
+                f"per request (prompt_tokens={exc.prompt_tokens}, n_ctx={exc.n_ctx}).",
+                "context_length_exceeded", "messages",
+            ) from exc
+        except LocalspecError as exc:
+            raise APIError(400, str(exc), "invalid_request") from exc
+        admission.handles.add(handle)
+        metrics.set_queue_depth(queue_depth(b))
+        return handle
+
+    async def events(b: Backend, handle: Handle, request: Request | None) -> AsyncIterator[Token | Done]:
+        """The handle's events; cancels the request if the client disconnects or the reader stops."""
+        last = None
+        polls = 0
+        try:
+            while True:
+                try:
+                    ev = handle.events.get_nowait()
+                except queue.Empty:
+                    polls += 1
+                    if request is not None and polls % 50 == 0 and await request.is_disconnected():
+                        return
+                    await asyncio.sleep(_POLL_S)
+                    continue
+                if isinstance(ev, Token) and ev.ids:
+                    now = time.perf_counter()
+                    if last is not None:
+                        metrics.observe_inter_token(now - last)
+                    last = now
+                yield ev
+                if isinstance(ev, Done):
+                    return
+        finally:
+            if not handle.done.is_set():
+                b.worker.cancel(handle)
+
+    def finish(b: Backend, done: Done, t0: float, rid: str) -> None:
+        from localspec.metrics import RequestRecord
+
+        metrics.set_queue_depth(queue_depth(b))
+        metrics.record(RequestRecord.from_stats(
+            done.stats, face="api", profile=b.profile, target_model=b.target_id, draft_model=b.draft_id,
+            finish_reason=done.finish_reason, e2e_ms=(time.perf_counter() - t0) * 1000, request_id=rid,
+            error_class="engine" if done.finish_reason == "error" else None,
+        ))
+
+    def extension(done: Done, plan: translate.Plan) -> Extension:
+        st = done.stats
+        return Extension(
+            mode=st.mode, k=plan.request.k, grammar="enforced" if plan.grammar else "none", fallback=plan.fallback,
+            drafted=st.drafted, accepted=st.accepted, acceptance_rate=round(st.acceptance_rate, 4),
+            drafted_by_position=st.drafted_by_position, accepted_by_position=st.accepted_by_position,
+            prompt_tokens=st.prompt_tokens, reused_prefix_tokens=st.reused_prefix_tokens,
+            timings={
+                "prefill_ms": round(st.prefill_ms, 2), "ttft_ms": round(st.ttft_ms, 2),
+                "decode_ms": round(st.decode_ms, 2), "tokens_per_second": round(st.tokens_per_second, 2),
+            },
+        )
+
+    def usage(done: Done) -> Usage:
+        st = done.stats
+        return Usage(prompt_tokens=st.prompt_tokens, completion_tokens=st.completion_tokens,
+                     total_tokens=st.prompt_tokens + st.completion_tokens)
+
+    def piece(b: Backend, token: int) -> tuple[str, list[int]]:
+        raw = b.engine.target.piece(token)
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def chat_logprobs(b: Backend, tokens: list[Token]) -> ChoiceLogprobs:
+        out = []
+        for t in tokens:
+            lp = t.logprob
+            text, raw = piece(b, lp.token)
+            top = [TopLogprob(token=piece(b, i)[0], logprob=v, bytes=piece(b, i)[1]) for i, v in lp.top]
+            out.append(TokenLogprobOut(token=text, logprob=lp.logprob, bytes=raw, top_logprobs=top))
+        return ChoiceLogprobs(content=out)
+
+    def completion_logprobs(b: Backend, tokens: list[Token]) -> CompletionLogprobs:
+        texts, lps, tops, offsets, off = [], [], [], [], 0
+        for t in tokens:
+            text = piece(b, t.logprob.token)[0]
+            texts.append(text)
+            lps.append(t.logprob.logprob)
+            tops.append({piece(b, i)[0]: v for i, v in t.logprob.top})
+            offsets.append(off)
+            off += len(text)
+        return CompletionLogprobs(tokens=texts, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
+
+    def engine_failed(done: Done) -> None:
+        if done.finish_reason == "error":
+            raise APIError(500, f"Generation failed: {done.error}", "engine_error")
+
+    def plan_or_400(fn, *args) -> translate.Plan:
+        try:
+            return fn(*args)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or None
+            raise APIError(400, f"{field}: {err['msg']}" if field else err["msg"], "invalid_value", field) from exc
+
+    def sse(obj) -> bytes:
+        return b"data: " + obj.model_dump_json(exclude_none=True).encode() + b"\n\n"
+
+    # ------------------------------------------------------------------ routes
+
+    @app.get("/health", response_model=Health, responses={503: {"model": Health, "description": "Loading"}})
+    async def health() -> JSONResponse:
+        state = loader.state
+        body = Health(status=state, detail=loader.error)
+        return JSONResponse(body.model_dump(exclude_none=True), 200 if state == "ok" else 503)
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def prometheus() -> Response:
+        if loader.backend is not None:
+            metrics.set_queue_depth(queue_depth(loader.backend))
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
+    async def list_models() -> ModelList:
+        b = backend()
+        cards = [ModelCard(id=n, localspec={"model": b.target_id, "role": "chat"}) for n in sorted(b.target_names)]
+        cards += [ModelCard(id=n, localspec={"model": b.embedding_id, "role": "embedding"}) for n in sorted(b.embedding_names)]
+        return ModelList(data=cards)
+
+    @app.get("/v1/models/{model_id}", response_model=ModelCard, responses=ERROR_RESPONSES)
+    async def get_model(model_id: str) -> ModelCard:
+        b = backend()
+        check_model(b, model_id, b.target_names | b.embedding_names)
+        return ModelCard(id=model_id)
+
+    @app.post(
+        "/v1/chat/completions", response_model=ChatCompletion,
+        responses={**ERROR_RESPONSES, 200: {"content": _SSE, "description": "JSON, or SSE chunks when stream=true"}},
+    )
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        b = backend()
+        check_model(b, body.model, b.target_names)
+        plan = plan_or_400(translate.chat_plan, body, s.max_tokens_cap)
+        t0 = time.perf_counter()
+        handle = await submit(b, plan)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        if body.stream:
+            return StreamingResponse(
+                stream_chat(b, body, plan, handle, rid, created, t0), media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        tokens: list[Token] = []
+        done = None
+        async for ev in events(b, handle, request):
+            if isinstance(ev, Done):
+                done = ev
+            elif ev.logprob is not None:
+                tokens.append(ev)
+        if done is None:  # the client went away
+            return Response(status_code=499)
+        finish(b, done, t0, rid)
+        engine_failed(done)
+        content, calls = done.text, []
+        if plan.tool_mode:
+            content, calls = translate.parse_tool_calls(done.text, plan.tool_mode == "forced")
+        reason = "tool_calls" if calls else done.finish_reason
+        return ChatCompletion(
+            id=rid, created=created, model=body.model, usage=usage(done), localspec=extension(done, plan),
+            choices=[ChatChoice(
+                message=ChatMessageOut(content=content, tool_calls=calls or None), finish_reason=reason,
+                logprobs=chat_logprobs(b, tokens) if body.logprobs else None,
+            )],
+        )
+
+    async def stream_chat(b, body: ChatCompletionRequest, plan, handle, rid, created, t0) -> AsyncIterator[bytes]:
+        def chunk(delta: ChatDelta, **kw) -> ChatCompletionChunk:
+            return ChatCompletionChunk(id=rid, created=created, model=body.model,
+                                       choices=[ChatChunkChoice(delta=delta, **kw)])
+
+        yield sse(chunk(ChatDelta(role="assistant", content="")))
+        pending_lp: list[Token] = []
+        done = None
+        async for ev in events(b, handle, None):
+            if isinstance(ev, Done):
+                done = ev
+                break
+            if ev.logprob is not None:
+                pending_lp.append(ev)
+            if ev.text and not plan.tool_mode:  # tool answers are parsed whole, at the end
+                lp = chat_logprobs(b, pending_lp) if body.logprobs else None
+                pending_lp = []
+                yield sse(chunk(ChatDelta(content=ev.text), logprobs=lp))
+        if done is None:
+            return
+        finish(b, done, t0, rid)
+        if done.finish_reason == "error":
+            err = error_json(500, f"Generation failed: {done.error}", "engine_error")
+            yield b"data: " + json.dumps(err).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            return
+        reason = done.finish_reason
+        if plan.tool_mode:
+            content, calls = translate.parse_tool_calls(done.text, plan.tool_mode == "forced")
+            if calls:
+                reason = "tool_calls"
+                deltas = [ToolCallDelta(index=i, id=c.id, type="function", function=c.function) for i, c in enumerate(calls)]
+                yield sse(chunk(ChatDelta(tool_calls=deltas)))
+            if content:
+                yield sse(chunk(ChatDelta(content=content)))
+        lp = chat_logprobs(b, pending_lp) if body.logprobs and pending_lp else None
+        final = chunk(ChatDelta(), finish_reason=reason, logprobs=lp)
+        final.localspec = extension(done, plan)
+        yield sse(final)
+        if body.stream_options and body.stream_options.include_usage:
+            yield sse(ChatCompletionChunk(id=rid, created=created, model=body.model, choices=[], usage=usage(done)))
+        yield b"data: [DONE]\n\n"
+
+    @app.post(
+        "/v1/completions", response_model=Completion,
+        responses={**ERROR_RESPONSES, 200: {"content": _SSE, "description": "JSON, or SSE chunks when stream=true"}},
+    )
+    async def completions(body: CompletionRequest, request: Request):
+        b = backend()
+        check_model(b, body.model, b.target_names)
+        plan = plan_or_400(translate.completion_plan, body, s.max_tokens_cap, fim_supported(b))
+        t0 = time.perf_counter()
+        handle = await submit(b, plan)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        echo = body.prompt if (body.echo and body.suffix is None and isinstance(body.prompt, str)) else ""
+        if body.stream:
+            return StreamingResponse(
+                stream_completion(b, body, plan, handle, rid, created, t0, echo), media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        tokens: list[Token] = []
+        done = None
+        async for ev in events(b, handle, request):
+            if isinstance(ev, Done):
+                done = ev
+            elif ev.logprob is not None:
+                tokens.append(ev)
+        if done is None:
+            return Response(status_code=499)
+        finish(b, done, t0, rid)
+        engine_failed(done)
+        return Completion(
+            id=rid, created=created, model=body.model, usage=usage(done), localspec=extension(done, plan),
+            choices=[CompletionChoice(
+                text=echo + done.text, finish_reason=done.finish_reason,
+                logprobs=completion_logprobs(b, tokens) if body.logprobs is not None else None,
+            )],
+        )
+
+    async def stream_completion(b, body: CompletionRequest, plan, handle, rid, created, t0, echo) -> AsyncIterator[bytes]:
+        def chunk(text: str, **kw) -> Completion:
+            return Completion(id=rid, created=created, model=body.model, choices=[CompletionChoice(text=text, **kw)])
+
+        if echo:
+            yield sse(chunk(echo, finish_reason=None))
+        pending_lp: list[Token] = []
+        done = None
+        async for ev in events(b, handle, None):
+            if isinstance(ev, Done):
+                done = ev
+                break
+            if ev.logprob is not None:
+                pending_lp.append(ev)
+            if ev.text:
+                lp = completion_logprobs(b, pending_lp) if body.logprobs is not None else None
+                pending_lp = []
+                yield sse(chunk(ev.text, finish_reason=None, logprobs=lp))
+        if done is None:
+            return
+        finish(b, done, t0, rid)
+        if done.finish_reason == "error":
+            yield b"data: " + json.dumps(error_json(500, f"Generation failed: {done.error}", "engine_error")).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            return
+        final = chunk("", finish_reason=done.finish_reason)
+        final.localspec = extension(done, plan)
+        yield sse(final)
+        if body.stream_options and body.stream_options.include_usage:
+            yield sse(Completion(id=rid, created=created, model=body.model, choices=[], usage=usage(done)))
+        yield b"data: [DONE]\n\n"
+
+    def fim_supported(b: Backend) -> bool:
+        rt = b.engine.target
+        for marker in (translate.FIM_PREFIX, translate.FIM_SUFFIX, translate.FIM_MIDDLE):
+            ids = rt.tokenize(marker, add_special=False, parse_special=True)
+            if len(ids) != 1 or rt.token_text(ids[0]) != marker:
+                return False
+        return True
+
+    @app.post("/v1/embeddings", response_model=EmbeddingList, responses=ERROR_RESPONSES)
+    async def embeddings(body: EmbeddingRequest) -> EmbeddingList:
+        b = backend()
+        check_model(b, body.model, b.embedding_names)
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise APIError(400, "input must be a string or a non-empty list of strings (token ids are not supported).",
+                           "invalid_value", "input")
+        if body.dimensions is not None:
+            raise APIError(400, "dimensions is not supported by this embedding model.", "unsupported_value", "dimensions")
+        model = await asyncio.to_thread(b.embedder)
+        try:
+            vectors, n = await asyncio.to_thread(model.embed, texts)
+        except RequestError as exc:
+            raise APIError(400, str(exc), "invalid_value", "input") from exc
+        data = [Embedding(index=i, embedding=encode(v, body.encoding_format)) for i, v in enumerate(vectors)]
+        return EmbeddingList(data=data, model=body.model, usage=EmbeddingUsage(prompt_tokens=n, total_tokens=n))
+
+    # Middlewares wrap in reverse order: the body limit runs first, then auth, then CORS.
+    if s.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=s.cors_origins, allow_methods=["*"], allow_headers=["*"])
+    if s.api_key:
+        app.add_middleware(_Auth, key=s.api_key)
+    app.add_middleware(_BodyLimit, limit=s.max_body_bytes)
+    return app

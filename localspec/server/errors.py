@@ -1,0 +1,83 @@
+"""OpenAI's error object, raised as `APIError` anywhere in a handler and rendered by one handler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from localspec.server.schemas import ErrorResponse
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+class APIError(Exception):
+    def __init__(
+        self, status: int, message: str, code: str | None = None, param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+
+def error_json(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(error_json(exc.status, exc.message, exc.code, exc.param), exc.status, headers=exc.headers)
+
+
+# Documented on every route so that schema-driven clients and fuzzers know the error shape.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": desc}
+    for code, desc in {
+        400: "Invalid request (validation, n != 1, prompt longer than the context)",
+        401: "Missing or wrong API key",
+        404: "Unknown model",
+        413: "Request body too large",
+        429: "Queue full; retry after the Retry-After header",
+        503: "Models still loading",
+    }.items()
+}
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default is 422 {"detail": [...]}; OpenAI clients expect 400 and an error object.
+        errs = exc.errors()
+        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        msg = f"{param}: {first['msg']}" if param else str(first["msg"])
+        return JSONResponse(error_json(400, msg, "invalid_value", param), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
+        return JSONResponse(error_json(exc.status_code, str(exc.detail), code), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_json(500, f"internal error: {type(exc).__name__}: {exc}"), 500)

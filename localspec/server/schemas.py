@@ -1,0 +1,312 @@
+"""Pydantic models of the OpenAI-compatible API: every request and response body.
+
+Requests ignore unknown fields (clients send `user`, `metadata`, `store`, ...) so a newer client
+never breaks; fields we do not support with a value that matters get a 400 from the handlers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when `temperature` is omitted
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class LocalspecOptions(_Request):
+    """The `localspec` extension in a request body (`extra_body={"localspec": {...}}`)."""
+
+    mode: Literal["auto", "off", "draft", "lookup"] | None = Field(None, description="speculation mode for this request")
+    k: int | None = Field(None, ge=0, le=32, description="draft length")
+
+
+class _Sampling(_Request):
+    model: str = Field(..., description="a model id or alias from /v1/models, or 'auto'")
+    max_tokens: int | None = Field(None, ge=1, description="default: the server's cap")
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description=f"default {DEFAULT_TEMPERATURE} (OpenAI's); 0 = greedy"
+    )
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    n: int = Field(1, description="only 1 is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    localspec: LocalspecOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 16:
+            raise ValueError("at most 16 stop strings")
+        return v
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+# ---------------------------------------------------------------- chat
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(..., description="JSON text")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(_Request):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Request):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class ToolChoiceFunction(_Request):
+    name: str
+
+
+class ToolChoiceNamed(_Request):
+    type: Literal["function"] = "function"
+    function: ToolChoiceFunction
+
+
+class JsonSchemaFormat(_Request):
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessageIn] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceNamed | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobOut] | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Extension(BaseModel):
+    """The `localspec` object on responses: how the answer was made."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: str
+    k: int | None = None
+    grammar: Literal["enforced", "none"] = "none"
+    fallback: str | None = Field(None, description="why a requested feature ran in a simpler way")
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0
+    drafted_by_position: list[int] = Field(default_factory=list)
+    accepted_by_position: list[int] = Field(default_factory=list)
+    prompt_tokens: int = 0
+    reused_prefix_tokens: int = 0
+    timings: dict[str, float] = Field(default_factory=dict)
+    cache: dict[str, Any] | None = None
+    route: dict[str, Any] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    finish_reason: Literal["stop", "length", "tool_calls", "content_filter"] | None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+    localspec: Extension | None = None
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCall | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: Literal["stop", "length", "tool_calls", "content_filter"] | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    localspec: Extension | None = None
+
+
+# ---------------------------------------------------------------- completions
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] = Field(..., description="one prompt (a list must hold exactly one)")
+    suffix: str | None = Field(None, description="text after the insertion point: fill-in-the-middle")
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: Literal["stop", "length"] | None
+    logprobs: CompletionLogprobs | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    localspec: Extension | None = None
+
+
+# ---------------------------------------------------------------- models, embeddings, errors
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "localspec"
+    localspec: dict[str, Any] | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class EmbeddingRequest(_Request):
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class Health(BaseModel):
+    status: Literal["ok", "loading", "error"]
+    detail: str | None = None

@@ -1,0 +1,202 @@
+"""API request bodies to engine requests: sampling, stops, grammars, tools, fill-in-the-middle.
+
+Everything here is pure (no engine state) except the FIM check, which asks the tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from localspec.engine.chat import ChatMessage
+from localspec.engine.config import GenerationRequest
+from localspec.engine.sampling import SamplingParams
+from localspec.server.errors import APIError
+from localspec.server.schemas import (
+    DEFAULT_TEMPERATURE,
+    ChatCompletionRequest,
+    ChatMessageIn,
+    CompletionRequest,
+    FunctionCall,
+    ToolCall,
+    ToolChoiceNamed,
+    _Sampling,
+)
+
+FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+
+
+@dataclass
+class Plan:
+    """The engine request plus what the response needs to know about how it was built."""
+
+    request: GenerationRequest
+    grammar: bool = False
+    tool_mode: str | None = None  # None | "auto" | "forced"
+    fallback: str | None = None
+
+
+def _sampling(body: _Sampling) -> SamplingParams:
+    return SamplingParams(
+        temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        seed=body.seed,
+    )
+
+
+def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict:
+    if body.n != 1:
+        raise APIError(400, f"n={body.n} is not supported; this server returns one choice (n=1).", "unsupported_value", "n")
+    if max_tokens is not None and max_tokens > cap:
+        raise APIError(400, f"max_tokens={max_tokens} is above this server's cap of {cap}.", "invalid_value", "max_tokens")
+    opts = body.localspec
+    return dict(
+        max_tokens=max_tokens or cap, sampling=_sampling(body), stop=body.stops,
+        mode=opts.mode if opts else None, k=opts.k if opts else None,
+    )
+
+
+def schema_grammar(schema: dict | None) -> str:
+    if not schema:
+        return JSON_GBNF
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
+        raise APIError(400, f"Unsupported JSON schema: {exc}", "invalid_schema", "response_format") from exc
+
+
+def _text(m: ChatMessageIn) -> str:
+    if m.content is None:
+        return ""
+    if isinstance(m.content, str):
+        return m.content
+    parts = []
+    for p in m.content:
+        if p.type != "text" or p.text is None:
+            raise APIError(400, f"Content parts of type '{p.type}' are not supported; send text.", "unsupported_value", "messages")
+        parts.append(p.text)
+    return "".join(parts)
+
+
+def _messages(body: ChatCompletionRequest) -> list[ChatMessage]:
+    out = []
+    for m in body.messages:
+        role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
+        extra: dict = {}
+        if m.tool_calls:
+            calls = []
+            for c in m.tool_calls:
+                try:
+                    args = json.loads(c.function.arguments or "{}")
+                except json.JSONDecodeError:
+                    args = c.function.arguments
+                calls.append({"type": "function", "function": {"name": c.function.name, "arguments": args}})
+            extra["tool_calls"] = calls
+        if m.tool_call_id:
+            extra["tool_call_id"] = m.tool_call_id
+        if m.name:
+            extra["name"] = m.name
+        out.append(ChatMessage(role=role, content=_text(m), **extra))
+    return out
+
+
+def _tool_grammar(body: ChatCompletionRequest) -> str:
+    tools = body.tools or []
+    if isinstance(body.tool_choice, ToolChoiceNamed):
+        tools = [t for t in tools if t.function.name == body.tool_choice.function.name]
+        if not tools:
+            raise APIError(400, f"tool_choice names '{body.tool_choice.function.name}', which is not in tools.",
+                           "invalid_value", "tool_choice")
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": t.function.name},
+                "arguments": t.function.parameters or {"type": "object"},
+            },
+            "required": ["name", "arguments"],
+        }
+        for t in tools
+    ]
+    return schema_grammar(options[0] if len(options) == 1 else {"oneOf": options})
+
+
+def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
+    common = _common(body, body.max_completion_tokens or body.max_tokens, cap)
+    grammar = None
+    tool_mode = None
+    tools = None
+    if body.tools and body.tool_choice != "none":
+        tools = [t.model_dump(exclude_none=True) for t in body.tools]
+        if body.tool_choice == "required" or isinstance(body.tool_choice, ToolChoiceNamed):
+            grammar, tool_mode = _tool_grammar(body), "forced"
+        else:
+            tool_mode = "auto"  # free text; <tool_call> blocks in the answer become tool_calls
+    if body.response_format and body.response_format.type != "text":
+        if grammar is not None:
+            raise APIError(400, "response_format cannot be combined with a forced tool call.", "invalid_value", "response_format")
+        if body.response_format.type == "json_object":
+            grammar = JSON_GBNF
+        else:
+            js = body.response_format.json_schema
+            if js is None:
+                raise APIError(400, "response_format json_schema needs a 'json_schema' object.", "invalid_value", "response_format")
+            grammar = schema_grammar(js.schema_)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    request = GenerationRequest(
+        messages=_messages(body), grammar=grammar, logprobs=logprobs, tools=tools, **common
+    )
+    return Plan(request, grammar=grammar is not None, tool_mode=tool_mode, fallback=_fallback(request))
+
+
+def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool) -> Plan:
+    common = _common(body, body.max_tokens, cap)
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise APIError(400, "Send exactly one prompt; batched prompts are not supported.", "unsupported_value", "prompt")
+        prompt = prompt[0]
+    if body.suffix is not None:
+        if not fim_ok:
+            raise APIError(400, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.",
+                           "unsupported_value", "suffix")
+        prompt = f"{FIM_PREFIX}{prompt}{FIM_SUFFIX}{body.suffix}{FIM_MIDDLE}"
+    if not prompt:
+        raise APIError(400, "The prompt is empty.", "invalid_value", "prompt")
+    request = GenerationRequest(prompt=prompt, logprobs=body.logprobs, **common)
+    return Plan(request)
+
+
+def _fallback(request: GenerationRequest) -> str | None:
+    if request.grammar and not request.sampling.greedy:
+        return "grammar with temperature > 0 decodes without speculation (greedy grammar requests speculate)"
+    return None
+
+
+def parse_tool_calls(text: str, forced: bool) -> tuple[str | None, list[ToolCall]]:
+    """Tool calls in the answer, and the text left over (None when only calls remain)."""
+    blobs = [text] if forced else _TOOL_CALL_RE.findall(text)
+    calls = []
+    for blob in blobs:
+        try:
+            obj = json.loads(blob)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            continue
+        args = obj.get("arguments", {})
+        calls.append(ToolCall(
+            id=f"call_{uuid.uuid4().hex[:24]}",
+            function=FunctionCall(name=obj["name"], arguments=args if isinstance(args, str) else json.dumps(args)),
+        ))
+    if not calls:
+        return text, []
+    rest = "" if forced else _TOOL_CALL_RE.sub("", text).strip()
+    return (rest or None), calls

@@ -1,0 +1,103 @@
+"""A real uvicorn server on 127.0.0.1 (a free port) in a background thread, for the endpoint tests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+
+import uvicorn
+
+
+class ServerThread:
+    def __init__(self, app) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=60)
+
+
+def wait_until(predicate, timeout: float = 120.0, interval: float = 0.05) -> bool:
+    """Poll for a state change (not a speed check): True once `predicate()` holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+class Reply:
+    def __init__(self, status: int, headers, body: bytes) -> None:
+        self.status_code = status
+        self.headers = headers
+        self.text = body.decode("utf-8", errors="replace")
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def request(
+    base_url: str, method: str, path: str, key: str | None = None, json_body=None, timeout: float = 300,
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    """One plain HTTP request with the standard library (no client library between us and the wire)."""
+    host, port = base_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    headers = dict(headers or {})
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    body = None
+    if json_body is not None:
+        body = json.dumps(json_body).encode()
+        headers["Content-Type"] = "application/json"
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return Reply(resp.status, resp.headers, resp.read())
+    finally:
+        conn.close()
+
+
+class OpenStream:
+    """A streaming POST whose socket the test closes mid-stream, as a client that goes away does."""
+
+    def __init__(self, base_url: str, path: str, key: str, json_body, timeout: float = 300) -> None:
+        host, port = base_url.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+        self.conn.request("POST", path, body=json.dumps(json_body).encode(),
+                          headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        self.resp = self.conn.getresponse()
+        self.status_code = self.resp.status
+
+    def lines(self):
+        while True:
+            line = self.resp.readline()
+            if not line:
+                return
+            yield line.decode().rstrip("\n")
+
+    def close(self) -> None:
+        self.conn.sock and self.conn.sock.close()
+        self.conn.close()

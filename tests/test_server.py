@@ -1,0 +1,390 @@
+"""The OpenAI-compatible endpoint: a real server on loopback, the real model pair, the `openai` client.
+
+One server for the module (parallel=4 slots, queue of 4, n_ctx=1024), loaded behind a gate so the
+first test can see the loading state.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from localspec.server import Backend, ServerSettings, create_app
+from tests.conftest import DRAFT_ID, TARGET_ID, TEST_THREADS
+from tests.server_harness import OpenStream, ServerThread, request, wait_until
+
+KEY = "test-key-123"
+PARALLEL = 4
+QUEUE = 4
+N_CTX = 1024
+CAP = 512
+SPEC = {"localspec": {"mode": "draft", "k": 4}}
+
+
+@pytest.fixture(scope="module")
+def server(target_path, draft_path, tmp_path_factory):
+    gate = threading.Event()
+
+    def gated_load(settings: ServerSettings) -> Backend:
+        gate.wait()
+        return Backend.load(settings)
+
+    settings = ServerSettings(
+        api_key=KEY, parallel=PARALLEL, max_queue=QUEUE, n_ctx=N_CTX, n_threads=TEST_THREADS, mode="draft",
+        max_tokens_cap=CAP, max_body_bytes=256 * 1024,
+    )
+    app = create_app(settings, load=gated_load)
+    with ServerThread(app) as srv:
+        srv.gate = gate
+        srv.app = app
+        yield srv
+        gate.set()
+
+
+@pytest.fixture(scope="module")
+def ready(server):
+    server.gate.set()
+    assert wait_until(lambda: raw(server, "GET", "/health").status_code == 200, timeout=300), (
+        raw(server, "GET", "/health").text
+    )
+    return server
+
+
+@pytest.fixture
+def client(ready) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{ready.base_url}/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+def engine(srv):
+    return srv.app.state.loader.backend.engine
+
+
+def raw(srv, method: str, path: str, key: str | None = KEY, json=None):
+    return request(srv.base_url, method, path, key, json)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+# ---------------------------------------------------------------- loading
+
+
+def test_health_is_503_while_loading_then_200(server):
+    r = raw(server, "GET", "/health")
+    assert r.status_code == 503 and r.json()["status"] == "loading"
+    r = raw(server, "POST", "/v1/chat/completions", json={"model": TARGET_ID, "messages": user("hi")})
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "model_loading"
+    assert "Retry-After" in r.headers
+    server.gate.set()
+    assert wait_until(lambda: raw(server, "GET", "/health").status_code == 200, timeout=300)
+    assert raw(server, "GET", "/health").json()["status"] == "ok"
+
+
+# ---------------------------------------------------------------- chat
+
+
+def test_chat_streamed_text_equals_non_streamed(client):
+    kw = dict(model=TARGET_ID, messages=user("Name three colours, comma separated."), max_tokens=16,
+              temperature=0.8, seed=1234, extra_body=SPEC)
+    full = client.chat.completions.create(**kw)
+    text = full.choices[0].message.content
+    assert text and full.choices[0].finish_reason in ("stop", "length")
+    assert full.usage.completion_tokens > 0 and full.usage.prompt_tokens > 0
+    ext = full.model_extra["localspec"]
+    assert ext["mode"] == "draft" and ext["k"] == 4 and ext["drafted"] >= ext["accepted"]
+
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].model_extra["localspec"]["mode"] == "draft"
+
+
+def test_stream_has_no_usage_unless_asked(client):
+    chunks = list(client.chat.completions.create(
+        model=TARGET_ID, messages=user("Say hello."), max_tokens=8, temperature=0, stream=True
+    ))
+    assert chunks and all(c.usage is None for c in chunks)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_chat_logprobs(client):
+    r = client.chat.completions.create(
+        model=TARGET_ID, messages=user("Say yes."), max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(t.token for t in content).startswith(r.choices[0].message.content)
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert t.top_logprobs[0].logprob == pytest.approx(t.logprob, abs=1e-6)
+
+
+def test_json_schema_response_format(client):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "languages": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "age", "languages"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=TARGET_ID, messages=user("Describe a programmer called Ada, 36, who knows Python and C."),
+        max_tokens=80, temperature=0, extra_body=SPEC,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+    )
+    obj = json.loads(r.choices[0].message.content)
+    assert set(obj) == {"name", "age", "languages"}
+    assert isinstance(obj["name"], str) and isinstance(obj["age"], int)
+    assert all(isinstance(x, str) for x in obj["languages"])
+    ext = r.model_extra["localspec"]
+    assert ext["grammar"] == "enforced" and ext["mode"] == "draft" and ext["fallback"] is None
+
+
+def test_json_object_sampled_falls_back_to_plain_decoding(client):
+    r = client.chat.completions.create(
+        model=TARGET_ID, messages=user("Give a JSON object with a key 'ok' set to true."), max_tokens=40,
+        temperature=0.7, seed=5, response_format={"type": "json_object"}, extra_body=SPEC,
+    )
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    ext = r.model_extra["localspec"]
+    assert ext["mode"] == "off" and ext["fallback"]
+
+
+def test_tool_call_round_trip(client):
+    tools = [{
+        "type": "function",
+        "function": {
+            "name": "get_weather", "description": "Current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }]
+    messages = user("What is the weather in Paris right now?")
+    r = client.chat.completions.create(
+        model=TARGET_ID, messages=messages, tools=tools, max_tokens=32, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert "paris" in json.loads(call.function.arguments)["city"].lower()
+
+    messages = messages + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"city": "Paris", "temperature_c": 18, "sky": "sunny"})},
+    ]
+    # The tool's answer goes back; tool_choice "none" asks for prose rather than another call.
+    final = client.chat.completions.create(
+        model=TARGET_ID, messages=messages, tools=tools, tool_choice="none", max_tokens=24, temperature=0
+    )
+    assert final.choices[0].finish_reason in ("stop", "length")
+    content = final.choices[0].message.content
+    assert content and ("18" in content or "sunny" in content.lower()), content
+
+
+# ---------------------------------------------------------------- completions, FIM, models, embeddings
+
+
+def test_completion_with_logprobs(client):
+    r = client.completions.create(model=TARGET_ID, prompt="def fibonacci(n):", max_tokens=16, temperature=0, logprobs=2)
+    text = r.choices[0].text
+    assert text and r.usage.completion_tokens == len(r.choices[0].logprobs.tokens)
+    assert "".join(r.choices[0].logprobs.tokens).startswith(text)
+    stream = list(client.completions.create(model=TARGET_ID, prompt="def fibonacci(n):", max_tokens=16, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    # Not compared with `text`: the second run reuses the cached prompt, and batch shape may flip near-ties.
+    streamed = "".join(c.choices[0].text for c in stream if c.choices)
+    assert streamed and stream[-1].usage.completion_tokens > 0
+    assert [c.choices[0].finish_reason for c in stream if c.choices][-1] in ("stop", "length")
+
+
+def test_fill_in_the_middle(client):
+    r = client.completions.create(
+        model="qwen-coder-1.5b",  # an alias
+        prompt="def add(a, b):\n    return ",
+        suffix="\n\n\nprint(add(2, 3))\n",
+        max_tokens=16, temperature=0, extra_body={"localspec": {"mode": "lookup"}},
+    )
+    middle = r.choices[0].text
+    assert "a + b" in middle or "a+b" in middle
+    assert "print(add" not in middle  # the middle, not the suffix again
+    assert r.model_extra["localspec"]["mode"] == "lookup"
+
+
+def test_models_lists_ids_aliases_and_auto(client):
+    ids = {m.id for m in client.models.list().data}
+    assert {TARGET_ID, "qwen-coder-1.5b", "auto", "all-minilm-l6-v2-f16"} <= ids
+    assert DRAFT_ID not in ids  # the draft is not a chat model of its own here
+
+
+def test_embeddings_base64_and_float(client, ready):
+    r = client.embeddings.create(model="all-minilm-l6-v2-f16", input=["a red apple", "a green apple", "tax law"])
+    vecs = [np.array(d.embedding) for d in r.data]  # the client asked for base64 and decoded it
+    assert len(vecs) == 3 and vecs[0].shape == (384,)
+    assert all(abs(np.linalg.norm(v) - 1) < 1e-3 for v in vecs)
+    assert vecs[0] @ vecs[1] > vecs[0] @ vecs[2]
+    f = raw(ready, "POST", "/v1/embeddings", json={"model": "all-minilm-l6-v2-f16", "input": "a red apple", "encoding_format": "float"})
+    assert f.status_code == 200
+    assert np.allclose(np.array(f.json()["data"][0]["embedding"]), vecs[0], atol=1e-5)
+    assert r.usage.prompt_tokens > 0
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+def test_eight_concurrent_streams_complete_and_share_steps(client, ready):
+    words = ["apple", "banana", "cherry", "dragon", "eagle", "falcon", "guitar", "harbor"]
+    results: dict[str, tuple[str, str | None, int | None]] = {}
+    errors: list[BaseException] = []
+
+    def run(word: str) -> None:
+        try:
+            text, reason, n = "", None, None
+            for c in client.chat.completions.create(
+                model=TARGET_ID, messages=user(f"Repeat this word exactly once and nothing else: {word}"),
+                max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True},
+            ):
+                if c.choices:
+                    text += c.choices[0].delta.content or ""
+                    reason = c.choices[0].finish_reason or reason
+                if c.usage:
+                    n = c.usage.completion_tokens
+            results[word] = (text, reason, n)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in words]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    assert set(results) == set(words)
+    for word, (text, reason, n) in results.items():
+        assert word in text.lower(), (word, text)
+        assert reason in ("stop", "length") and n and n > 0
+    assert engine(ready).max_step_sequences > 1
+
+
+def _open_streams(srv, n: int, max_tokens: int) -> list[OpenStream]:
+    """n streaming requests, held open (their handlers have submitted once the headers arrive)."""
+    streams = []
+    for i in range(n):
+        body = {"model": TARGET_ID, "messages": user(f"Write a long story about robot number {i}."),
+                "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        s = OpenStream(srv.base_url, "/v1/chat/completions", KEY, body)
+        assert s.status_code == 200
+        streams.append(s)
+    return streams
+
+
+def test_disconnect_frees_the_slot_and_the_next_request_takes_it(ready):
+    eng = engine(ready)
+    assert wait_until(lambda: all(s.active is None for s in eng.slots))
+    (stream,) = _open_streams(ready, 1, 400)
+    seen = 0
+    for line in stream.lines():
+        if line.startswith("data: ") and '"content"' in line:
+            seen += 1
+            if seen >= 3:
+                break
+    assert any(s.active is not None for s in eng.slots)
+    stream.close()
+    assert wait_until(lambda: all(s.active is None for s in eng.slots), timeout=60)
+    # The same prompt again lands in the freed slot, reusing the KV it left behind.
+    r = raw(ready, "POST", "/v1/chat/completions", json={
+        "model": TARGET_ID, "messages": user("Write a long story about robot number 0."), "max_tokens": 4, "temperature": 0,
+    })
+    assert r.status_code == 200
+    assert r.json()["localspec"]["reused_prefix_tokens"] > 0
+
+
+def test_queue_full_gives_429_with_retry_after(ready):
+    eng = engine(ready)
+    assert wait_until(lambda: all(s.active is None for s in eng.slots))
+    streams = _open_streams(ready, PARALLEL + QUEUE, 200)
+    try:
+        r = raw(ready, "POST", "/v1/chat/completions", json={"model": TARGET_ID, "messages": user("hi"), "max_tokens": 4})
+        assert r.status_code == 429
+        assert r.json()["error"]["type"] == "rate_limit_error" and int(r.headers["Retry-After"]) >= 1
+        c = openai.OpenAI(base_url=f"{ready.base_url}/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.RateLimitError):
+            c.chat.completions.create(model=TARGET_ID, messages=user("hi"), max_tokens=4)
+    finally:
+        for stream in streams:
+            stream.close()
+    assert wait_until(lambda: all(s.active is None for s in eng.slots) and not eng._pending, timeout=120)
+
+
+# ---------------------------------------------------------------- errors, auth, metrics, spec
+
+
+@pytest.mark.parametrize(
+    "body, status, code",
+    [
+        ({"messages": user("hi"), "temperature": 9}, 400, "invalid_value"),
+        ({"messages": user("hi"), "n": 2}, 400, "unsupported_value"),
+        ({"messages": []}, 400, "invalid_value"),
+        ({"messages": user("hi"), "max_tokens": CAP + 1}, 400, "invalid_value"),
+        ({"messages": user("hi"), "model": "gpt-4o"}, 404, "model_not_found"),
+        ({"messages": user("word " * 1500)}, 400, "context_length_exceeded"),
+    ],
+)
+def test_error_status_and_type(ready, body, status, code):
+    r = raw(ready, "POST", "/v1/chat/completions", json={"model": TARGET_ID, **body})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and err["type"] == "invalid_request_error" and err["message"]
+    if code == "context_length_exceeded":
+        assert str(N_CTX) in err["message"] and "prompt_tokens=" in err["message"]
+
+
+def test_openai_client_error_classes(client):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=user("hi"))
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=TARGET_ID, messages=user("hi"), n=3)
+    bad = openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_auth_and_body_limit(ready):
+    assert raw(ready, "GET", "/v1/models", key=None).status_code == 401
+    r = raw(ready, "GET", "/v1/models", key="wrong")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert raw(ready, "GET", "/health", key=None).status_code == 200  # health stays open
+    big = {"model": TARGET_ID, "messages": user("x" * 300_000)}
+    r = raw(ready, "POST", "/v1/chat/completions", json=big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def test_metrics_parse(ready, client):
+    client.chat.completions.create(model=TARGET_ID, messages=user("Say hi."), max_tokens=6, temperature=0, extra_body=SPEC)
+    ready.app.state.metrics.flush()
+    r = raw(ready, "GET", "/metrics")
+    assert r.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    for name in ("localspec_requests", "localspec_time_to_first_token_seconds", "localspec_inter_token_latency_seconds",
+                 "localspec_request_duration_seconds", "localspec_queue_depth", "localspec_spec_drafted_tokens",
+                 "localspec_spec_accepted_tokens", "localspec_spec_accepted_by_position"):
+        assert name in families, sorted(families)
+    api = [s for s in families["localspec_requests"].samples if s.labels.get("face") == "api" and s.name.endswith("_total")]
+    assert sum(s.value for s in api) >= 1
+
+
+def test_openapi_documents_errors_and_stream(ready):
+    spec = raw(ready, "GET", "/openapi.json", key=None).json()
+    chat = spec["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert {"200", "400", "401", "404", "413", "429", "503"} <= set(chat)
+    assert "text/event-stream" in chat["200"]["content"]
