@@ -1,0 +1,300 @@
+"""Where replies come from, behind one small interface the app drives from a worker thread.
+
+* `LocalBackend`: the engine in this process, stepped by an `EngineWorker` thread.
+* `RemoteBackend`: any OpenAI-compatible endpoint (e.g. `localspec serve`), streamed.
+* `ReplayBackend`: a recorded event stream; tests, snapshots and the README screenshot use it.
+
+Every backend yields the engine's own events (`Token`, `Done`), so the app renders one shape.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from localspec.engine.config import GenerationRequest
+from localspec.engine.events import Done, Event, Stats, Token
+from localspec.errors import LocalspecError
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    kind: str  # "in-process" | "remote" | "replay"
+    target: str
+    draft: str | None = None
+    accelerator: str = "CPU"  # CPU | CUDA | Metal | GPU | remote
+    n_ctx: int | None = None
+    profile: str | None = None
+    url: str | None = None
+
+
+class Generation(Protocol):
+    """One running reply. Iterating blocks for the next event and ends after `Done`."""
+
+    dropped_messages: int  # turns the truncate policy removed to fit the context
+    cached: bool | None  # a cache hit (None: this backend has no cache yet)
+    route: str | None  # the router's decision (None: no router yet)
+
+    def __iter__(self) -> Iterator[Event]: ...
+
+    def cancel(self) -> None: ...
+
+
+class Backend(Protocol):
+    info: BackendInfo
+
+    def start(self, request: GenerationRequest) -> Generation:
+        """Queue a request; raises LocalspecError (e.g. ContextOverflowError) for bad input."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def detect_accelerator() -> str:
+    """CPU, or the GPU backend llama.cpp was built with."""
+    try:
+        import llama_cpp
+
+        if not llama_cpp.llama_supports_gpu_offload():
+            return "CPU"
+        if sys.platform == "darwin":
+            return "Metal"
+        info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+        for name in ("CUDA", "ROCm", "HIP", "Vulkan", "SYCL"):
+            if name in info:
+                return name
+        return "GPU"
+    except Exception:  # a broken build shows in generation, not here
+        return "CPU"
+
+
+# ---------------------------------------------------------------------- in-process
+
+
+class _LocalGeneration:
+    def __init__(self, worker, handle) -> None:
+        self._worker = worker
+        self._handle = handle
+        self.dropped_messages = int(getattr(handle, "dropped_messages", 0))
+        self.cached = None
+        self.route = None
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            event = self._handle.events.get()
+            yield event
+            if isinstance(event, Done):
+                return
+
+    def cancel(self) -> None:
+        self._worker.cancel(self._handle)
+
+
+class LocalBackend:
+    """The engine in this process. `owns_engine=False` leaves closing it to the caller (tests)."""
+
+    def __init__(self, engine, profile: str | None = None, target: str = "", draft: str | None = None,
+                 owns_engine: bool = True) -> None:
+        from localspec.engine.worker import EngineWorker
+
+        self.engine = engine
+        self.owns_engine = owns_engine
+        self.worker = EngineWorker(engine).start()
+        self.info = BackendInfo(
+            kind="in-process", target=target, draft=draft if engine.draft is not None else None,
+            accelerator=detect_accelerator(), n_ctx=engine.config.n_ctx, profile=profile,
+        )
+
+    @classmethod
+    def open(cls, profile: str | None = None, **overrides) -> LocalBackend:
+        """Resolve the profile, load its models, start the step thread."""
+        from localspec.models import ModelManager
+        from localspec.service import open_engine
+
+        prof = ModelManager().profile(profile)
+        engine = open_engine(profile, **overrides)
+        return cls(engine, profile=profile, target=prof.target, draft=prof.draft)
+
+    def start(self, request: GenerationRequest) -> _LocalGeneration:
+        return _LocalGeneration(self.worker, self.worker.submit(request))
+
+    def close(self) -> None:
+        self.worker.stop()
+        if self.owns_engine:
+            self.engine.close()
+
+
+# ---------------------------------------------------------------------- remote
+
+
+class _RemoteGeneration:
+    def __init__(self, client, model: str, request: GenerationRequest, clock: Callable[[], float]) -> None:
+        self._client = client
+        self._model = model
+        self._request = request
+        self._clock = clock
+        self._cancel = threading.Event()
+        self._stream = None
+        self.dropped_messages = 0
+        self.cached = None
+        self.route = None
+
+    def __iter__(self) -> Iterator[Event]:
+        req = self._request
+        stats = Stats(mode="remote")
+        text: list[str] = []
+        t0 = self._clock()
+        t_first = t_last = 0.0
+        finish = "stop"
+        try:
+            messages = [m.model_dump(include={"role", "content"}) for m in req.messages or []]
+            kwargs = dict(model=self._model, stream=True, max_tokens=req.max_tokens,
+                          temperature=req.sampling.temperature, stream_options={"include_usage": True})
+            if req.stop:
+                kwargs["stop"] = req.stop
+            if messages:
+                self._stream = self._client.chat.completions.create(messages=messages, **kwargs)
+            else:
+                raise LocalspecError("The remote backend takes chat messages only.", "Use the chat screen.")
+            for chunk in self._stream:
+                if self._cancel.is_set():
+                    finish = "cancelled"
+                    break
+                if getattr(chunk, "usage", None):
+                    stats.prompt_tokens = chunk.usage.prompt_tokens or 0
+                    stats.completion_tokens = chunk.usage.completion_tokens or stats.completion_tokens
+                for choice in chunk.choices or []:
+                    piece = choice.delta.content if choice.delta else None
+                    if piece:
+                        now = self._clock()
+                        if not t_first:
+                            t_first = now
+                            stats.ttft_ms = (now - t0) * 1000
+                        t_last = now
+                        text.append(piece)
+                        stats.completion_tokens += 1  # one chunk ~ one token; usage corrects it
+                        yield Token(text=piece, ids=(), origin="target")
+                    if choice.finish_reason:
+                        finish = "length" if choice.finish_reason == "length" else "stop"
+        except Exception as exc:  # network, HTTP or server errors end the reply, not the app
+            if self._cancel.is_set():
+                finish = "cancelled"
+            else:
+                stats.decode_ms = (t_last - t_first) * 1000 if t_first else 0.0
+                yield Done("error", stats, "".join(text), error=_remote_error(exc))
+                return
+        finally:
+            self._close_stream()
+        stats.decode_ms = (t_last - t_first) * 1000 if t_first else 0.0
+        yield Done(finish, stats, "".join(text))
+
+    def _close_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:
+                pass
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        self._close_stream()  # unblocks a read waiting on the socket
+
+
+def _remote_error(exc: Exception) -> str:
+    if isinstance(exc, LocalspecError):
+        return str(exc)
+    name = type(exc).__name__
+    return f"{name}: {exc}"
+
+
+class RemoteBackend:
+    """An OpenAI-compatible endpoint; `model` defaults to the first model the server lists."""
+
+    def __init__(self, url: str, model: str | None = None, api_key: str | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        try:
+            from openai import OpenAI
+        except ImportError as exc:  # pragma: no cover - openai is a dependency
+            raise LocalspecError("The 'openai' package is missing.", "pip install openai") from exc
+        base = url.rstrip("/")
+        if not base.endswith("/v1"):
+            base += "/v1"
+        self.client = OpenAI(base_url=base, api_key=api_key or "localspec", max_retries=0, timeout=600)
+        self._clock = clock
+        if model is None:
+            try:
+                listed = self.client.models.list()
+                model = next(iter(listed)).id
+            except Exception as exc:
+                raise LocalspecError(
+                    f"Could not reach an OpenAI-compatible server at {base}: {_remote_error(exc)}.",
+                    "Start it with `localspec serve`, or check the --connect URL.",
+                ) from exc
+        self.model = model
+        self.info = BackendInfo(kind="remote", target=model, accelerator="remote", url=base)
+
+    def start(self, request: GenerationRequest) -> _RemoteGeneration:
+        return _RemoteGeneration(self.client, self.model, request, self._clock)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# ---------------------------------------------------------------------- replay
+
+
+class _ReplayGeneration:
+    def __init__(self, events: Sequence[Event], delay: float, cached: bool | None, route: str | None,
+                 dropped: int) -> None:
+        self._events = events
+        self._delay = delay
+        self._cancel = threading.Event()
+        self.dropped_messages = dropped
+        self.cached = cached
+        self.route = route
+
+    def __iter__(self) -> Iterator[Event]:
+        text: list[str] = []
+        for event in self._events:
+            if self._cancel.wait(self._delay) if self._delay else self._cancel.is_set():
+                yield Done("cancelled", Stats(mode="replay", completion_tokens=len(text)), "".join(text))
+                return
+            if isinstance(event, Token):
+                text.append(event.text)
+            yield event
+            if isinstance(event, Done):
+                return
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+
+class ReplayBackend:
+    """Plays recorded replies in turn (the last one repeats): no model, fixed figures."""
+
+    def __init__(self, replies: Sequence[Sequence[Event]], info: BackendInfo | None = None,
+                 delay: float = 0.0, cached: bool | None = None, route: str | None = None,
+                 dropped_messages: int = 0) -> None:
+        if not replies:
+            raise ValueError("need at least one recorded reply")
+        self.replies = [list(r) for r in replies]
+        self.info = info or BackendInfo(kind="replay", target="recorded", accelerator="CPU", n_ctx=4096)
+        self.delay = delay
+        self.cached, self.route, self.dropped_messages = cached, route, dropped_messages
+        self.requests: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
+        self._n = 0
+
+    def start(self, request: GenerationRequest) -> _ReplayGeneration:
+        self.requests.put(request)
+        events = self.replies[min(self._n, len(self.replies) - 1)]
+        self._n += 1
+        return _ReplayGeneration(events, self.delay, self.cached, self.route, self.dropped_messages)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,197 @@
+"""Installed and available models: size, fit, pull with progress, delete, pick the active profile."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message as TextualMessage
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Label, ProgressBar, Static
+
+from localspec.errors import LocalspecError
+from localspec.models import ModelManager, ModelRow, ProgressEvent
+from localspec.tui.dialogs import ChoiceDialog, ConfirmDialog
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def fit_label(row: ModelRow) -> str:
+    if row.fit is None:
+        return "–"
+    return f"{row.fit.verdict} ({human_bytes(row.fit.total_bytes)})"
+
+
+class ModelsChanged(TextualMessage):
+    """Posted to the app after a pull, delete or profile change."""
+
+
+class ModelsScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("p", "pull", "Pull"),
+        Binding("P", "pull_profile", "Pull profile"),
+        Binding("d", "delete", "Delete"),
+        Binding("a", "pick_profile", "Active profile"),
+        Binding("r", "refresh", "Refresh"),
+    ]
+
+    def __init__(self, rows: Callable[[], list[ModelRow]] | None = None, active_profile: str | None = None,
+                 pull_profile: str | None = None) -> None:
+        super().__init__()
+        self._rows_source = rows or (lambda: ModelManager().list())
+        self.active_profile = active_profile
+        self._pull_on_mount = pull_profile
+        self.rows: list[ModelRow] = []
+        self.busy = False
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="models-body"):
+            yield Label("Models", classes="pane-title")
+            yield Static("", id="profile-line")
+            yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
+            yield Static("", id="pull-status")
+            yield ProgressBar(id="pull-progress", show_eta=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#models-table", DataTable)
+        table.add_columns("model", "role", "quant", "size", "installed", "fit")
+        self.query_one("#pull-progress").display = False
+        self.action_refresh()
+        if self._pull_on_mount:
+            self._pull(profile=self._pull_on_mount)
+
+    def _profile_line(self) -> str:
+        try:
+            mgr = ModelManager()
+            name = self.active_profile or mgr.registry.default_profile or "default"
+            prof = mgr.profile(name)
+            return f"Active profile: {name} — {prof.description}"
+        except LocalspecError as exc:
+            return f"Active profile: {self.active_profile or '?'} ({exc.cause})"
+
+    def action_refresh(self) -> None:
+        self.rows = self._rows_source()
+        table = self.query_one("#models-table", DataTable)
+        table.clear()
+        for r in self.rows:
+            table.add_row(r.id, r.role, r.quant or "", human_bytes(r.size), "yes" if r.installed else "no",
+                          fit_label(r), key=r.id)
+        self.query_one("#profile-line", Static).update(self._profile_line())
+
+    def _selected(self) -> ModelRow | None:
+        table = self.query_one("#models-table", DataTable)
+        if not self.rows or table.cursor_row is None or table.cursor_row >= len(self.rows):
+            return None
+        return self.rows[table.cursor_row]
+
+    # ------------------------------------------------------------------ pull
+
+    def action_pull(self) -> None:
+        row = self._selected()
+        if row is None:
+            return
+        if row.installed:
+            self.notify(f"{row.id} is already installed.")
+            return
+        self._pull(model_id=row.id)
+
+    def action_pull_profile(self) -> None:
+        self._pull(profile=self.active_profile or ModelManager().registry.default_profile)
+
+    def _pull(self, model_id: str | None = None, profile: str | None = None) -> None:
+        if self.busy:
+            self.notify("A download is already running.", severity="warning")
+            return
+        self.busy = True
+        bar = self.query_one("#pull-progress", ProgressBar)
+        bar.display = True
+        bar.update(total=None, progress=0)
+        self._pull_worker(model_id, profile)
+
+    @work(thread=True, group="pull", exclusive=True)
+    def _pull_worker(self, model_id: str | None, profile: str | None) -> None:
+        def progress(ev: ProgressEvent) -> None:
+            self.app.call_from_thread(self.show_progress, ev)
+
+        try:
+            mgr = ModelManager()
+            if model_id:
+                mgr.pull(model_id, progress=progress)
+                what = model_id
+            else:
+                mgr.pull_profile(profile, progress=progress)
+                what = f"profile {profile or 'default'}"
+            self.app.call_from_thread(self._pull_finished, f"Installed {what}.", None)
+        except LocalspecError as exc:
+            self.app.call_from_thread(self._pull_finished, None, exc)
+        except Exception as exc:  # never crash the app on a download problem
+            self.app.call_from_thread(self._pull_finished, None, LocalspecError(f"Download failed: {exc}."))
+
+    def show_progress(self, ev: ProgressEvent) -> None:
+        bar = self.query_one("#pull-progress", ProgressBar)
+        if ev.bytes_total:
+            bar.update(total=ev.bytes_total, progress=ev.bytes_done)
+        done = f" {human_bytes(ev.bytes_done)} / {human_bytes(ev.bytes_total)}" if ev.bytes_total else ""
+        src = f" from {ev.source}" if ev.source else ""
+        msg = f" — {ev.message}" if ev.message else ""
+        self.query_one("#pull-status", Static).update(f"{ev.model_id}: {ev.phase}{src}{done}{msg}")
+
+    def _pull_finished(self, message: str | None, error: LocalspecError | None) -> None:
+        self.busy = False
+        self.query_one("#pull-progress").display = False
+        if error is not None:
+            self.query_one("#pull-status", Static).update(f"Failed: {error.cause}")
+            self.notify(str(error), title="Pull failed", severity="error", timeout=10)
+        else:
+            self.query_one("#pull-status", Static).update(message or "")
+            self.notify(message or "Done.")
+        self.action_refresh()
+        self.app.post_message(ModelsChanged())
+
+    # ------------------------------------------------------------------ delete, profile
+
+    def action_delete(self) -> None:
+        row = self._selected()
+        if row is None or not row.installed:
+            self.notify("Select an installed model to delete.", severity="warning")
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if not yes:
+                return
+            try:
+                freed = ModelManager().remove(row.id)
+            except LocalspecError as exc:
+                self.notify(str(exc), severity="error")
+                return
+            self.notify(f"Deleted {row.id} ({human_bytes(freed)} freed).")
+            self.action_refresh()
+            self.app.post_message(ModelsChanged())
+
+        self.app.push_screen(ConfirmDialog(f"Delete {row.id} from the model store?", yes="Delete"), confirmed)
+
+    def action_pick_profile(self) -> None:
+        mgr = ModelManager()
+        options = [(f"{name} — {p.description}", name) for name, p in mgr.registry.profiles.items()]
+
+        def picked(name: str | None) -> None:
+            if name:
+                self.active_profile = name
+                self.app.set_active_profile(name)
+                self.action_refresh()
+
+        self.app.push_screen(ChoiceDialog("Active profile", options, self.active_profile), picked)

@@ -1,0 +1,224 @@
+"""Chats on disk: one SQLite file under the data dir, written only from the UI thread.
+
+Assistant messages keep their stats and the token origins (draft/target runs), so the
+accepted-token view and the per-reply figures survive a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localspec.engine.events import Stats
+from localspec.paths import resolve_paths
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chats (
+    id INTEGER PRIMARY KEY,
+    title TEXT NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    params TEXT NOT NULL DEFAULT '{}',
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: ids order the conversation
+    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    meta TEXT NOT NULL DEFAULT '{}',
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
+CREATE TABLE IF NOT EXISTS prefs (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+def default_db_path() -> Path:
+    return resolve_paths().data_dir / "chats.sqlite"
+
+
+@dataclass
+class ChatParams:
+    """Per-chat generation settings; None means the engine's or profile's default."""
+
+    profile: str | None = None
+    temperature: float = 0.7
+    max_tokens: int = 1024
+    mode: str | None = None  # off | draft | lookup
+    draft_k: int | None = None
+
+    @classmethod
+    def from_json(cls, text: str) -> ChatParams:
+        data = json.loads(text or "{}")
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
+class Message:
+    id: int
+    chat_id: int
+    role: str  # user | assistant
+    content: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Chat:
+    id: int
+    title: str
+    system_prompt: str
+    params: ChatParams
+    created: float
+    updated: float
+
+
+class ChatStore:
+    def __init__(self, path: Path | None = None, clock=time.time) -> None:
+        self.path = path or default_db_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._db = sqlite3.connect(self.path)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._db.executescript(_SCHEMA)
+        self._db.commit()
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ------------------------------------------------------------------ chats
+
+    def create_chat(self, title: str = "New chat", system_prompt: str = "", params: ChatParams | None = None) -> Chat:
+        now = self._clock()
+        params = params or ChatParams()
+        cur = self._db.execute(
+            "INSERT INTO chats (title, system_prompt, params, created, updated) VALUES (?, ?, ?, ?, ?)",
+            (title, system_prompt, json.dumps(asdict(params)), now, now),
+        )
+        self._db.commit()
+        return self.get_chat(int(cur.lastrowid))
+
+    def get_chat(self, chat_id: int) -> Chat:
+        row = self._db.execute("SELECT * FROM chats WHERE id = ?", (chat_id,)).fetchone()
+        if row is None:
+            raise KeyError(chat_id)
+        return _chat(row)
+
+    def list_chats(self) -> list[Chat]:
+        """Most recently used first."""
+        rows = self._db.execute("SELECT * FROM chats ORDER BY updated DESC, id DESC").fetchall()
+        return [_chat(r) for r in rows]
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self._db.execute("UPDATE chats SET title = ? WHERE id = ?", (title.strip() or "Untitled", chat_id))
+        self._db.commit()
+
+    def update_settings(self, chat_id: int, system_prompt: str, params: ChatParams) -> None:
+        self._db.execute(
+            "UPDATE chats SET system_prompt = ?, params = ? WHERE id = ?",
+            (system_prompt, json.dumps(asdict(params)), chat_id),
+        )
+        self._db.commit()
+
+    def delete_chat(self, chat_id: int) -> None:
+        self._db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+        self._db.commit()
+
+    def touch(self, chat_id: int) -> None:
+        self._db.execute("UPDATE chats SET updated = ? WHERE id = ?", (self._clock(), chat_id))
+        self._db.commit()
+
+    # ------------------------------------------------------------------ messages
+
+    def add_message(self, chat_id: int, role: str, content: str, meta: dict[str, Any] | None = None) -> Message:
+        cur = self._db.execute(
+            "INSERT INTO messages (chat_id, role, content, meta, created) VALUES (?, ?, ?, ?, ?)",
+            (chat_id, role, content, json.dumps(meta or {}), self._clock()),
+        )
+        self._db.execute("UPDATE chats SET updated = ? WHERE id = ?", (self._clock(), chat_id))
+        self._db.commit()
+        return Message(int(cur.lastrowid), chat_id, role, content, dict(meta or {}))
+
+    def messages(self, chat_id: int) -> list[Message]:
+        rows = self._db.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
+        return [Message(r["id"], r["chat_id"], r["role"], r["content"], json.loads(r["meta"])) for r in rows]
+
+    def delete_from(self, chat_id: int, message_id: int) -> None:
+        """Drop a message and everything after it (regenerate, edit and resend)."""
+        self._db.execute("DELETE FROM messages WHERE chat_id = ? AND id >= ?", (chat_id, message_id))
+        self._db.commit()
+
+    # ------------------------------------------------------------------ preferences
+
+    def get_pref(self, key: str, default: str | None = None) -> str | None:
+        row = self._db.execute("SELECT value FROM prefs WHERE key = ?", (key,)).fetchone()
+        return row["value"] if row else default
+
+    def set_pref(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO prefs (key, value) VALUES (?, ?)", (key, value))
+        self._db.commit()
+
+
+def _chat(row: sqlite3.Row) -> Chat:
+    return Chat(
+        row["id"], row["title"], row["system_prompt"], ChatParams.from_json(row["params"]), row["created"], row["updated"]
+    )
+
+
+# ---------------------------------------------------------------------- export
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._ -]+")
+
+
+def safe_filename(title: str, suffix: str = ".md") -> str:
+    """A file name from a chat title: no separators, no leading dots, never empty."""
+    name = _UNSAFE.sub("_", title).strip(" ._-")[:80] or "chat"
+    return name + suffix
+
+
+def export_markdown(chat: Chat, messages: list[Message]) -> str:
+    lines = [f"# {chat.title}", ""]
+    if chat.system_prompt:
+        lines += ["**System:**", "", chat.system_prompt, ""]
+    for m in messages:
+        lines += [f"## {m.role.capitalize()}", "", m.content, ""]
+        stats = m.meta.get("stats")
+        if m.role == "assistant" and stats:
+            lines += [f"*{reply_summary(stats)}*", ""]
+    return "\n".join(lines)
+
+
+def export_chat(chat: Chat, messages: list[Message], directory: Path) -> Path:
+    """Write the chat as Markdown into `directory`; the name cannot leave it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / safe_filename(chat.title)
+    n = 1
+    while path.exists():
+        n += 1
+        path = directory / safe_filename(f"{chat.title} {n}")
+    if path.resolve().parent != directory.resolve():  # belt and braces
+        raise ValueError(f"refusing to write outside {directory}")
+    path.write_text(export_markdown(chat, messages), encoding="utf-8")
+    return path
+
+
+def stats_from_dict(data: dict[str, Any]) -> Stats:
+    known = {k: v for k, v in data.items() if k in Stats.__dataclass_fields__}
+    return Stats(**known)
+
+
+def reply_summary(stats: dict[str, Any] | Stats) -> str:
+    """The one line under a reply: tokens, speed, TTFT and the draft's acceptance."""
+    s = stats if isinstance(stats, Stats) else stats_from_dict(stats)
+    parts = [f"{s.completion_tokens} tokens", f"{s.tokens_per_second:.1f} tok/s", f"TTFT {s.ttft_ms:.0f} ms"]
+    if s.drafted:
+        parts.append(f"accepted {s.accepted}/{s.drafted} ({s.acceptance_rate:.0%})")
+    parts.append(f"mode {s.mode}")
+    return " · ".join(parts)

@@ -1,0 +1,222 @@
+"""The chat screen's parts: messages, the prompt input and the metrics pane."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual import events
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.message import Message as TextualMessage
+from textual.widgets import Label, Markdown, Sparkline, Static, TextArea
+
+from localspec.engine.events import Done, Stats, Token
+from localspec.tui.backend import BackendInfo
+from localspec.tui.session_metrics import SessionSnapshot
+from localspec.tui.store import reply_summary, stats_from_dict
+
+# Accepted-token view: tokens the draft proposed and the target accepted, versus the target's own.
+ORIGIN_STYLES = {"draft": "bold #0b2e13 on #7fd88f", "target": "#e0e0e0 on #2a2f3a"}
+NEWLINE_KEYS = ("ctrl+j", "shift+enter")
+_CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def code_blocks(markdown: str) -> list[str]:
+    """Fenced code blocks, in order; an unclosed last block (a cut-off reply) counts too."""
+    blocks = [b.rstrip("\n") for b in _CODE_BLOCK.findall(markdown)]
+    if markdown.count("```") % 2 == 1:
+        tail = markdown[markdown.rfind("```") :].split("\n", 1)
+        if len(tail) == 2:
+            blocks.append(tail[1].rstrip("\n"))
+    return blocks
+
+
+def origin_text(segments: Sequence[Sequence[str]]) -> Text:
+    """Text coloured by origin from (text, origin) runs."""
+    out = Text()
+    for text, origin in segments:
+        out.append(text, style=ORIGIN_STYLES.get(origin, ""))
+    return out
+
+
+def add_segment(segments: list[list[str]], text: str, origin: str) -> None:
+    if not text:
+        return
+    if segments and segments[-1][1] == origin:
+        segments[-1][0] += text
+    else:
+        segments.append([text, origin])
+
+
+class PromptInput(TextArea):
+    """Multi-line input that grows with its text. Enter sends; Ctrl+J (or Shift+Enter) adds a line."""
+
+    class Submitted(TextualMessage):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Submitted(self.text))
+            return
+        if event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+
+class MessageView(Vertical, can_focus=True):
+    """One message. An assistant reply streams in as Markdown and keeps its token origins."""
+
+    def __init__(self, role: str, content: str = "", meta: dict | None = None, message_id: int | None = None,
+                 show_origins: bool = False) -> None:
+        super().__init__(classes=f"message {role}")
+        self.role = role
+        self.content = content
+        self.meta = dict(meta or {})
+        self.message_id = message_id
+        self.segments: list[list[str]] = [list(s) for s in self.meta.get("segments", [])]
+        self.show_origins = show_origins
+        self._stream = None
+        self.finished = role != "assistant" or bool(self.meta)
+
+    def compose(self) -> ComposeResult:
+        yield Label("You" if self.role == "user" else "Assistant", classes="role")
+        yield Markdown(self.content, classes="body")
+        if self.role == "assistant":
+            yield Static(origin_text(self.segments), classes="origins")
+            with Horizontal(classes="reply-footer"):
+                yield Static(self._summary(), classes="stats")
+                yield Label("cached", classes="badge cached")
+                yield Label(self._route_label(), classes="route")
+
+    def on_mount(self) -> None:
+        self._apply_view()
+        if self.role == "assistant":
+            self.query_one(".cached").display = bool(self.meta.get("cached"))
+
+    # ------------------------------------------------------------------ streaming
+
+    async def add_token(self, token: Token) -> None:
+        if not token.text:
+            return
+        add_segment(self.segments, token.text, token.origin)
+        self.content += token.text
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
+        await self._stream.write(token.text)
+        if self.show_origins:
+            self.query_one(".origins", Static).update(origin_text(self.segments))
+
+    async def finish(self, done: Done, cached: bool | None, route: str | None) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.content = done.text or self.content
+        await self.query_one(".body", Markdown).update(self.content)
+        self.meta = {
+            "stats": done.stats.to_dict(), "finish_reason": done.finish_reason, "segments": self.segments,
+            "cached": cached, "route": route, "error": done.error,
+        }
+        self.finished = True
+        self.query_one(".stats", Static).update(self._summary())
+        self.query_one(".cached").display = bool(cached)
+        self.query_one(".route", Label).update(self._route_label())
+        self.query_one(".origins", Static).update(origin_text(self.segments))
+
+    # ------------------------------------------------------------------ views
+
+    def set_show_origins(self, show: bool) -> None:
+        self.show_origins = show
+        if self.is_mounted:
+            self._apply_view()
+
+    def _apply_view(self) -> None:
+        if self.role != "assistant":
+            return
+        origins = self.query_one(".origins", Static)
+        origins.update(origin_text(self.segments))
+        origins.display = self.show_origins
+        self.query_one(".body", Markdown).display = not self.show_origins
+
+    def stats(self) -> Stats | None:
+        raw = self.meta.get("stats")
+        return stats_from_dict(raw) if raw else None
+
+    def _summary(self) -> str:
+        stats = self.stats()
+        if stats is None:
+            return "generating…"
+        text = reply_summary(stats)
+        reason = self.meta.get("finish_reason")
+        if reason in ("cancelled", "error", "length"):
+            text += f" · {reason}"
+        return text
+
+    def _route_label(self) -> str:
+        route = self.meta.get("route")
+        return f"route {route}" if route else "route –"
+
+
+class MetricsPane(Vertical):
+    """Live figures for this session; fed from the session metrics after every reply."""
+
+    def compose(self) -> ComposeResult:
+        yield Label("Metrics", classes="pane-title")
+        yield Label("tokens/s", id="tps-label")
+        yield Sparkline([0.0], id="tps-spark")
+        yield Label("acceptance", id="acc-label")
+        yield Sparkline([0.0], id="acc-spark")
+        yield Static("", id="metrics-body")
+
+    def show(self, snap: SessionSnapshot, info: BackendInfo | None, rss_bytes: int | None) -> None:
+        tps, acc = snap.tokens_per_second, snap.acceptance
+        self.query_one("#tps-spark", Sparkline).data = tps or [0.0]
+        self.query_one("#acc-spark", Sparkline).data = acc or [0.0]
+        self.query_one("#tps-label", Label).update(f"tokens/s  last {tps[-1]:.1f}" if tps else "tokens/s  –")
+        self.query_one("#acc-label", Label).update(f"acceptance  last {acc[-1]:.0%}" if acc else "acceptance  –")
+        self.query_one("#metrics-body", Static).update(metrics_text(snap, info, rss_bytes))
+
+
+def _mb(n: int | None) -> str:
+    return "–" if n is None else f"{n / 1e6:,.0f} MB"
+
+
+def metrics_text(snap: SessionSnapshot, info: BackendInfo | None, rss_bytes: int | None) -> Text:
+    t = Text()
+
+    def row(key: str, value: str) -> None:
+        t.append(f"{key:<12}", style="dim")
+        t.append(f"{value}\n")
+
+    row("TTFT", "–" if snap.last_ttft_ms is None else f"{snap.last_ttft_ms:.0f} ms")
+    t.append("\nsession\n", style="bold")
+    row("requests", str(snap.requests))
+    row("tokens", f"{snap.completion_tokens} out, {snap.prompt_tokens} in")
+    row("cache hits", str(snap.cache_hits))
+    row("routed", str(snap.route_decisions))
+    row("errors", str(snap.errors))
+    t.append("\nmodels\n", style="bold")
+    if info is None:
+        row("backend", "loading…")
+    else:
+        row("target", info.target)
+        row("draft", info.draft or "–")
+        row("backend", f"{info.kind} · {info.accelerator}")
+        if info.url:
+            row("server", info.url)
+        ctx = f"{snap.last_context_tokens} / {info.n_ctx}" if info.n_ctx else str(snap.last_context_tokens)
+        row("context", ctx)
+    row("memory", f"RSS {_mb(rss_bytes)}")
+    if snap.drift:
+        t.append("\ndrift\n", style="bold yellow")
+        for flag in snap.drift:
+            t.append(f"{flag}\n", style="yellow")
+    return t

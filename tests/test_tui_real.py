@@ -1,0 +1,203 @@
+"""The chat app with the real default pair (1.5B target + 0.5B draft) through Textual's pilot.
+
+One engine is loaded for the module (small n_ctx, 2 threads); each app gets its own
+`LocalBackend` (its own step thread) over it, as `localspec chat` does with its own engine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.engine.config import EngineConfig
+from localspec.engine.events import Done, Token
+from localspec.engine.scheduler import Engine
+from localspec.tui import ChatApp, ChatParams, ChatStore, LocalBackend
+from localspec.tui.testing import wait_for
+from localspec.tui.widgets import ORIGIN_STYLES, MessageView
+from tests.conftest import DRAFT_ID, TARGET_ID, TEST_THREADS
+
+pytestmark = [pytest.mark.models, pytest.mark.anyio]
+SIZE = (120, 36)
+TIMEOUT = 240  # seconds per reply on a slow shared CI box; never a speed assertion
+PARAMS = ChatParams(temperature=0.0, max_tokens=10, mode="draft")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def engine(target_path, draft_path):
+    eng = Engine.load(str(target_path), str(draft_path),
+                      EngineConfig(n_ctx=1024, n_threads=TEST_THREADS, mode="draft", draft_k=4))
+    yield eng
+    eng.close()
+
+
+class Recorder(LocalBackend):
+    """The real backend, keeping the events it delivered so the test knows each token's origin."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine, profile="default", target=TARGET_ID, draft=DRAFT_ID, owns_engine=False)
+        self.events: list = []
+
+    def start(self, request):
+        return _Recorded(super().start(request), self.events)
+
+
+class _Recorded:
+    def __init__(self, generation, sink: list) -> None:
+        self._generation, self._sink = generation, sink
+        self.dropped_messages, self.cached, self.route = generation.dropped_messages, None, None
+
+    def __iter__(self):
+        for event in self._generation:
+            self._sink.append(event)
+            yield event
+
+    def cancel(self) -> None:
+        self._generation.cancel()
+
+
+def _app(engine, tmp_path, backends: list | None = None) -> ChatApp:
+    def factory(_profile):
+        backend = Recorder(engine)
+        if backends is not None:
+            backends.append(backend)
+        return backend
+
+    return ChatApp(factory, store=ChatStore(tmp_path / "chats.sqlite"), new_chat_params=PARAMS,
+                   export_dir=tmp_path / "exports")
+
+
+def _assistants(app) -> list[MessageView]:
+    return [v for v in app.query(MessageView) if v.role == "assistant"]
+
+
+async def _ask(app, pilot, text: str) -> MessageView:
+    await pilot.click("#prompt")
+    await pilot.press(*text)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: app.generating, 30, "the reply to start")
+    await wait_for(pilot, lambda: not app.generating, TIMEOUT, "the reply to finish")
+    return _assistants(app)[-1]
+
+
+async def test_prompt_streams_a_coloured_answer(engine, tmp_path):
+    backends: list = []
+    app = _app(engine, tmp_path, backends)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, 60, "the backend")
+        view = await _ask(app, pilot, "Write hello world in Python.")
+        events = backends[0].events
+        tokens = [e for e in events if isinstance(e, Token)]
+        done = events[-1]
+        assert isinstance(done, Done) and done.finish_reason in ("stop", "length")
+        assert len(tokens) >= 2 and view.content == done.text != ""
+        assert view.meta["stats"]["completion_tokens"] == done.stats.completion_tokens
+        assert "tok/s" in str(view.query_one(".stats").render())
+        # Accepted-token view: each character carries the style of its token's origin.
+        await pilot.press("ctrl+t")
+        text = view.query_one(".origins").render()
+        assert text.plain == "".join(t.text for t in tokens)
+        pos = 0
+        for tok in tokens:
+            if tok.text:
+                spans = [s for s in text.spans if s.start <= pos < s.end]
+                bg = spans[0].style.background.rgb
+                want = {"draft": ORIGIN_STYLES["draft"], "target": ORIGIN_STYLES["target"]}[tok.origin]
+                assert "#%02x%02x%02x" % bg in want, (pos, tok)
+            pos += len(tok.text)
+        if done.stats.drafted:  # the pair drafts on this prompt; the colour shows it
+            assert any(t.origin == "draft" for t in tokens)
+
+
+async def test_escape_cancels_then_regenerate(engine, tmp_path):
+    app = _app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, 60, "the backend")
+        chat = app.store.get_chat(app.chat_id)
+        app.store.update_settings(chat.id, "", ChatParams(temperature=0.0, max_tokens=400, mode="draft"))
+        await pilot.click("#prompt")
+        await pilot.press(*"Count from 1 to 200, one number per line.")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: _assistants(app) and _assistants(app)[-1].content, TIMEOUT, "a token")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating, TIMEOUT, "the cancel")
+        cancelled = app.store.messages(app.chat_id)[-1]
+        assert cancelled.meta["finish_reason"] == "cancelled"
+        assert cancelled.meta["stats"]["completion_tokens"] < 400
+        app.store.update_settings(chat.id, "", PARAMS)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.generating, 30, "the regenerated reply to start")
+        await wait_for(pilot, lambda: not app.generating, TIMEOUT, "the regenerated reply")
+        stored = app.store.messages(app.chat_id)
+        assert [m.role for m in stored] == ["user", "assistant"]
+        assert stored[-1].id != cancelled.id
+        assert stored[-1].meta["finish_reason"] in ("stop", "length")
+        assert app.metrics.snapshot().requests == 2
+
+
+async def test_history_survives_switching_and_restart(engine, tmp_path):
+    app = _app(engine, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, 60, "the backend")
+        first = app.chat_id
+        answer_a = (await _ask(app, pilot, "Say A.")).content
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: app.chat_id != first, 10)
+        await _ask(app, pilot, "Say B.")
+        # Switch back to the first chat in the sidebar.
+        await pilot.click("#chat-list")
+        chat_list = app.query_one("#chat-list")
+        index = [item.id for item in chat_list.children].index(f"chat-{first}")
+        chat_list.index = index
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.chat_id == first, 10, "the switch")
+    again = _app(engine, tmp_path)
+    async with again.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(again.query(MessageView)) == 2, 30, "the history")
+        assert again.chat_id == first
+        assert [v.content for v in again.query(MessageView)] == ["Say A.", answer_a]
+        assert len(again.query_one("#chat-list").children) == 2
+        await wait_for(pilot, lambda: again.backend is not None, 60, "the backend")
+
+
+async def test_connect_to_a_running_server(engine, tmp_path):
+    """`localspec chat --connect`: the app streams from the real endpoint through the openai client."""
+    from localspec.engine.worker import EngineWorker
+    from localspec.server import Backend as ServerBackend
+    from localspec.server import ServerSettings, create_app
+    from localspec.tui import RemoteBackend
+    from tests.server_harness import ServerThread
+
+    class SharedEngine(ServerBackend):
+        def close(self, drain: bool = False) -> None:  # the module fixture owns the engine
+            self.worker.stop(drain=drain)
+
+    def load(_settings):
+        return SharedEngine(engine=engine, worker=EngineWorker(engine).start(), target_id=TARGET_ID,
+                            target_names={TARGET_ID, "auto"}, draft_id=DRAFT_ID, profile="default")
+
+    settings = ServerSettings(n_ctx=1024, n_threads=TEST_THREADS, mode="draft")
+    with ServerThread(create_app(settings, load=load)) as srv:
+        backends: list = []
+
+        def factory(_profile):
+            backend = RemoteBackend(srv.base_url)  # asks the server for its model, like --connect does
+            backends.append(backend)
+            return backend
+
+        app = ChatApp(factory, store=ChatStore(tmp_path / "chats.sqlite"), new_chat_params=PARAMS)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.backend is not None or app.screen is not app.default_screen,
+                           120, "the connection")
+            assert app.backend is not None, "connecting failed"
+            assert app.backend.info.kind == "remote" and app.backend.info.target
+            view = await _ask(app, pilot, "Say hello.")
+            stored = app.store.messages(app.chat_id)[-1]
+            assert stored.meta["finish_reason"] in ("stop", "length"), stored.meta
+            assert view.content and stored.content == view.content
+            assert stored.meta["stats"]["completion_tokens"] > 0
+            assert app.metrics.snapshot().requests == 1
