@@ -14,6 +14,10 @@ from localspec.errors import LocalspecError
 _COMMAND_MODULES = (
     "localspec.cli.models_cmd",
     "localspec.cli.generate_cmd",
+    "localspec.cli.chat_cmd",
+    "localspec.cli.stats_cmd",
+    "localspec.cli.serve_cmd",
+    "localspec.cli.bench_cmd",
 )
 
 
@@ -40,8 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 0
+        args = parser.parse_args([*(sys.argv[1:] if argv is None else argv), "chat"])  # no verb: the chat app
     try:
         return int(args.func(args) or 0)
     except LocalspecError as exc:

@@ -1,0 +1,1 @@
+"""`localspec bench`: suites, runner, anchors and report."""

@@ -1,0 +1,231 @@
+"""`localspec bench`: speculative modes against target-only and the anchors, side by side.
+
+Every ratio comes from one run: modes are interleaved per prompt (shuffled with a fixed seed) and
+repeated, so machine noise hits all of them alike. Reported figures are medians with the
+interquartile range.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import psutil
+
+from localspec.engine.chat import ChatMessage
+from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.events import Done
+from localspec.engine.scheduler import Engine
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    name: str  # label in reports, e.g. "draft-k4"
+    mode: str
+    k: int | None = None
+
+
+@dataclass
+class BenchPlan:
+    suites: list[str]
+    modes: list[ModeSpec]
+    prompts_per_suite: int
+    repeats: int
+    max_tokens: int
+    n_ctx: int = 4096
+    threads: int | None = None
+    quick: bool = False
+    anchors: bool = True
+    llama_server_configs: list[dict] = field(default_factory=list)
+
+
+def quick_plan(threads: int | None = None) -> BenchPlan:
+    return BenchPlan(
+        suites=["code", "chat", "editing"],
+        modes=[ModeSpec("off", "off"), ModeSpec("lookup", "lookup"), ModeSpec("draft-k4", "draft", 4), ModeSpec("auto", "auto")],
+        prompts_per_suite=2, repeats=1, max_tokens=64, threads=threads, quick=True,
+        llama_server_configs=[{"name": "draft-simple n=3 p=0.75", "args": ["--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--spec-draft-p-min", "0.75"], "draft": True}],
+    )
+
+
+def full_plan(threads: int | None = None) -> BenchPlan:
+    sweep = []
+    for n in (3, 8):
+        for p in ("0", "0.75"):
+            sweep.append({"name": f"draft-simple n={n} p={p}", "args": ["--spec-type", "draft-simple", "--spec-draft-n-max", str(n), "--spec-draft-p-min", p], "draft": True})
+    for t in ("ngram-simple", "ngram-mod", "ngram-map-k"):
+        sweep.append({"name": t, "args": ["--spec-type", t], "draft": False})
+    return BenchPlan(
+        suites=["code", "chat", "editing", "long"],
+        modes=[ModeSpec("off", "off"), ModeSpec("draft-k2", "draft", 2), ModeSpec("draft-k4", "draft", 4),
+               ModeSpec("draft-k8", "draft", 8), ModeSpec("lookup", "lookup"), ModeSpec("auto", "auto")],
+        prompts_per_suite=6, repeats=3, max_tokens=128, threads=threads, llama_server_configs=sweep,
+    )
+
+
+def load_suites() -> dict[str, dict]:
+    return json.loads(resources.files("localspec.bench").joinpath("data/suites.json").read_text(encoding="utf-8"))
+
+
+def _chat(prompt: str, max_tokens: int, spec: ModeSpec) -> GenerationRequest:
+    return GenerationRequest(messages=[ChatMessage(role="user", content=prompt)], max_tokens=max_tokens, mode=spec.mode, k=spec.k)
+
+
+def _run_one(engine: Engine, request: GenerationRequest) -> Done:
+    done = None
+    for ev in engine.generate(request):
+        if isinstance(ev, Done):
+            done = ev
+    return done
+
+
+def run_modes(engine: Engine, plan: BenchPlan, tick: Callable[[str], None]) -> list[dict]:
+    suites = load_suites()
+    rng = random.Random(1234)
+    runs = []
+    for rep in range(plan.repeats):
+        for suite in plan.suites:
+            for pid, prompt in enumerate(suites[suite]["prompts"][: plan.prompts_per_suite]):
+                order = list(plan.modes)
+                rng.shuffle(order)
+                for spec in order:
+                    tick(f"{suite} #{pid} {spec.name}")
+                    done = _run_one(engine, _chat(prompt, plan.max_tokens, spec))
+                    s = done.stats
+                    runs.append({
+                        "suite": suite, "prompt": pid, "rep": rep, "mode": spec.name, "engine": "localspec",
+                        "tokens": s.completion_tokens, "tps": s.tokens_per_second, "ttft_ms": s.ttft_ms,
+                        "drafted": s.drafted, "accepted": s.accepted,
+                        "drafted_by_position": s.drafted_by_position, "accepted_by_position": s.accepted_by_position,
+                        "mean_accepted_length": s.mean_accepted_length, "finish": done.finish_reason,
+                    })
+    return runs
+
+
+def second_turn_ttft(engine: Engine, tick: Callable[[str], None]) -> dict:
+    """Cold prefill of a long first turn against the second turn, which reuses its KV prefix."""
+    tick("prefix reuse: TTFT")
+    text = load_suites()["long"]["prompts"][0]
+    for slot in engine.slots:
+        engine._reset_kv(slot)
+    turn1 = [ChatMessage(role="user", content=text)]
+    first = _run_one(engine, GenerationRequest(messages=turn1, max_tokens=32, mode="off"))
+    turn2 = turn1 + [ChatMessage(role="assistant", content=first.text), ChatMessage(role="user", content="Now in one sentence.")]
+    second = _run_one(engine, GenerationRequest(messages=turn2, max_tokens=8, mode="off"))
+    return {
+        "cold_ttft_ms": first.stats.ttft_ms, "cold_prompt_tokens": first.stats.prompt_tokens,
+        "second_turn_ttft_ms": second.stats.ttft_ms, "second_turn_prompt_tokens": second.stats.prompt_tokens,
+        "second_turn_reused_tokens": second.stats.reused_prefix_tokens,
+        "ratio": second.stats.ttft_ms / first.stats.ttft_ms if first.stats.ttft_ms else None,
+    }
+
+
+def memory_by_mode(plan: BenchPlan, tick: Callable[[str], None]) -> dict:
+    """Peak RSS per mode, each in its own process (a process's peak cannot be reset)."""
+    out = {}
+    prompt = load_suites()["code"]["prompts"][0]
+    for mode in ("off", "lookup", "draft", "auto"):
+        tick(f"memory: {mode}")
+        cmd = [sys.executable, "-m", "localspec", "generate", "--chat", "--json", "--no-pull", "--mode", mode,
+               "--max-tokens", "32", "--n-ctx", str(plan.n_ctx), prompt]
+        if plan.threads:
+            cmd += ["--threads", str(plan.threads)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if res.returncode == 0:
+            out[mode] = json.loads(res.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+        else:
+            out[mode] = None
+    return out
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per suite and mode: median tokens/s, quartiles, acceptance, and the ratio to `off`."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["suite"], r["mode"]), []).append(r)
+    summary: dict[str, dict] = {}
+    for (suite, mode), rs in groups.items():
+        tps = sorted(r["tps"] for r in rs if r["tps"])
+        drafted = sum(r.get("drafted", 0) for r in rs)
+        acc = sum(r.get("accepted", 0) for r in rs)
+        q = statistics.quantiles(tps, n=4) if len(tps) >= 2 else [tps[0]] * 3 if tps else [0.0] * 3
+        summary.setdefault(suite, {})[mode] = {
+            "n": len(rs), "median_tps": statistics.median(tps) if tps else 0.0, "p25_tps": q[0], "p75_tps": q[2],
+            "acceptance": acc / drafted if drafted else None,
+            "mean_ttft_ms": statistics.mean(r["ttft_ms"] for r in rs) if rs else None,
+        }
+    for suite, modes in summary.items():
+        base = modes.get("off", {}).get("median_tps")
+        for m in modes.values():
+            m["ratio_to_off"] = m["median_tps"] / base if base else None
+    return summary
+
+
+def acceptance_by_position(runs: list[dict]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for mode in sorted({r["mode"] for r in runs}):
+        d, a = [], []
+        for r in runs:
+            if r["mode"] != mode:
+                continue
+            for i, (x, y) in enumerate(zip(r.get("drafted_by_position", []), r.get("accepted_by_position", []))):
+                while len(d) <= i:
+                    d.append(0)
+                    a.append(0)
+                d[i] += x
+                a[i] += y
+        if d:
+            out[mode] = [y / x if x else 0.0 for x, y in zip(d, a)]
+    return out
+
+
+def machine() -> dict:
+    return {
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+    }
+
+
+def goals(summary: dict, ttft: dict | None, memory: dict | None, budget_mb: float | None) -> dict:
+    """The issue's bars, computed from this run."""
+    out: dict[str, dict] = {}
+    ratios = {s: m.get("auto", {}).get("ratio_to_off") for s, m in summary.items() if not s.startswith("anchor")}
+    worst = min((r for r in ratios.values() if r), default=None)
+    out["P1"] = {"bar": "auto >= 0.97x off on every suite", "value": worst, "met": worst is not None and worst >= 0.97}
+    edit = ratios.get("editing")
+    out["P2"] = {"bar": "auto >= 1.5x off on editing", "value": edit, "met": edit is not None and edit >= 1.5}
+    p3 = {}
+    for suite, modes in summary.items():
+        server = [m["median_tps"] for name, m in modes.items() if name.startswith("llama-server:") and "off" not in name]
+        if server and "auto" in modes:
+            p3[suite] = modes["auto"]["median_tps"] / max(server)
+    out["P3"] = {"bar": "auto >= 1.1x best llama-server speculative config per suite", "value": p3 or None,
+                 "met": bool(p3) and all(v >= 1.1 for v in p3.values())}
+    r = ttft.get("ratio") if ttft else None
+    out["P5"] = {"bar": "second-turn TTFT <= 0.25x cold prefill", "value": r, "met": r is not None and r <= 0.25}
+    peak = max((v for v in (memory or {}).values() if v), default=None)
+    out["P7"] = {"bar": "peak RSS <= weights + KV + 300 MB", "value": peak, "budget_mb": budget_mb,
+                 "met": peak is not None and budget_mb is not None and peak <= budget_mb}
+    return out
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
