@@ -1,0 +1,412 @@
+"""The semantic cache: exact match, then embedding similarity, then the false-hit guard.
+
+Lookup order for a prompt in a scope:
+1. the exact normalised prompt (works without an embedder and for prompts longer than its window);
+2. the most similar stored prompts of the same scope at or above the threshold, best first, each
+   re-checked against the store (diskcache evicts silently) and against the guard; the first that
+   passes is served.
+
+The request path never fails because of the cache: every error is logged as a warning and turns
+into a miss (lookup) or a skipped write (store). A corrupt or unreadable directory is moved aside
+and rebuilt; a full disk skips caching.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+
+from localspec.cache.guard import compare
+from localspec.cache.index import VectorIndex
+from localspec.cache.normalize import normalize_prompt
+from localspec.cache.scope import CacheScope
+from localspec.cache.store import EntryStore
+from localspec.paths import resolve_paths
+
+if TYPE_CHECKING:
+    from localspec.engine.embedder import Embedder
+
+logger = logging.getLogger("localspec.cache")
+
+SCHEMA_VERSION = 1  # bump when the entry layout changes: older stores are cleared on open
+# Chosen from the dev half of the committed pair set (`localspec cache eval --split dev`): the lowest
+# threshold whose false-hit rate stays at 0 with the guard, for the most paraphrase hits.
+DEFAULT_THRESHOLD = 0.82
+DEFAULT_SIZE_LIMIT = 512 * 1024 * 1024
+DEFAULT_TTL_S = 30 * 24 * 3600.0
+_SAVE_EVERY = 64  # index writes are batched; entries missing from a stale index are re-embedded on open
+_COUNTERS = ("lookups", "exact_hits", "semantic_hits", "misses", "guard_rejections", "evicted_on_hit",
+             "too_long", "stores", "store_skipped", "false_hits", "errors")
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    answer: str
+    token_ids: list[int]
+    similarity: float
+    matched_prompt: str
+    entry_id: str
+    kind: str  # "exact" or "semantic"
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a lookup would see, for evaluation: the best candidate above `floor` and the guard's verdict."""
+
+    exact: bool
+    similarity: float | None
+    matched_prompt: str | None
+    guard: str | None  # None: agrees; else the first disagreement
+
+
+def entry_id_for(scope: CacheScope, prompt: str) -> str:
+    return hashlib.sha256(f"{scope.key}\n{normalize_prompt(prompt)}".encode()).hexdigest()[:32]
+
+
+class SemanticCache:
+    def __init__(
+        self,
+        directory: Path | None = None,
+        embedder: Embedder | None = None,
+        threshold: float | None = None,
+        size_limit: int = DEFAULT_SIZE_LIMIT,
+        ttl_s: float | None = DEFAULT_TTL_S,
+        guard: bool = True,
+    ) -> None:
+        self.directory = Path(directory) if directory else resolve_paths().cache_dir / "semantic"
+        self.embedder = embedder
+        self.threshold = DEFAULT_THRESHOLD if threshold is None else float(threshold)
+        self.size_limit = size_limit
+        self.ttl_s = ttl_s
+        self.guard = guard
+        self._lock = threading.RLock()
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._unsaved = 0
+        self._last_flush = time.monotonic()
+        self._store: EntryStore | None = None
+        self._index: VectorIndex | None = None
+        self.disabled_reason: str | None = None
+        self._open()
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def mode(self) -> str:
+        if self.disabled_reason:
+            return "off"
+        return "semantic" if self.embedder is not None else "exact"
+
+    def describe(self) -> str:
+        if self.mode == "off":
+            return f"cache off: {self.disabled_reason}"
+        if self.mode == "exact":
+            return "exact-match mode: no embedding model installed (run `localspec models pull minilm`)"
+        return f"semantic mode (threshold {self.threshold:.2f}, {self.embedder.model_path.name})"
+
+    def _open(self) -> None:
+        for attempt in (1, 2):
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._check_schema()
+                self._store = EntryStore(self.directory / "entries", self.size_limit, self.ttl_s)
+                self._load_counts()
+                if self.embedder is not None:
+                    self._index = self._load_index()
+                self.disabled_reason = None
+                return
+            except Exception as exc:  # corrupt sqlite, unreadable files, permissions...
+                self._close_store()
+                if attempt == 1:
+                    logger.warning("semantic cache at %s is unreadable (%s); rebuilding it empty", self.directory, exc)
+                    self._reset_directory()
+                else:
+                    self.disabled_reason = f"{self.directory} cannot be used ({exc})"
+                    logger.warning("semantic cache disabled: %s", self.disabled_reason)
+
+    def _reset_directory(self) -> None:
+        try:
+            if self.directory.exists():
+                aside = self.directory.with_name(f"{self.directory.name}.corrupt-{int(time.time())}")
+                try:
+                    os.replace(self.directory, aside)
+                    shutil.rmtree(aside, ignore_errors=True)
+                except OSError:
+                    shutil.rmtree(self.directory, ignore_errors=True)
+        except OSError as exc:
+            logger.warning("could not remove the broken cache at %s: %s", self.directory, exc)
+
+    def _check_schema(self) -> None:
+        meta_path = self.directory / "meta.json"
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            if meta.get("schema") == SCHEMA_VERSION:
+                return
+            logger.warning("semantic cache at %s has schema %s, expected %s; clearing it",
+                           self.directory, meta.get("schema"), SCHEMA_VERSION)
+            shutil.rmtree(self.directory / "entries", ignore_errors=True)
+            for name in ("vectors.npy", "vectors.json", "stats.json"):
+                (self.directory / name).unlink(missing_ok=True)
+        _write_json(meta_path, {"schema": SCHEMA_VERSION, "created": time.time()})
+
+    def _load_index(self) -> VectorIndex:
+        assert self.embedder is not None and self._store is not None
+        try:
+            index = VectorIndex.load(self.directory, self.embedder.dim, self.embedder.fingerprint)
+        except FileNotFoundError:
+            index = VectorIndex(self.embedder.dim, self.embedder.fingerprint)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("cache vector index unusable (%s); rebuilding it from the entries", exc)
+            index = VectorIndex(self.embedder.dim, self.embedder.fingerprint)
+        missing = 0
+        for entry in self._store.entries():  # entries the saved index lacks (lost, stale or new model)
+            if entry["id"] not in index:
+                vec = self.embedder.embed(entry["prompt"])
+                if vec is not None:
+                    index.add(entry["id"], entry["scope"], vec)
+                    missing += 1
+        if missing:
+            logger.info("embedded %d cache entries missing from the vector index", missing)
+            index.save(self.directory)
+        return index
+
+    # ------------------------------------------------------------ lookup
+
+    def lookup(self, scope: CacheScope, prompt: str) -> CacheHit | None:
+        """The cached answer for this prompt in this scope, or None. Never raises."""
+        if self._store is None:
+            return None
+        try:
+            with self._lock:
+                self._counts["lookups"] += 1
+                hit = self._lookup(scope, prompt)
+                self._counts["misses" if hit is None else f"{hit.kind}_hits"] += 1
+                self._maybe_flush()
+                return hit
+        except Exception as exc:
+            self._counts["errors"] += 1
+            logger.warning("cache lookup failed, answering without it: %s", exc)
+            return None
+
+    def _lookup(self, scope: CacheScope, prompt: str) -> CacheHit | None:
+        assert self._store is not None
+        eid = entry_id_for(scope, prompt)
+        entry = self._store.get(eid)
+        if entry is not None and (not self.guard or compare(entry["prompt"], prompt) is None):
+            return self._hit(entry, 1.0, "exact")
+        if self.embedder is None or self._index is None:
+            return None
+        vec = self.embedder.embed(prompt)
+        if vec is None:
+            self._counts["too_long"] += 1  # over the embedder's window: exact match only
+            return None
+        for cand in self._index.search(scope.key, vec, self.threshold):
+            entry = self._store.get(cand.entry_id)
+            if entry is None:  # evicted or expired behind our back
+                self._index.remove(cand.entry_id)
+                self._counts["evicted_on_hit"] += 1
+                continue
+            if self.guard and compare(entry["prompt"], prompt) is not None:
+                self._counts["guard_rejections"] += 1
+                continue
+            return self._hit(entry, cand.similarity, "semantic")
+        return None
+
+    def _hit(self, entry: dict[str, Any], similarity: float, kind: str) -> CacheHit:
+        return CacheHit(
+            answer=entry["answer"], token_ids=list(entry.get("token_ids") or []), similarity=round(similarity, 4),
+            matched_prompt=entry["prompt"], entry_id=entry["id"], kind=kind, stats=dict(entry.get("stats") or {}),
+        )
+
+    def probe(self, scope: CacheScope, prompt: str, floor: float = -1.0) -> Probe:
+        """The best same-scope candidate regardless of the threshold, for `localspec cache eval`."""
+        assert self._store is not None
+        with self._lock:
+            entry = self._store.get(entry_id_for(scope, prompt))
+            if entry is not None:
+                return Probe(True, 1.0, entry["prompt"], compare(entry["prompt"], prompt))
+            vec = self.embedder.embed(prompt) if self.embedder is not None and self._index is not None else None
+            if vec is None:
+                return Probe(False, None, None, None)
+            for cand in self._index.search(scope.key, vec, floor, k=1):
+                entry = self._store.get(cand.entry_id)
+                if entry is not None:
+                    return Probe(False, cand.similarity, entry["prompt"], compare(entry["prompt"], prompt))
+            return Probe(False, None, None, None)
+
+    # ------------------------------------------------------------ writes
+
+    def store(self, scope: CacheScope, prompt: str, answer: str, token_ids: list[int] | None = None,
+              stats: dict[str, Any] | None = None) -> None:
+        """Remember an answer. Never raises; a full disk or broken store skips caching with a warning."""
+        if self._store is None:
+            return
+        try:
+            with self._lock:
+                eid = entry_id_for(scope, prompt)
+                now = time.time()
+                entry = {
+                    "id": eid, "schema": SCHEMA_VERSION, "scope": scope.key, "model_hash": scope.model_hash,
+                    "prompt": prompt, "answer": answer, "token_ids": [int(t) for t in token_ids or []],
+                    "stats": _jsonable(stats or {}), "created": now,
+                    "expires_at": now + self.ttl_s if self.ttl_s else None,
+                }
+                self._store.put(entry)
+                if self.embedder is not None and self._index is not None:
+                    vec = self.embedder.embed(prompt)
+                    if vec is not None:
+                        self._index.add(eid, scope.key, vec)
+                        self._unsaved += 1
+                self._counts["stores"] += 1
+                if self._unsaved >= _SAVE_EVERY:
+                    self._save_index()
+                self._maybe_flush(force=True)
+        except OSError as exc:
+            self._counts["store_skipped"] += 1
+            if exc.errno == errno.ENOSPC:
+                logger.warning("disk full: answer not cached (%s)", self.directory)
+            else:
+                logger.warning("answer not cached: %s", exc)
+        except Exception as exc:
+            self._counts["store_skipped"] += 1
+            logger.warning("answer not cached: %s", exc)
+
+    def mark_wrong(self, entry_id: str) -> bool:
+        """The user says a served answer was wrong: evict it and count a false hit."""
+        if self._store is None:
+            return False
+        try:
+            with self._lock:
+                removed = self._store.delete(entry_id)
+                if self._index is not None:
+                    removed = self._index.remove(entry_id) or removed
+                self._counts["false_hits"] += 1
+                self._maybe_flush(force=True)
+                return removed
+        except Exception as exc:
+            logger.warning("could not evict cache entry %s: %s", entry_id, exc)
+            return False
+
+    def invalidate_model(self, keep_model_hash: str) -> int:
+        """Drop entries made with any other model file; returns how many."""
+        if self._store is None:
+            return 0
+        dropped = 0
+        with self._lock:
+            for entry in list(self._store.entries()):
+                if entry.get("model_hash") != keep_model_hash:
+                    self._store.delete(entry["id"])
+                    if self._index is not None:
+                        self._index.remove(entry["id"])
+                    dropped += 1
+            if dropped and self._index is not None:
+                self._save_index()
+        return dropped
+
+    def clear(self) -> int:
+        with self._lock:
+            n = self._store.clear() if self._store is not None else 0
+            if self.embedder is not None:
+                self._index = VectorIndex(self.embedder.dim, self.embedder.fingerprint)
+            for name in ("vectors.npy", "vectors.json", "stats.json"):
+                (self.directory / name).unlink(missing_ok=True)
+            self._counts = dict.fromkeys(_COUNTERS, 0)
+            return n
+
+    def export(self, path: Path) -> int:
+        """Every live entry as one JSON object per line; returns the count."""
+        n = 0
+        with self._lock, open(path, "w", encoding="utf-8") as fh:
+            for entry in self._store.entries() if self._store is not None else ():
+                fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
+                n += 1
+        return n
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            self._maybe_flush(force=True)
+            counts = dict(self._counts)
+            hits = counts["exact_hits"] + counts["semantic_hits"]
+            return {
+                "mode": self.mode, "description": self.describe(), "directory": str(self.directory),
+                "entries": len(self._store) if self._store is not None else 0,
+                "indexed": len(self._index) if self._index is not None else 0,
+                "bytes": self._store.volume() if self._store is not None else 0,
+                "size_limit": self.size_limit, "ttl_s": self.ttl_s, "threshold": self.threshold,
+                **counts, "hit_rate": round(hits / counts["lookups"], 4) if counts["lookups"] else 0.0,
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                if self._index is not None and self._unsaved:
+                    self._save_index()
+                self._maybe_flush(force=True)
+            except Exception as exc:
+                logger.warning("cache not saved on close: %s", exc)
+            self._close_store()
+
+    def __enter__(self) -> SemanticCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _close_store(self) -> None:
+        if self._store is not None:
+            try:
+                self._store.close()
+            except Exception:
+                pass
+            self._store = None
+
+    def _save_index(self) -> None:
+        assert self._index is not None
+        self._index.save(self.directory)
+        self._unsaved = 0
+
+    def _load_counts(self) -> None:
+        path = self.directory / "stats.json"
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            self._counts = {k: int(saved.get(k, 0)) for k in _COUNTERS}
+        except FileNotFoundError:
+            self._counts = dict.fromkeys(_COUNTERS, 0)
+        except (OSError, ValueError, AttributeError) as exc:
+            logger.warning("cache statistics unreadable (%s); starting them at zero", exc)
+            self._counts = dict.fromkeys(_COUNTERS, 0)
+
+    def _maybe_flush(self, force: bool = False) -> None:
+        """Counters go to stats.json on writes and at most every few seconds on lookups."""
+        if not force and time.monotonic() - self._last_flush < 5.0:
+            return
+        self._last_flush = time.monotonic()
+        try:
+            _write_json(self.directory / "stats.json", self._counts)
+        except OSError as exc:
+            logger.debug("cache statistics not saved: %s", exc)
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=lambda o: o.to_dict() if hasattr(o, "to_dict") else str(o)))
+
+
+__all__ = ["DEFAULT_THRESHOLD", "CacheHit", "Probe", "SemanticCache", "entry_id_for"]

@@ -1,0 +1,153 @@
+"""`localspec cache stats | clear | export | eval`: inspect and measure the semantic cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from localspec.errors import LocalspecError
+
+EMBEDDING_MODEL = "all-minilm-l6-v2-f16"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cache", help="semantic cache: statistics, clear, export, evaluation", description=__doc__)
+    verbs = p.add_subparsers(dest="cache_command", metavar="VERB", required=True)
+
+    s = verbs.add_parser("stats", help="entries, size, hits and false hits")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=run_stats)
+
+    c = verbs.add_parser("clear", help="remove every cached answer")
+    c.set_defaults(func=run_clear)
+
+    e = verbs.add_parser("export", help="write every entry as JSON lines")
+    e.add_argument("path", type=Path)
+    e.set_defaults(func=run_export)
+
+    v = verbs.add_parser("eval", help="hit rate, false-hit rate, precision and recall per threshold on labelled pairs")
+    v.add_argument("--split", choices=("dev", "test", "all"), default="test",
+                   help="the committed pair set to run (default: test, the half never tuned on)")
+    v.add_argument("--file", type=Path, help="a labelled pair file (JSON lines: a, b, label hit|miss) instead")
+    v.add_argument("--limit", type=int, help="only the first N pairs")
+    v.add_argument("--threshold", type=float, help="similarity threshold (default: the cache's default)")
+    v.add_argument("--exact-only", action="store_true", help="run without the embedding model")
+    v.add_argument("--embedding-model", type=Path, help="a GGUF embedding model file (default: the installed MiniLM)")
+    v.add_argument("--json", action="store_true", help="print the full report as JSON")
+    v.set_defaults(func=run_eval)
+
+
+def open_embedder(model_id: str = EMBEDDING_MODEL):
+    """The installed embedding model, or None (the cache then runs in exact-match mode)."""
+    from localspec.engine.embedder import Embedder
+    from localspec.models import ModelManager
+
+    try:
+        path = ModelManager().installed_path(model_id)
+    except LocalspecError:
+        path = None
+    if path is None:
+        return None
+    return Embedder(path)
+
+
+def _open_cache(embedder=None):
+    from localspec.cache import SemanticCache
+
+    return SemanticCache(embedder=embedder)
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    cache = _open_cache()
+    try:
+        stats = cache.stats()
+    finally:
+        cache.close()
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    print(f"directory   {stats['directory']}")
+    print(f"entries     {stats['entries']} ({stats['bytes'] / 1e6:.1f} MB of {stats['size_limit'] / 1e6:.0f} MB)")
+    print(f"lookups     {stats['lookups']}: {stats['exact_hits']} exact hits, {stats['semantic_hits']} semantic hits, "
+          f"{stats['misses']} misses (hit rate {stats['hit_rate']:.1%})")
+    print(f"guard       {stats['guard_rejections']} candidates rejected; {stats['false_hits']} answers marked wrong")
+    print(f"writes      {stats['stores']} stored, {stats['store_skipped']} skipped")
+    return 0
+
+
+def run_clear(args: argparse.Namespace) -> int:
+    cache = _open_cache()
+    try:
+        n = cache.clear()
+    finally:
+        cache.close()
+    print(f"removed {n} cached answers")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    cache = _open_cache()
+    try:
+        n = cache.export(args.path)
+    finally:
+        cache.close()
+    print(f"wrote {n} entries to {args.path}")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from localspec.cache.evaluate import load_pairs, pair_file, run_eval as evaluate
+
+    if args.file:
+        if not args.file.exists():
+            raise LocalspecError(f"{args.file} does not exist.", "Give a JSON-lines file of labelled pairs.")
+        pairs = load_pairs(args.file, args.limit)
+        source = str(args.file)
+    else:
+        splits = ("dev", "test") if args.split == "all" else (args.split,)
+        pairs = [p for s in splits for p in load_pairs(pair_file(s))]
+        pairs = pairs[: args.limit] if args.limit else pairs
+        source = f"committed pairs, split {args.split}"
+    if not pairs:
+        raise LocalspecError("The pair file is empty.", "Give at least one labelled pair.")
+    if args.embedding_model and not args.embedding_model.exists():
+        raise LocalspecError(f"{args.embedding_model} does not exist.", "Give the path of a GGUF embedding model.")
+    if args.exact_only:
+        embedder = None
+    elif args.embedding_model:
+        from localspec.engine.embedder import Embedder
+
+        embedder = Embedder(args.embedding_model)
+    else:
+        embedder = open_embedder()
+    if embedder is None and not args.exact_only:
+        print(f"note: {EMBEDDING_MODEL} is not installed; exact-match mode "
+              f"(run `localspec models pull {EMBEDDING_MODEL}`)", file=sys.stderr)
+    try:
+        report = evaluate(pairs, embedder, threshold=args.threshold)
+    finally:
+        if embedder is not None:
+            embedder.close()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{source}: {report['pairs']} pairs ({report['paraphrases']} paraphrases, {report['traps']} traps), "
+          f"{report['mode']} mode")
+    print("threshold  hit rate  false hits  precision  recall   | without guard: hit rate  false hits")
+    for p, q in zip(report["curve"], report["curve_without_guard"], strict=True):
+        mark = " <" if abs(p["threshold"] - report["threshold"]) < 1e-9 else ""
+        print(f"  {p['threshold']:.2f}     {p['hit_rate']:6.1%}   {p['false_hit_rate']:6.1%}     {p['precision']:6.1%}"
+              f"    {p['recall']:6.1%}  |                {q['hit_rate']:6.1%}     {q['false_hit_rate']:6.1%}{mark}")
+    a = report["at_threshold"]
+    print(f"at threshold {report['threshold']:.2f} (real lookups): hit rate {a['hit_rate']:.1%}, "
+          f"false-hit rate {a['false_hit_rate']:.1%} ({a['false_hits']}/{report['traps']}), "
+          f"precision {a['precision']:.1%}; the guard stopped {a['traps_stopped_by_guard']} traps above the threshold")
+    lat = report["latency_ms"]
+    print(f"lookup latency: p50 {lat['lookup_p50']:.1f} ms, p95 {lat['lookup_p95']:.1f} ms; "
+          f"hits: p50 {lat['hit_p50']:.1f} ms, p95 {lat['hit_p95']:.1f} ms, max {lat['hit_max']:.1f} ms")
+    print(f"best threshold on these pairs (most hits with no false hit): {report['suggested_threshold']:.2f}")
+    for ex in a["false_hit_examples"]:
+        print(f"  false hit ({ex['category']}, {ex['similarity']:.3f}): {ex['a']!r} served {ex['b']!r}")
+    return 0

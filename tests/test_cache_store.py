@@ -1,0 +1,209 @@
+"""The cache without an embedder (exact-match mode): scope, store, eviction, TTL, bad input, no pickle."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import pickle
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from localspec.cache import SCHEMA_VERSION, CacheScope, SemanticCache
+from localspec.cache.store import JSONOnlyDisk
+from localspec.engine.embedder import file_fingerprint
+
+
+def scope(**kw) -> CacheScope:
+    args = {"model_hash": "model-a", "system_prompt": "You are helpful.", "earlier_turns": [],
+            "sampling": {"temperature": 0.0, "max_tokens": 64}}
+    args.update(kw)
+    return CacheScope.from_request(**args)
+
+
+@pytest.fixture
+def cache(tmp_path: Path):
+    c = SemanticCache(tmp_path / "semantic")
+    yield c
+    c.close()
+
+
+def test_exact_mode_says_so_and_hits_normalised_prompt(cache: SemanticCache) -> None:
+    assert cache.mode == "exact"
+    assert "exact-match" in cache.describe()
+    cache.store(scope(), "How do I reverse a list?", "use reversed()", [1, 2, 3], {"completion_tokens": 3})
+    hit = cache.lookup(scope(), "  how do I reverse a LIST ")
+    assert hit is not None and hit.kind == "exact" and hit.answer == "use reversed()"
+    assert hit.token_ids == [1, 2, 3] and hit.stats == {"completion_tokens": 3}
+    assert hit.matched_prompt == "How do I reverse a list?"
+    assert cache.lookup(scope(), "What's the way to reverse a list?") is None  # no embedder: exact only
+    stats = cache.stats()
+    assert stats["exact_hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1
+
+
+@pytest.mark.parametrize("other", [
+    {"system_prompt": "You are a pirate."},
+    {"earlier_turns": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+    {"sampling": {"temperature": 0.0, "max_tokens": 512}},
+    {"model_hash": "model-b"},
+    {"has_tools": True},
+    {"has_response_format": True},
+])
+def test_scope_separates_requests(cache: SemanticCache, other: dict) -> None:
+    cache.store(scope(), "What is a closure?", "a function with its environment", [])
+    assert cache.lookup(scope(**other), "What is a closure?") is None
+    assert cache.lookup(scope(), "What is a closure?") is not None
+
+
+def test_mark_wrong_evicts_and_counts(cache: SemanticCache) -> None:
+    cache.store(scope(), "What is 2+2?", "5", [])
+    hit = cache.lookup(scope(), "What is 2+2?")
+    assert hit is not None
+    assert cache.mark_wrong(hit.entry_id)
+    assert cache.lookup(scope(), "What is 2+2?") is None
+    assert cache.stats()["false_hits"] == 1
+
+
+def test_stats_persist_across_processes(tmp_path: Path) -> None:
+    with SemanticCache(tmp_path / "c") as c:
+        c.store(scope(), "q", "a", [])
+        c.lookup(scope(), "q")
+    with SemanticCache(tmp_path / "c") as c:
+        s = c.stats()
+    assert s["stores"] == 1 and s["exact_hits"] == 1 and s["entries"] == 1
+
+
+def test_ttl_expires_entries(tmp_path: Path) -> None:
+    with SemanticCache(tmp_path / "c", ttl_s=0.5) as c:
+        c.store(scope(), "short-lived question", "answer", [])
+        assert c.lookup(scope(), "short-lived question") is not None
+        time.sleep(1.0)
+        assert c.lookup(scope(), "short-lived question") is None
+
+
+def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
+    big = "x" * 40_000  # stored as a file, so every entry counts against the limit
+    with SemanticCache(tmp_path / "c", size_limit=600_000) as c:
+        c.store(scope(), "question 0", big, [])
+        for i in range(1, 40):
+            c.store(scope(), f"question {i}", big, [])
+            assert c.lookup(scope(), "question 0") is not None  # kept hot
+        assert c.lookup(scope(), "question 1") is None  # cold and old: evicted
+        assert c.lookup(scope(), "question 39") is not None
+        assert c.stats()["entries"] < 40
+
+
+def test_model_change_invalidates_entries(tmp_path: Path) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 4096)
+    old_hash = file_fingerprint(model)
+    with SemanticCache(tmp_path / "c") as c:
+        c.store(scope(model_hash=old_hash), "Explain recursion", "old model's answer", [])
+        model.write_bytes(b"GGUF" + b"\1" * 4096)  # the file changed: a new fingerprint, a new scope
+        new_hash = file_fingerprint(model)
+        assert new_hash != old_hash
+        assert c.lookup(scope(model_hash=new_hash), "Explain recursion") is None
+        assert c.invalidate_model(new_hash) == 1
+        assert c.stats()["entries"] == 0
+
+
+def test_schema_version_change_clears_store(tmp_path: Path) -> None:
+    d = tmp_path / "c"
+    with SemanticCache(d) as c:
+        c.store(scope(), "q", "a", [])
+    (d / "meta.json").write_text(json.dumps({"schema": SCHEMA_VERSION - 1}))
+    with SemanticCache(d) as c:
+        assert c.lookup(scope(), "q") is None
+        assert c.stats()["entries"] == 0
+
+
+def test_corrupt_database_is_rebuilt_with_warning(tmp_path: Path, caplog) -> None:
+    d = tmp_path / "c"
+    with SemanticCache(d) as c:
+        c.store(scope(), "q", "a", [])
+    (d / "entries" / "cache.db").write_bytes(b"this is not a sqlite database" * 100)
+    for extra in ("cache.db-wal", "cache.db-shm"):
+        (d / "entries" / extra).unlink(missing_ok=True)
+    with caplog.at_level(logging.WARNING, logger="localspec.cache"), SemanticCache(d) as c:
+        assert c.mode == "exact"
+        assert c.lookup(scope(), "q") is None
+        c.store(scope(), "q", "a2", [])
+        assert c.lookup(scope(), "q").answer == "a2"
+    assert any("rebuilding" in r.message for r in caplog.records)
+
+
+def test_unusable_directory_disables_cache_without_failing(tmp_path: Path, caplog) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache directory should be")
+    with caplog.at_level(logging.WARNING, logger="localspec.cache"):
+        c = SemanticCache(blocker / "semantic")
+    assert c.mode == "off" and "cannot be used" in c.describe()
+    c.store(scope(), "q", "a", [])  # never raises
+    assert c.lookup(scope(), "q") is None
+    c.close()
+
+
+def test_full_disk_skips_caching_with_warning(cache: SemanticCache, monkeypatch, caplog) -> None:
+    def enospc(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(cache._store._dc, "set", enospc)  # the write diskcache would do
+    with caplog.at_level(logging.WARNING, logger="localspec.cache"):
+        cache.store(scope(), "q", "a", [])
+    assert cache.lookup(scope(), "q") is None
+    assert cache.stats()["store_skipped"] == 1
+    assert any("disk full" in r.message for r in caplog.records)
+
+
+def test_entries_are_json_never_pickle(cache: SemanticCache) -> None:
+    assert isinstance(cache._store.disk, JSONOnlyDisk)
+    cache.store(scope(), "q", "answer text", [5, 6], {"nested": {"ok": True}})
+    cache.store(scope(), "big", "y" * 100_000, [])  # large values go to files: JSON there too
+    cache.close()
+    con = sqlite3.connect(cache.directory / "entries" / "cache.db")
+    rows = con.execute("SELECT key, raw, mode, filename, value FROM Cache").fetchall()
+    con.close()
+    assert rows
+    for key, raw, mode, filename, value in rows:
+        assert raw == 1 and isinstance(key, str)  # string keys stored as-is, never pickled
+        assert mode != 4  # diskcache's MODE_PICKLE
+        blob = (cache.directory / "entries" / filename).read_bytes() if filename else bytes(value)
+        assert not blob.startswith(b"\x80")  # no pickle protocol header
+        entry = json.loads(blob)
+        assert entry["prompt"] in ("q", "big")
+
+
+class _Boom:
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ["LOCALSPEC_HOME"]) / "pwned",))
+
+
+def test_a_pickled_row_is_refused_not_loaded(cache: SemanticCache) -> None:
+    from localspec.cache.semantic import entry_id_for
+
+    cache.store(scope(), "q", "a", [])
+    cache.close()
+    db = cache.directory / "entries" / "cache.db"
+    con = sqlite3.connect(db)
+    key = "e:" + entry_id_for(scope(), "q")
+    con.execute("UPDATE Cache SET mode = 4, value = ? WHERE key = ?", (sqlite3.Binary(pickle.dumps(_Boom())), key))
+    con.commit()
+    con.close()
+    with SemanticCache(cache.directory) as c:
+        assert c.lookup(scope(), "q") is None  # refused with a warning, never unpickled
+    assert not (Path(os.environ["LOCALSPEC_HOME"]) / "pwned").exists()
+
+
+def test_export_and_clear(cache: SemanticCache, tmp_path: Path) -> None:
+    cache.store(scope(), "q1", "a1", [1])
+    cache.store(scope(), "q2", "a2", [2])
+    out = tmp_path / "export.jsonl"
+    assert cache.export(out) == 2
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["prompt"] for r in rows} == {"q1", "q2"}
+    assert cache.clear() == 2
+    assert cache.lookup(scope(), "q1") is None
