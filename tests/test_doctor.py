@@ -1,0 +1,132 @@
+"""`localspec doctor` on this machine: schema, a CPU-only build reported as such, models, port."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import llama_cpp
+import pytest
+
+from tests.conftest import SHARED_STORE
+from localspec.doctor import SCHEMA, compiled_backends, diagnose, parse_nvidia_smi
+
+
+def _doctor_json(*args: str, env: dict | None = None) -> tuple[int, dict]:
+    out = subprocess.run([sys.executable, "-m", "localspec", "doctor", "--json", *args],
+                         capture_output=True, text=True, timeout=120, env=env)
+    return out.returncode, json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    # One subprocess for the module, in its own home (the autouse home is per test), shared store.
+    home = tmp_path_factory.mktemp("doctor-home")
+    env = {**os.environ, "LOCALSPEC_HOME": str(home), "LOCALSPEC_MODELS_DIR": str(SHARED_STORE)}
+    rc, data = _doctor_json("--port", str(_free_port()), env=env)
+    data["_rc"] = rc
+    data["_home"] = str(home)
+    return data
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_schema(report):
+    assert report["schema"] == SCHEMA
+    for key in ("localspec", "llama_cpp", "gpu", "paths", "models", "default_profile", "embedding", "port",
+                "problems", "ok"):
+        assert key in report
+    for p in report["problems"]:
+        assert p["cause"] and p["fix"]
+    assert report["ok"] == (not report["problems"]) and report["_rc"] == (0 if report["ok"] else 1)
+
+
+def test_cpu_build_reports_no_gpu_offload(report):
+    lc = report["llama_cpp"]
+    assert lc["version"] == llama_cpp.__version__
+    assert lc["gpu_offload"] is bool(llama_cpp.llama_supports_gpu_offload())
+    if not lc["gpu_offload"]:  # this CPU machine and CI
+        assert lc["gpu_offload_note"].startswith("no:")
+        assert "CPU" in lc["backends"] and not {"CUDA", "Metal", "Vulkan", "HIP"} & set(lc["backends"])
+    assert lc["system_info"] == llama_cpp.llama_print_system_info().decode().strip()
+
+
+def test_gpu_devices_are_probed_never_guessed(report):
+    gpu = report["gpu"]
+    if importlib.util.find_spec("pynvml") is None and shutil.which("nvidia-smi") is None:
+        assert gpu == {"probe": "none", "devices": "unknown", "note": gpu["note"]}
+    else:
+        assert gpu["probe"] in ("nvml", "nvidia-smi") and isinstance(gpu["devices"], list)
+
+
+def test_paths_and_port(report):
+    home = Path(report["_home"])
+    assert report["paths"]["config_dir"] == str(home / "config")
+    assert report["paths"]["data_dir"] == str(home / "data")
+    assert report["port"]["free"] is True
+
+
+def test_installed_models_and_default_profile_fit(report, target_path, draft_path):
+    states = {m["id"]: m["state"] for m in report["models"]}
+    assert states["qwen2.5-coder-1.5b-instruct-q4_k_m"] == "size-checked"
+    fit = report["default_profile"]["fit"]
+    assert fit["verdict"] in ("fits in VRAM", "fits in RAM", "too large")
+    assert fit["total_bytes"] > target_path.stat().st_size + draft_path.stat().st_size
+    if not report["llama_cpp"]["gpu_offload"]:
+        assert fit["verdict"] != "fits in VRAM"
+
+
+def test_busy_port_is_a_problem_with_a_fix():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = diagnose(port=port).to_dict()
+    assert r["port"] == {"host": "127.0.0.1", "port": port, "free": False}
+    assert any(f"--port {port + 1}" in p["fix"] for p in r["problems"])
+
+
+def test_verify_rehashes_and_reports_a_corrupt_model(tmp_path, monkeypatch, minilm_path):
+    monkeypatch.setenv("LOCALSPEC_MODELS_DIR", str(tmp_path / "store"))
+    from localspec.models import ModelManager
+
+    rec = ModelManager().import_file(minilm_path, model_id="doctor-test-emb", role="embedding")
+    rows = {m["id"]: m for m in diagnose(verify=True).to_dict()["models"]}
+    assert rows["doctor-test-emb"]["state"] == "verified"
+    with open(rec.path, "r+b") as f:  # same size, different bytes: only a re-hash notices
+        f.seek(4096)
+        byte = f.read(1)
+        f.seek(4096)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert {m["id"]: m for m in diagnose().to_dict()["models"]}["doctor-test-emb"]["state"] == "size-checked"
+    r = diagnose(verify=True).to_dict()
+    assert {m["id"]: m for m in r["models"]}["doctor-test-emb"]["state"] == "corrupt"
+    assert any("doctor-test-emb" in p["cause"] and "pull doctor-test-emb --force" in p["fix"] for p in r["problems"])
+    # The default profile is not in this empty store: each missing model is a problem with its fix.
+    assert any("not installed" in p["cause"] and "models pull" in p["fix"] for p in r["problems"])
+
+
+def test_text_output_says_whether_gpu_offload_works():
+    out = subprocess.run([sys.executable, "-m", "localspec", "doctor", "--port", str(_free_port())],
+                         capture_output=True, text=True, timeout=120)
+    offload = bool(llama_cpp.llama_supports_gpu_offload())
+    assert ("GPU offload: yes" if offload else "GPU offload: no") in out.stdout
+
+
+def test_backend_and_device_parsers_on_other_machines_output():
+    libs = ["libggml-base.so", "libggml-cpu-haswell.so", "libggml-cpu-skylakex.so", "libggml-cuda.so", "libllama.so"]
+    assert compiled_backends(libs, "CUDA : ARCHS = 900 | CPU : AVX2 = 1 |") == ["CPU", "CUDA"]
+    devs = parse_nvidia_smi("0, NVIDIA H200, 143771, 140000, 9.0\n1, NVIDIA A10, 23028, 22000, [N/A]\n")
+    assert devs[0] == {"index": 0, "name": "NVIDIA H200", "memory_total": 143771 << 20,
+                       "memory_free": 140000 << 20, "compute_capability": "9.0"}
+    assert devs[1]["compute_capability"] is None
