@@ -18,6 +18,9 @@ _COMMAND_MODULES = (
     "localspec.cli.stats_cmd",
     "localspec.cli.serve_cmd",
     "localspec.cli.bench_cmd",
+    "localspec.cli.doctor_cmd",
+    "localspec.cli.service_cmd",
+    "localspec.cli.cache_cmd",
 )
 
 

@@ -170,6 +170,7 @@ class Engine:
             n_gpu_layers=config.n_gpu_layers,
             flash_attn=config.flash_attn,
             lora_path=config.lora_path,
+            repack_weights=config.repack_weights,
         )
         target = ModelRuntime(target_path, rc)
         draft = None
@@ -564,9 +565,12 @@ class Engine:
         if a.t_first:
             a.stats.decode_ms = (a.t_last - a.t_first) * 1000
         # Keep only KV cells that match the final history, for the next request's prefix reuse.
-        self._truncate(slot, common_prefix(slot.kv, a.tokens))
+        # A cancelled request (client gone) frees its generated cells at once; its prompt stays
+        # cached, since a retry of the same prompt is the likeliest next request.
+        keep = common_prefix(slot.kv, a.tokens)
+        self._truncate(slot, min(keep, a.n_prompt) if reason == "cancelled" else keep)
         if self.drafter is not None:
-            self.drafter.rollback(slot.seq, a.tokens)
+            self.drafter.rollback(slot.seq, a.tokens[: a.n_prompt] if reason == "cancelled" else a.tokens)
         if a.grammar is not None:
             a.grammar.close()
         done = Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error)
