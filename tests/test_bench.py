@@ -23,9 +23,10 @@ def test_bench_json_table_and_chart_from_a_real_mini_run(tmp_path, target_path, 
     plan = runner.BenchPlan(
         suites=["editing"], modes=[runner.ModeSpec("off", "off"), runner.ModeSpec("lookup", "lookup"),
                                     runner.ModeSpec("draft-k3", "draft", 3)],
-        prompts_per_suite=1, repeats=1, max_tokens=12, n_ctx=2048, threads=TEST_THREADS,
+        prompts_per_suite=1, repeats=1, max_tokens=12, n_ctx=4096, threads=TEST_THREADS,
     )
-    engine = Engine.load(str(target_path), str(draft_path), EngineConfig(n_ctx=2048, n_threads=TEST_THREADS, mode="off"))
+    # The long-context suite's prompt (used for the prefix-reuse TTFT) is ~2k tokens.
+    engine = Engine.load(str(target_path), str(draft_path), EngineConfig(n_ctx=4096, n_threads=TEST_THREADS, mode="off"))
     ticks: list[str] = []
     try:
         runs = runner.run_modes(engine, plan, ticks.append)

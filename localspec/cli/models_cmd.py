@@ -64,14 +64,9 @@ def _manager():
 
 
 def _human(n: int | None) -> str:
-    if n is None:
-        return "?"
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"
+    from localspec.models.units import human_bytes
+
+    return human_bytes(n)
 
 
 def _print_json(obj: Any) -> None:

@@ -226,6 +226,17 @@ def create_app(
             if not handle.done.is_set():
                 b.worker.cancel(handle)
 
+    async def collect(b: Backend, handle: Handle, request: Request) -> tuple[list[Token], Done | None]:
+        """A non-streamed answer: its tokens that carry logprobs, and the Done (None if the client left)."""
+        tokens: list[Token] = []
+        done = None
+        async for ev in events(b, handle, request):
+            if isinstance(ev, Done):
+                done = ev
+            elif ev.logprob is not None:
+                tokens.append(ev)
+        return tokens, done
+
     def finish(b: Backend, done: Done, t0: float, rid: str) -> None:
         from localspec.metrics import RequestRecord
 
@@ -337,13 +348,7 @@ def create_app(
                 stream_chat(b, body, plan, handle, rid, created, t0), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        tokens: list[Token] = []
-        done = None
-        async for ev in events(b, handle, request):
-            if isinstance(ev, Done):
-                done = ev
-            elif ev.logprob is not None:
-                tokens.append(ev)
+        tokens, done = await collect(b, handle, request)
         if done is None:  # the client went away
             return Response(status_code=499)
         finish(b, done, t0, rid)
@@ -421,13 +426,7 @@ def create_app(
                 stream_completion(b, body, plan, handle, rid, created, t0, echo), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        tokens: list[Token] = []
-        done = None
-        async for ev in events(b, handle, request):
-            if isinstance(ev, Done):
-                done = ev
-            elif ev.logprob is not None:
-                tokens.append(ev)
+        tokens, done = await collect(b, handle, request)
         if done is None:
             return Response(status_code=499)
         finish(b, done, t0, rid)
@@ -507,3 +506,4 @@ def create_app(
         app.add_middleware(_Auth, key=s.api_key)
     app.add_middleware(_BodyLimit, limit=s.max_body_bytes)
     return app
+

@@ -14,18 +14,10 @@ from textual.widgets import DataTable, Footer, Label, ProgressBar, Static
 
 from localspec.errors import LocalspecError
 from localspec.models import ModelManager, ModelRow, ProgressEvent
+from localspec.models.units import human_bytes
 from localspec.tui.dialogs import ChoiceDialog, ConfirmDialog
 
 
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"
 
 
 def fit_label(row: ModelRow) -> str:
