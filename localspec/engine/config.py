@@ -31,8 +31,9 @@ class EngineConfig(BaseModel):
     lookup_n_min: int = Field(2, ge=1)
     lookup_n_max: int = Field(4, ge=1)
     lora_path: str | None = None
-    repack_weights: bool = Field(
-        False, description="CPU only: let llama.cpp keep a repacked copy of quantized weights (faster batches, ~40% more RAM)"
+    repack_weights: bool = Field(True, description="CPU: llama.cpp's repacked weight layout (faster decoding)")
+    mmap: bool = Field(
+        False, description="memory-map the model file; with repack_weights it keeps ~40% more resident memory"
     )
 
 

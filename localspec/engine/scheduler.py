@@ -171,6 +171,7 @@ class Engine:
             flash_attn=config.flash_attn,
             lora_path=config.lora_path,
             repack_weights=config.repack_weights,
+            mmap=config.mmap,
         )
         target = ModelRuntime(target_path, rc)
         draft = None
