@@ -69,6 +69,19 @@ def _request(args: argparse.Namespace) -> GenerationRequest:
         raise RequestError(f"Invalid {field}: {err['msg']}.", "See `localspec generate --help`.") from exc
 
 
+def _peak_rss_mb() -> float:
+    """This process's peak RSS. Linux's VmHWM belongs to the address space, which exec replaces;
+    ru_maxrss survives exec, so a process started by a big parent would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def run(args: argparse.Namespace) -> int:
     from localspec.service import open_engine  # heavy import (llama.cpp) only for this verb
 
@@ -102,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     assert done is not None
     _log_metrics(args, request, done, (time.perf_counter() - t_gen) * 1000, draft_loaded)
     s = done.stats
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_rss_mb = _peak_rss_mb()
     if args.json:
         record = {
             "text": done.text,
