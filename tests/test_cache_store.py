@@ -80,9 +80,14 @@ def test_stats_persist_across_processes(tmp_path: Path) -> None:
 def test_ttl_expires_entries(tmp_path: Path) -> None:
     with SemanticCache(tmp_path / "c", ttl_s=0.5) as c:
         c.store(scope(), "short-lived question", "answer", [])
+        stored_at = time.monotonic()
         assert c.lookup(scope(), "short-lived question") is not None
-        time.sleep(1.0)
-        assert c.lookup(scope(), "short-lived question") is None
+        # Poll for the expiry rather than sleeping a fixed time; it must not come before the TTL.
+        deadline = stored_at + 30
+        while c.lookup(scope(), "short-lived question") is not None:
+            assert time.monotonic() < deadline, "entry never expired"
+            time.sleep(0.05)
+        assert time.monotonic() - stored_at >= 0.45
 
 
 def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
