@@ -68,17 +68,12 @@ class PromptLookupDrafter:
             if hits.size:
                 start = int(hits[-1]) + n
                 proposal = arr[start : start + k]
-                return Draft(tokens=tuple(int(t) for t in proposal), q=None, source="lookup")
+                return Draft(tokens=tuple(int(t) for t in proposal), q=None, source="lookup", match_length=n)
         return Draft(tokens=(), q=None, source="lookup")
 
     def match_length(self, history: Sequence[int]) -> int:
-        """Length of the n-gram a proposal would be based on (0 = none); the controller's input."""
-        arr = np.asarray(history, dtype=np.int64)
-        for n in range(min(self.n_max, len(arr) - 1), self.n_min - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
-            if (windows == arr[-n:]).all(axis=1).any():
-                return n
-        return 0
+        """Length of the n-gram a proposal would continue (0 = none); the controller's input."""
+        return self.propose(history, 1).match_length
 
 
 class DraftModelDrafter:

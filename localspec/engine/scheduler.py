@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -393,13 +393,14 @@ class Engine:
             a = slot.active
             # No point drafting past max_tokens or the end of the context.
             k = min(a.k, a.request.max_tokens - a.generated - 1, self.config.n_ctx - len(a.tokens))
-            mode = a.mode
+            mode, lookup = a.mode, None
             if mode == "auto" and k > 0:
-                mode, k = self._auto_choice(slot, k)
+                mode, k, lookup = self._auto_choice(slot, k)
             if k <= 0 or mode == "off":
                 drafts[slot.seq] = Draft(())
             elif mode == "lookup":
-                drafts[slot.seq] = self.lookup.propose(a.tokens, k)
+                lookup = lookup or self.lookup.propose(a.tokens, k)
+                drafts[slot.seq] = replace(lookup, tokens=lookup.tokens[:k])
             else:
                 jobs.append(DraftJob(slot.seq, list(a.tokens), k, a.request.sampling, a.rng))
         if jobs:
@@ -412,14 +413,14 @@ class Engine:
                 self.costs.observe_draft_step((time.perf_counter() - t0) / (self.drafter.decode_calls - calls))
         return drafts
 
-    def _auto_choice(self, slot: _Slot, k_cap: int) -> tuple[str, int]:
-        """Ask the controller which drafter and k pay most for this sequence right now."""
+    def _auto_choice(self, slot: _Slot, k_cap: int) -> tuple[str, int, Draft]:
+        """Ask the controller which drafter and k pay most; also return the lookup proposal it weighed."""
         a = slot.active
         lag = len(a.tokens) - len(self.drafter.kv.get(slot.seq, [])) if self.drafter else 0
         proposal = self.lookup.propose(a.tokens, k_cap)
-        a.lookup_match = self.lookup.match_length(a.tokens) if len(proposal) else 0
+        a.lookup_match = proposal.match_length
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap)
-        return a.choice.drafter, a.choice.k
+        return a.choice.drafter, a.choice.k, proposal
 
     def _wants_draft_prefill(self, a: _Active) -> bool:
         if a.mode == "draft":

@@ -56,6 +56,7 @@ class Draft:
     tokens: tuple[int, ...]
     q: tuple[np.ndarray, ...] | None = None
     source: str = "none"
+    match_length: int = 0  # prompt lookup: length of the n-gram the proposal continues
 
     def __len__(self) -> int:
         return len(self.tokens)
