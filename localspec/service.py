@@ -1,12 +1,13 @@
 """The request pipeline every face shares (CLI, endpoint, TUI).
 
-Today it resolves a profile to model files, checks them, and opens the engine; generation goes
-straight to the engine. The cache, router and metrics stages slot in here, so a feature added
-here appears in every face at once.
+It resolves a profile to model files, checks them, and opens the engine and the cache; the
+per-request stages (route, cache lookup, generate, cache store) live in `localspec.pipeline`,
+which the endpoint and the TUI both drive, so a feature added there appears in every face.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from dataclasses import dataclass
@@ -15,13 +16,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from localspec.cache import SemanticCache
 from localspec.engine.config import EngineConfig
+from localspec.engine.embedder import Embedder
 from localspec.engine.scheduler import Engine
-from localspec.errors import ConfigError
+from localspec.errors import ConfigError, LocalspecError
 from localspec.models import ModelManager
 from localspec.models.compat import check_draft_compat
 from localspec.models.gguf_info import validate_gguf
 from localspec.paths import resolve_paths
+
+logger = logging.getLogger(__name__)
 
 
 def load_settings(path: Path | None = None) -> dict[str, Any]:
@@ -128,3 +133,30 @@ def open_served(
         if emb_path is None:
             emb_id = None
     return Served(engine, files, prof_name, emb_id, emb_path)
+
+
+def open_cache(profile: str | None = None, n_threads: int | None = None,
+               embedding_path: Path | None = None) -> SemanticCache:
+    """The semantic cache with the profile's embedding model, or in exact-match mode without one.
+
+    A broken or missing embedding model degrades the cache (it says so in `describe()`), never the
+    face that opened it.
+    """
+    if embedding_path is None:
+        mm = ModelManager()
+        prof = mm.profile(profile)
+        if prof.embedding:
+            try:
+                embedding_path = mm.installed_path(mm.resolve(prof.embedding).id)
+            except LocalspecError:
+                embedding_path = None
+    embedder = None
+    if embedding_path is not None:
+        try:
+            validate_gguf(embedding_path)
+            embedder = Embedder(embedding_path, n_threads=n_threads or 2)
+        except Exception as exc:
+            logger.warning("embedding model %s unusable, cache in exact-match mode: %s", embedding_path, exc)
+    cache = SemanticCache(embedder=embedder)
+    logger.info("cache: %s", cache.describe())
+    return cache

@@ -175,19 +175,17 @@ async def test_history_survives_switching_and_restart(engine, tmp_path):
 
 async def test_connect_to_a_running_server(engine, tmp_path):
     """`localspec chat --connect`: the app streams from the real endpoint through the openai client."""
-    from localspec.engine.worker import EngineWorker
+    from localspec.pipeline import LocalTier, Pipeline
     from localspec.server import Backend as ServerBackend
     from localspec.server import ServerSettings, create_app
     from localspec.tui import RemoteBackend
     from tests.server_harness import ServerThread
 
-    class SharedEngine(ServerBackend):
-        def close(self, drain: bool = False) -> None:  # the module fixture owns the engine
-            self.worker.stop(drain=drain)
-
     def load(_settings):
-        return SharedEngine(engine=engine, worker=EngineWorker(engine).start(), target_id=TARGET_ID,
-                            target_names={TARGET_ID, "auto"}, draft_id=DRAFT_ID, profile="default")
+        # The module fixture owns the engine: the tier only runs a worker over it.
+        tier = LocalTier("large", engine, TARGET_ID, DRAFT_ID, TARGET_ID, owns_engine=False)
+        return ServerBackend(pipeline=Pipeline({"large": tier}, "large"), target_id=TARGET_ID,
+                             target_names={TARGET_ID, "auto"}, draft_id=DRAFT_ID, profile="default")
 
     settings = ServerSettings(n_ctx=1024, n_threads=TEST_THREADS, mode="draft")
     with ServerThread(create_app(settings, load=load)) as srv:
@@ -210,3 +208,32 @@ async def test_connect_to_a_running_server(engine, tmp_path):
             assert view.content and stored.content == view.content
             assert stored.meta["stats"]["completion_tokens"] > 0
             assert app.metrics.snapshot().requests == 1
+
+
+async def test_a_repeated_question_shows_the_cached_badge_and_f3_evicts_it(engine, tmp_path):
+    """The in-process backend runs the shared pipeline: the second identical question is a cache hit."""
+    from localspec.cache import SemanticCache
+
+    cache = SemanticCache(directory=tmp_path / "cache")  # exact-match mode: no embedder needed here
+    backends: list = []
+
+    def factory(_profile):
+        backend = LocalBackend(engine, profile="default", target=TARGET_ID, draft=DRAFT_ID, owns_engine=False,
+                               cache=cache, fingerprint=TARGET_ID)
+        backends.append(backend)
+        return backend
+
+    app = ChatApp(factory, store=ChatStore(tmp_path / "chats.sqlite"), new_chat_params=PARAMS)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, 60, "the backend")
+        first = await _ask(app, pilot, "Say OK.")
+        assert first.meta["cached"] is False and not first.query_one(".cached").display
+        await pilot.press("ctrl+n")  # a new chat: same system prompt and no earlier turns, so same scope
+        second = await _ask(app, pilot, "Say OK.")
+        assert second.meta["cached"] is True and second.query_one(".cached").display
+        assert second.content == first.content
+        assert app.store.messages(app.chat_id)[-1].meta["cache_entry"]
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: cache.stats()["false_hits"] == 1, 30, "the eviction")
+        assert cache.stats()["entries"] == 0
+        assert not app.store.messages(app.chat_id)[-1].meta["cache_entry"]

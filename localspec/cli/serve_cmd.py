@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-mb", type=float, default=4.0, help="request body size limit")
     p.add_argument("--cors-origin", action="append", default=[], help="allow this browser origin (repeatable; default: CORS off)")
     p.add_argument("--no-embeddings", action="store_true", help="do not serve /v1/embeddings")
+    p.add_argument("--no-cache", action="store_true", help="never answer from the semantic cache")
+    p.add_argument("--cache-sampled", action="store_true",
+                   help="also cache sampled answers (temperature > 0 without a seed); off by default")
     p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
     p.set_defaults(func=run)
 
@@ -36,7 +39,7 @@ def settings_from_args(args: argparse.Namespace):
         draft=args.draft_model, parallel=args.parallel, max_queue=args.max_queue, n_ctx=args.n_ctx,
         n_threads=args.threads, mode=args.mode, max_tokens_cap=args.max_tokens_cap,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), cors_origins=args.cors_origin,
-        embeddings=not args.no_embeddings,
+        embeddings=not args.no_embeddings, cache=not args.no_cache, cache_sampled=args.cache_sampled,
     ).with_env_key()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-Origin = Literal["draft", "target"]
+Origin = Literal["draft", "target", "cache"]  # cache: replayed by the pipeline, not generated
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 

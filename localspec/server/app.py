@@ -1,8 +1,8 @@
-"""The FastAPI app: OpenAI-compatible routes over the engine worker.
+"""The FastAPI app: OpenAI-compatible routes over the request pipeline.
 
 Requests are admitted while fewer than `parallel + max_queue` are unfinished (else 429), submitted
-to the worker, and their events read from the handle's queue. A client that goes away cancels its
-request, which frees the slot at the engine's next step.
+to the pipeline (cache lookup, then the engine worker), and their events read from the job's
+queue. A client that goes away cancels its request, which frees the slot at the engine's next step.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import json
 import queue
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -24,14 +25,15 @@ from pydantic import ValidationError
 
 from localspec import __version__
 from localspec.engine.events import Done, Token
-from localspec.engine.scheduler import Handle
 from localspec.errors import ContextOverflowError, LocalspecError, RequestError
+from localspec.pipeline import Job
 from localspec.server import translate
 from localspec.server.backend import Backend, Loader
 from localspec.server.embeddings import encode
 from localspec.server.errors import ERROR_RESPONSES, APIError, error_json
 from localspec.server.errors import install as install_errors
 from localspec.server.schemas import (
+    CacheVerdict,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -61,7 +63,12 @@ from localspec.server.settings import ServerSettings
 
 _POLL_S = 0.004  # how often a waiting handler looks at its event queue
 _OPEN_PATHS = {"/health", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"}
-_SSE = {"text/event-stream": {"schema": {"type": "string", "description": "data: <chunk JSON> lines, ending with data: [DONE]"}}}
+# Before OpenAPI 3.2 an event stream's `schema` describes one event (its `data:` field), not the whole body.
+_SSE = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "a chunk's JSON; the last event is [DONE]"},
+                   "event": {"type": "string"}},
+}}}
 
 
 class _BodyLimit:
@@ -124,7 +131,7 @@ class Admission:
     def __init__(self, capacity: int, retry_after_s: int) -> None:
         self.capacity = capacity
         self.retry_after_s = retry_after_s
-        self.handles: set[Handle] = set()
+        self.handles: set[Job] = set()
 
     def unfinished(self) -> int:
         self.handles = {h for h in self.handles if not h.done.is_set()}
@@ -184,10 +191,10 @@ def create_app(
             raise APIError(404, f"The model '{name}' does not exist on this server (serving: {served}).",
                            "model_not_found", "model")
 
-    async def submit(b: Backend, plan: translate.Plan) -> Handle:
+    async def submit(b: Backend, plan: translate.Plan) -> Job:
         admission.check()
         try:
-            handle = await asyncio.to_thread(b.worker.submit, plan.request)
+            job = await asyncio.to_thread(b.pipeline.submit, plan.request, None, plan.grammar, plan.cache)
         except ContextOverflowError as exc:
             raise APIError(
                 400, f"This prompt has {exc.prompt_tokens} tokens but the model's context holds {exc.n_ctx} tokens "
@@ -196,18 +203,18 @@ def create_app(
             ) from exc
         except LocalspecError as exc:
             raise APIError(400, str(exc), "invalid_request") from exc
-        admission.handles.add(handle)
+        admission.handles.add(job)
         metrics.set_queue_depth(queue_depth(b))
-        return handle
+        return job
 
-    async def events(b: Backend, handle: Handle, request: Request | None) -> AsyncIterator[Token | Done]:
-        """The handle's events; cancels the request if the client disconnects or the reader stops."""
+    async def events(b: Backend, job: Job, request: Request | None) -> AsyncIterator[Token | Done]:
+        """The job's events; cancels the request if the client disconnects or the reader stops."""
         last = None
         polls = 0
         try:
             while True:
                 try:
-                    ev = handle.events.get_nowait()
+                    ev = job.events.get_nowait()
                 except queue.Empty:
                     polls += 1
                     if request is not None and polls % 50 == 0 and await request.is_disconnected():
@@ -223,21 +230,21 @@ def create_app(
                 if isinstance(ev, Done):
                     return
         finally:
-            if not handle.done.is_set():
-                b.worker.cancel(handle)
+            if not job.done.is_set():
+                job.cancel()
 
-    async def collect(b: Backend, handle: Handle, request: Request) -> tuple[list[Token], Done | None]:
+    async def collect(b: Backend, job: Job, request: Request) -> tuple[list[Token], Done | None]:
         """A non-streamed answer: its tokens that carry logprobs, and the Done (None if the client left)."""
         tokens: list[Token] = []
         done = None
-        async for ev in events(b, handle, request):
+        async for ev in events(b, job, request):
             if isinstance(ev, Done):
                 done = ev
             elif ev.logprob is not None:
                 tokens.append(ev)
         return tokens, done
 
-    def finish(b: Backend, done: Done, t0: float, rid: str) -> None:
+    def finish(b: Backend, job: Job, done: Done, t0: float, rid: str) -> None:
         from localspec.metrics import RequestRecord
 
         metrics.set_queue_depth(queue_depth(b))
@@ -245,9 +252,13 @@ def create_app(
             done.stats, face="api", profile=b.profile, target_model=b.target_id, draft_model=b.draft_id,
             finish_reason=done.finish_reason, e2e_ms=(time.perf_counter() - t0) * 1000, request_id=rid,
             error_class="engine" if done.finish_reason == "error" else None,
+            cache=job.cache.status if job.cache and job.cache.status != "bypass" else None,
+            cache_similarity=job.cache.similarity if job.cache else None,
+            route=job.route["tier"] if job.route else job.tier,
+            route_reason=job.route["reason"] if job.route else None,
         ))
 
-    def extension(done: Done, plan: translate.Plan) -> Extension:
+    def extension(done: Done, plan: translate.Plan, job: Job) -> Extension:
         st = done.stats
         return Extension(
             mode=st.mode, k=plan.request.k, grammar="enforced" if plan.grammar else "none", fallback=plan.fallback,
@@ -258,6 +269,8 @@ def create_app(
                 "prefill_ms": round(st.prefill_ms, 2), "ttft_ms": round(st.ttft_ms, 2),
                 "decode_ms": round(st.decode_ms, 2), "tokens_per_second": round(st.tokens_per_second, 2),
             },
+            cache=job.cache.as_dict() if job.cache else None,
+            route=job.route,
         )
 
     def usage(done: Done) -> Usage:
@@ -340,32 +353,32 @@ def create_app(
         check_model(b, body.model, b.target_names)
         plan = plan_or_400(translate.chat_plan, body, s.max_tokens_cap)
         t0 = time.perf_counter()
-        handle = await submit(b, plan)
+        job = await submit(b, plan)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if body.stream:
             return StreamingResponse(
-                stream_chat(b, body, plan, handle, rid, created, t0), media_type="text/event-stream",
+                stream_chat(b, body, plan, job, rid, created, t0), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        tokens, done = await collect(b, handle, request)
+        tokens, done = await collect(b, job, request)
         if done is None:  # the client went away
             return Response(status_code=499)
-        finish(b, done, t0, rid)
+        finish(b, job, done, t0, rid)
         engine_failed(done)
         content, calls = done.text, []
         if plan.tool_mode:
             content, calls = translate.parse_tool_calls(done.text, plan.tool_mode == "forced")
         reason = "tool_calls" if calls else done.finish_reason
         return ChatCompletion(
-            id=rid, created=created, model=body.model, usage=usage(done), localspec=extension(done, plan),
+            id=rid, created=created, model=body.model, usage=usage(done), localspec=extension(done, plan, job),
             choices=[ChatChoice(
                 message=ChatMessageOut(content=content, tool_calls=calls or None), finish_reason=reason,
                 logprobs=chat_logprobs(b, tokens) if body.logprobs else None,
             )],
         )
 
-    async def stream_chat(b, body: ChatCompletionRequest, plan, handle, rid, created, t0) -> AsyncIterator[bytes]:
+    async def stream_chat(b, body: ChatCompletionRequest, plan, job, rid, created, t0) -> AsyncIterator[bytes]:
         def chunk(delta: ChatDelta, **kw) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=rid, created=created, model=body.model,
                                        choices=[ChatChunkChoice(delta=delta, **kw)])
@@ -373,7 +386,7 @@ def create_app(
         yield sse(chunk(ChatDelta(role="assistant", content="")))
         pending_lp: list[Token] = []
         done = None
-        async for ev in events(b, handle, None):
+        async for ev in events(b, job, None):
             if isinstance(ev, Done):
                 done = ev
                 break
@@ -385,7 +398,7 @@ def create_app(
                 yield sse(chunk(ChatDelta(content=ev.text), logprobs=lp))
         if done is None:
             return
-        finish(b, done, t0, rid)
+        finish(b, job, done, t0, rid)
         if done.finish_reason == "error":
             err = error_json(500, f"Generation failed: {done.error}", "engine_error")
             yield b"data: " + json.dumps(err).encode() + b"\n\n"
@@ -402,7 +415,7 @@ def create_app(
                 yield sse(chunk(ChatDelta(content=content)))
         lp = chat_logprobs(b, pending_lp) if body.logprobs and pending_lp else None
         final = chunk(ChatDelta(), finish_reason=reason, logprobs=lp)
-        final.localspec = extension(done, plan)
+        final.localspec = extension(done, plan, job)
         yield sse(final)
         if body.stream_options and body.stream_options.include_usage:
             yield sse(ChatCompletionChunk(id=rid, created=created, model=body.model, choices=[], usage=usage(done)))
@@ -417,29 +430,29 @@ def create_app(
         check_model(b, body.model, b.target_names)
         plan = plan_or_400(translate.completion_plan, body, s.max_tokens_cap, fim_supported(b))
         t0 = time.perf_counter()
-        handle = await submit(b, plan)
+        job = await submit(b, plan)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         echo = body.prompt if (body.echo and body.suffix is None and isinstance(body.prompt, str)) else ""
         if body.stream:
             return StreamingResponse(
-                stream_completion(b, body, plan, handle, rid, created, t0, echo), media_type="text/event-stream",
+                stream_completion(b, body, plan, job, rid, created, t0, echo), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        tokens, done = await collect(b, handle, request)
+        tokens, done = await collect(b, job, request)
         if done is None:
             return Response(status_code=499)
-        finish(b, done, t0, rid)
+        finish(b, job, done, t0, rid)
         engine_failed(done)
         return Completion(
-            id=rid, created=created, model=body.model, usage=usage(done), localspec=extension(done, plan),
+            id=rid, created=created, model=body.model, usage=usage(done), localspec=extension(done, plan, job),
             choices=[CompletionChoice(
                 text=echo + done.text, finish_reason=done.finish_reason,
                 logprobs=completion_logprobs(b, tokens) if body.logprobs is not None else None,
             )],
         )
 
-    async def stream_completion(b, body: CompletionRequest, plan, handle, rid, created, t0, echo) -> AsyncIterator[bytes]:
+    async def stream_completion(b, body: CompletionRequest, plan, job, rid, created, t0, echo) -> AsyncIterator[bytes]:
         def chunk(text: str, **kw) -> Completion:
             return Completion(id=rid, created=created, model=body.model, choices=[CompletionChoice(text=text, **kw)])
 
@@ -447,7 +460,7 @@ def create_app(
             yield sse(chunk(echo, finish_reason=None))
         pending_lp: list[Token] = []
         done = None
-        async for ev in events(b, handle, None):
+        async for ev in events(b, job, None):
             if isinstance(ev, Done):
                 done = ev
                 break
@@ -459,13 +472,13 @@ def create_app(
                 yield sse(chunk(ev.text, finish_reason=None, logprobs=lp))
         if done is None:
             return
-        finish(b, done, t0, rid)
+        finish(b, job, done, t0, rid)
         if done.finish_reason == "error":
             yield b"data: " + json.dumps(error_json(500, f"Generation failed: {done.error}", "engine_error")).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
             return
         final = chunk("", finish_reason=done.finish_reason)
-        final.localspec = extension(done, plan)
+        final.localspec = extension(done, plan, job)
         yield sse(final)
         if body.stream_options and body.stream_options.include_usage:
             yield sse(Completion(id=rid, created=created, model=body.model, choices=[], usage=usage(done)))
@@ -489,13 +502,35 @@ def create_app(
                            "invalid_value", "input")
         if body.dimensions is not None:
             raise APIError(400, "dimensions is not supported by this embedding model.", "unsupported_value", "dimensions")
-        model = await asyncio.to_thread(b.embedder)
+        try:
+            model = await asyncio.to_thread(b.embedder)
+        except (LocalspecError, ValueError) as exc:  # a broken embedding file: the server is fine, this model is not
+            raise APIError(503, f"The embedding model cannot be loaded: {exc}", "model_unusable") from exc
         try:
             vectors, n = await asyncio.to_thread(model.embed, texts)
         except RequestError as exc:
             raise APIError(400, str(exc), "invalid_value", "input") from exc
         data = [Embedding(index=i, embedding=encode(v, body.encoding_format)) for i, v in enumerate(vectors)]
         return EmbeddingList(data=data, model=body.model, usage=EmbeddingUsage(prompt_tokens=n, total_tokens=n))
+
+    @app.post("/v1/cache/{entry_id}/wrong", response_model=CacheVerdict, responses=ERROR_RESPONSES)
+    async def mark_cached_wrong(entry_id: str) -> CacheVerdict:
+        """The answer served from this cache entry was wrong: evict it and count a false hit."""
+        b = backend()
+        if not re.fullmatch(r"[0-9a-f]{32}", entry_id):
+            raise APIError(400, "entry_id is the 32-hex-digit id from a response's localspec.cache.entry_id.",
+                           "invalid_value", "entry_id")
+        if not await asyncio.to_thread(b.pipeline.mark_wrong, entry_id):
+            raise APIError(404, f"No cache entry {entry_id} (already evicted or expired).", "not_found", "entry_id")
+        return CacheVerdict(entry_id=entry_id, evicted=True)
+
+    @app.get("/v1/cache/stats", response_model=dict, responses=ERROR_RESPONSES)
+    async def cache_stats() -> dict:
+        b = backend()
+        cache = b.pipeline.cache
+        if cache is None:
+            return {"mode": "off", "detail": "started with --no-cache"}
+        return {"mode": cache.mode, "detail": cache.describe(), **await asyncio.to_thread(cache.stats)}
 
     # Middlewares wrap in reverse order: the body limit runs first, then auth, then CORS.
     if s.cors_origins:

@@ -12,8 +12,13 @@ from localspec.errors import RequestError
 
 
 class EmbeddingModel:
-    def __init__(self, path: str | os.PathLike[str], n_threads: int | None = None) -> None:
-        self._embedder = Embedder(path, n_threads=n_threads or 2)
+    def __init__(self, path: str | os.PathLike[str], n_threads: int | None = None,
+                 embedder: Embedder | None = None) -> None:
+        if embedder is None:
+            from localspec.models import validate_gguf
+
+            validate_gguf(path)  # a clean IntegrityError for a truncated or foreign file, before llama.cpp sees it
+        self._embedder = embedder or Embedder(path, n_threads=n_threads or 2)
 
     @property
     def window(self) -> int:

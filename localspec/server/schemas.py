@@ -8,13 +8,41 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when `temperature` is omitted
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def _valid_unicode(value: Any, where: str = "") -> None:
+    """JSON's \\ud800 escapes decode to lone surrogates, which no tokenizer can encode: refuse them (400)."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"{where or 'body'} holds a lone UTF-16 surrogate ({value[exc.start]!r}), "
+                                 "which is not valid Unicode") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _valid_unicode(k, where)
+            _valid_unicode(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _valid_unicode(v, f"{where}.{i}" if where else str(i))
+
+
+class _Body(_Request):
+    """A whole request body: its text must be encodable before it reaches a tokenizer."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        _valid_unicode(data)
+        return data
 
 
 class StreamOptions(_Request):
@@ -26,9 +54,10 @@ class LocalspecOptions(_Request):
 
     mode: Literal["auto", "off", "draft", "lookup"] | None = Field(None, description="speculation mode for this request")
     k: int | None = Field(None, ge=0, le=32, description="draft length")
+    cache: bool | None = Field(None, description="false: never answer this request from the cache nor store it")
 
 
-class _Sampling(_Request):
+class _Sampling(_Body):
     model: str = Field(..., description="a model id or alias from /v1/models, or 'auto'")
     max_tokens: int | None = Field(None, ge=1, description="default: the server's cap")
     temperature: float | None = Field(
@@ -271,7 +300,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-class EmbeddingRequest(_Request):
+class EmbeddingRequest(_Body):
     model: str
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
@@ -305,6 +334,11 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+class CacheVerdict(BaseModel):
+    entry_id: str
+    evicted: bool
 
 
 class Health(BaseModel):

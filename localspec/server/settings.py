@@ -31,6 +31,8 @@ class ServerSettings(BaseModel):
     cors_origins: list[str] = Field(default_factory=list, description="empty: CORS off")
     retry_after_s: int = Field(2, ge=1)
     embeddings: bool = Field(True, description="serve the profile's embedding model on /v1/embeddings")
+    cache: bool = Field(True, description="answer repeated deterministic requests from the semantic cache")
+    cache_sampled: bool = Field(False, description="also cache sampled answers (temperature > 0, no seed)")
 
     def with_env_key(self) -> ServerSettings:
         if self.api_key is None and os.environ.get(API_KEY_ENV):

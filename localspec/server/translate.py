@@ -39,6 +39,7 @@ class Plan:
     grammar: bool = False
     tool_mode: str | None = None  # None | "auto" | "forced"
     fallback: str | None = None
+    cache: bool = True  # False: the request asked to bypass the semantic cache
 
 
 def _sampling(body: _Sampling) -> SamplingParams:
@@ -153,7 +154,8 @@ def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
     request = GenerationRequest(
         messages=_messages(body), grammar=grammar, logprobs=logprobs, tools=tools, **common
     )
-    return Plan(request, grammar=grammar is not None, tool_mode=tool_mode, fallback=_fallback(request))
+    return Plan(request, grammar=grammar is not None, tool_mode=tool_mode, fallback=_fallback(request),
+                cache=_use_cache(body))
 
 
 def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool) -> Plan:
@@ -171,7 +173,11 @@ def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool) -> Plan:
     if not prompt:
         raise APIError(400, "The prompt is empty.", "invalid_value", "prompt")
     request = GenerationRequest(prompt=prompt, logprobs=body.logprobs, **common)
-    return Plan(request)
+    return Plan(request, cache=_use_cache(body))
+
+
+def _use_cache(body: _Sampling) -> bool:
+    return not (body.localspec and body.localspec.cache is False)
 
 
 def _fallback(request: GenerationRequest) -> str | None:

@@ -6,6 +6,7 @@ the message list from a worker thread, so the UI never waits on the model.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -51,6 +52,7 @@ KEYS: list[tuple[str, str, str, str, bool]] = [
     ("ctrl+b", "toggle_sidebar", "Chats", "Show or hide the chat list", False),
     ("f9", "copy_message", "Copy", "Copy the selected (or last) reply", False),
     ("f10", "copy_code", "Copy code", "Copy the last code block of that reply", False),
+    ("f3", "mark_wrong", "Wrong", "Mark the selected (or last) cached reply wrong: evicts it from the cache", False),
     ("f1", "help", "Help", "Key bindings", True),
 ]
 _GLOBAL_ACTIONS = {"help", "models"}  # the rest act on the chat screen only
@@ -468,7 +470,7 @@ class ChatApp(App):
 
     async def _reply_done(self, view: MessageView, done: Done, generation: Generation, chat_id: int,
                           started: float) -> None:
-        await view.finish(done, generation.cached, generation.route)
+        await view.finish(done, generation.cached, generation.route, getattr(generation, "cache_entry", None))
         self.generation = None
         self.generating = False
         info = self.backend.info if self.backend else None
@@ -535,6 +537,20 @@ class ChatApp(App):
         self.notify("Edit the message and press Enter to resend it.")
 
     # ------------------------------------------------------------------ copy
+
+    async def action_mark_wrong(self) -> None:
+        view = self._target_view("assistant")
+        entry = view.meta.get("cache_entry") if view else None
+        if not entry:
+            self.notify("That reply did not come from the cache.", severity="warning")
+            return
+        mark = getattr(self.backend, "mark_wrong", None)
+        evicted = bool(mark and await asyncio.to_thread(mark, entry))
+        view.meta["cache_entry"] = None
+        if view.message_id is not None:
+            self.store.update_meta(view.message_id, view.meta)
+        self.notify("Cached answer evicted and counted as a false hit." if evicted
+                    else "That cache entry was already gone.")
 
     def action_copy_message(self) -> None:
         view = self._target_view("assistant")

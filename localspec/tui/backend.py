@@ -9,6 +9,7 @@ Every backend yields the engine's own events (`Token`, `Done`), so the app rende
 
 from __future__ import annotations
 
+import logging
 import queue
 import sys
 import threading
@@ -20,6 +21,8 @@ from typing import Protocol
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Event, Stats, Token
 from localspec.errors import LocalspecError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,56 +80,79 @@ def detect_accelerator() -> str:
 
 
 class _LocalGeneration:
-    def __init__(self, worker, handle) -> None:
-        self._worker = worker
-        self._handle = handle
-        self.dropped_messages = int(getattr(handle, "dropped_messages", 0))
-        self.cached = None
-        self.route = None
+    """A pipeline job (cache lookup, then the engine) as the app reads it."""
+
+    def __init__(self, job) -> None:
+        self._job = job
+        self.dropped_messages = job.dropped_messages
+
+    @property
+    def cached(self) -> bool:
+        return self._job.cached
+
+    @property
+    def cache_entry(self) -> str | None:
+        return self._job.cache.entry_id if self._job.cached else None
+
+    @property
+    def route(self) -> str | None:
+        route = self._job.route
+        return f"{route['tier']} ({route['reason']})" if route else None
 
     def __iter__(self) -> Iterator[Event]:
-        while True:
-            event = self._handle.events.get()
-            yield event
-            if isinstance(event, Done):
-                return
+        return iter(self._job)
 
     def cancel(self) -> None:
-        self._worker.cancel(self._handle)
+        self._job.cancel()
 
 
 class LocalBackend:
-    """The engine in this process. `owns_engine=False` leaves closing it to the caller (tests)."""
+    """The engine in this process behind the shared request pipeline (semantic cache included).
+
+    `owns_engine=False` leaves closing the engine to the caller (tests). `cache`: a SemanticCache,
+    None for none; `open` builds the profile's (semantic with the embedding model, else exact).
+    """
 
     def __init__(self, engine, profile: str | None = None, target: str = "", draft: str | None = None,
-                 owns_engine: bool = True) -> None:
-        from localspec.engine.worker import EngineWorker
+                 owns_engine: bool = True, cache=None, fingerprint: str = "") -> None:
+        from localspec.pipeline import LocalTier, Pipeline
 
         self.engine = engine
         self.owns_engine = owns_engine
-        self.worker = EngineWorker(engine).start()
+        tier = LocalTier("large", engine, target, draft, fingerprint or target, owns_engine=owns_engine)
+        self.pipeline = Pipeline({"large": tier}, "large", cache)
+        self.worker = tier.worker
         self.info = BackendInfo(
             kind="in-process", target=target, draft=draft if engine.draft is not None else None,
             accelerator=detect_accelerator(), n_ctx=engine.config.n_ctx, profile=profile,
         )
 
     @classmethod
-    def open(cls, profile: str | None = None, **overrides) -> LocalBackend:
-        """Resolve the profile, load its models, start the step thread."""
+    def open(cls, profile: str | None = None, cache: bool = True, **overrides) -> LocalBackend:
+        """Resolve the profile, load its models and the cache, start the step thread."""
+        from localspec.engine.embedder import file_fingerprint
         from localspec.models import ModelManager
-        from localspec.service import open_engine
+        from localspec.service import open_cache, open_engine, resolve_models
 
-        prof = ModelManager().profile(profile)
+        mm = ModelManager()
+        prof = mm.profile(profile)
         engine = open_engine(profile, **overrides)
-        return cls(engine, profile=profile, target=prof.target, draft=prof.draft)
+        files, _ = resolve_models(profile, need_draft=False)
+        return cls(engine, profile=profile, target=prof.target, draft=prof.draft,
+                   cache=open_cache(profile, engine.config.n_threads) if cache else None,
+                   fingerprint=file_fingerprint(files.target))
 
     def start(self, request: GenerationRequest) -> _LocalGeneration:
-        return _LocalGeneration(self.worker, self.worker.submit(request))
+        return _LocalGeneration(self.pipeline.submit(request))
+
+    def mark_wrong(self, entry_id: str) -> bool:
+        return self.pipeline.mark_wrong(entry_id)
 
     def close(self) -> None:
-        self.worker.stop()
-        if self.owns_engine:
-            self.engine.close()
+        self.pipeline.close()
+        embedder = self.pipeline.cache.embedder if self.pipeline.cache else None
+        if embedder is not None:
+            embedder.close()
 
 
 # ---------------------------------------------------------------------- remote
@@ -142,6 +168,7 @@ class _RemoteGeneration:
         self._stream = None
         self.dropped_messages = 0
         self.cached = None
+        self.cache_entry: str | None = None
         self.route = None
 
     def __iter__(self) -> Iterator[Event]:
@@ -165,6 +192,7 @@ class _RemoteGeneration:
                 if self._cancel.is_set():
                     finish = "cancelled"
                     break
+                self._read_extension(getattr(chunk, "model_extra", None) or {})
                 if getattr(chunk, "usage", None):
                     stats.prompt_tokens = chunk.usage.prompt_tokens or 0
                     stats.completion_tokens = chunk.usage.completion_tokens or stats.completion_tokens
@@ -192,6 +220,16 @@ class _RemoteGeneration:
             self._close_stream()
         stats.decode_ms = (t_last - t_first) * 1000 if t_first else 0.0
         yield Done(finish, stats, "".join(text))
+
+    def _read_extension(self, extra: dict) -> None:
+        """A localspec server says in its last chunk whether the answer came from its cache, and the route."""
+        ext = extra.get("localspec") or {}
+        cache, route = ext.get("cache") or {}, ext.get("route")
+        if cache:
+            self.cached = cache.get("status") == "hit"
+            self.cache_entry = cache.get("entry_id") if self.cached else None
+        if route:
+            self.route = f"{route.get('tier')} ({route.get('reason')})"
 
     def _close_stream(self) -> None:
         stream, self._stream = self._stream, None
@@ -241,6 +279,15 @@ class RemoteBackend:
 
     def start(self, request: GenerationRequest) -> _RemoteGeneration:
         return _RemoteGeneration(self.client, self.model, request, self._clock)
+
+    def mark_wrong(self, entry_id: str) -> bool:
+        """Tell the server a cached answer was wrong (POST /v1/cache/{id}/wrong)."""
+        try:
+            self.client.post(f"/cache/{entry_id}/wrong", cast_to=object, body={})
+            return True
+        except Exception as exc:
+            logger.warning("marking cache entry %s wrong failed: %s", entry_id, exc)
+            return False
 
     def close(self) -> None:
         self.client.close()

@@ -7,6 +7,7 @@ accepted-token view and the per-reply figures survive a restart.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import time
@@ -79,16 +80,35 @@ class Chat:
     updated: float
 
 
+def _open(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path)
+    try:
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA foreign_keys = ON")
+        db.executescript(_SCHEMA)
+        db.commit()
+        db.execute("SELECT count(*) FROM chats").fetchone()
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
 class ChatStore:
     def __init__(self, path: Path | None = None, clock=time.time) -> None:
         self.path = path or default_db_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._clock = clock
-        self._db = sqlite3.connect(self.path)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA foreign_keys = ON")
-        self._db.executescript(_SCHEMA)
-        self._db.commit()
+        self.recovered_from: Path | None = None
+        try:
+            self._db = _open(self.path)
+        except sqlite3.DatabaseError as exc:  # a corrupt file must not stop the app: keep it aside, start afresh
+            self.recovered_from = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+            self.path.replace(self.recovered_from)
+            logging.getLogger(__name__).warning(
+                "chat database %s is unreadable (%s); moved it to %s and started a new one",
+                self.path, exc, self.recovered_from)
+            self._db = _open(self.path)
 
     def close(self) -> None:
         self._db.close()
@@ -149,6 +169,10 @@ class ChatStore:
     def messages(self, chat_id: int) -> list[Message]:
         rows = self._db.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
         return [Message(r["id"], r["chat_id"], r["role"], r["content"], json.loads(r["meta"])) for r in rows]
+
+    def update_meta(self, message_id: int, meta: dict[str, Any]) -> None:
+        self._db.execute("UPDATE messages SET meta = ? WHERE id = ?", (json.dumps(meta), message_id))
+        self._db.commit()
 
     def delete_from(self, chat_id: int, message_id: int) -> None:
         """Drop a message and everything after it (regenerate, edit and resend)."""

@@ -115,7 +115,7 @@ class MessageView(Vertical, can_focus=True):
         if self.show_origins:
             self.query_one(".origins", Static).update(origin_text(self.segments))
 
-    async def finish(self, done: Done, cached: bool | None, route: str | None) -> None:
+    async def finish(self, done: Done, cached: bool | None, route: str | None, cache_entry: str | None = None) -> None:
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
@@ -123,7 +123,7 @@ class MessageView(Vertical, can_focus=True):
         await self.query_one(".body", Markdown).update(self.content)
         self.meta = {
             "stats": done.stats.to_dict(), "finish_reason": done.finish_reason, "segments": self.segments,
-            "cached": cached, "route": route, "error": done.error,
+            "cached": cached, "route": route, "error": done.error, "cache_entry": cache_entry,
         }
         self.finished = True
         self.query_one(".stats", Static).update(self._summary())

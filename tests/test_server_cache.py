@@ -1,0 +1,117 @@
+"""The semantic cache through the endpoint: a real server on loopback, the 0.5B model, MiniLM, `openai`.
+
+A repeated deterministic request is answered from the cache and marked so in the response's
+`localspec.cache` object; near-duplicates hit only when the guard agrees; scope, sampling and the
+per-request switch keep the rest out; "mark wrong" evicts.
+"""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from localspec.server import ServerSettings, create_app
+from tests.conftest import DRAFT_ID, TEST_THREADS
+from tests.server_harness import ServerThread, request, wait_until
+
+MODEL = DRAFT_ID  # the 0.5B as target keeps every miss cheap
+
+
+@pytest.fixture(scope="module")
+def srv(draft_path, minilm_path):
+    settings = ServerSettings(target=MODEL, mode="off", parallel=2, n_ctx=1024, n_threads=TEST_THREADS,
+                              max_tokens_cap=64)
+    with ServerThread(create_app(settings)) as server:
+        assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=300), (
+            request(server.base_url, "GET", "/health").text
+        )
+        yield server
+
+
+@pytest.fixture
+def client(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def ask(client, text: str, system: str | None = None, history: list[dict] | None = None, **kw):
+    messages = ([{"role": "system", "content": system}] if system else []) + (history or [])
+    messages.append({"role": "user", "content": text})
+    kw.setdefault("temperature", 0)
+    return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, **kw)
+
+
+def cache_of(reply) -> dict:
+    return reply.model_extra["localspec"]["cache"]
+
+
+def test_repeated_request_is_answered_from_the_cache(client):
+    first = ask(client, "What is the capital of France? One word.")
+    assert cache_of(first)["status"] == "miss"
+    second = ask(client, "What is the capital of France? One word.")
+    ext = second.model_extra["localspec"]
+    assert ext["cache"]["status"] == "hit" and ext["cache"]["kind"] == "exact"
+    assert ext["cache"]["matched_prompt"] == "What is the capital of France? One word."
+    assert ext["mode"] == "cache" and ext["drafted"] == 0
+    assert second.choices[0].message.content == first.choices[0].message.content
+    assert second.usage.completion_tokens == first.usage.completion_tokens
+
+
+def test_a_hit_streams_like_a_generation(client):
+    first = ask(client, "Name a primary colour. One word.")
+    chunks = list(ask(client, "Name a primary colour. One word.", stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == first.choices[0].message.content
+    final = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(final) == 1 and final[0].model_extra["localspec"]["cache"]["status"] == "hit"
+
+
+def test_a_paraphrase_hits_semantically_and_a_trap_does_not(client):
+    ask(client, "How do I reverse a list in Python?")
+    para = ask(client, "How can I reverse a list in Python?")
+    c = cache_of(para)
+    assert c["status"] == "hit" and c["kind"] == "semantic", c
+    assert 0 < c["similarity"] < 1 and c["matched_prompt"] == "How do I reverse a list in Python?"
+
+    ask(client, "How do I sort a list in ascending order in Python?")
+    trap = ask(client, "How do I sort a list in descending order in Python?")
+    assert cache_of(trap)["status"] == "miss"
+
+
+def test_scope_system_prompt_and_earlier_turns(client):
+    ask(client, "Say hello.", system="You are terse.")
+    assert cache_of(ask(client, "Say hello.", system="You are terse."))["status"] == "hit"
+    assert cache_of(ask(client, "Say hello.", system="You are a pirate."))["status"] == "miss"
+    history = [{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Hi Ada."}]
+    assert cache_of(ask(client, "Say hello.", system="You are terse.", history=history))["status"] == "miss"
+
+
+def test_sampled_requests_and_the_opt_out_bypass_the_cache(client):
+    # The endpoint's default temperature is OpenAI's 1.0: without a seed that is a sampled draw.
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Pick a number."}],
+                                       max_tokens=4)
+    assert cache_of(r)["status"] == "bypass" and "sampled" in cache_of(r)["reason"]
+    seeded = dict(temperature=0.9, seed=7)
+    ask(client, "Pick a fruit.", **seeded)
+    assert cache_of(ask(client, "Pick a fruit.", **seeded))["status"] == "hit"
+    ask(client, "Pick a vegetable.")
+    off = ask(client, "Pick a vegetable.", extra_body={"localspec": {"cache": False}})
+    assert cache_of(off)["status"] == "bypass"
+
+
+def test_mark_wrong_evicts_and_counts_a_false_hit(srv, client):
+    ask(client, "What is 2 + 2? Answer with a digit.")
+    hit = ask(client, "What is 2 + 2? Answer with a digit.")
+    entry = cache_of(hit)["entry_id"]
+    before = request(srv.base_url, "GET", "/v1/cache/stats").json()["false_hits"]
+    r = request(srv.base_url, "POST", f"/v1/cache/{entry}/wrong")
+    assert r.status_code == 200 and r.json() == {"entry_id": entry, "evicted": True}
+    assert request(srv.base_url, "GET", "/v1/cache/stats").json()["false_hits"] == before + 1
+    assert cache_of(ask(client, "What is 2 + 2? Answer with a digit."))["status"] == "miss"
+    assert request(srv.base_url, "POST", f"/v1/cache/{entry[::-1]}/wrong").status_code == 404
+    bad = request(srv.base_url, "POST", "/v1/cache/..%2F..%2Fetc/wrong")
+    assert bad.status_code in (400, 404) and "Traceback" not in bad.text
+
+
+def test_cache_stats_report_the_semantic_mode(srv):
+    stats = request(srv.base_url, "GET", "/v1/cache/stats").json()
+    assert stats["mode"] == "semantic" and stats["entries"] >= 1 and stats["exact_hits"] >= 1
