@@ -107,9 +107,20 @@ def test_cli_eval_on_a_slice(embedder: Embedder, minilm_path: Path, capsys) -> N
     assert len(report["curve"]) == 20
     assert report["at_threshold"]["false_hits"] == 0
     assert report["latency_ms"]["lookup_p50"] > 0
-    rc = main(["cache", "eval", "--split", "test", "--limit", "10", "--exact-only"])
+    assert report["goals"] == {"hit_rate": 0.8, "false_hit_rate": 0.01, "met": report["goals"]["met"]}
+
+
+def test_cli_eval_text_report_on_a_file(tmp_path: Path, capsys) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps(p) for p in [
+        {"a": "How do I reverse a list in Python?", "b": "how do i reverse a list in python", "label": "hit"},
+        {"a": "What is the sum of 3 and 4?", "b": "What is the sum of 3 and 5?", "label": "miss"},
+    ]) + "\n")
+    rc = main(["cache", "eval", "--file", str(pairs), "--exact-only", "--misses"])
     out = capsys.readouterr().out
     assert rc == 0 and "threshold  hit rate" in out and "exact mode" in out
+    assert "lookup latency: p50" in out and "suggested threshold" in out
+    assert "goals at" in out and ": met" in out  # the exact paraphrase is served, the trap is not
 
 
 def test_cli_stats_clear_export(tmp_path: Path, capsys) -> None:

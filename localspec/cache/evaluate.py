@@ -6,6 +6,9 @@ as many entries as the file has pairs. For every threshold the report gives the 
 paraphrases (= recall), the false-hit rate on traps, and precision, with the guard on (what is
 served) and off (what similarity alone would serve). Latency is timed on real `lookup` calls at
 the chosen threshold, embedding included.
+
+The issue's goals, checked at the threshold the lookups ran with: at least GOAL_HIT_RATE of the
+paraphrases served and at most GOAL_FALSE_HIT_RATE of the traps.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
     from localspec.engine.embedder import Embedder
 
 THRESHOLDS = [round(0.60 + 0.02 * i, 2) for i in range(20)]  # 0.60 .. 0.98
+GOAL_HIT_RATE = 0.80
+GOAL_FALSE_HIT_RATE = 0.01
 
 
 def pair_file(split: str) -> Path:
@@ -81,10 +86,17 @@ def curve(outcomes: list[Outcome], guard: bool = True, thresholds: list[float] =
     return points
 
 
-def choose_threshold(points: list[Point], max_false_hit_rate: float = 0.0) -> float:
-    """The threshold with the most paraphrase hits whose false-hit rate is within the limit (ties: higher)."""
+def choose_threshold(points: list[Point], max_false_hit_rate: float = GOAL_FALSE_HIT_RATE / 2,
+                     slack: float = 0.02) -> float:
+    """The highest threshold whose hit rate is within `slack` of the best one at an allowed false-hit rate.
+
+    Only thresholds with at most `max_false_hit_rate` (half the goal) count. Among them the highest
+    that gives up at most `slack` of hit rate is chosen, not the one with the most hits: unseen
+    prompts bring traps the guard has not seen, and a higher threshold serves fewer of them.
+    """
     ok = [p for p in points if p.false_hit_rate <= max_false_hit_rate] or points[-1:]
-    return max(ok, key=lambda p: (p.hit_rate, p.threshold)).threshold
+    best = max(p.hit_rate for p in ok)
+    return max(p.threshold for p in ok if p.hit_rate >= best - slack - 1e-9)
 
 
 def _scope(pair: dict[str, Any], n: int) -> CacheScope:
@@ -125,12 +137,13 @@ def run_eval(pairs: list[dict[str, Any]], embedder: Embedder | None, threshold: 
     tp = sum(s for o, s in zip(outcomes, served, strict=True) if o.pair["label"] == "hit")
     fp = sum(s for o, s in zip(outcomes, served, strict=True) if o.pair["label"] == "miss")
     guard_saves = [o for o in neg if o.guard is not None and (o.exact or o.similarity >= used)]
+    hit_rate, false_hit_rate = (tp / len(pos) if pos else 0.0), (fp / len(neg) if neg else 0.0)
     return {
         "pairs": len(pairs), "paraphrases": len(pos), "traps": len(neg),
         "mode": "semantic" if embedder is not None else "exact",
         "threshold": used,
         "at_threshold": {
-            "hit_rate": tp / len(pos) if pos else 0.0, "false_hit_rate": fp / len(neg) if neg else 0.0,
+            "hit_rate": hit_rate, "false_hit_rate": false_hit_rate,
             "precision": tp / (tp + fp) if tp + fp else 1.0, "hits": tp, "false_hits": fp,
             "traps_stopped_by_guard": len(guard_saves),
             "false_hit_examples": [
@@ -138,7 +151,8 @@ def run_eval(pairs: list[dict[str, Any]], embedder: Embedder | None, threshold: 
                 for o, s in zip(outcomes, served, strict=True) if s and o.pair["label"] == "miss"
             ],
             "missed_paraphrases": [
-                {"a": o.pair["a"], "b": o.pair["b"], "similarity": round(o.similarity, 3), "guard": o.guard}
+                {"a": o.pair["a"], "b": o.pair["b"], "similarity": round(o.similarity, 3), "guard": o.guard,
+                 "id": o.pair.get("id")}
                 for o, s in zip(outcomes, served, strict=True) if not s and o.pair["label"] == "hit"
             ],
         },
@@ -146,6 +160,10 @@ def run_eval(pairs: list[dict[str, Any]], embedder: Embedder | None, threshold: 
         "curve": [p.__dict__ for p in curve(outcomes, guard=True)],
         "curve_without_guard": [p.__dict__ for p in curve(outcomes, guard=False)],
         "suggested_threshold": choose_threshold(curve(outcomes, guard=True)),
+        "goals": {
+            "hit_rate": GOAL_HIT_RATE, "false_hit_rate": GOAL_FALSE_HIT_RATE,
+            "met": bool(pos and neg) and hit_rate >= GOAL_HIT_RATE and false_hit_rate <= GOAL_FALSE_HIT_RATE,
+        },
         "latency_ms": {
             "lookup_p50": _pct(all_ms, 50), "lookup_p95": _pct(all_ms, 95), "lookup_max": max(all_ms, default=0.0),
             "hit_p50": _pct(hit_ms, 50), "hit_p95": _pct(hit_ms, 95), "hit_max": max(hit_ms, default=0.0),

@@ -2,15 +2,47 @@
 
 Embeddings score "sort ascending" and "sort descending" as near-duplicates, and "sum of 3 and 4"
 against "sum of 3 and 5" even higher. Similarity alone cannot tell them apart, so a semantic hit
-is served only when the prompts also agree on every detail that changes the answer:
+is served only when the prompts also agree on every detail that changes the answer. Before any
+rule runs, abbreviations are written out ("WWII" -> World War 2, "US" -> United States) and
+Roman numerals become digits, so the same fact written two ways still agrees.
 
-- numbers (digits and number words), in order;
-- quoted strings and code identifiers, case-sensitively;
-- negation (not, without, except, avoid, ...);
-- named entities (capitalised names), compared case-insensitively;
-- languages, libraries and tools (a lexicon with aliases: js = javascript);
-- direction words (ascending/descending, min/max, before/after, encode/decode, ...);
-- the direction of a conversion ("X to Y" never serves "Y to X").
+Hard rules refuse however similar the prompts are:
+
+- numbers (digits, number words, ordinals), in order; a lone "one" counts as the article it
+  usually is ("in one line" = "in a single line"), so only real counts must match;
+- quoted strings and code identifiers, case-sensitively (dotted tool names like Node.js are
+  technologies, not identifiers);
+- negation (not, without, except, avoid, ...; Python's "except clause" is not a negation);
+- languages, libraries and tools, through a lexicon of aliases (js = javascript, sh = bash) and
+  implications (pip and pandas imply Python, npm implies JavaScript), so "install a package with
+  pip" and "install a Python package with pip" agree while pip/npm do not;
+- swapped names: each prompt has a capitalised name or acronym the other lacks (France/Germany,
+  GET/POST);
+- direction words (ascending/descending, min/max, first/last, before/after, upper/lower...): in
+  most groups a pole named on one side only is a difference; in context groups (rows/columns,
+  local/remote, good/bad, client/server) only two opposite poles conflict, since "order the rows"
+  and "order the results" ask the same;
+- actions: opposite verbs (add/remove, create/delete, find/delete, install/uninstall, start/end,
+  increase/decrease), and an object-changing verb on one side only ("remove the first character"
+  vs "get the first character");
+- qualifiers that make the noun another thing (linked list, deep copy, hidden files, in place,
+  recursive, binary/linear, unique...) must match;
+- ordered relations: "X to Y" never serves "Y to X", nor "replace X with Y" "replace Y with X";
+- a one-slot substitution: the prompts align word for word except one run of one or two content
+  words ("length of a string" / "length of an array", "green tea" / "black tea").
+
+Soft rules refuse only below SOFT_SIMILARITY (or when no similarity is given):
+
+- a name on one side only ("a Unix timestamp" / "a timestamp"): often a harmless qualifier,
+  sometimes a narrower question;
+- reworded content: each prompt has content words the other lacks, after canonical word forms
+  and synonyms (normalize.words). Paraphrases reword freely, and so do traps that swap a word
+  while rewording the frame ("Which symbol stands for gold?" / "What is the symbol for silver?");
+  the embeddings separate those two only at high similarity.
+
+All word comparisons use canonical forms (stems, irregular forms, synonyms, idioms such as "get rid
+of" = remove), so a paraphrase's other wording is not mistaken for a difference. Words never made
+synonyms are those whose difference changes the answer (remove/hide, sum/mean).
 
 `compare` returns the first disagreement, or None when the prompts agree. It is deliberately
 strict: a rejected paraphrase costs one generation, a served trap is a wrong answer.
@@ -23,7 +55,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-_WORD = re.compile(r"[A-Za-z][A-Za-z0-9+#']*")
+from localspec.cache.normalize import FUNCTION_WORDS, canonical, raw_words, words
 
 # ---------------------------------------------------------------- numbers
 
@@ -50,8 +82,30 @@ def _num_str(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
+_ROMAN = re.compile(r"(?<![\w-])(?=[IVX]{2,}\b)X{0,3}(?:IX|IV|V?I{0,3})(?![\w-])")
+_ROMAN_VALUES = {"I": 1, "V": 5, "X": 10}
+
+
+def _roman(m: re.Match[str]) -> str:
+    """ "II" -> "2" (upper-case numerals of two letters or more; a lone "I" is the pronoun)."""
+    vals = [_ROMAN_VALUES[c] for c in m.group(0)]
+    return str(sum(-v if i + 1 < len(vals) and v < vals[i + 1] else v for i, v in enumerate(vals)))
+
+
 def numbers(text: str) -> tuple[str, ...]:
-    """Numbers in order of appearance; number words become digits ("twenty five" -> 25)."""
+    """Numbers in order of appearance; number words and Roman numerals become digits.
+
+    A lone "one" ("in one line", "one file") is the article "a" in disguise and is dropped unless
+    the prompt holds another number: "one plus one" still differs from "one plus two".
+    """
+    text = _ROMAN.sub(_roman, text)
+    out = _numbers(text)
+    if out == ("1",) and not re.search(r"(?<![\w.])1(?![\w.])", text):
+        return ()
+    return out
+
+
+def _numbers(text: str) -> tuple[str, ...]:
     out: list[str] = []
     acc: float | None = None  # a number being spelled out in words
 
@@ -137,6 +191,8 @@ def identifiers(text: str) -> frozenset[str]:
     found: set[str] = set()
     for m in _DOTTED.finditer(text):
         name = m.group(0).rstrip(".")
+        if name.lower() in _TECH_ALIASES or name.lower().endswith(".js"):
+            continue  # Node.js, Vue.js: technologies, compared as such
         if not re.fullmatch(r"[A-Z][a-z]+\.[A-Z][a-z]+", name):  # "Hello.World" sentence break
             found.add(name.removesuffix("()"))
     for m in re.finditer(r"[A-Za-z_][\w]*(?:\(\))?", text):
@@ -154,7 +210,7 @@ def identifiers(text: str) -> frozenset[str]:
 # ---------------------------------------------------------------- negation
 
 _NEGATION = re.compile(
-    r"\b(?:not|no|never|without|none|nothing|nobody|nowhere|neither|nor|cannot|except|excluding|exclude|"
+    r"\b(?:not|no|never|without|none|nothing|nobody|nowhere|neither|nor|cannot|except(?! (?:clause|block|statement|keyword|handler))|excluding|exclude|"
     r"excludes|excluded|avoid|avoiding|prevent|preventing|ignore|ignoring|ignored|skip|skipping|unless|"
     r"lack|lacking|omit|omitting|isn't|aren't|wasn't|weren't|don't|doesn't|didn't|can't|won't|shouldn't|"
     r"wouldn't|couldn't|mustn't|haven't|hasn't|hadn't|non|un-|aside from|other than|instead of|rather than)\b",
@@ -192,7 +248,7 @@ _DIRECTIONS: dict[str, dict[str, str]] = {
     "sequence": {"before": r"before|earlier than|prior to", "after": r"after|later than"},
     "position": {
         "first": r"first|beginning|starts? with|starting with|(?:the )?start of|prefix|leading|head|front|earliest",
-        "last": r"last|ending|ends? with|ending with|suffix|trailing|tail|latest|final",
+        "last": r"last|ending|ends? with|ending with|suffix|trailing|tail|latest|final|most recent",
     },
     "letters": {"upper": r"upper ?case|uppercase|capitali[sz]e|capital letters|all caps",
              "lower": r"lower ?case|lowercase|small letters"},
@@ -212,7 +268,7 @@ _DIRECTIONS: dict[str, dict[str, str]] = {
     "gain": {"profit": r"profit", "loss": r"loss"},
     "case": {"best": r"best[- ]case", "worst": r"worst(?:[- ]case)?"},
     # evaluative and physical antonyms: "is coffee good/bad for you", "a soft/hard yolk"
-    "polarity": {"good": r"good for|healthy|beneficial|benefits?|advantages?|pros|safe|safer|helpful",
+    "polarity": {"good": r"good for|healthy|beneficial|benefits?|advantages?|pros|safe|safely|safer|helpful",
                  "bad": r"bad for|unhealthy|harmful|risks?|disadvantages?|cons|dangerous|unsafe|harmful|drawbacks?"},
     "hardness": {"soft": r"soft|softer|runny", "hard": r"hard-boiled|hard|harder|firm"},
     "heat": {"hot": r"hot|hotter|warm|warmer|heat", "cold": r"cold|colder|cool|cooler|chill(?:ed)?"},
@@ -221,15 +277,19 @@ _DIRECTIONS: dict[str, dict[str, str]] = {
     "frontback": {"frontend": r"front-?end", "backend": r"back-?end"},
 }
 
+# Groups where only two different poles conflict: a pole named on one side only is a qualifier the
+# answer covers ("push to the remote" / "push local changes to the remote", "order the rows").
+_PAIRED_ONLY = {"axis", "inout", "global", "polarity", "brightness", "client", "frontback"}
+
 # Verb pairs whose two sides are opposite actions: the "change" group above is a single bag of verbs,
 # so instead each verb maps to a canonical action and the actions must agree.
 _ACTIONS: dict[str, str] = {}
 for _pole, _words in {
     "add": "add adding adds added insert inserting inserts append appending appends push pushing include including",
-    "remove": "remove removing removes removed delete deleting deletes deleted drop dropping pop popping "
+    "remove": "remove removing removes removed clean cleaning delete deleting deletes deleted drop dropping pop popping "
               "strip stripping erase erasing discard discarding",
     "increase": "increase increasing increases increment incrementing raise raising grow growing enlarge expand "
-                "expanding upscale",
+                "expanding upscale improve improving boost boosting",
     "decrease": "decrease decreasing decreases decrement decrementing lower lowering reduce reducing shrink "
                 "shrinking downscale",
     "install": "install installing installs installed", "uninstall": "uninstall uninstalling uninstalls",
@@ -241,7 +301,7 @@ for _pole, _words in {
     "split": "split splitting splits separate separating divide",
     "mount": "mount mounting", "unmount": "unmount unmounting",
     "open": "open opening opens", "close": "close closing closes",
-    "start": "start starting starts launch launching begin", "stop": "stop stopping stops kill killing terminate halt",
+    "start": "start starting starts started launch launching begin began begins", "stop": "stop stopping stops kill killing terminate halt",
     "subscribe": "subscribe subscribing", "unsubscribe": "unsubscribe unsubscribing",
     "encrypt": "encrypt encrypting encrypts encryption", "decrypt": "decrypt decrypting decrypts decryption",
     "encode": "encode encoding encodes encoder", "decode": "decode decoding decodes decoder",
@@ -259,6 +319,10 @@ for _pole, _words in {
     "wrap": "wrap wrapping", "unwrap": "unwrap unwrapping", "set": "set setting", "unset": "unset unsetting",
     "escape": "escape escaping", "unescape": "unescape unescaping",
     "buy": "buy buying purchase", "sell": "sell selling",
+    "create": "create creating creates created generate generating build building",
+    "query": "find finding finds search searching locate count counting check checking select selecting "
+             "lookup detect identify",
+    "end": "end ends ended finish finishes finished",
     "win": "win winning won", "lose": "lose losing lost",
 }.items():
     for _w in _words.split():
@@ -272,9 +336,34 @@ _OPPOSITE_ACTIONS = {
         ("compress", "decompress"), ("serialize", "deserialize"), ("upload", "download"),
         ("import", "export"), ("read", "write"), ("send", "receive"), ("push", "pull"),
         ("connect", "disconnect"), ("freeze", "unfreeze"), ("wrap", "unwrap"), ("escape", "unescape"), ("set", "unset"),
-        ("buy", "sell"), ("win", "lose"),
+        ("buy", "sell"), ("win", "lose"), ("create", "remove"), ("query", "remove"), ("query", "create"),
+        ("query", "add"), ("start", "end"),
     ]
 }
+
+
+# Actions that change their object; named on one side only, the prompts ask for different things
+# ("remove the first character" / "get the first character"). Creating, writing, sending and
+# querying verbs are often implied ("a function that ..." / "write a function that ...").
+_CHANGING_ACTIONS = {"remove", "add", "install", "uninstall", "enable", "disable", "hide", "increase", "decrease",
+                     "encrypt", "decrypt", "compress", "decompress", "upload", "download", "import", "export",
+                     "lock", "unlock", "subscribe", "unsubscribe", "mount", "unmount", "buy", "sell", "connect",
+                     "disconnect", "freeze", "unfreeze"}
+
+# Modifiers that make the noun another thing or ask for another method: a linked list is not a
+# list, a deep copy not a copy. One present on one side only changes the answer.
+_QUALIFIERS = {canonical(w): w for w in """
+    linked doubly singly circular hidden binary abstract static private public protected
+    anonymous recursive recursively iterative iteratively inplace immutable mutable weighted directed
+    undirected sparse dense multidimensional 2d 3d unique distinct deep shallow parallel concurrent
+    concurrently lazy lazily stable insensitive insensitively sensitive
+    """.split()}
+
+
+def qualifiers(text: str) -> frozenset[str]:
+    t = re.sub(r"\bin[- ]place\b", "inplace", text, flags=re.IGNORECASE)
+    t = re.sub(r"\bcase[- ](in)?sensitive(ly)?\b", r"case \1sensitive", t, flags=re.IGNORECASE)
+    return frozenset(_QUALIFIERS[c] for c in (canonical(w) for w in raw_words(t)) if c in _QUALIFIERS)
 
 
 @lru_cache(maxsize=None)
@@ -293,7 +382,8 @@ def directions(text: str) -> frozenset[tuple[str, str]]:
 
 
 def actions(text: str) -> frozenset[str]:
-    return frozenset(_ACTIONS[w] for w in re.findall(r"[a-z]+(?:-[a-z]+)?", text.lower()) if w in _ACTIONS)
+    """Canonical actions named by the prompt's verbs, idioms included ("get rid of" -> remove)."""
+    return frozenset(_ACTIONS[w] for w in raw_words(text) if w in _ACTIONS)
 
 
 # ---------------------------------------------------------------- languages, libraries, tools
@@ -312,15 +402,15 @@ for _canon, _aliases in {
     "pandas": "pandas pd", "numpy": "numpy np", "polars": "polars", "scipy": "scipy", "matplotlib": "matplotlib plt",
     "seaborn": "seaborn", "plotly": "plotly", "sklearn": "sklearn scikit-learn", "pytorch": "pytorch torch",
     "tensorflow": "tensorflow tf", "keras": "keras", "jax": "jax", "transformers": "huggingface",
-    "react": "react reactjs", "vue": "vue vuejs", "angular": "angular", "svelte": "svelte", "jquery": "jquery",
-    "django": "django", "flask": "flask", "fastapi": "fastapi", "express": "expressjs", "spring": "",
+    "react": "react reactjs react.js", "vue": "vue vuejs vue.js", "angular": "angular", "svelte": "svelte", "jquery": "jquery",
+    "django": "django", "flask": "flask", "fastapi": "fastapi", "express": "expressjs express.js", "spring": "",
     "rails": "rails", "laravel": "laravel", "node": "node nodejs node.js", "deno": "deno", "bun": "",
     "docker": "docker dockerfile", "kubernetes": "kubernetes k8s kubectl", "git": "git github gitlab",
     "linux": "linux ubuntu debian", "windows": "windows", "macos": "macos osx mac", "android": "android",
     "ios": "ios", "aws": "aws s3 ec2 lambda", "gcp": "gcp", "azure": "azure", "terraform": "terraform",
     "ansible": "ansible", "nginx": "nginx", "apache": "apache", "excel": "excel", "vim": "vim neovim",
     "emacs": "emacs", "vscode": "vscode", "npm": "npm", "pip": "pip", "conda": "conda", "cargo": "cargo",
-    "maven": "maven", "gradle": "gradle", "requests": "", "asyncio": "asyncio", "regex": "",
+    "maven": "maven", "gradle": "gradle", "gpu": "gpu cuda", "cpu": "cpu", "tpu": "tpu", "requests": "", "asyncio": "asyncio", "regex": "",
     "json": "json", "yaml": "yaml yml", "xml": "xml", "csv": "csv", "toml": "toml", "protobuf": "protobuf",
     "graphql": "graphql", "rest": "", "grpc": "grpc", "kafka": "kafka", "rabbitmq": "rabbitmq", "spark": "spark pyspark",
     "hadoop": "hadoop", "airflow": "airflow", "selenium": "selenium", "pytest": "pytest", "unittest": "unittest",
@@ -339,7 +429,26 @@ _TECH_CAPITAL_ONLY = {"C": "c", "R": "r", "Go": "go", "Swift": "swift", "Spring"
                       "Ruby": "ruby", "Julia": "julia", "Dart": "dart", "Node": "node", "Flask": "flask"}
 
 
+# A library or tool implies its language: "install a package with pip" asks about Python.
+_IMPLIES: dict[str, str] = {}
+for _lang, _tools in {
+    "python": "pandas numpy polars scipy matplotlib seaborn plotly sklearn pytorch tensorflow keras jax "
+              "transformers django flask fastapi pip conda asyncio pytest unittest opencv pillow beautifulsoup "
+              "sqlalchemy celery httpx aiohttp urllib pydantic boto3 requests",
+    "javascript": "react vue angular svelte jquery express node deno bun npm jest nextjs axios lodash",
+    "java": "spring maven junit", "rust": "cargo", "ruby": "rails", "php": "laravel",
+}.items():
+    for _t in _tools.split():
+        _IMPLIES[_t] = _lang
+
+
 def technologies(text: str) -> frozenset[str]:
+    """Languages, libraries and tools the prompt names, canonical, with the languages they imply."""
+    found = _named_technologies(text)
+    return frozenset(found | {_IMPLIES[t] for t in found if t in _IMPLIES})
+
+
+def _named_technologies(text: str) -> set[str]:
     found: set[str] = set()
     for m in re.finditer(r"[A-Za-z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#]|[A-Za-z]", text):
         w = m.group(0)
@@ -353,10 +462,27 @@ def technologies(text: str) -> frozenset[str]:
             found.add(_TECH_ALIASES[low])
         elif "." in low and low.split(".")[0] in _TECH_ALIASES and low not in _TECH_ALIASES:
             found.add(_TECH_ALIASES[low.split(".")[0]])  # np.sort -> numpy
-    return frozenset(found)
+    return found
 
 
 # ---------------------------------------------------------------- named entities
+
+# Common abbreviations of names, expanded (case-sensitively) before any fact is read.
+_ABBREVIATIONS = [(re.compile(p), r) for p, r in [
+    (r"\bWW(?:II|2)\b", "World War II"), (r"\bWW(?:I|1)\b", "World War I"),
+    (r"\b(?:USA|U\.S\.A\.|U\.S\.|US)(?![\w.])", "United States"), (r"\b(?:UK|U\.K\.)(?![\w.])", "United Kingdom"),
+    (r"\bmore than one\b", "multiple"),
+    (r"\bNYC\b", "New York City"), (r"\bEU\b", "European Union"), (r"\bUN\b", "United Nations"),
+    (r"\bUAE\b", "United Arab Emirates"), (r"\b(?:on|of) (?:the )?[Ee]arth\b", "in the world"),
+]]
+
+
+def expand_abbreviations(text: str) -> str:
+    """Abbreviations written out, Roman numerals as digits ("WWII" -> "World War 2")."""
+    for rx, full in _ABBREVIATIONS:
+        text = rx.sub(full, text)
+    return _ROMAN.sub(_roman, text)
+
 
 # Capitalised words that start questions or are common enough not to name anything.
 _NOT_ENTITIES = set(
@@ -389,7 +515,8 @@ def entities(text: str) -> frozenset[str]:
         initial = m.start() == 0 or text[:m.start()].rstrip()[-1:] in (".", "?", "!", ":", "-")
         if initial and not w.isupper() and re.search(r"(?:ing|ed|ly)$", low):
             continue  # "Reading a CSV file...": a verb that starts the sentence
-        if low in _NOT_ENTITIES or len(low) < 2 or w in _TECH_CAPITAL_ONLY or low in _TECH_ALIASES:
+        acronym = w.isupper() and len(w) > 1 and low not in ("ok", "is", "it", "am", "an")  # GET/POST, not "IS"
+        if (low in _NOT_ENTITIES and not acronym) or len(low) < 2 or w in _TECH_CAPITAL_ONLY or low in _TECH_ALIASES:
             continue
         found.add(low)
     return frozenset(found)
@@ -402,25 +529,31 @@ _CONVERT = [
     re.compile(rf"\bfrom\s+{_ARTICLES}([\w+#.\-]+)\s+(?:to|into|in)\s+{_ARTICLES}([\w+#.\-]+)", re.IGNORECASE),
     re.compile(rf"\b([\w+#.\-]+)\s+(?:to|into|->|→)\s+{_ARTICLES}([\w+#.\-]+)", re.IGNORECASE),
     re.compile(rf"\b([\w+#.\-]+)\s+from\s+{_ARTICLES}([\w+#.\-]+)", re.IGNORECASE),
-    re.compile(r"\bhow many\s+([\w+#.\-]+)\s+(?:are|is)\s+(?:there\s+)?in\s+(?:[\d.,]+\s+)?([\w+#.\-]+)", re.IGNORECASE),
+    re.compile(rf"\bhow many\s+([\w+#.\-]+)\s+(?:(?:are|is)\s+)?(?:there\s+)?in\s+(?:[\d.,]+\s+)?{_ARTICLES}([\w+#.\-]+)",
+               re.IGNORECASE),
     # comparisons are ordered too: "X faster than Y" is not "Y faster than X"
     re.compile(rf"\b([\w+#.\-]+)\s+(?:\w+er|more\s+\w+|less\s+\w+|better|worse)\s+than\s+{_ARTICLES}([\w+#.\-]+)",
                re.IGNORECASE),
+    # "replace X with Y" is not "replace Y with X"
+    re.compile(rf"\b(?:replac|substitut|swap)\w*\s+(?:all\s+|every\s+|each\s+)?{_ARTICLES}([\w+#.\-]+)\s+"
+               rf"(?:with|by|for)\s+{_ARTICLES}([\w+#.\-]+)", re.IGNORECASE),
 ]
 _CONVERT_FILLER = {"how", "way", "want", "need", "going", "able", "have", "like", "is", "it", "this", "way",
                    "code", "script", "program", "function", "possible", "ways", "back", "me", "them", "you",
                    "easiest", "best", "best", "quickest", "try", "tries", "trying"}
 
 
+_UNIT_WORDS = {"kilometer": "km", "kilometre": "km", "kilogram": "kg", "kilo": "kg", "centimeter": "cm",
+               "centimetre": "cm", "metre": "meter", "feet": "foot", "°c": "celsius", "°f": "fahrenheit"}
+
+
 def _canon_word(w: str) -> str:
+    """A conversion's end in canonical form: js = javascript, kilometres = km, dicts = dictionary."""
     low = w.lower().strip(".")
-    low = _TECH_ALIASES.get(low, low)
-    return {"integer": "int", "integers": "int", "ints": "int", "strings": "string", "str": "string",
-            "dictionary": "dict", "dictionaries": "dict", "dicts": "dict", "lists": "list", "arrays": "array",
-            "floats": "float", "tuples": "tuple", "sets": "set", "bytes": "bytes", "timestamps": "timestamp",
-            "°c": "celsius", "°f": "fahrenheit", "kilometers": "km", "kilometres": "km", "miles": "mile",
-            "pounds": "pound", "kilograms": "kg", "kilos": "kg", "inches": "inch", "centimeters": "cm",
-            "centimetres": "cm", "meters": "meter", "metres": "meter", "feet": "foot"}.get(low, low)
+    if low in _TECH_ALIASES:
+        return _TECH_ALIASES[low]
+    low = _UNIT_WORDS.get(low, low)
+    return canonical(_UNIT_WORDS.get(low.removesuffix("s"), low))
 
 
 _NAME_RUN = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)+\b")
@@ -441,95 +574,82 @@ def conversions(text: str) -> frozenset[tuple[str, str]]:
 
 
 
+# ---------------------------------------------------------------- content words
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    """(raw, canonical) words: number words as digits, technologies by their canonical name."""
+    out = []
+    for raw, canon in words(expand_abbreviations(text)):
+        if raw in _UNITS:
+            canon = str(_UNITS[raw])
+        elif raw in _TECH_ALIASES:
+            canon = _TECH_ALIASES[raw]
+        out.append((raw, canon))
+    return out
+
+
+def _is_content(raw: str, canon: str) -> bool:
+    return raw not in FUNCTION_WORDS and canon not in FUNCTION_WORDS
+
+
 # ---------------------------------------------------------------- one-slot substitutions
 
 # A trap usually keeps the question's frame and swaps one content word ("length of a string" ->
 # "length of an array", "green tea" -> "black tea"); a paraphrase rewords the frame. So when the two
-# prompts' content words align mostly one to one and a content word was replaced by an unrelated
-# one, they ask different things. Synonyms map to one word first so "delete"/"remove" still agree.
-_STOP = set(
-    """
-    a an the of in on at to for from with by into onto about as and or but if so than then that this these those
-    is are was were be been being am do does did done doing have has had having can could should would will
-    shall may might must i me my we our you your it its they them their he she his her there here what whats
-    what's which who whom whose when where why how hows how's way ways best good right proper correct simple
-    simplest easy easiest quick quickest common standard recommended ideal please tell explain show give me
-    let lets let's want wanna need needs like would i'd i'm is there any some anyone someone possible able
-    command commands method methods approach technique syntax code snippet example examples formula go
-    use used using uses via python's just also really actually exactly one's own get got
-    """.split()
-)
-_SYNONYMS: dict[str, str] = {}
-for _canon_w, _alts in {
-    "remove": "delete erase drop strip discard eliminate rid", "merge": "combine", "dict": "dictionary dictionaries dicts",
-    "get": "fetch obtain retrieve find access grab determine", "make": "create build generate produce",
-    "read": "load", "start": "begin launch beginning", "change": "modify update edit alter convert turn transform",
-    "print": "display output", "error": "exception", "calculate": "compute", "element": "item entry",
-    "directory": "folder", "image": "picture photo", "buy": "purchase", "big": "large", "small": "little",
-    "fast": "quick speedy", "check": "test verify tell determine", "stop": "halt", "kill": "terminate",
-    "list": "lists", "string": "str strings", "integer": "int integers ints", "number": "numbers",
-    "function": "func", "many": "much", "loop": "iterate iterating loop", "length": "size len",
-    "happen": "occur", "times": "multiplied multiply multiplying", "answer": "reply", "people": "person persons", "money": "cash", "car": "automobile",
-}.items():
-    for _a in _alts.split():
-        _SYNONYMS[_a] = _canon_w
+# prompts' words align one to one except for one replaced run of content words, they ask different
+# things. Words are compared in canonical form (normalize.words), so "delete"/"remove" agree.
 
 
-def _stem(w: str) -> str:
-    w = _SYNONYMS.get(w, w)
-    if len(w) > 4 and w.endswith("ies"):
-        w = w[:-3] + "y"
-    elif len(w) > 5 and w.endswith("ing"):
-        w = w[:-3]
-        if len(w) > 2 and w[-1] == w[-2]:
-            w = w[:-1]
-    elif len(w) > 4 and w.endswith("ed"):
-        w = w[:-2]
-    elif len(w) > 3 and w.endswith("s") and not w.endswith("ss"):
-        w = w[:-1]
-    w = _SYNONYMS.get(w, w)
-    return w[:-1] if len(w) > 3 and w.endswith("e") else w
-
-
-def _raw_words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9][a-z0-9+#']*", text.lower().replace("’", "'"))
-
-
-def _tokens(text: str) -> list[str]:
-    words = _raw_words(text)
-    return [str(_UNITS[w]) if w in _UNITS else _stem(w.removesuffix("'s")) for w in words]
-
-
-def _verb_slot(tokens: list[str], i: int) -> bool:
-    return i == 0 or tokens[i - 1] in ("i", "you", "we", "to", "please")
+def _verb_slot(tokens: list[tuple[str, str]], i: int) -> bool:
+    """Where a question puts its main verb: first word, or after "I", "to", "Python:"."""
+    if i == 0:
+        return True
+    prev = tokens[i - 1][0]
+    return prev in ("i", "you", "we", "to", "please") or prev in _TECH_ALIASES
 
 
 def substitution(a: str, b: str) -> tuple[str, str] | None:
     """The (a-words, b-words) of a one-slot swap in an otherwise identical prompt, or None.
 
-    Only a minimal edit counts: everything but one run of at most two words (besides function
-    words) must be the same, in order. Paraphrases reword the frame and pass; a synonym swap
-    (delete/remove) is normalised first.
+    Only a minimal edit counts: everything but one run of at most two content words must be the
+    same, in order. Not a swap: function words only ("a" -> "an"); a word that also occurs elsewhere
+    in the other prompt (a reordering: "list of lists" / "nested list"); the leading verb ("make" /
+    "prepare"), unless both verbs are known actions of different kinds ("find"/"delete" rows); two
+    verbs of one action ("kill"/"stop"). Below SOFT_SIMILARITY the `reworded` rule refuses all of
+    these anyway; this rule is what refuses a one-word swap at any similarity.
     """
     ta, tb = _tokens(a), _tokens(b)
-    ra, rb = _raw_words(a), _raw_words(b)
+    ca, cb = [c for _, c in ta], [c for _, c in tb]
     swaps = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=ta, b=tb, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=ca, b=cb, autojunk=False).get_opcodes():
         if tag == "equal":
             continue
-        left = [t for t, r in zip(ta[i1:i2], ra[i1:i2], strict=True) if r not in _STOP]
-        right = [t for t, r in zip(tb[j1:j2], rb[j1:j2], strict=True) if r not in _STOP]
+        left = [(i, *ta[i]) for i in range(i1, i2) if _is_content(*ta[i]) and ta[i][1] not in cb]
+        right = [(j, *tb[j]) for j in range(j1, j2) if _is_content(*tb[j]) and tb[j][1] not in ca]
         if not left and not right:
-            continue  # "a" -> "an", "do" -> "can": function words only
-        if tag != "replace" or not left or not right or len(left) > 2 or len(right) > 2:
+            continue  # function words, or words the other prompt has elsewhere
+        if not left or not right:
+            return None  # an insertion or deletion: a rewording, not a swap
+        if len(left) > 2 or len(right) > 2:
             return None
-        known = any(w in _ACTIONS for w in ra[i1:i2] + rb[j1:j2])  # two different operations: not a paraphrase
-        if _verb_slot(ta, i1) and _verb_slot(tb, j1) and not known:
-            continue  # "How do I make/prepare ...": paraphrases swap the leading verb freely
-        swaps.append((" ".join(left), " ".join(right)))
+        raws = [r for _, r, _ in left + right]
+        if len({_ACTIONS.get(r) for r in raws}) == 1 and raws[0] in _ACTIONS:
+            continue  # two verbs of one action: "kill"/"stop" a process
+        known = all(r in _ACTIONS for r in raws)  # two different known operations: not a paraphrase
+        if _verb_slot(ta, left[0][0]) and _verb_slot(tb, right[0][0]) and not known:
+            continue  # "How do I make/prepare/find ...": paraphrases swap the leading verb freely
+        swaps.append((" ".join(c for _, _, c in left), " ".join(c for _, _, c in right)))
     if len(swaps) != 1 or len(ta) < 3:
         return None
     return swaps[0]
+
+
+def reworded(a: str, b: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The canonical content words only `a` has and only `b` has."""
+    ca = {c for r, c in _tokens(a) if _is_content(r, c)}
+    cb = {c for r, c in _tokens(b) if _is_content(r, c)}
+    return frozenset(ca - cb), frozenset(cb - ca)
 
 
 # ---------------------------------------------------------------- the comparison
@@ -545,24 +665,46 @@ class Facts:
     technologies: frozenset[str]
     directions: frozenset[tuple[str, str]]
     actions: frozenset[str]
+    qualifiers: frozenset[str] = field(default_factory=frozenset)
     conversions: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+    words: frozenset[str] = field(default_factory=frozenset)  # for matching the other side's entities
 
 
 @lru_cache(maxsize=4096)
 def facts(text: str) -> Facts:
+    text = expand_abbreviations(text)
     return Facts(
         numbers=numbers(text), quoted=quoted(text), identifiers=identifiers(text), negated=negated(text),
         entities=entities(text), technologies=technologies(text), directions=directions(text),
-        actions=actions(text), conversions=conversions(text),
+        actions=actions(text), qualifiers=qualifiers(text), conversions=conversions(text),
+        words=frozenset(w for pair in words(text) for w in pair) | _entity_words(text),
     )
 
 
-def _entity_words(text: str) -> set[str]:
-    return {w.lower().removesuffix("'s") for w in re.findall(r"[A-Za-z][A-Za-z0-9'\-]*", text)}
+def _entity_words(text: str) -> frozenset[str]:
+    return frozenset(w.lower().removesuffix("'s") for w in re.findall(r"[A-Za-z][A-Za-z0-9'\-]*", text))
 
 
-def compare(a: str, b: str) -> str | None:
-    """None when `a`'s answer may serve `b`; otherwise the name of the first disagreement."""
+def _direction_conflict(da: frozenset[tuple[str, str]], db: frozenset[tuple[str, str]]) -> bool:
+    for group in {g for g, _ in da | db}:
+        pa = {p for g, p in da if g == group}
+        pb = {p for g, p in db if g == group}
+        if pa != pb and (group not in _PAIRED_ONLY or (pa and pb)):
+            return True
+    return False
+
+
+# Below this similarity a soft difference (see the module docstring) refuses the hit.
+SOFT_SIMILARITY = 0.86
+
+
+def compare(a: str, b: str, similarity: float | None = None) -> str | None:
+    """None when `a`'s answer may serve `b`; otherwise the name of the first disagreement.
+
+    `similarity` is the embedding similarity of the two prompts; soft differences (an extra name
+    on one side only, reworded content words on both sides) pass only at SOFT_SIMILARITY or above.
+    Without it they always refuse.
+    """
     fa, fb = facts(a), facts(b)
     if fa.numbers != fb.numbers:
         return "numbers"
@@ -574,20 +716,31 @@ def compare(a: str, b: str) -> str | None:
         return "negation"
     if fa.technologies != fb.technologies:
         return "technology"
-    # An entity capitalised in one prompt may be lower-case in the other ("Paris"/"paris").
-    if not fa.entities <= _entity_words(b) or not fb.entities <= _entity_words(a):
-        return "entities"
-    if fa.directions != fb.directions:
+    only_a = {e for e in fa.entities if e not in fb.words and canonical(e) not in fb.words}
+    only_b = {e for e in fb.entities if e not in fa.words and canonical(e) not in fa.words}
+    if only_a and only_b:
+        return "entities"  # a swapped name: France/Germany
+    if _direction_conflict(fa.directions, fb.directions):
         return "direction"
     for x in fa.actions ^ fb.actions:
         if any(frozenset((x, y)) in _OPPOSITE_ACTIONS for y in fa.actions | fb.actions):
-            return "direction"
+            return "action"
+    if bool(fa.actions) != bool(fb.actions) and (fa.actions | fb.actions) & _CHANGING_ACTIONS:
+        return "action"  # "remove the first character" / "get the first character"
+    if fa.qualifiers != fb.qualifiers:
+        return "qualifier"
     if any((y, x) in fb.conversions for (x, y) in fa.conversions):
         return "conversion"
     if substitution(a, b) is not None:
         return "substitution"
+    soft = similarity is None or similarity < SOFT_SIMILARITY
+    if soft and (only_a or only_b):
+        return "extra entity"
+    ra, rb = reworded(a, b)
+    if soft and ra and rb:
+        return "reworded"
     return None
 
 
-def agrees(a: str, b: str) -> bool:
-    return compare(a, b) is None
+def agrees(a: str, b: str, similarity: float | None = None) -> bool:
+    return compare(a, b, similarity) is None

@@ -4,10 +4,10 @@ Only deterministic requests are cached: temperature 0 (greedy) or a fixed seed. 
 is one draw among many; serving it again would hide that.
 
 `cacheable` looks at the *effective* sampling parameters, after the face applied its defaults.
-localspec's default temperature is 0 (`SamplingParams`), so a request to the endpoint that omits
-the temperature is greedy and cacheable, unlike OpenAI's API, whose default is 1. A client that
-sends temperature 1 without a seed is not cached unless the user opts in (`opt_in=True`, e.g.
-the endpoint's cache setting `cache_sampled = true`).
+The endpoint follows OpenAI: a request that omits `temperature` samples at 1, so without a `seed`
+it is not cached. Send `temperature: 0` (greedy) or a `seed` to be cached, or opt in to caching
+sampled answers (`opt_in=True`: `localspec serve --cache-sampled`). The CLI and the chat app set
+their own temperatures (0 for `generate`, the chat's setting in the TUI).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--threshold", type=float, help="similarity threshold (default: the cache's default)")
     v.add_argument("--exact-only", action="store_true", help="run without the embedding model")
     v.add_argument("--embedding-model", type=Path, help="a GGUF embedding model file (default: the installed MiniLM)")
+    v.add_argument("--misses", action="store_true", help="also list the paraphrases that were not served, and why")
     v.add_argument("--json", action="store_true", help="print the full report as JSON")
     v.set_defaults(func=run_eval)
 
@@ -137,17 +138,28 @@ def run_eval(args: argparse.Namespace) -> int:
           f"{report['mode']} mode")
     print("threshold  hit rate  false hits  precision  recall   | without guard: hit rate  false hits")
     for p, q in zip(report["curve"], report["curve_without_guard"], strict=True):
-        mark = " <" if abs(p["threshold"] - report["threshold"]) < 1e-9 else ""
+        mark = " <- used" if abs(p["threshold"] - report["threshold"]) < 1e-9 else ""
+        if abs(p["threshold"] - report["suggested_threshold"]) < 1e-9:
+            mark += " <- suggested"
         print(f"  {p['threshold']:.2f}     {p['hit_rate']:6.1%}   {p['false_hit_rate']:6.1%}     {p['precision']:6.1%}"
               f"    {p['recall']:6.1%}  |                {q['hit_rate']:6.1%}     {q['false_hit_rate']:6.1%}{mark}")
     a = report["at_threshold"]
-    print(f"at threshold {report['threshold']:.2f} (real lookups): hit rate {a['hit_rate']:.1%}, "
+    print(f"threshold {report['threshold']:.2f} (real lookups): hit rate {a['hit_rate']:.1%} ({a['hits']}/{report['paraphrases']}), "
           f"false-hit rate {a['false_hit_rate']:.1%} ({a['false_hits']}/{report['traps']}), "
           f"precision {a['precision']:.1%}; the guard stopped {a['traps_stopped_by_guard']} traps above the threshold")
     lat = report["latency_ms"]
     print(f"lookup latency: p50 {lat['lookup_p50']:.1f} ms, p95 {lat['lookup_p95']:.1f} ms; "
           f"hits: p50 {lat['hit_p50']:.1f} ms, p95 {lat['hit_p95']:.1f} ms, max {lat['hit_max']:.1f} ms")
-    print(f"best threshold on these pairs (most hits with no false hit): {report['suggested_threshold']:.2f}")
+    print(f"suggested threshold for these pairs: {report['suggested_threshold']:.2f} (the highest within 2 points of "
+          f"the most hits at a false-hit rate of at most half the goal)")
+    goals = report["goals"]
+    verdict = "met" if goals["met"] else "NOT met"
+    print(f"goals at {report['threshold']:.2f}: >= {goals['hit_rate']:.0%} paraphrase hits and <= "
+          f"{goals['false_hit_rate']:.0%} false hits: {verdict}")
     for ex in a["false_hit_examples"]:
         print(f"  false hit ({ex['category']}, {ex['similarity']:.3f}): {ex['a']!r} served {ex['b']!r}")
+    if args.misses:
+        for ex in a["missed_paraphrases"]:
+            why = f"guard: {ex['guard']}" if ex["guard"] else "below the threshold"
+            print(f"  missed ({why}, {ex['similarity']:.3f}): {ex['a']!r} / {ex['b']!r}")
     return 0

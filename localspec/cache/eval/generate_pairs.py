@@ -1,10 +1,12 @@
-"""Writes pairs_dev.jsonl and pairs_test.jsonl: the labelled set `localspec cache eval` runs.
+"""Writes pairs_dev.jsonl: the labelled dev set `localspec cache eval --split dev` runs.
 
 Each pair is a cached prompt `a` and a new query `b`. label "hit": a paraphrase, `a`'s answer
 serves `b`. label "miss": a trap, the answer would be wrong (negation, another number, entity,
 language or library, the opposite direction). Hand-written items plus a few slot-filled families.
-The split is by item (all variants of one question land in the same half), seeded, so the test
-half holds questions never seen while choosing the threshold and the guard rules.
+
+The dev set is generated from ALL the items below; the guard rules and the default threshold are
+tuned on it. The test half (pairs_test.jsonl) is a separate hand-written file by another author,
+never generated here and never tuned on, so it measures how the cache does on unseen wording.
 
 Run from the repo root: python -m localspec.cache.eval.generate_pairs
 """
@@ -464,17 +466,12 @@ def pairs() -> list[dict]:
 
 def main() -> None:
     rows = pairs()
-    groups = sorted({r["group"] for r in rows})
-    random.Random(2024).shuffle(groups)
-    dev_groups = set(groups[: len(groups) // 2])
-    for split in ("dev", "test"):
-        chosen = [r for r in rows if (r["group"] in dev_groups) == (split == "dev")]
-        path = HERE / f"pairs_{split}.jsonl"
-        with path.open("w", encoding="utf-8") as fh:
-            for i, r in enumerate(chosen):
-                fh.write(json.dumps({"id": f"{split}-{i:04d}", **r}, ensure_ascii=False) + "\n")
-        hits = sum(r["label"] == "hit" for r in chosen)
-        print(f"{path.name}: {len(chosen)} pairs, {hits} paraphrases, {len(chosen) - hits} traps")
+    path = HERE / "pairs_dev.jsonl"
+    with path.open("w", encoding="utf-8") as fh:
+        for i, r in enumerate(rows):
+            fh.write(json.dumps({"id": f"dev-{i:04d}", **r}, ensure_ascii=False) + "\n")
+    hits = sum(r["label"] == "hit" for r in rows)
+    print(f"{path.name}: {len(rows)} pairs, {hits} paraphrases, {len(rows) - hits} traps")
 
 
 if __name__ == "__main__":
