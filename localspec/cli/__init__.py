@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "localspec.cli.doctor_cmd",
     "localspec.cli.service_cmd",
     "localspec.cli.cache_cmd",
+    "localspec.cli.router_cmd",
 )
 
 

@@ -135,6 +135,15 @@ class ModelEntry(_Strict):
         return None
 
 
+class RemoteTierSpec(_Strict):
+    """An OpenAI-compatible server used as the router's most capable tier (see localspec.router)."""
+
+    base_url: str
+    model: str
+    api_key_env: str | None = None  # the env var holding the key; None: the server needs none
+    timeout_s: float = Field(default=60.0, gt=0)
+
+
 class Profile(_Strict):
     description: str = ""
     target: str
@@ -142,6 +151,10 @@ class Profile(_Strict):
     small: str | None = None
     embedding: str | None = None
     n_ctx: int = Field(default=4096, ge=16)
+    # Router tiers: `small` alone, `target` + `draft` (large), and this optional remote server.
+    remote: RemoteTierSpec | None = None
+    cascade: bool = False  # answer with the small tier first and escalate on low confidence
+    large_share: float = Field(default=0.4, ge=0.0, le=1.0)  # the router's target share of large calls
 
     def model_ids(self, include_embedding: bool = True) -> list[str]:
         ids = [self.target, self.draft, self.small]

@@ -1,0 +1,213 @@
+"""`localspec router eval`: train on one half of the tasks, measure routing on the other.
+
+Labelling (for training the learned policy from outcomes):
+- label 1, "needs large": the small tier fails and the large tier passes;
+- label 0: the small tier passes (whatever the large tier does);
+- tasks both tiers fail carry no information about which tier to pick and are left out.
+
+The held-out half is scored by the learned policy, the heuristic, a cascade on the small tier's
+own confidence (score = -mean token logprob; needs the small answer first, so it is reported as
+a reference, not as a router that saves the small tier's cost) and the random router.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from localspec.router.curve import RouterReport, evaluate_router
+from localspec.router.features import extract_features, feature_vector, request_text
+from localspec.router.outcomes import Outcome
+from localspec.router.policy import HeuristicPolicy, LogisticPolicy, train_policy
+from localspec.router.tasks import Task
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """One training example for the policy."""
+
+    messages: list[dict] | None
+    prompt: str | None
+    max_tokens: int | None
+    label: int
+    weight: float = 1.0
+
+
+def label_of(small_passed: bool, large_passed: bool) -> int | None:
+    if small_passed:
+        return 0
+    if large_passed:
+        return 1
+    return None  # both fail: left out
+
+
+def labels_from_outcomes(tasks: list[Task], small: dict[str, Outcome], large: dict[str, Outcome],
+                         max_tokens: int) -> list[Labelled]:
+    out = []
+    for t in tasks:
+        y = label_of(small[t.id].passed, large[t.id].passed)
+        if y is not None:
+            out.append(Labelled(t.messages(), None, max_tokens, y))
+    return out
+
+
+def write_labels(path: Path, examples: list[Labelled]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for e in examples:
+            row = {"messages": e.messages} if e.messages is not None else {"prompt": e.prompt}
+            row.update(max_tokens=e.max_tokens, label=e.label)
+            if e.weight != 1.0:
+                row["weight"] = e.weight
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def read_labels(path: Path) -> list[Labelled]:
+    """JSON lines: {"messages": [...]} or {"prompt": "..."}, optional "max_tokens", "label": 0|1,
+    optional "weight"."""
+    from localspec.errors import ConfigError
+
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the labels file {path}: {exc.strerror or exc}.", "Pass an existing file.") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+            if raw.get("label") not in (0, 1):
+                raise ValueError("label must be 0 or 1")
+            messages, prompt = raw.get("messages"), raw.get("prompt")
+            if (messages is None) == (prompt is None):
+                raise ValueError("give exactly one of messages or prompt")
+            out.append(Labelled(messages, prompt, raw.get("max_tokens"), int(raw["label"]), float(raw.get("weight", 1.0))))
+        except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}:{n}: not a valid labelled example ({exc}).",
+                              'Each line: {"prompt": "..."} or {"messages": [...]}, and "label": 0 or 1.') from None
+    return out
+
+
+def feature_matrix(examples, embedder=None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Features (and embeddings, when an embedder is given) of (messages, prompt, max_tokens) rows."""
+    F, E = [], []
+    for messages, prompt, max_tokens in examples:
+        text = request_text(messages, prompt)
+        F.append(feature_vector(extract_features(text, max_tokens, None)))
+        if embedder is not None:
+            vec = embedder.embed(text.full)
+            if vec is None:
+                vec = embedder.embed(text.full[-1500:])
+            E.append(vec if vec is not None else np.zeros(embedder.dim, dtype=np.float32))
+    return np.asarray(F, dtype=np.float64), (np.asarray(E, dtype=np.float64) if embedder is not None else None)
+
+
+def train_from_labels(examples: list[Labelled], embedder=None, embedding_model: str | None = None) -> LogisticPolicy:
+    rows = [(e.messages, e.prompt, e.max_tokens) for e in examples]
+    F, E = feature_matrix(rows, embedder)
+    y = np.asarray([e.label for e in examples], dtype=np.float64)
+    w = np.asarray([e.weight for e in examples], dtype=np.float64)
+    return train_policy(F, y, E, w, embedding_model=embedding_model)
+
+
+@dataclass
+class EvalResult:
+    tiers: dict[str, dict]
+    train_size: int
+    held_size: int
+    reports: list[RouterReport]
+    learned: LogisticPolicy
+    threshold_share: float
+    routed_at_threshold: dict
+
+    def as_dict(self) -> dict:
+        return {
+            "tiers": self.tiers,
+            "train_tasks": self.train_size,
+            "held_out_tasks": self.held_size,
+            "labelling": "1 = small fails and large passes; 0 = small passes; both fail: left out",
+            "learned_policy": {"uses_embedding": self.learned.uses_embedding, "l2": self.learned.l2,
+                               "embedding_weight": self.learned.embedding_weight, **self.learned.meta},
+            "routers": {r.name: r.as_dict() for r in self.reports},
+            "at_threshold": self.routed_at_threshold,
+        }
+
+
+def tier_summary(tasks: list[Task], outcomes: dict[str, Outcome]) -> dict:
+    passed = [outcomes[t.id].passed for t in tasks]
+    lat = [outcomes[t.id].latency_s for t in tasks]
+    by_kind = {}
+    for kind in sorted({t.kind for t in tasks}):
+        ks = [outcomes[t.id].passed for t in tasks if t.kind == kind]
+        by_kind[kind] = round(float(np.mean(ks)), 4)
+    return {"model": next(iter(outcomes.values())).model, "quality": round(float(np.mean(passed)), 4),
+            "quality_by_kind": by_kind, "mean_latency_s": round(float(np.mean(lat)), 3),
+            "p50_latency_s": round(float(np.median(lat)), 3)}
+
+
+def evaluate(train: list[Task], held: list[Task], small: dict[str, Outcome], large: dict[str, Outcome],
+             max_tokens: int, embedder=None, embedding_model: str | None = None, large_share: float = 0.4,
+             resamples: int = 1000, seed: int = 0) -> EvalResult:
+    examples = labels_from_outcomes(train, small, large, max_tokens)
+    learned = train_from_labels(examples, embedder, embedding_model)
+    learned.set_share(large_share)
+    rows = [(t.messages(), None, max_tokens) for t in held]
+    F, E = feature_matrix(rows, embedder if learned.uses_embedding else None)
+    feats = [dict(zip(learned.feature_names, f, strict=True)) for f in F]
+    learned_scores = np.asarray([learned.score(f, E[i] if E is not None else None) for i, f in enumerate(feats)])
+    heuristic = HeuristicPolicy()
+    heuristic_scores = np.asarray([heuristic.score(f) for f in feats])
+    s_out = np.asarray([float(small[t.id].passed) for t in held])
+    l_out = np.asarray([float(large[t.id].passed) for t in held])
+    confidence = np.asarray([-(small[t.id].mean_logprob if small[t.id].mean_logprob is not None else 0.0)
+                             for t in held])
+    reports = [
+        evaluate_router("learned", learned_scores, s_out, l_out, resamples, seed),
+        evaluate_router("heuristic", heuristic_scores, s_out, l_out, resamples, seed),
+        evaluate_router("cascade-confidence", confidence, s_out, l_out, resamples, seed),
+        evaluate_router("random", np.zeros(len(held)), s_out, l_out, resamples, seed, random_scores=True),
+    ]
+    # What the saved threshold (the training-score quantile for large_share) does on held-out tasks.
+    up = learned_scores >= learned.threshold
+    routed_q = float(np.mean(np.where(up, l_out, s_out)))
+    lat_s = np.asarray([small[t.id].latency_s for t in held])
+    lat_l = np.asarray([large[t.id].latency_s for t in held])
+    at_threshold = {
+        "target_large_share": large_share, "threshold": round(learned.threshold, 4),
+        "large_share": round(float(up.mean()), 4), "quality": round(routed_q, 4),
+        "mean_latency_s": round(float(np.mean(np.where(up, lat_l, lat_s))), 3),
+    }
+    tiers = {"small": tier_summary(held, small), "large": tier_summary(held, large)}
+    tiers["large"]["note"] = "target alone, mode off: identical greedy output to target + draft"
+    return EvalResult(tiers, len(train), len(held), reports, learned, large_share, at_threshold)
+
+
+def chart(result: EvalResult, path: Path) -> bool:
+    """Quality against large share for each router; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for r in result.reports:
+        if r.name == "random":
+            ax.plot([0, 1], [r.quality_at[0.0], r.quality_at[1.0]], "--", color="grey", label="random (expected)")
+        else:
+            ax.plot(r.curve.shares, r.curve.quality, label=f"{r.name} (APGR {r.apgr.value:.2f})")
+    ax.set_xlabel("share of calls to the large tier")
+    ax.set_ylabel("held-out pass rate")
+    ax.set_title("Router: quality against large-tier share")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True

@@ -1,0 +1,78 @@
+"""The evaluation task set: coding functions with unit tests, and arithmetic word problems.
+
+The shipped set lives in `localspec/router/tasks/tasks.jsonl`, one JSON object a line:
+`{"id", "kind": "code"|"math", "prompt", "tests": [assert lines]}` or `{..., "answer": number}`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec.errors import ConfigError
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+DEFAULT_TASKS = TASKS_DIR / "tasks.jsonl"
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    kind: str  # "code" | "math"
+    prompt: str
+    tests: tuple[str, ...] = ()
+    answer: float | None = None
+
+    def messages(self) -> list[dict]:
+        return [{"role": "user", "content": self.prompt}]
+
+    def prompt_hash(self) -> str:
+        """What a cached outcome depends on besides the model: the prompt and how it is checked."""
+        blob = json.dumps([self.kind, self.prompt, list(self.tests), self.answer])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_tasks(path: Path = DEFAULT_TASKS) -> list[Task]:
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the task file {path}: {exc.strerror or exc}.", "Pass an existing --tasks file.") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+            kind = raw["kind"]
+            if kind == "code":
+                task = Task(str(raw["id"]), kind, str(raw["prompt"]), tests=tuple(str(t) for t in raw["tests"]))
+                if not task.tests:
+                    raise ValueError("a code task needs tests")
+            elif kind == "math":
+                task = Task(str(raw["id"]), kind, str(raw["prompt"]), answer=float(raw["answer"]))
+            else:
+                raise ValueError(f"unknown kind {kind!r}")
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}:{n}: not a valid task ({exc}).",
+                              "Each line needs id, kind (code|math), prompt, and tests or answer.") from None
+        if task.id in seen:
+            raise ConfigError(f"{path}:{n}: task id {task.id!r} appears twice.", "Give every task a unique id.")
+        seen.add(task.id)
+        tasks.append(task)
+    return tasks
+
+
+def split(tasks: list[Task]) -> tuple[list[Task], list[Task]]:
+    """Deterministic ~50/50 train/held-out split, per kind, by the hash of each id."""
+    train: list[Task] = []
+    held: list[Task] = []
+    for kind in sorted({t.kind for t in tasks}):
+        group = sorted((t for t in tasks if t.kind == kind), key=lambda t: hashlib.sha256(t.id.encode()).hexdigest())
+        half = len(group) // 2
+        train += group[:half]
+        held += group[half:]
+    order = {t.id: i for i, t in enumerate(tasks)}
+    return sorted(train, key=lambda t: order[t.id]), sorted(held, key=lambda t: order[t.id])

@@ -1,0 +1,167 @@
+"""Router evaluation: the task set, the checker, and the APGR / CPT arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from localspec.router.checker import check
+from localspec.router.curve import evaluate_router, routing_curve
+from localspec.router.evaluation import label_of, read_labels, train_from_labels, write_labels
+from localspec.router.tasks import DEFAULT_TASKS, Task, load_tasks, split
+
+# ---------------------------------------------------------------- the task set
+
+
+def test_shipped_task_set_and_split():
+    tasks = load_tasks(DEFAULT_TASKS)
+    assert len(tasks) >= 120
+    kinds = {t.kind for t in tasks}
+    assert kinds == {"code", "math"}
+    assert all(t.tests for t in tasks if t.kind == "code") and all(t.answer is not None for t in tasks if t.kind == "math")
+    train, held = split(tasks)
+    assert split(tasks) == (train, held)  # deterministic
+    assert not {t.id for t in train} & {t.id for t in held}
+    assert len(train) + len(held) == len(tasks) and abs(len(train) - len(held)) <= 2
+    for kind in kinds:
+        assert abs(sum(t.kind == kind for t in train) - sum(t.kind == kind for t in held)) <= 1
+
+
+def test_malformed_task_file_is_a_config_error(tmp_path):
+    from localspec.errors import ConfigError
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"id": "a", "kind": "code", "prompt": "p", "tests": []}\n')
+    with pytest.raises(ConfigError, match="needs tests"):
+        load_tasks(path)
+    path.write_text('{"id": "a", "kind": "math", "prompt": "p", "answer": 1}\n' * 2)
+    with pytest.raises(ConfigError, match="appears twice"):
+        load_tasks(path)
+
+
+# ---------------------------------------------------------------- the checker
+
+CODE = Task("c", "code", "Write `second_largest(nums)`...", tests=(
+    "assert second_largest([4,4,3,1]) == 3",
+    "assert second_largest([5,5,5]) is None",
+))
+MATH = Task("m", "math", "...", answer=48.3)
+
+
+def test_code_checker_runs_the_tests():
+    good = "Here you go:\n```python\ndef second_largest(nums):\n    s = sorted(set(nums))\n    return s[-2] if len(s) > 1 else None\n```"
+    bad = "```python\ndef second_largest(nums):\n    return sorted(nums)[-2]\n```"
+    assert check(CODE, good).passed
+    r = check(CODE, bad)
+    assert not r.passed and "AssertionError" in r.detail
+    assert not check(CODE, "```python\ndef second_largest(nums:\n```").passed  # syntax error
+    assert not check(CODE, "I cannot do that.").passed
+
+
+def test_code_checker_times_out_and_is_isolated():
+    loop = "```python\ndef second_largest(nums):\n    while True:\n        pass\n```"
+    r = check(CODE, loop)
+    assert not r.passed and ("timed out" in r.detail or "exit status" in r.detail)
+    sneaky = "```python\nimport os\nassert os.environ.get('LOCALSPEC_HOME') is None\ndef second_largest(n):\n    s=sorted(set(n))\n    return s[-2] if len(s)>1 else None\n```"
+    assert check(CODE, sneaky).passed  # an empty environment: none of ours leaks in
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("Each pays 144.90 / 3 = 48.30.\nAnswer: 48.30", True),
+    (r"The total per friend is \(\boxed{48.3}\) dollars, after 3 friends.", True),
+    ("Answer: $48.3", True),
+    ("Each pays 42 dollars.\nAnswer: 42", False),
+    ("I am not sure.", False),
+    (r"\boxed{48} dollars", False),
+])
+def test_math_checker(text, ok):
+    assert check(MATH, text).passed is ok
+
+
+def test_math_checker_reads_fractions_and_thousands():
+    assert check(Task("f", "math", "", answer=0.375), r"\boxed{\frac{3}{8}}").passed
+    assert check(Task("t", "math", "", answer=1015), "Answer: 1,015").passed
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def _outcomes(n=200, gain_share=0.1, seed=0):
+    """Small passes 50%; the large tier additionally passes `gain_share` of the tasks."""
+    rng = np.random.default_rng(seed)
+    small = (rng.random(n) < 0.5).astype(float)
+    gain = np.zeros(n)
+    candidates = np.nonzero(small == 0)[0]
+    gain[rng.choice(candidates, int(gain_share * n), replace=False)] = 1
+    return small, small + gain, gain, rng
+
+
+def test_perfect_router_recovers_the_gap_at_once():
+    small, large, gain, rng = _outcomes()
+    c = routing_curve(gain + 0.001 * rng.random(len(gain)), small, large)
+    assert c.quality[0] == pytest.approx(small.mean()) and c.quality[-1] == pytest.approx(large.mean())
+    assert c.pgr[0] == 0 and c.pgr[-1] == pytest.approx(1.0)
+    assert c.apgr > 0.94  # 1 - (10% of the tasks carry the gain) / 2
+    assert c.cpt(0.5) == pytest.approx(0.05)
+
+
+def test_random_router_scores_about_half_and_inverse_below():
+    small, large, gain, rng = _outcomes()
+    random_apgrs = [routing_curve(rng.random(len(gain)), small, large).apgr for _ in range(200)]
+    assert np.mean(random_apgrs) == pytest.approx(0.5, abs=0.03)
+    inverse = routing_curve(-gain + 0.001 * rng.random(len(gain)), small, large)
+    assert inverse.apgr < 0.1 and inverse.cpt(0.5) > 0.9
+
+
+def test_bootstrap_intervals_and_degenerate_resamples():
+    small, large, gain, rng = _outcomes(120, 0.15)
+    rep = evaluate_router("perfect", gain + 0.001 * rng.random(len(gain)), small, large, resamples=1000)
+    assert rep.apgr.low <= rep.apgr.value <= rep.apgr.high and rep.apgr.low > 0.85
+    assert rep.cpt50.high <= 0.2 and rep.skipped_resamples == 0
+    rand = evaluate_router("random", np.zeros(len(gain)), small, large, resamples=1000, random_scores=True)
+    assert rand.apgr.value == 0.5 and rand.apgr.low < 0.5 < rand.apgr.high
+    assert rep.apgr.low > rand.apgr.high
+    d = rep.as_dict()
+    assert set(d["pgr_at_share"]) == {f"{i}%" for i in range(0, 101, 10)} and json.dumps(d)
+    # No gap at all: every resample is skipped and the intervals are undefined (null), not an error.
+    none = evaluate_router("x", np.arange(10.0), np.ones(10), np.ones(10), resamples=50)
+    assert none.skipped_resamples == 50 and none.as_dict()["apgr"]["ci95"] == [None, None]
+
+
+def test_labels_round_trip_and_train(tmp_path):
+    assert (label_of(True, False), label_of(False, True), label_of(False, False)) == (0, 1, None)
+    from localspec.router.evaluation import Labelled
+
+    examples = [Labelled(None, f"compute {' '.join(['9'] * k)} now", 256, int(k > 3)) for k in range(8) for _ in range(3)]
+    path = tmp_path / "labels.jsonl"
+    write_labels(path, examples)
+    back = read_labels(path)
+    assert back == examples
+    policy = train_from_labels(back)
+    assert not policy.uses_embedding and policy.meta["positives"] == 12
+
+
+# ---------------------------------------------------------------- the shipped figures
+
+
+def test_eval_from_shipped_outcomes_reproduces_a_report(tmp_path, capsys):
+    """`router eval --from-outcomes` on the committed outcome cache: no generation, full report."""
+    from localspec.cli import main
+    from localspec.cli.router_cmd import _shipped_outcomes
+
+    assert _shipped_outcomes().is_file()
+    out = tmp_path / "report.json"
+    rc = main(["router", "eval", "--from-outcomes", "--no-embedding", "--resamples", "200", "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["tasks"] >= 120 and report["held_out_tasks"] + report["train_tasks"] == report["tasks"]
+    assert set(report["routers"]) == {"learned", "heuristic", "cascade-confidence", "random"}
+    small, large = report["tiers"]["small"]["quality"], report["tiers"]["large"]["quality"]
+    assert large > small  # the gap the router works with
+    learned = report["routers"]["learned"]
+    assert learned["quality_at_share"]["0%"] == pytest.approx(small) and learned["quality_at_share"]["100%"] == pytest.approx(large)
+    assert len(learned["apgr"]["ci95"]) == 2 and "goals" in report
+    printed = capsys.readouterr().out
+    assert "APGR" in printed and "CPT(50%)" in printed
