@@ -4,19 +4,26 @@ A face (the endpoint, the TUI) turns its input into a `GenerationRequest` and ca
 `Pipeline.submit`, which returns a `Job`. A job has the engine `Handle`'s shape (an event queue,
 a `done` flag, `cancel()`), so a face reads a cached answer, a local generation and a remote one
 the same way. What the pipeline decided travels on the job: `job.cache` (hit, miss or bypass,
-with the similarity and the matched prompt) and `job.route` (the tier and why).
+with the similarity and the matched prompt) and `job.route` (the tier, the scores and why).
 
     pipeline = Pipeline(tiers={"large": tier}, default_tier="large", cache=SemanticCache(...))
-    job = pipeline.submit(request)
+    job = pipeline.submit(request, route="auto")
     for event in job: ...            # Token..., then Done
 
-The cache key names the tier that answers (its model file's fingerprint), so a routed request
-never sees another model's answer. Only deterministic requests are cached: see
-`localspec.cache.policy`.
+Stages, in order:
+1. route: `route="auto"` asks the router for a tier; a tier name is explicit and bypasses it;
+   None is the default tier;
+2. cache lookup, keyed by the answering tier's fingerprint, so a routed request never sees
+   another model's answer (only deterministic requests are cached: `localspec.cache.policy`);
+3. generate: a local tier's engine; a cascade (the small tier first, kept unless the router's
+   escalation rule says it is unsure, in which case the user sees only the larger tier's answer);
+   or the remote tier, falling back to the best local tier when it is unavailable;
+4. cache store of a finished answer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import re
@@ -31,6 +38,7 @@ from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Event, Stats, Token
 from localspec.engine.scheduler import Engine
 from localspec.engine.worker import EngineWorker
+from localspec.router import RemoteTier, RemoteUnavailable, RouteDecision, RouteInput, Router
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +69,30 @@ class LocalTier:
         self.worker.stop(drain=drain)
         if self.owns_engine:
             self.engine.close()
+
+
+class RemoteRunner:
+    """The remote tier (an OpenAI-compatible server) as the pipeline drives it."""
+
+    def __init__(self, remote: RemoteTier) -> None:
+        self.remote = remote
+        self.name = remote.spec.name
+        self.model_id = remote.spec.model or ""
+        self.fingerprint = f"remote:{remote.spec.base_url}#{remote.spec.model}"
+
+    def stream(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[str]:
+        """Text deltas; raises RemoteUnavailable before the first one when the tier cannot start."""
+        if request.messages is not None:
+            messages = [m.model_dump(include={"role", "content"}) for m in request.messages]
+        else:
+            messages = [{"role": "user", "content": request.prompt or ""}]
+        return self.remote.stream_chat(messages, request.max_tokens, request.sampling.temperature,
+                                       request.sampling.seed, request.stop or None, cancel)
+
+    def close(self, drain: bool = False) -> None:
+        client = self.remote._client
+        if client is not None:
+            client.close()
 
 
 # ---------------------------------------------------------------- what travels on a job
@@ -122,6 +154,10 @@ class Job:
         return self._cancel.is_set()
 
     @property
+    def cancel_event(self) -> threading.Event:
+        return self._cancel
+
+    @property
     def cached(self) -> bool:
         return self.cache is not None and self.cache.status == "hit"
 
@@ -155,18 +191,30 @@ class PipelineSettings:
 
 @dataclass
 class Pipeline:
-    tiers: dict[str, LocalTier]
+    tiers: dict[str, LocalTier | RemoteRunner]
     default_tier: str
     cache: SemanticCache | None = None
     settings: PipelineSettings = field(default_factory=PipelineSettings)
     on_finish: Callable[[Job], None] | None = None  # e.g. the face's metrics record
+    router: Router | None = None
+    load_tier: Callable[[str], LocalTier | RemoteRunner] | None = None  # tiers not loaded up front
+    _load_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def submit(self, request: GenerationRequest, tier: str | None = None, has_response_format: bool = False,
+    def submit(self, request: GenerationRequest, route: str | None = None, has_response_format: bool = False,
                use_cache: bool = True) -> Job:
-        """Answer from the cache or queue on a tier. Raises RequestError subclasses for bad input."""
-        name = tier or self.default_tier
-        answering = self.tiers[name]
+        """Route, answer from the cache or queue on a tier. Raises RequestError subclasses for bad input.
+
+        `route`: "auto" asks the router; a tier name ("small", "large", "remote") is explicit; None
+        is the default tier.
+        """
+        decision = self._decide(request, route)
+        name = decision.tier if decision else (route if route and route != "auto" else self.default_tier)
+        answering = self.tier(name)
         job = Job(request, name)
+        if decision is not None:
+            job.route = decision.as_dict()
+        elif route and route != "auto":
+            job.route = {"tier": name, "policy": "explicit", "reason": f"the request named the {name} tier"}
         key = None
         if use_cache:
             key, bypass = self.cache_key(request, answering, has_response_format)
@@ -182,10 +230,32 @@ class Pipeline:
                 job.cache = CacheInfo("miss")
         else:
             job.cache = CacheInfo("bypass", reason="disabled for this request")
-        handle = answering.submit(request)  # raises for bad input before anything runs
+        if isinstance(answering, RemoteRunner):
+            self._start(self._run_remote, job, answering, key)
+            return job
+        cascade = decision is not None and decision.cascade
+        first = request.model_copy(update={"logprobs": request.logprobs or 0}) if cascade else request
+        handle = answering.submit(first)  # raises for bad input before anything runs
         job.attach(answering.worker, handle)
-        threading.Thread(target=self._pump, args=(job, handle, key), name="localspec-job", daemon=True).start()
+        if cascade:
+            self._start(self._run_cascade, job, handle, key, decision)
+        else:
+            self._start(self._run_local, job, handle, key)
         return job
+
+    def tier(self, name: str) -> LocalTier | RemoteRunner:
+        """A tier by name, loading it on first use."""
+        with self._load_lock:
+            if name not in self.tiers:
+                if self.load_tier is None:
+                    raise KeyError(f"no tier {name!r} (have {sorted(self.tiers)})")
+                self.tiers[name] = self.load_tier(name)
+            return self.tiers[name]
+
+    def _decide(self, request: GenerationRequest, route: str | None) -> RouteDecision | None:
+        if route != "auto" or self.router is None:
+            return None
+        return self.router.decide(RouteInput.from_request(request))
 
     def cache_key(self, request: GenerationRequest, tier: LocalTier,
                   has_response_format: bool = False) -> tuple[CacheKey | None, str | None]:
@@ -241,17 +311,95 @@ class Pipeline:
         job.finish(Done(hit.stats.get("finish_reason", "stop"), stats, hit.answer))
         self._finished(job)
 
-    def _pump(self, job: Job, handle, key: CacheKey | None) -> None:
-        """Forward the engine's events to the job; store a finished deterministic answer."""
+    @staticmethod
+    def _start(target, *args) -> None:
+        threading.Thread(target=target, args=args, name="localspec-job", daemon=True).start()
+
+    @staticmethod
+    def _collect(handle, sink: Callable[[Token], None]) -> tuple[Done, list[int]]:
+        """Hand the engine's tokens to `sink` until its Done; returns the Done and the token ids."""
         ids: list[int] = []
-        done: Done | None = None
-        while done is None:
+        while True:
             event = handle.events.get()
             if isinstance(event, Done):
-                done = event
-                break
+                return event, ids
             ids.extend(event.ids)
-            job.emit(event)
+            sink(event)
+
+    def _run_local(self, job: Job, handle, key: CacheKey | None) -> None:
+        done, ids = self._collect(handle, job.emit)
+        self._complete(job, done, ids, key)
+
+    def _run_cascade(self, job: Job, handle, key: CacheKey | None, decision: RouteDecision) -> None:
+        """The small tier answers first, unseen; keep it unless the escalation rule says it is unsure."""
+        held: list[Token] = []
+        done, ids = self._collect(handle, held.append)
+        if done.finish_reason in ("stop", "length") and not job.cancelled:
+            lps = [t.logprob.logprob for t in held if t.logprob is not None]
+            mean = sum(lps) / len(lps) if lps else None
+            up, why = self.router.should_escalate(mean, done.text, RouteInput.from_request(job.request))
+            job.route = {**(job.route or {}), "escalated": up, "escalation_reason": why,
+                         "mean_logprob": None if mean is None else round(mean, 4)}
+            if up:
+                target = self.router.escalation_tier(decision).name
+                job.route["tier"], job.tier = target, target
+                answering = self.tier(target)
+                if isinstance(answering, RemoteRunner):
+                    self._run_remote(job, answering, None)
+                    return
+                try:
+                    handle = answering.submit(job.request)
+                except Exception as exc:  # e.g. the larger tier's context is smaller: answer with the small one
+                    job.route["escalation_reason"] += f"; escalation failed ({exc}), kept the small answer"
+                else:
+                    job.attach(answering.worker, handle)
+                    self._run_local(job, handle, None)  # the cache key named the small tier
+                    return
+        for token in held:
+            job.emit(token if job.request.logprobs is not None else dataclasses.replace(token, logprob=None))
+        self._complete(job, done, ids, key)
+
+    def _run_remote(self, job: Job, runner: RemoteRunner, key: CacheKey | None) -> None:
+        """Stream from the remote tier; when it cannot start, fall back to the best local tier."""
+        stats = Stats(mode="remote")
+        t0 = time.perf_counter()
+        text: list[str] = []
+        try:
+            deltas = runner.stream(job.request, job.cancel_event)
+            for piece in deltas:
+                if not text:
+                    stats.ttft_ms = (time.perf_counter() - t0) * 1000
+                text.append(piece)
+                job.emit(Token(text=piece, ids=(), origin="target"))
+        except RemoteUnavailable as exc:
+            if text:  # it broke mid-answer: the user has seen part of it, so say so
+                job.finish(Done("error", stats, "".join(text), error=exc.cause))
+                self._finished(job)
+                return
+            self._fall_back(job, exc)
+            return
+        stats.completion_tokens = len(text)
+        stats.decode_ms = (time.perf_counter() - t0) * 1000 - stats.ttft_ms
+        reason = "cancelled" if job.cancelled else "stop"
+        self._complete(job, Done(reason, stats, "".join(text)), [], key)
+
+    def _fall_back(self, job: Job, exc: RemoteUnavailable) -> None:
+        local = self.router.best_local().name if self.router else self.default_tier
+        job.route = {**(job.route or {}), "tier": local, "fallback": f"{job.tier} unavailable: {exc.cause}"}
+        job.tier = local
+        logger.warning("remote tier unavailable, answering with %s: %s", local, exc.cause)
+        answering = self.tier(local)
+        try:
+            handle = answering.submit(job.request)
+        except Exception as err:
+            job.finish(Done("error", Stats(), "", error=str(err)))
+            self._finished(job)
+            return
+        job.attach(answering.worker, handle)
+        self._run_local(job, handle, None)
+
+    def _complete(self, job: Job, done: Done, ids: list[int], key: CacheKey | None) -> None:
+        """Store a finished answer (before the face sees Done, so a repeat right after hits), then finish."""
         if key is not None and self.cache is not None and done.finish_reason in ("stop", "length"):
             stats = {"prompt_tokens": done.stats.prompt_tokens, "completion_tokens": done.stats.completion_tokens,
                      "finish_reason": done.finish_reason, "tier": job.tier}

@@ -105,43 +105,20 @@ def open_engine(
     )
 
 
-@dataclass
-class Served:
-    """What a long-running face (the HTTP endpoint) serves: the engine and the names behind it."""
-
-    engine: Engine
-    files: ModelFiles
-    profile: str
-    embedding_id: str | None  # None when the profile has none or it is not installed
-    embedding_path: Path | None
-
-
-def open_served(
-    profile: str | None = None, target: str | None = None, draft: str | None = None, **overrides: Any
-) -> Served:
-    """`open_engine` plus the ids and the embedding model the endpoint advertises."""
-    mm = ModelManager()
-    prof_name = profile or mm.registry.default_profile
-    prof = mm.profile(profile)
-    mode = overrides.get("mode")
-    files, _ = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
-    engine = open_engine(profile, target, draft, **overrides)
-    emb_id = emb_path = None
-    if prof.embedding:
-        emb_id = mm.resolve(prof.embedding).id
-        emb_path = mm.installed_path(emb_id)
-        if emb_path is None:
-            emb_id = None
-    return Served(engine, files, prof_name, emb_id, emb_path)
-
-
 def open_cache(profile: str | None = None, n_threads: int | None = None,
-               embedding_path: Path | None = None) -> SemanticCache:
-    """The semantic cache with the profile's embedding model, or in exact-match mode without one.
+               embedding_path: Path | None = None, semantic: bool = False) -> SemanticCache:
+    """The cache: exact-match by default; with `semantic`, near-duplicates match through the profile's
+    embedding model and the false-hit guard.
 
-    A broken or missing embedding model degrades the cache (it says so in `describe()`), never the
-    face that opened it.
+    Semantic matching is opt-in because on the held-out pair set (written blind to the guard's
+    rules) it served 6% of traps; see `localspec cache eval --split test` and the README. A broken
+    or missing embedding model degrades the cache to exact matching (it says so in `describe()`),
+    never the face that opened it.
     """
+    if not semantic:
+        cache = SemanticCache(embedder=None)
+        cache.exact_reason = "semantic matching is off (enable it with --cache-semantic)"
+        return cache
     if embedding_path is None:
         mm = ModelManager()
         prof = mm.profile(profile)
@@ -160,3 +137,48 @@ def open_cache(profile: str | None = None, n_threads: int | None = None,
     cache = SemanticCache(embedder=embedder)
     logger.info("cache: %s", cache.describe())
     return cache
+
+
+def open_pipeline(
+    profile: str | None = None, target: str | None = None, draft: str | None = None, cache: bool = True,
+    route: bool = True, cache_sampled: bool = False, cache_semantic: bool = False, **overrides: Any,
+):
+    """The shared request pipeline for a profile: the large tier loaded now, the cache, the router.
+
+    The router's tiers are checked now (a missing model names its pull command, a bad remote URL
+    or unset key fails here, not at the first request); the small tier loads on its first request.
+    Explicit `target`/`draft` ids serve that pair alone, without a router.
+    """
+    from localspec.engine.embedder import file_fingerprint
+    from localspec.pipeline import LocalTier, Pipeline, PipelineSettings, RemoteRunner
+    from localspec.router import RemoteTier, Router
+
+    mode = overrides.get("mode")
+    files, _ = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
+    engine = open_engine(profile, target, draft, **overrides)
+    large = LocalTier("large", engine, files.target_id, files.draft_id, file_fingerprint(files.target))
+    semantic = open_cache(profile, engine.config.n_threads, semantic=cache_semantic) if cache else None
+    router = None
+    if route and target is None:
+        router = Router.from_profile(profile, embedder=semantic.embedder if semantic else None)
+        if len(router.tiers) < 2:
+            router = None
+
+    def load_tier(name: str):
+        spec = router.tier(name) if router else None
+        if spec is None:
+            raise KeyError(name)
+        if spec.kind == "remote":
+            return RemoteRunner(RemoteTier(spec))
+        small_files, _ = resolve_models(profile, spec.target, None, need_draft=False)
+        small_overrides = {k: v for k, v in overrides.items() if k in ("n_ctx", "n_threads", "parallel")}
+        small = open_engine(profile, spec.target, None, mode="off", **small_overrides)
+        return LocalTier(name, small, small_files.target_id, None, file_fingerprint(small_files.target))
+
+    pipeline = Pipeline({"large": large}, "large", semantic, PipelineSettings(cache=cache, cache_sampled=cache_sampled),
+                        router=router, load_tier=load_tier if router else None)
+    if router is not None:
+        for spec in router.tiers:
+            if spec.kind == "remote":
+                pipeline.tiers[spec.name] = RemoteRunner(RemoteTier(spec))
+    return pipeline, files

@@ -37,7 +37,7 @@ def server(target_path, draft_path, tmp_path_factory):
     settings = ServerSettings(
         api_key=KEY, parallel=PARALLEL, max_queue=QUEUE, n_ctx=N_CTX, n_threads=TEST_THREADS, mode="draft",
         max_tokens_cap=CAP, max_body_bytes=256 * 1024,
-        cache=False,  # these tests measure the engine path; the cache stage has tests/test_server_cache.py
+        cache=False, router=False,  # the engine path; the cache and router stages have modules of their own
     )
     app = create_app(settings, load=gated_load)
     with ServerThread(app) as srv:

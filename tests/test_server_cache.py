@@ -20,7 +20,7 @@ MODEL = DRAFT_ID  # the 0.5B as target keeps every miss cheap
 @pytest.fixture(scope="module")
 def srv(draft_path, minilm_path):
     settings = ServerSettings(target=MODEL, mode="off", parallel=2, n_ctx=1024, n_threads=TEST_THREADS,
-                              max_tokens_cap=64)
+                              max_tokens_cap=64, cache_semantic=True)
     with ServerThread(create_app(settings)) as server:
         assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=300), (
             request(server.base_url, "GET", "/health").text

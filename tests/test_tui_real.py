@@ -42,8 +42,8 @@ class Recorder(LocalBackend):
         super().__init__(engine, profile="default", target=TARGET_ID, draft=DRAFT_ID, owns_engine=False)
         self.events: list = []
 
-    def start(self, request):
-        return _Recorded(super().start(request), self.events)
+    def start(self, request, route=None):
+        return _Recorded(super().start(request, route), self.events)
 
 
 class _Recorded:

@@ -311,7 +311,7 @@ async def test_missing_models_offer_a_pull(tmp_path):
 
 async def test_context_overflow_shows_a_dialog_and_dropped_turns_a_notice(tmp_path):
     class TooLong(ReplayBackend):
-        def start(self, request):
+        def start(self, request, route=None):
             raise ContextOverflowError(5000, 1024)
 
     app = _app(tmp_path, TooLong([_reply([("x", "target")])]))

@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, help="speculation mode for in-process models")
     p.add_argument("--n-ctx", type=int, help="context tokens")
     p.add_argument("--threads", type=int, help="llama.cpp threads")
+    p.add_argument("--cache-semantic", action="store_true",
+                   help="also answer near-duplicate prompts from the cache (off by default; see the README)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +59,8 @@ def make_app(args: argparse.Namespace):
         from localspec.tui import LocalBackend
 
         def factory(profile: str | None):
-            return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads)
+            return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
+                                     cache_semantic=getattr(args, "cache_semantic", False))
 
     from localspec.metrics import Metrics
     from localspec.tui import SessionMetrics

@@ -191,10 +191,10 @@ def create_app(
             raise APIError(404, f"The model '{name}' does not exist on this server (serving: {served}).",
                            "model_not_found", "model")
 
-    async def submit(b: Backend, plan: translate.Plan) -> Job:
+    async def submit(b: Backend, plan: translate.Plan, model: str) -> Job:
         admission.check()
         try:
-            job = await asyncio.to_thread(b.pipeline.submit, plan.request, None, plan.grammar, plan.cache)
+            job = await asyncio.to_thread(b.pipeline.submit, plan.request, b.route_for(model), plan.grammar, plan.cache)
         except ContextOverflowError as exc:
             raise APIError(
                 400, f"This prompt has {exc.prompt_tokens} tokens but the model's context holds {exc.n_ctx} tokens "
@@ -334,7 +334,8 @@ def create_app(
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def list_models() -> ModelList:
         b = backend()
-        cards = [ModelCard(id=n, localspec={"model": b.target_id, "role": "chat"}) for n in sorted(b.target_names)]
+        cards = [ModelCard(id=n, localspec={"model": b.model_behind(n), "role": "chat", "route": b.route_for(n) or "large"})
+                 for n in sorted(b.target_names)]
         cards += [ModelCard(id=n, localspec={"model": b.embedding_id, "role": "embedding"}) for n in sorted(b.embedding_names)]
         return ModelList(data=cards)
 
@@ -353,7 +354,7 @@ def create_app(
         check_model(b, body.model, b.target_names)
         plan = plan_or_400(translate.chat_plan, body, s.max_tokens_cap)
         t0 = time.perf_counter()
-        job = await submit(b, plan)
+        job = await submit(b, plan, body.model)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if body.stream:
@@ -430,7 +431,7 @@ def create_app(
         check_model(b, body.model, b.target_names)
         plan = plan_or_400(translate.completion_plan, body, s.max_tokens_cap, fim_supported(b))
         t0 = time.perf_counter()
-        job = await submit(b, plan)
+        job = await submit(b, plan, body.model)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         echo = body.prompt if (body.echo and body.suffix is None and isinstance(body.prompt, str)) else ""

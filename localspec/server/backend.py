@@ -11,25 +11,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localspec.engine.embedder import Embedder, file_fingerprint
+from localspec.engine.embedder import Embedder
 from localspec.engine.scheduler import Engine
 from localspec.engine.worker import EngineWorker
-from localspec.pipeline import LocalTier, Pipeline, PipelineSettings
+from localspec.pipeline import LocalTier, Pipeline
 from localspec.server.embeddings import EmbeddingModel
 from localspec.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
-AUTO = "auto"  # the router's name; until the router lands it means the profile's target
+AUTO = "auto"  # the router picks the tier; without a router it is the profile's target
 
 
 @dataclass
 class Backend:
     pipeline: Pipeline
     target_id: str
-    target_names: set[str]
+    target_names: set[str]  # every model name a chat/completion request may use
     draft_id: str | None
     profile: str
+    routes: dict[str, str] = field(default_factory=dict)  # model name -> the pipeline's route ("auto", a tier)
     embedding_id: str | None = None
     embedding_names: set[str] = field(default_factory=set)
     embedding_path: Path | None = None
@@ -49,35 +50,55 @@ class Backend:
     def worker(self) -> EngineWorker:
         return self.tier.worker
 
+    def route_for(self, name: str) -> str | None:
+        """The pipeline route a requested model name means (None: the default tier)."""
+        return self.routes.get(name)
+
+    def model_behind(self, name: str) -> str:
+        """The model that answers a name: a tier's model, or "router" for auto."""
+        route = self.route_for(name)
+        if route == AUTO:
+            return "router"
+        if route and self.pipeline.router is not None:
+            spec = self.pipeline.router.tier(route)
+            return spec.target or spec.model or route
+        return self.target_id
+
     @classmethod
     def load(cls, s: ServerSettings) -> Backend:
         from localspec.models import ModelManager
-        from localspec.service import open_cache, open_served
+        from localspec.service import open_pipeline
 
-        served = open_served(
-            profile=s.profile, target=s.target, draft=s.draft,
+        pipeline, files = open_pipeline(
+            profile=s.profile, target=s.target, draft=s.draft, cache=s.cache, route=s.router,
+            cache_sampled=s.cache_sampled, cache_semantic=s.cache_semantic,
             parallel=s.parallel, n_ctx=s.n_ctx, n_threads=s.n_threads, mode=s.mode,
         )
         mm = ModelManager()
-        names = {served.files.target_id, *mm.resolve(served.files.target_id).aliases, AUTO}
-        emb_names: set[str] = set()
-        if served.embedding_id:
-            emb_names = {served.embedding_id, *mm.resolve(served.embedding_id).aliases}
-        cache = embedder = None
-        if s.cache:
-            cache = open_cache(served.profile, served.engine.config.n_threads, served.embedding_path)
-            embedder = cache.embedder
-        tier = LocalTier("large", served.engine, served.files.target_id, served.files.draft_id,
-                         file_fingerprint(served.files.target))
-        pipeline = Pipeline({"large": tier}, "large", cache,
-                            PipelineSettings(cache=s.cache, cache_sampled=s.cache_sampled))
+        prof_name = s.profile or mm.registry.default_profile
+        prof = mm.profile(s.profile)
+        routes: dict[str, str] = {}
+        if pipeline.router is not None:
+            routes[AUTO] = AUTO
+            for spec in pipeline.router.tiers:
+                if spec.kind == "local":
+                    for n in (spec.target, *mm.resolve(spec.target).aliases):
+                        routes.setdefault(n, spec.name)
+                elif spec.model:
+                    routes.setdefault(spec.model, spec.name)
+        names = {files.target_id, *mm.resolve(files.target_id).aliases, AUTO, *routes}
+        for n in (files.target_id, *mm.resolve(files.target_id).aliases):
+            routes[n] = "large"  # the target names always mean the large tier, even if small shares an alias
+        emb_id = emb_path = None
+        if prof.embedding and s.embeddings:
+            emb_id = mm.resolve(prof.embedding).id
+            emb_path = mm.installed_path(emb_id)
+            emb_id = emb_id if emb_path else None
+        emb_names = {emb_id, *mm.resolve(emb_id).aliases} if emb_id else set()
         return cls(
-            pipeline=pipeline, target_id=served.files.target_id, target_names=names,
-            draft_id=served.files.draft_id, profile=served.profile,
-            embedding_id=served.embedding_id if s.embeddings else None,
-            embedding_names=emb_names if s.embeddings else set(),
-            embedding_path=served.embedding_path if s.embeddings else None,
-            _shared_embedder=embedder,
+            pipeline=pipeline, target_id=files.target_id, target_names=names, draft_id=files.draft_id,
+            profile=prof_name, routes=routes, embedding_id=emb_id, embedding_names=emb_names,
+            embedding_path=emb_path, _shared_embedder=pipeline.cache.embedder if pipeline.cache else None,
         )
 
     def embedder(self) -> EmbeddingModel | None:

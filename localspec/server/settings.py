@@ -33,6 +33,8 @@ class ServerSettings(BaseModel):
     embeddings: bool = Field(True, description="serve the profile's embedding model on /v1/embeddings")
     cache: bool = Field(True, description="answer repeated deterministic requests from the semantic cache")
     cache_sampled: bool = Field(False, description="also cache sampled answers (temperature > 0, no seed)")
+    cache_semantic: bool = Field(False, description="also serve near-duplicates (embedding similarity + guard)")
+    router: bool = Field(True, description="model 'auto' routes between the profile's tiers")
 
     def with_env_key(self) -> ServerSettings:
         if self.api_key is None and os.environ.get(API_KEY_ENV):

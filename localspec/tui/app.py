@@ -419,7 +419,8 @@ class ChatApp(App):
         await self.query_one("#messages").mount(view)
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
         self.generating = True
-        self._generate(backend, request, view, self.chat_id)
+        route = self.store.get_chat(self.chat_id).params.route  # the store belongs to this thread
+        self._generate(backend, request, view, self.chat_id, route)
 
     def _default_profile(self) -> str | None:
         try:
@@ -430,10 +431,11 @@ class ChatApp(App):
             return None
 
     @work(thread=True, group="generate", exclusive=False)
-    def _generate(self, backend: Backend, request: GenerationRequest, view: MessageView, chat_id: int) -> None:
+    def _generate(self, backend: Backend, request: GenerationRequest, view: MessageView, chat_id: int,
+                  route: str | None = None) -> None:
         started = time.perf_counter()
         try:
-            generation = backend.start(request)
+            generation = backend.start(request, route=route)
         except LocalspecError as exc:
             self._from_thread(self._reply_refused, view, exc)
             return

@@ -51,8 +51,10 @@ class Generation(Protocol):
 class Backend(Protocol):
     info: BackendInfo
 
-    def start(self, request: GenerationRequest) -> Generation:
-        """Queue a request; raises LocalspecError (e.g. ContextOverflowError) for bad input."""
+    def start(self, request: GenerationRequest, route: str | None = None) -> Generation:
+        """Queue a request; raises LocalspecError (e.g. ContextOverflowError) for bad input.
+
+        `route`: "auto" lets the router pick the tier, a tier name picks it; None: the default."""
         ...
 
     def close(self) -> None: ...
@@ -114,36 +116,37 @@ class LocalBackend:
     """
 
     def __init__(self, engine, profile: str | None = None, target: str = "", draft: str | None = None,
-                 owns_engine: bool = True, cache=None, fingerprint: str = "") -> None:
+                 owns_engine: bool = True, cache=None, fingerprint: str = "", pipeline=None) -> None:
         from localspec.pipeline import LocalTier, Pipeline
 
         self.engine = engine
         self.owns_engine = owns_engine
-        tier = LocalTier("large", engine, target, draft, fingerprint or target, owns_engine=owns_engine)
-        self.pipeline = Pipeline({"large": tier}, "large", cache)
-        self.worker = tier.worker
+        if pipeline is None:
+            tier = LocalTier("large", engine, target, draft, fingerprint or target, owns_engine=owns_engine)
+            pipeline = Pipeline({"large": tier}, "large", cache)
+        self.pipeline = pipeline
+        self.worker = pipeline.tiers[pipeline.default_tier].worker
         self.info = BackendInfo(
             kind="in-process", target=target, draft=draft if engine.draft is not None else None,
             accelerator=detect_accelerator(), n_ctx=engine.config.n_ctx, profile=profile,
         )
 
     @classmethod
-    def open(cls, profile: str | None = None, cache: bool = True, **overrides) -> LocalBackend:
-        """Resolve the profile, load its models and the cache, start the step thread."""
-        from localspec.engine.embedder import file_fingerprint
-        from localspec.models import ModelManager
-        from localspec.service import open_cache, open_engine, resolve_models
+    def open(cls, profile: str | None = None, cache: bool = True, cache_semantic: bool = False,
+             **overrides) -> LocalBackend:
+        """Resolve the profile, load its models, the cache and the router, start the step thread."""
+        from localspec.service import open_pipeline
 
-        mm = ModelManager()
-        prof = mm.profile(profile)
-        engine = open_engine(profile, **overrides)
-        files, _ = resolve_models(profile, need_draft=False)
-        return cls(engine, profile=profile, target=prof.target, draft=prof.draft,
-                   cache=open_cache(profile, engine.config.n_threads) if cache else None,
-                   fingerprint=file_fingerprint(files.target))
+        pipeline, files = open_pipeline(profile, cache=cache, cache_semantic=cache_semantic, **overrides)
+        large = pipeline.tiers[pipeline.default_tier]
+        return cls(large.engine, profile=profile, target=files.target_id, draft=files.draft_id, pipeline=pipeline)
 
-    def start(self, request: GenerationRequest) -> _LocalGeneration:
-        return _LocalGeneration(self.pipeline.submit(request))
+    def start(self, request: GenerationRequest, route: str | None = None) -> _LocalGeneration:
+        if route is not None and route != "auto" and route not in self.pipeline.tiers and self.pipeline.load_tier is None:
+            route = None  # no router here: every tier name means the one engine
+        if route == "auto" and self.pipeline.router is None:
+            route = None
+        return _LocalGeneration(self.pipeline.submit(request, route=route))
 
     def mark_wrong(self, entry_id: str) -> bool:
         return self.pipeline.mark_wrong(entry_id)
@@ -277,8 +280,8 @@ class RemoteBackend:
         self.model = model
         self.info = BackendInfo(kind="remote", target=model, accelerator="remote", url=base)
 
-    def start(self, request: GenerationRequest) -> _RemoteGeneration:
-        return _RemoteGeneration(self.client, self.model, request, self._clock)
+    def start(self, request: GenerationRequest, route: str | None = None) -> _RemoteGeneration:
+        return _RemoteGeneration(self.client, "auto" if route == "auto" else self.model, request, self._clock)
 
     def mark_wrong(self, entry_id: str) -> bool:
         """Tell the server a cached answer was wrong (POST /v1/cache/{id}/wrong)."""
@@ -337,7 +340,7 @@ class ReplayBackend:
         self.requests: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
         self._n = 0
 
-    def start(self, request: GenerationRequest) -> _ReplayGeneration:
+    def start(self, request: GenerationRequest, route: str | None = None) -> _ReplayGeneration:
         self.requests.put(request)
         events = self.replies[min(self._n, len(self.replies) - 1)]
         self._n += 1

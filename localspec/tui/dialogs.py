@@ -92,6 +92,9 @@ class ChoiceDialog(_Dialog):
         self.dismiss(value if event.button.id == "ok" and value is not Select.NULL else None)
 
 
+ROUTES = ("auto", "small", "large")
+
+
 class ChatSettingsDialog(_Dialog):
     """The chat's system prompt and parameters. Dismisses with (system_prompt, params) or None."""
 
@@ -112,6 +115,8 @@ class ChatSettingsDialog(_Dialog):
             yield Input(str(p.temperature), id="temperature")
             yield Label("Max tokens")
             yield Input(str(p.max_tokens), id="max_tokens")
+            yield Label("Model (auto: the router picks small or large per request)")
+            yield Select([(r, r) for r in ROUTES], value=p.route or Select.NULL, id="route", prompt="large (the profile's target)")
             yield Label("Speculative mode")
             yield Select([(m, m) for m in MODES], value=p.mode or Select.NULL, id="mode", prompt="engine default")
             yield Label("Draft k (most tokens drafted per step; empty = default)")
@@ -137,7 +142,7 @@ class ChatSettingsDialog(_Dialog):
         if k is not None and not 0 <= k <= 64:
             raise ValueError("draft k must be between 0 and 64")
         return ChatParams(profile=select("#profile"), temperature=temperature, max_tokens=max_tokens,
-                          mode=select("#mode"), draft_k=k)
+                          mode=select("#mode"), draft_k=k, route=select("#route"))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id != "save":
