@@ -53,6 +53,7 @@ class ChatParams:
     max_tokens: int = 1024
     mode: str | None = None  # off | draft | lookup
     draft_k: int | None = None
+    route: str | None = None  # "auto" (the router), "small", "large"; None: the profile's target
 
     @classmethod
     def from_json(cls, text: str) -> ChatParams:
