@@ -35,8 +35,15 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+class _StrictSandbox(ImmutableSandboxedEnvironment):
+    """Refuse unsafe attribute access at once; the stock sandbox renders `{{ f.__globals__ }}` as ''."""
+
+    def unsafe_undefined(self, obj, attribute):
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+
 def _env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env

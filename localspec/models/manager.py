@@ -263,7 +263,7 @@ class ModelManager:
             info = read_gguf_info(origin)
             entry = overlay.add_entry(self.paths.user_registry, mid, role, origin, info)
             self._registry = None  # reload with the new overlay entry
-            name, want_sha, want_size = origin.name, None, None
+            name, want_sha, want_size = overlay.stored_name(origin.name, entry.id), None, None
         emit = Emitter(progress, entry.id, "file")
         with self.store.lock(entry.id):
             current = self.store.installed(entry.id)

@@ -23,6 +23,12 @@ def id_from_filename(name: str) -> str:
     return mid or "imported-model"
 
 
+def stored_name(name: str, model_id: str) -> str:
+    """The file name an import is stored under: its own when plain, else one made from the id."""
+    plain = name and not name.startswith(".") and "/" not in name and "\\" not in name
+    return name if plain else f"{model_id}.gguf"
+
+
 def _q(v: str) -> str:
     # JSON string escaping is valid TOML basic-string escaping.
     return json.dumps(v, ensure_ascii=False)
@@ -50,7 +56,7 @@ def add_entry(overlay: Path, model_id: str, role: str, origin: Path, info: GGUFI
     """Append an entry for a local file; the overlay is re-validated and restored on failure."""
     from localspec.models.store import sha256_file
 
-    spec = FileSpec(name=origin.name, size=origin.stat().st_size, sha256=sha256_file(origin))
+    spec = FileSpec(name=stored_name(origin.name, model_id), size=origin.stat().st_size, sha256=sha256_file(origin))
     entry = ModelEntry(
         id=model_id, family=info.architecture, role=role, quant=info.quant,  # type: ignore[arg-type]
         parameters=info.parameters, context_length=info.context_length,
