@@ -48,6 +48,9 @@ def llama_build() -> dict[str, Any]:
     """Version, system info, the backends compiled in (from the shared libraries) and GPU offload."""
     import llama_cpp
 
+    # A GGML_BACKEND_DL build (the standalone app) registers its backends only here; before it,
+    # system info is empty and the backends look "unknown". A no-op for a statically linked build.
+    llama_cpp.llama_backend_init()
     info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
     libs = sorted(p.name for p in lib_dir.iterdir()) if lib_dir.is_dir() else []

@@ -1,8 +1,10 @@
-"""packaging/install.py's backend decision on simulated machines, its dry run, and service units."""
+"""Packaging: install.py's backend decision and dry run, service units, the GPU cost check (dry runs,
+synthetic models, predictions) and the opt-in standalone-app check (LOCALSPEC_STANDALONE=1)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import plistlib
 import stat
@@ -137,3 +139,201 @@ def test_dry_run_writes_nothing(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "ExecStart=" in out and "$ systemctl --user enable --now localspec.service" in out
     assert not (tmp_path / ".config").exists()
+
+
+# ---------------------------------------------------------------- GPU cost check (CPU rehearsal parts)
+
+GPU_CHECK = REPO / "packaging" / "gpu-check.sh"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "packaging" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+synth_gguf = _load("synth_gguf")
+gpu_check = _load("gpu_check")
+
+
+def _dry_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(GPU_CHECK), "--dry-run", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_gpu_check_dry_run_on_a_cpu_machine_plans_a_cpu_build(tmp_path):
+    out = _dry_run("--small", str(tmp_path / "out"), env={"PATH": "/usr/bin:/bin"})  # no nvidia-smi there
+    assert out.returncode == 0, out.stderr
+    assert "backend: cpu (no NVIDIA GPU found" in out.stdout
+    assert "-DGGML_CUDA" not in out.stdout and "-DBUILD_SHARED_LIBS=ON" in out.stdout
+    assert "--target llama" in out.stdout and "--small" in out.stdout and "--out " + str(tmp_path / "out") in out.stdout
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_gpu_check_dry_run_with_an_h200_builds_cuda_for_sm90_only(tmp_path):
+    # A stand-in nvidia-smi answering like an H200 (compute capability 9.0) and a stand-in nvcc.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 9.0\n")
+    (bin_dir / "nvcc").write_text("#!/bin/sh\necho nvcc\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    out = _dry_run("--no-fa", "--jobs", "16", str(tmp_path / "out"), env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert "backend: cuda (nvidia-smi reports compute capability 90)" in out.stdout
+    assert "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90" in out.stdout
+    assert f"-DCMAKE_CUDA_COMPILER={bin_dir / 'nvcc'}" in out.stdout and "-DGGML_CUDA_FA=OFF" in out.stdout
+    assert "-j 16" in out.stdout and "--small" not in out.stdout
+    cpu = _dry_run("--cpu", str(tmp_path / "out"), env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert "backend: cpu (--cpu given)" in cpu.stdout and "-DGGML_CUDA" not in cpu.stdout
+
+
+def test_gpu_check_rejects_bad_arguments(tmp_path):
+    assert _dry_run().returncode == 2  # no output directory
+    bad = _dry_run("--frobnicate", str(tmp_path))
+    assert bad.returncode == 2 and "unknown option --frobnicate" in bad.stderr
+    assert _dry_run("--jobs", "many", str(tmp_path)).returncode == 2
+    assert "backend:" in _dry_run(env={"OUT": str(tmp_path / "o"), "PATH": "/usr/bin:/bin"}).stdout  # $OUT works
+
+
+def test_bundle_script_keeps_what_the_check_needs():
+    text = (REPO / "packaging" / "gpu-bundle.sh").read_text()
+    assert "LIMIT=$((60 * 1024 * 1024))" in text and "MANIFEST.txt" in text
+    for needed in ("ggml-vocab-qwen2.gguf", "gguf-py/gguf", "localspec packaging", "gpu-check.sh",
+                   "docs/bench/quick.json", "pydantic-core==", "diskcache=="):
+        assert needed in text, needed
+    removed = text[text.index("for b in "):].split(";")[0]
+    assert "cuda" not in removed  # the CUDA backend's sources stay in
+
+
+def test_random_qwen_shapes_and_quant_mix():
+    s7 = synth_gguf.SHAPES["qwen2.5-coder-7b"]
+    assert round(s7.n_params() / 1e9, 2) == 7.62 and s7.head_dim == 128
+    plan = {name: (shape, kind) for name, shape, kind in synth_gguf.tensor_plan(s7)}
+    Q = synth_gguf.Q
+    assert plan["token_embd.weight"] == ((152064, 3584), Q.Q4_K)
+    assert plan["output.weight"][1] == Q.Q6_K
+    assert plan["blk.0.attn_k.weight"] == ((512, 3584), Q.Q4_K)
+    assert plan["blk.0.ffn_down.weight"] == ((3584, 18944), Q.Q6_K)  # a "more bits" layer
+    assert plan["blk.4.ffn_down.weight"][1] == Q.Q4_K
+    half = {name: kind for name, _, kind in synth_gguf.tensor_plan(synth_gguf.SHAPES["qwen2.5-coder-0.5b"])}
+    assert half["blk.5.attn_q.weight"] == Q.Q5_0 and half["output.weight"] == Q.Q8_0  # 896 is not a multiple of 256
+    q8 = {kind for _, _, kind in synth_gguf.tensor_plan(s7, "q8_0")}
+    assert q8 == {Q.Q8_0, Q.F32}
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
+def test_random_blocks_dequantize_to_small_finite_weights(kind):
+    import gguf
+    import numpy as np
+
+    q = gguf.GGMLQuantizationType[kind]
+    raw = synth_gguf.random_blocks(q, (8, 512), np.random.default_rng(0))
+    w = gguf.quants.dequantize(raw, q)
+    assert w.shape == (8, 512) and np.isfinite(w).all()
+    assert 0.005 < float(w.std()) < 0.05 and abs(float(w.mean())) < 0.01
+
+
+def test_conditional_rates_from_bench_counts():
+    # 10 drafts reach position 1 and 8 survive; 8 reach position 2 and 6 survive (so 6/8 of the
+    # survivors of position 1 survive position 2 given the survival ratio s2 = 0.75 over s1 = 0.8).
+    rates = gpu_check.conditional_rates([10, 8, 0], [8, 6, 0])
+    assert rates == pytest.approx([0.8, 0.75 / 0.8])
+    bench = {"runs": [
+        {"suite": "code", "mode": "draft-k4", "drafted_by_position": [10, 8], "accepted_by_position": [8, 6]},
+        {"suite": "code", "mode": "off", "drafted_by_position": [], "accepted_by_position": []},
+        {"suite": "chat", "mode": "lookup", "drafted_by_position": [4], "accepted_by_position": [1]},
+    ]}
+    profiles = {(p["suite"], p["mode"]): p for p in gpu_check.profiles_from_bench(bench)}
+    assert set(profiles) == {("code", "draft-k4"), ("chat", "lookup"), ("all", "draft-k4"), ("all", "lookup")}
+    assert profiles[("chat", "lookup")]["drafter"] == "lookup"
+
+
+def test_prediction_follows_the_costs():
+    from localspec.engine.controller import Costs
+
+    good = {"suite": "code", "mode": "draft-k4", "drafter": "draft", "conditional_rates": [0.95] * 4}
+    gpu_like = Costs(verify=[0.010 + 0.0002 * n for n in range(16)], draft_step=0.002, draft_row=0.0001)
+    p = gpu_check.predict(gpu_like, good)
+    assert p["lag0"]["drafter"] == "draft" and p["lag0"]["k"] >= 4 and p["lag0"]["speedup"] > 2
+    cpu_like = Costs(verify=[0.05 * (1 + 0.6 * n) for n in range(16)], draft_step=0.03, draft_row=0.01)
+    assert gpu_check.predict(cpu_like, good)["lag0"] == {"drafter": "off", "k": 0, "speedup": 1.0}
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory, draft_path):
+    """The --small rehearsal models, tokenizer taken from the real draft model's file."""
+    d = tmp_path_factory.mktemp("synth")
+    out = {}
+    for name in ("small-target", "small-draft"):
+        out[name] = synth_gguf.write_random_gguf(d / f"{name}.gguf", synth_gguf.SHAPES[name], draft_path)
+    return out
+
+
+def test_synthetic_models_load_in_llama_cpp_and_calibrate(tiny_models, draft_path):
+    from localspec.engine import calibrate
+    from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
+    from tests.conftest import TEST_THREADS
+
+    assert tiny_models["small-draft"]["types"]["Q5_0"] > 0  # the 192-wide rows used the fallback
+    cfg = RuntimeConfig(n_ctx=256, n_threads=TEST_THREADS)
+    target = ModelRuntime(tiny_models["small-target"]["path"], cfg)
+    draft = ModelRuntime(tiny_models["small-draft"]["path"], cfg)
+    try:
+        assert target.n_vocab == 151936 and target.meta("qwen2.block_count") == "4"
+        ids = target.tokenize("def add(a, b):")
+        assert target.detokenize(ids) == "def add(a, b):"  # the real Qwen tokenizer came along
+        import numpy as np
+
+        logits = target.decode([Row(t, i, 0, logits=True) for i, t in enumerate(ids)])
+        assert logits.shape == (len(ids), 151936) and np.isfinite(logits).all()
+        target.seq_rm(0, 0, -1)
+        costs = calibrate.measure(target, draft, k_max=3, repeats=1)
+        assert len(costs.verify) == 4 and all(c > 0 for c in costs.verify) and costs.draft_step > 0
+    finally:
+        target.close()
+        draft.close()
+
+
+# ---------------------------------------------------------------- standalone app (slow, opt-in)
+
+STANDALONE_APP = Path(os.environ.get("LOCALSPEC_STANDALONE_APP", REPO / "dist" / "localspec" / "localspec"))
+standalone = pytest.mark.skipif(
+    os.environ.get("LOCALSPEC_STANDALONE") != "1" or not STANDALONE_APP.is_file(),
+    reason="opt-in: build with packaging/build-standalone.sh, then run with LOCALSPEC_STANDALONE=1",
+)
+
+
+def _app(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(STANDALONE_APP), *args], capture_output=True, text=True, timeout=timeout)
+
+
+@standalone
+def test_standalone_app_version_and_doctor():
+    from localspec import __version__
+
+    version = _app("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"localspec {__version__}"
+    doctor = _app("doctor", "--json")
+    assert doctor.returncode in (0, 1), doctor.stderr  # 1: a problem found (e.g. port in use)
+    report = json.loads(doctor.stdout)
+    lc = report["llama_cpp"]
+    assert lc["version"] == "0.3.36" and lc["backends"] == ["CPU"] and lc["gpu_offload"] is False
+    assert "CPU :" in lc["system_info"]  # a runtime-loaded CPU variant registered itself
+    # Runtime dispatch: the CPU backends are separate modules beside the executable, and the
+    # baseline x64 one needs nothing past SSE2, so the app starts on any x86-64 CPU.
+    variants = {p.name for p in STANDALONE_APP.parent.glob("libggml-cpu-*.so")}
+    assert {"libggml-cpu-x64.so", "libggml-cpu-haswell.so"} <= variants
+    assert "loaded CPU backend from " + str(STANDALONE_APP.parent) in doctor.stderr
+
+
+@standalone
+def test_standalone_app_generates_on_the_cpu(target_path):
+    out = _app("generate", "--no-pull", "--mode", "off", "--max-tokens", "8", "--threads", "2", "--n-ctx", "512",
+               "--json", "def add(a, b):", timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    assert record["finish_reason"] in ("length", "stop") and record["text"].strip()
+    assert record["stats"]["completion_tokens"] >= 1

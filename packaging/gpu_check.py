@@ -1,0 +1,300 @@
+"""GPU cost check: what speculation would buy on this machine, from measured costs.
+
+Runs on the borrowed GPU box (offline) after gpu-check.sh built llama.cpp; rehearsed on the CPU
+with --small. Steps:
+  1. write random-weight GGUF models with the exact shapes of Qwen2.5-Coder-7B and 0.5B
+     (synth_gguf.py; --small: tiny shapes);
+  2. load them with every layer offloaded (n_gpu_layers=-1; ignored by a CPU build) and run the
+     engine's own calibration (localspec.engine.calibrate.measure), plus a full sweep of target
+     verify batches 1..16 rows and draft batches 1..16 rows (the catch-up);
+  3. feed those costs and the per-position acceptance measured with the real pair on the CPU
+     (a localspec bench JSON) to the `auto` controller, and record the k it chooses and the
+     speedup it predicts over plain decoding.
+Everything goes to --out: calibration.json, predictions.json, summary.txt (also printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import synth_gguf  # noqa: E402  (next to this file, in the repo and in the bundle)
+
+CONTEXT = 48  # history before the measured batch, as in localspec.engine.calibrate
+LONG_CONTEXT = 1024  # a second point, to show how attention over a longer history adds cost
+PROFILE_K_MAX = 8  # EngineConfig.auto_k_max's default: the longest draft auto considers
+
+
+# ---------------------------------------------------------------- acceptance profiles
+
+
+def conditional_rates(drafted: list[float], accepted: list[float]) -> list[float]:
+    """Per-position conditional acceptance a_i from a bench's by-position counts.
+
+    The bench counts, per position i, how often a draft reached it and how often it survived
+    (which needs every earlier position to survive too). So s_i = accepted_i / drafted_i is the
+    survival up to i, and the controller's conditional rate is a_i = s_i / s_(i-1).
+    """
+    out, prev = [], 1.0
+    for d, a in zip(drafted, accepted):
+        if d <= 0:
+            break
+        s = a / d
+        out.append(min(1.0, s / prev) if prev > 0 else 0.0)
+        prev = s
+    return out
+
+
+def profiles_from_bench(bench: dict) -> list[dict]:
+    """One profile per (suite, speculative mode) in the bench runs, plus all suites together."""
+    groups: dict[tuple[str, str], list[list[float]]] = {}
+    for r in bench.get("runs", []):
+        mode = r.get("mode", "")
+        if r.get("engine", "localspec") != "localspec" or not r.get("drafted_by_position"):
+            continue
+        if not (mode.startswith("draft") or mode == "lookup"):
+            continue  # auto's own runs mix drafters; off drafts nothing
+        for suite in (r.get("suite", "?"), "all"):
+            d, a = groups.setdefault((suite, mode), [[], []])
+            for i, (x, y) in enumerate(zip(r["drafted_by_position"], r["accepted_by_position"])):
+                while len(d) <= i:
+                    d.append(0.0)
+                    a.append(0.0)
+                d[i] += x
+                a[i] += y
+    out = []
+    for (suite, mode), (d, a) in sorted(groups.items()):
+        rates = conditional_rates(d, a)
+        if rates:
+            out.append({"suite": suite, "mode": mode, "drafter": "lookup" if mode == "lookup" else "draft",
+                        "conditional_rates": rates, "drafted_by_position": d, "accepted_by_position": a})
+    return out
+
+
+def _acceptance(rates: list[float], k_max: int):
+    from localspec.engine.controller import Acceptance
+
+    # Positions past the measured ones reuse the last measured rate; large counts drown the prior.
+    full = [rates[min(i, len(rates) - 1)] for i in range(k_max)]
+    n = 1e6
+    return Acceptance(accepted=[r * n for r in full], trials=[n] * k_max)
+
+
+def predict(costs, profile: dict, k_max: int = PROFILE_K_MAX) -> dict:
+    """The auto controller's choice and predicted speedup for one acceptance profile."""
+    from localspec.engine.controller import Controller, expected_tokens
+
+    acc = _acceptance(profile["conditional_rates"], k_max)
+    base = 1.0 / costs.verify_cost(1)
+    out: dict = {"suite": profile["suite"], "mode": profile["mode"], "drafter": profile["drafter"],
+                 "conditional_rates": [round(r, 4) for r in profile["conditional_rates"]]}
+    if profile["drafter"] == "draft":
+        for lag in (0, 1):  # 0: draft caught up; 1: it must first read the last bonus/correction token
+            ctl = Controller(costs, k_max=k_max, has_draft_model=True)
+            ctl.draft = acc
+            choice = ctl.choose(draft_lag=lag, lookup_match=0, lookup_available=0, k_cap=k_max)
+            out[f"lag{lag}"] = {"drafter": choice.drafter, "k": choice.k,
+                                "speedup": round(choice.expected_rate / base, 3)}
+        curve = []
+        for k in range(1, k_max + 1):
+            cost = k * costs.draft_step + costs.verify_cost(k + 1)
+            curve.append(round(expected_tokens([acc.rate(i) for i in range(k)]) / cost / base, 3))
+        out["speedup_by_k"] = curve
+    else:
+        ctl = Controller(costs, k_max=k_max, has_draft_model=False)
+        ctl.lookup[3] = acc
+        choice = ctl.choose(draft_lag=0, lookup_match=3, lookup_available=k_max, k_cap=k_max)
+        out["lag0"] = {"drafter": choice.drafter, "k": choice.k, "speedup": round(choice.expected_rate / base, 3)}
+        out["speedup_by_k"] = [
+            round(expected_tokens([acc.rate(i) for i in range(k)]) / costs.verify_cost(k + 1) / base, 3)
+            for k in range(1, k_max + 1)
+        ]
+    return out
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def _sweep(rt, rows_max: int, context: int, repeats: int, seq: int = 0) -> list[float]:
+    """Median seconds of a decode of n rows (all with logits) after `context` tokens, n = 1..rows_max.
+
+    The sizes are timed round-robin (1..rows_max, then again), so a burst of load from elsewhere
+    spreads over all sizes instead of inflating one of them.
+    """
+    from localspec.engine.runtime import Row
+
+    rt.seq_rm(seq, 0, -1)
+    for start in range(0, context, 256):
+        rt.decode([Row((i * 7919) % rt.n_vocab, i, seq) for i in range(start, min(context, start + 256))])
+
+    def once(n: int) -> float:
+        t0 = time.perf_counter()
+        rt.decode([Row((13 * i + 1) % rt.n_vocab, context + i, seq, logits=True) for i in range(n)])
+        seconds = time.perf_counter() - t0
+        rt.seq_rm(seq, context, -1)
+        return seconds
+
+    sizes = range(1, rows_max + 1)
+    for n in sizes:
+        once(n)  # first use of a batch shape allocates buffers / builds graphs
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            times[n].append(once(n))
+    rt.seq_rm(seq, 0, -1)
+    return [statistics.median(times[n]) for n in sizes]
+
+
+def _gpu_names() -> list[str]:
+    try:
+        import subprocess
+
+        res = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return [line.strip() for line in res.stdout.splitlines() if line.strip()] if res.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
+def run(args: argparse.Namespace) -> dict:
+    import llama_cpp
+
+    from localspec.engine import calibrate
+    from localspec.engine.controller import Costs
+    from localspec.engine.runtime import ModelRuntime, RuntimeConfig
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    work: Path = args.work
+    t_start = time.perf_counter()
+    names = ("small-target", "small-draft") if args.small else ("qwen2.5-coder-7b", "qwen2.5-coder-0.5b")
+    models = {}
+    for role, name in zip(("target", "draft"), names):
+        info = synth_gguf.write_random_gguf(work / f"{name}-{args.recipe}.gguf", synth_gguf.SHAPES[name],
+                                            args.vocab, args.recipe)
+        print(f"wrote {role} {info['path']}: {info['bytes'] / 2**20:.0f} MiB in {info['seconds']} s {info['types']}",
+              flush=True)
+        models[role] = info
+    offload = bool(llama_cpp.llama_supports_gpu_offload())
+    cfg = RuntimeConfig(n_ctx=2048, n_batch=512, n_ubatch=512, n_outputs_max=64, n_threads=args.threads,
+                        n_gpu_layers=args.n_gpu_layers, flash_attn="auto")
+    t0 = time.perf_counter()
+    target = ModelRuntime(models["target"]["path"], cfg)
+    draft = ModelRuntime(models["draft"]["path"], cfg)
+    load_s = time.perf_counter() - t0
+    print(f"loaded both in {load_s:.1f} s; GPU offload supported: {offload}", flush=True)
+
+    t0 = time.perf_counter()
+    engine_costs = calibrate.measure(target, draft, args.k_max)  # what `auto` itself measures at start-up
+    calib_s = time.perf_counter() - t0
+    rows = args.k_max + 1
+    verify = _sweep(target, rows, CONTEXT, args.repeats)
+    draft_rows = _sweep(draft, 16, CONTEXT, args.repeats)
+    verify_long = _sweep(target, rows, LONG_CONTEXT, args.repeats) if not args.quick else []
+    draft_long = _sweep(draft, 2, LONG_CONTEXT, args.repeats) if not args.quick else []
+    target.close()
+    draft.close()
+    # The controller's costs from the full sweep: verify[n-1] for n rows; the draft's step and
+    # the per-row slope of a catch-up batch (as calibrate.measure derives them from 1 and 16 rows).
+    swept = Costs(verify=verify, draft_step=draft_rows[0], draft_row=max((draft_rows[15] - draft_rows[0]) / 15, 0.0))
+
+    calibration = {
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "gpus": _gpu_names(), "gpu_offload": offload, "n_gpu_layers": args.n_gpu_layers,
+                    "threads": args.threads,
+                    "llama_cpp_python": llama_cpp.__version__,
+                    "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()},
+        "models": models,
+        "load_seconds": round(load_s, 2),
+        "engine_calibration": {"seconds": round(calib_s, 2), "k_max": args.k_max, **engine_costs.to_json()},
+        "sweep": {"context": CONTEXT, "repeats": args.repeats, "verify_by_rows": verify,
+                  "draft_by_rows": draft_rows,
+                  "catch_up_by_tokens": [swept.catch_up(n) for n in range(1, 17)]},
+        "sweep_long_context": {"context": LONG_CONTEXT, "verify_by_rows": verify_long, "draft_by_rows": draft_long},
+        "verify_ratio_to_one_row": [round(v / verify[0], 3) for v in verify],
+    }
+    (out / "calibration.json").write_text(json.dumps(calibration, indent=1))
+
+    bench = json.loads(args.bench.read_text()) if args.bench and args.bench.is_file() else {}
+    profiles = profiles_from_bench(bench)
+    preds = {
+        "note": ("Acceptance profiles were measured with the real Qwen2.5-Coder 1.5B/0.5B pair on a CPU; "
+                 "costs are measured here with random weights of the shapes in 'models'. "
+                 "speedup = the controller's expected tokens/s over plain decoding (1 / verify(1 row))."),
+        "bench": {"path": str(args.bench), "command": bench.get("command"), "started": bench.get("started")},
+        "costs": {"engine_calibration": predict_all(engine_costs, profiles), "sweep": predict_all(swept, profiles)},
+    }
+    (out / "predictions.json").write_text(json.dumps(preds, indent=1))
+    summary = render_summary(calibration, preds, time.perf_counter() - t_start)
+    (out / "summary.txt").write_text(summary)
+    print(summary, flush=True)
+    return preds
+
+
+def predict_all(costs, profiles: list[dict]) -> list[dict]:
+    return [predict(costs, p) for p in profiles]
+
+
+def render_summary(cal: dict, preds: dict, seconds: float) -> str:
+    m = cal["machine"]
+    sw = cal["sweep"]
+    ms = lambda xs: " ".join(f"{x * 1000:.1f}" for x in xs)  # noqa: E731
+    lines = [
+        f"localspec GPU cost check ({seconds:.0f} s): target {cal['models']['target']['shape']}, "
+        f"draft {cal['models']['draft']['shape']} ({cal['models']['target']['recipe']})",
+        f"GPUs: {', '.join(m['gpus']) or 'none'}; GPU offload: {m['gpu_offload']}; llama-cpp-python {m['llama_cpp_python']}",
+        f"target verify, ms by rows 1..{len(sw['verify_by_rows'])} (context {sw['context']}): {ms(sw['verify_by_rows'])}",
+        f"  ratio to 1 row: {' '.join(str(r) for r in cal['verify_ratio_to_one_row'])}",
+        f"draft, ms by rows 1..16 (a catch-up of n tokens is one n-row batch): {ms(sw['draft_by_rows'])}",
+    ]
+    if cal["sweep_long_context"]["verify_by_rows"]:
+        lc = cal["sweep_long_context"]
+        lines.append(f"at context {lc['context']}: target verify ms by rows: {ms(lc['verify_by_rows'])}; "
+                     f"draft step {lc['draft_by_rows'][0] * 1000:.1f} ms")
+    ec = cal["engine_calibration"]
+    lines.append(f"engine calibration ({ec['seconds']} s): verify ms {ms(ec['verify'])}; draft step "
+                 f"{ec['draft_step'] * 1000:.1f} ms, catch-up row {ec['draft_row'] * 1000:.2f} ms")
+    lines.append("")
+    lines.append("auto controller, from the swept costs (k_max 8): chosen drafter/k and predicted speedup over plain decoding")
+    lines.append(f"{'suite':8} {'mode':9} {'lag0: k  speedup':18} {'lag1: k  speedup':18} speedup by k=1..8")
+    for p in preds["costs"]["sweep"]:
+        cells = []
+        for lag in ("lag0", "lag1"):
+            c = p.get(lag)
+            cells.append(f"{c['drafter'][:6]:6} {c['k']:2} {c['speedup']:6.2f}x" if c else "-")
+        lines.append(f"{p['suite']:8} {p['mode']:9} {cells[0]:18} {cells[1]:18} {' '.join(f'{s:.2f}' for s in p['speedup_by_k'])}")
+    if not preds["costs"]["sweep"]:
+        lines.append("(no acceptance profiles: no bench JSON given)")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Measure speculative-decoding costs and predict auto's speedup.")
+    ap.add_argument("--out", type=Path, required=True, help="directory for calibration/predictions/summary")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/localspec-gpu-check-models"),
+                    help="where the synthetic models go (GBs for the real shapes; not the output dir)")
+    ap.add_argument("--vocab", type=Path, required=True, help="ggml-vocab-qwen2.gguf")
+    ap.add_argument("--bench", type=Path, help="localspec bench JSON with by-position acceptance")
+    ap.add_argument("--small", action="store_true", help="tiny shapes (CPU rehearsal)")
+    ap.add_argument("--recipe", choices=("q4_k_m", "q8_0"), default="q4_k_m")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--n-gpu-layers", type=int, default=-1)
+    ap.add_argument("--k-max", type=int, default=15, help="verify batches up to k_max+1 rows (default 16)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="skip the long-context sweep")
+    args = ap.parse_args(argv)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
