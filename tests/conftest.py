@@ -39,6 +39,18 @@ def calibration_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("calibration")
 
 
+@pytest.fixture(scope="module")
+def module_home(tmp_path_factory, calibration_dir):
+    """The same isolation for module-scoped fixtures (servers), which are set up before the
+    per-test `isolated_home` runs: without it they would write to the user's real directories."""
+    with pytest.MonkeyPatch.context() as mp:
+        home = tmp_path_factory.mktemp("module-home")
+        mp.setenv("LOCALSPEC_HOME", str(home))
+        mp.setenv("LOCALSPEC_MODELS_DIR", str(SHARED_STORE))
+        mp.setenv("LOCALSPEC_CALIBRATION_DIR", str(calibration_dir))
+        yield home
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory, monkeypatch, calibration_dir) -> Path:
     home = tmp_path_factory.mktemp("home")

@@ -27,7 +27,7 @@ SPEC = {"localspec": {"mode": "draft", "k": 4}}
 
 
 @pytest.fixture(scope="module")
-def server(target_path, draft_path, tmp_path_factory):
+def server(target_path, draft_path, module_home):
     gate = threading.Event()
 
     def gated_load(settings: ServerSettings) -> Backend:

@@ -18,7 +18,7 @@ MODEL = DRAFT_ID  # the 0.5B as target keeps every miss cheap
 
 
 @pytest.fixture(scope="module")
-def srv(draft_path, minilm_path):
+def srv(draft_path, minilm_path, module_home):
     settings = ServerSettings(target=MODEL, mode="off", parallel=2, n_ctx=1024, n_threads=TEST_THREADS,
                               max_tokens_cap=64, cache_semantic=True)
     with ServerThread(create_app(settings)) as server:
