@@ -105,6 +105,12 @@ def open_engine(
     )
 
 
+def open_embedder(path: Path, n_threads: int | None = None) -> Embedder:
+    """An embedding model, its file checked first: a bad file is a clean error, never a llama.cpp abort."""
+    validate_gguf(path)
+    return Embedder(path, n_threads=n_threads or 2)
+
+
 def open_cache(profile: str | None = None, n_threads: int | None = None,
                embedding_path: Path | None = None, semantic: bool = False) -> SemanticCache:
     """The cache: exact-match by default; with `semantic`, near-duplicates match through the profile's
@@ -130,8 +136,7 @@ def open_cache(profile: str | None = None, n_threads: int | None = None,
     embedder = None
     if embedding_path is not None:
         try:
-            validate_gguf(embedding_path)
-            embedder = Embedder(embedding_path, n_threads=n_threads or 2)
+            embedder = open_embedder(embedding_path, n_threads)
         except Exception as exc:
             logger.warning("embedding model %s unusable, cache in exact-match mode: %s", embedding_path, exc)
     cache = SemanticCache(embedder=embedder)

@@ -187,3 +187,25 @@ async def test_the_chat_app_routes_auto_and_shows_the_route(engines, tmp_path):
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
+
+
+def test_the_default_profile_serves_auto_with_a_lazily_loaded_small_tier(target_path, draft_path, module_home):
+    """The real start-up path (`localspec serve`): Backend.load opens the pipeline with the profile's router."""
+    settings = ServerSettings(n_ctx=1024, n_threads=TEST_THREADS, parallel=1, mode="off")
+    app = create_app(settings)
+    with ServerThread(app) as srv:
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=300), (
+            request(srv.base_url, "GET", "/health").text
+        )
+        client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+        cards = {m.id: m.model_extra["localspec"] for m in client.models.list().data}
+        assert cards["auto"]["route"] == "auto" and cards[DRAFT_ID]["route"] == "small"
+        assert cards[TARGET_ID]["route"] == "large"
+        r = client.chat.completions.create(model="auto", messages=[{"role": "user", "content": EASY}],
+                                           max_tokens=6, temperature=0)
+        assert r.model_extra["localspec"]["route"]["tier"] == "small" and r.choices[0].message.content
+        assert "small" in app.state.loader.backend.pipeline.tiers  # loaded on that first routed request
+        again = client.chat.completions.create(model="auto", messages=[{"role": "user", "content": EASY}],
+                                               max_tokens=6, temperature=0)
+        assert again.model_extra["localspec"]["cache"]["status"] == "hit"  # exact matches are cached by default
+        assert again.choices[0].message.content == r.choices[0].message.content

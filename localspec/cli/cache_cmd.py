@@ -42,8 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def open_embedder(model_id: str = EMBEDDING_MODEL):
     """The installed embedding model, or None (the cache then runs in exact-match mode)."""
-    from localspec.engine.embedder import Embedder
     from localspec.models import ModelManager
+    from localspec.service import open_embedder as load
 
     try:
         path = ModelManager().installed_path(model_id)
@@ -51,7 +51,7 @@ def open_embedder(model_id: str = EMBEDDING_MODEL):
         path = None
     if path is None:
         return None
-    return Embedder(path)
+    return load(path)
 
 
 def _open_cache(embedder=None):
@@ -118,9 +118,9 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.exact_only:
         embedder = None
     elif args.embedding_model:
-        from localspec.engine.embedder import Embedder
+        from localspec.service import open_embedder as load
 
-        embedder = Embedder(args.embedding_model)
+        embedder = load(args.embedding_model)
     else:
         embedder = open_embedder()
     if embedder is None and not args.exact_only:

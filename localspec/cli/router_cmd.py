@@ -79,9 +79,9 @@ def _embedder(mm, profile, disabled: bool):
         print(f"note: {profile.embedding} is not installed; the learned policy uses features only "
               f"(`localspec models pull {profile.embedding}` to add the embedding)", file=sys.stderr)
         return None, None
-    from localspec.engine.embedder import Embedder
+    from localspec.service import open_embedder
 
-    return Embedder(path), profile.embedding
+    return open_embedder(path), profile.embedding
 
 
 def _limit(tasks, n: int | None):

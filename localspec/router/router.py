@@ -205,5 +205,11 @@ def _profile_embedder(mm, embedding_id: str | None):
     if path is None:
         return None, f"{embedding_id} is not installed; run `localspec models pull {embedding_id}`"
     from localspec.engine.embedder import Embedder
+    from localspec.errors import LocalspecError
+    from localspec.models.gguf_info import validate_gguf
 
+    try:
+        validate_gguf(path)  # a bad file is a clean error here, never a llama.cpp abort
+    except LocalspecError as exc:
+        return None, str(exc)
     return Embedder(path), ""
