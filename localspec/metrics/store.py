@@ -161,14 +161,22 @@ def _move_aside(path: Path) -> Path:
 def open_db(path: Path) -> tuple[sqlite3.Connection, Path | None]:
     """Open (creating and migrating) the database; returns it and where a corrupt file went."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return _prepare(path), None
-    except sqlite3.DatabaseError as exc:
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-            raise  # busy, not broken
-        dest = _move_aside(path)
-        log.warning("metrics database %s is unreadable (%s); moved it to %s and started a new one", path, exc, dest)
-        return _prepare(path), dest
+    deadline = time.monotonic() + SETUP_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            return _prepare(path), None
+        except sqlite3.DatabaseError as exc:
+            if not (isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)):
+                broken = exc
+                break
+            # Busy, not broken. Switching to WAL while a peer creates the file can fail at once,
+            # without SQLite calling the busy handler, so wait for the peer here.
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
+    dest = _move_aside(path)
+    log.warning("metrics database %s is unreadable (%s); moved it to %s and started a new one", path, broken, dest)
+    return _prepare(path), dest
 
 
 _INSERT = f"INSERT OR REPLACE INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join(':' + c for c in COLUMNS)})"
