@@ -50,6 +50,10 @@ def _app(tmp_path: Path, backend, **kw) -> ChatApp:
                    model_rows=fixed_model_rows, export_dir=tmp_path / "exports", **kw)
 
 
+def _notified(app, text: str) -> bool:
+    return any(text in str(n.message) for n in app._notifications)
+
+
 async def _ready(app, pilot) -> None:
     await wait_for(pilot, lambda: app.backend is not None, 10, "the backend")
 
@@ -328,8 +332,7 @@ async def test_context_overflow_shows_a_dialog_and_dropped_turns_a_notice(tmp_pa
     async with app.run_test(size=SIZE) as pilot:
         await _ready(app, pilot)
         await app.send("hi")
-        await wait_for(pilot, lambda: not app.generating, 10)
-        assert any("2 oldest message" in str(n.message) for n in app._notifications)
+        await wait_for(pilot, lambda: not app.generating and _notified(app, "2 oldest message"), 10, "the notice")
 
 
 async def test_generation_error_is_a_notification(tmp_path):
@@ -337,8 +340,8 @@ async def test_generation_error_is_a_notification(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _ready(app, pilot)
         await app.send("hi")
-        await wait_for(pilot, lambda: not app.generating, 10)
-        assert any("decode failed" in str(n.message) for n in app._notifications)
+        # notify() posts a message: the notification lands in _notifications a beat after the reply ends.
+        await wait_for(pilot, lambda: not app.generating and _notified(app, "decode failed"), 10, "the notification")
         assert app.store.messages(app.chat_id)[-1].meta["finish_reason"] == "error"
         assert app.metrics.snapshot().errors == 1
 
