@@ -16,6 +16,7 @@ import pytest
 from localspec.cache import SCHEMA_VERSION, CacheScope, SemanticCache
 from localspec.cache.store import JSONOnlyDisk
 from localspec.engine.embedder import file_fingerprint
+from tests.server_harness import wait_until
 
 
 def scope(**kw) -> CacheScope:
@@ -83,10 +84,7 @@ def test_ttl_expires_entries(tmp_path: Path) -> None:
         stored_at = time.monotonic()
         assert c.lookup(scope(), "short-lived question") is not None
         # Poll for the expiry rather than sleeping a fixed time; it must not come before the TTL.
-        deadline = stored_at + 30
-        while c.lookup(scope(), "short-lived question") is not None:
-            assert time.monotonic() < deadline, "entry never expired"
-            time.sleep(0.05)
+        assert wait_until(lambda: c.lookup(scope(), "short-lived question") is None, timeout=30), "never expired"
         assert time.monotonic() - stored_at >= 0.45
 
 

@@ -22,7 +22,7 @@ from localspec.router.curve import RouterReport, evaluate_router
 from localspec.router.features import extract_features, feature_vector, request_text
 from localspec.router.outcomes import Outcome
 from localspec.router.policy import HeuristicPolicy, LogisticPolicy, train_policy
-from localspec.router.tasks import Task
+from localspec.router.tasks import Task, jsonl_rows
 
 
 @dataclass(frozen=True)
@@ -71,24 +71,17 @@ def read_labels(path: Path) -> list[Labelled]:
     from localspec.errors import ConfigError
 
     out = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"Cannot read the labels file {path}: {exc.strerror or exc}.", "Pass an existing file.") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    fix = 'Each line: {"prompt": "..."} or {"messages": [...]}, and "label": 0 or 1.'
+    for n, raw in jsonl_rows(path, "labelled example", fix):
         try:
-            raw = json.loads(line)
             if raw.get("label") not in (0, 1):
                 raise ValueError("label must be 0 or 1")
             messages, prompt = raw.get("messages"), raw.get("prompt")
             if (messages is None) == (prompt is None):
                 raise ValueError("give exactly one of messages or prompt")
             out.append(Labelled(messages, prompt, raw.get("max_tokens"), int(raw["label"]), float(raw.get("weight", 1.0))))
-        except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{path}:{n}: not a valid labelled example ({exc}).",
-                              'Each line: {"prompt": "..."} or {"messages": [...]}, and "label": 0 or 1.') from None
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}:{n}: not a valid labelled example ({exc}).", fix) from None
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,18 +35,28 @@ class Task:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def load_tasks(path: Path = DEFAULT_TASKS) -> list[Task]:
-    tasks: list[Task] = []
-    seen: set[str] = set()
+def jsonl_rows(path: Path, what: str, fix: str) -> Iterator[tuple[int, object]]:
+    """(line number, decoded JSON) of each non-blank line. An unreadable file or a line that is not
+    JSON is a ConfigError naming the file and line; callers check the shape of each row."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise ConfigError(f"Cannot read the task file {path}: {exc.strerror or exc}.", "Pass an existing --tasks file.") from None
+        raise ConfigError(f"Cannot read the {what} file {path}: {exc.strerror or exc}.", fix) from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            raw = json.loads(line)
+            yield n, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not a valid {what} ({exc}).", fix) from None
+
+
+def load_tasks(path: Path = DEFAULT_TASKS) -> list[Task]:
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    fix = "Each line needs id, kind (code|math), prompt, and tests or answer."
+    for n, raw in jsonl_rows(path, "task", fix):
+        try:
             kind = raw["kind"]
             if kind == "code":
                 task = Task(str(raw["id"]), kind, str(raw["prompt"]), tests=tuple(str(t) for t in raw["tests"]))
@@ -55,9 +66,8 @@ def load_tasks(path: Path = DEFAULT_TASKS) -> list[Task]:
                 task = Task(str(raw["id"]), kind, str(raw["prompt"]), answer=float(raw["answer"]))
             else:
                 raise ValueError(f"unknown kind {kind!r}")
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{path}:{n}: not a valid task ({exc}).",
-                              "Each line needs id, kind (code|math), prompt, and tests or answer.") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}:{n}: not a valid task ({exc}).", fix) from None
         if task.id in seen:
             raise ConfigError(f"{path}:{n}: task id {task.id!r} appears twice.", "Give every task a unique id.")
         seen.add(task.id)

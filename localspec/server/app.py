@@ -233,6 +233,23 @@ def create_app(
             if not job.done.is_set():
                 job.cancel()
 
+    async def text_pieces(b: Backend, job: Job, hold_text: bool = False) -> AsyncIterator[tuple[str, list[Token]] | Done]:
+        """A streamed answer: (text, the logprob-carrying tokens behind it) as text becomes certain,
+        then the Done. Tokens not yet reported come as one ("", tokens) pair before the Done; with
+        `hold_text` that is every token."""
+        pending: list[Token] = []
+        async for ev in events(b, job, None):
+            if isinstance(ev, Done):
+                if pending:
+                    yield "", pending
+                yield ev
+                return
+            if ev.logprob is not None:
+                pending.append(ev)
+            if ev.text and not hold_text:
+                yield ev.text, pending
+                pending = []
+
     async def collect(b: Backend, job: Job, request: Request) -> tuple[list[Token], Done | None]:
         """A non-streamed answer: its tokens that carry logprobs, and the Done (None if the client left)."""
         tokens: list[Token] = []
@@ -387,16 +404,16 @@ def create_app(
         yield sse(chunk(ChatDelta(role="assistant", content="")))
         pending_lp: list[Token] = []
         done = None
-        async for ev in events(b, job, None):
-            if isinstance(ev, Done):
-                done = ev
+        # Tool answers are parsed whole, at the end: hold their text.
+        async for item in text_pieces(b, job, hold_text=bool(plan.tool_mode)):
+            if isinstance(item, Done):
+                done = item
                 break
-            if ev.logprob is not None:
-                pending_lp.append(ev)
-            if ev.text and not plan.tool_mode:  # tool answers are parsed whole, at the end
-                lp = chat_logprobs(b, pending_lp) if body.logprobs else None
-                pending_lp = []
-                yield sse(chunk(ChatDelta(content=ev.text), logprobs=lp))
+            text, tokens = item
+            if not text:
+                pending_lp = tokens
+                continue
+            yield sse(chunk(ChatDelta(content=text), logprobs=chat_logprobs(b, tokens) if body.logprobs else None))
         if done is None:
             return
         finish(b, job, done, t0, rid)
@@ -459,18 +476,15 @@ def create_app(
 
         if echo:
             yield sse(chunk(echo, finish_reason=None))
-        pending_lp: list[Token] = []
         done = None
-        async for ev in events(b, job, None):
-            if isinstance(ev, Done):
-                done = ev
+        async for item in text_pieces(b, job):
+            if isinstance(item, Done):
+                done = item
                 break
-            if ev.logprob is not None:
-                pending_lp.append(ev)
-            if ev.text:
-                lp = completion_logprobs(b, pending_lp) if body.logprobs is not None else None
-                pending_lp = []
-                yield sse(chunk(ev.text, finish_reason=None, logprobs=lp))
+            text, tokens = item
+            if text:
+                lp = completion_logprobs(b, tokens) if body.logprobs is not None else None
+                yield sse(chunk(text, finish_reason=None, logprobs=lp))
         if done is None:
             return
         finish(b, job, done, t0, rid)

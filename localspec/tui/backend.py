@@ -142,11 +142,8 @@ class LocalBackend:
         return cls(large.engine, profile=profile, target=files.target_id, draft=files.draft_id, pipeline=pipeline)
 
     def start(self, request: GenerationRequest, route: str | None = None) -> _LocalGeneration:
-        if route is not None and route != "auto" and route not in self.pipeline.tiers and self.pipeline.load_tier is None:
-            route = None  # no router here: every tier name means the one engine
-        if route == "auto" and self.pipeline.router is None:
-            route = None
-        return _LocalGeneration(self.pipeline.submit(request, route=route))
+        # Without a router there is one tier, and every route means it.
+        return _LocalGeneration(self.pipeline.submit(request, route=route if self.pipeline.router else None))
 
     def mark_wrong(self, entry_id: str) -> bool:
         return self.pipeline.mark_wrong(entry_id)
