@@ -54,3 +54,21 @@ def test_schema_check_names_what_is_missing():
     with pytest.raises(ValueError, match="summary"):
         report.check_schema({"schema": 1, "machine": {}, "command": "", "plan": {}, "runs": [], "goals": {},
                              "acceptance_by_position": {}})
+
+
+def test_ratios_pair_each_run_with_off_on_the_same_prompt_and_repeat():
+    # Prompt 0 decodes at 30 tok/s and prompt 1 at 20; `auto` is 10% faster on both. The ratio of
+    # the two medians would mix prompts; the paired ratio sees the 10%.
+    runs = []
+    for rep in range(2):
+        for pid, base in ((0, 30.0), (1, 20.0)):
+            runs.append({"suite": "code", "prompt": pid, "rep": rep, "mode": "off", "tps": base})
+            runs.append({"suite": "code", "prompt": pid, "rep": rep, "mode": "auto", "tps": base * 1.1})
+    runs.append({"suite": "code", "prompt": 0, "rep": 0, "mode": "llama-server:ngram-simple", "tps": 27.0})
+    summary = runner.summarize(runs)
+    assert summary["code"]["auto"]["ratio_to_off"] == pytest.approx(1.1)
+    assert summary["code"]["auto"]["paired_runs"] == 4
+    assert summary["code"]["llama-server:ngram-simple"]["ratio_to_off"] == pytest.approx(0.9)
+    goals = runner.goals(summary, None, None, None)
+    assert goals["P1"]["value"] == pytest.approx(1.1) and goals["P1"]["met"]
+    assert goals["P3"]["value"]["code"] == pytest.approx(1.1 / 0.9)

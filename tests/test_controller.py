@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.engine.controller import Acceptance, Controller, Costs, expected_tokens
+from localspec.engine.controller import Acceptance, AcceptanceBook, Controller, Costs, expected_tokens, match_bucket
 
 # Measured on a 2-core CPU with the real pair (issue 9): target step 60 ms, draft step 27 ms,
 # verify of 2/5/9 rows 105/161/338 ms. Intermediate sizes interpolated.
 CPU = Costs(verify=[0.060, 0.105, 0.124, 0.142, 0.161, 0.200, 0.240, 0.290, 0.338], draft_step=0.027, draft_row=0.004)
+# This workplace's 2-core CPU as `localspec bench` calibrated it (a 2-row verify costs 1.5 steps).
+HERE = Costs(verify=[0.0436, 0.0662, 0.0910, 0.1128, 0.1339, 0.1966, 0.2246, 0.2768, 0.2645], draft_step=0.0251, draft_row=0.011)
 # A GPU: a batch of 9 costs about one step.
 GPU = Costs(verify=[0.020, 0.0205, 0.021, 0.0215, 0.022, 0.0225, 0.023, 0.0235, 0.024], draft_step=0.004, draft_row=0.0002)
 
@@ -77,3 +79,53 @@ def test_online_cost_refresh_moves_towards_observations():
         c.observe_draft_step(0.01)
     assert c.verify[1] == pytest.approx(0.1, rel=1e-3) and c.draft_step == pytest.approx(0.01, rel=1e-3)
     assert c.verify_cost(4) == pytest.approx(c.verify[1] + 2 * (c.verify[1] - c.verify[0]))
+
+
+def test_lookup_evidence_is_pooled_by_match_length_bucket():
+    assert [match_bucket(n) for n in (0, 1, 2, 3, 4, 7, 8, 15, 16, 40)] == [0, 1, 2, 3, 4, 4, 8, 8, 16, 16]
+    c = trained(CPU, rate=0.0)
+    for _ in range(100):
+        c.observe(c.choose(0, 20, 8, 8), drafted=4, accepted=4, lookup_match=20)
+    # Evidence from 20-token matches speaks for 16-token matches, not for 3-token ones.
+    assert c.choose(0, 16, 8, 8).drafter == "lookup"
+    assert c.lookup[16].trials[0] > 50 and 3 not in c.lookup
+
+
+def test_requests_share_what_the_engine_learned():
+    book = AcceptanceBook()
+    first = Controller(CPU, k_max=8, book=book)
+    for _ in range(60):
+        choice = first.choose(0, 3, 8, 8)
+        if choice.drafter == "off":
+            break
+        first.observe(choice, drafted=choice.k, accepted=0, lookup_match=3)
+    # The next request starts from that evidence instead of the prior, and does not retry.
+    assert Controller(CPU, k_max=8, book=book).choose(0, 3, 8, 8).drafter == "off"
+    assert Controller(CPU, k_max=8).choose(0, 3, 8, 8).drafter == "lookup"  # fresh book: prior
+
+
+def test_one_unlucky_rejection_does_not_retire_a_good_drafter():
+    c = Controller(HERE, k_max=8)
+    c.observe(c.choose(0, 16, 8, 8), drafted=1, accepted=0, lookup_match=16)
+    assert c.choose(0, 16, 8, 8).drafter == "lookup"  # still worth another try
+    for _ in range(30):
+        choice = c.choose(0, 16, 8, 8)
+        c.observe(choice, drafted=choice.k, accepted=choice.k, lookup_match=16)
+    # Later positions inherit the evidence, so a reliable drafter grows its k.
+    assert c.choose(0, 16, 8, 8).k >= 3
+
+
+def test_old_evidence_fades_when_the_workload_changes():
+    c = Controller(CPU, k_max=8, book=AcceptanceBook(decay=0.99))
+    for _ in range(300):
+        c.observe(Choice_lookup(4), drafted=4, accepted=4, lookup_match=16)
+    assert c.choose(0, 16, 8, 8).drafter == "lookup"
+    for _ in range(300):
+        c.observe(Choice_lookup(4), drafted=4, accepted=0, lookup_match=16)
+    assert c.choose(0, 16, 8, 8).drafter == "off"
+
+
+def Choice_lookup(k: int):
+    from localspec.engine.controller import Choice
+
+    return Choice("lookup", k, 0.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import numpy as np
 import pytest
 
@@ -58,6 +59,22 @@ def test_prompt_lookup_proposes_the_continuation_of_the_latest_match():
     assert d.match_length(hist) == 3
     # The most recent match wins.
     assert d.propose([5, 6, 1, 5, 6, 2, 5, 6], 1).tokens == (2,)
+
+
+def test_prompt_lookup_finds_the_longest_latest_match_like_a_brute_force_search():
+    def brute(hist, n_min, n_max, k):
+        for n in range(min(n_max, len(hist) - 1), n_min - 1, -1):
+            starts = [i for i in range(len(hist) - n) if hist[i : i + n] == hist[-n:]]
+            if starts:
+                return n, tuple(hist[starts[-1] + n : starts[-1] + n + k])
+        return 0, ()
+
+    rng = random.Random(7)
+    d = PromptLookupDrafter(n_min=2, n_max=6)
+    for _ in range(2000):
+        hist = [rng.randrange(3) for _ in range(rng.randrange(1, 40))]
+        got = d.propose(hist, 4)
+        assert (got.match_length, got.tokens) == brute(hist, 2, 6, 4), hist
 
 
 def test_sandboxed_chat_template_refuses_python_internals():

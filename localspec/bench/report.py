@@ -28,7 +28,7 @@ def markdown(result: dict) -> str:
         f"{result['machine'].get('memory_gb')} GB · {result['machine'].get('platform')}",
         f"Command: `{result['command']}`",
         "",
-        "tokens/s (median, ratio to our target-only `off`):",
+        "tokens/s (median; in brackets, the median of per-run ratios to our target-only `off` on the same prompt and repeat):",
         "",
         "| suite | " + " | ".join(modes) + " |",
         "|---|" + "---|" * len(modes),

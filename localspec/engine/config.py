@@ -29,7 +29,7 @@ class EngineConfig(BaseModel):
     draft_p_min: float = Field(0.5, ge=0.0, le=1.0, description="greedy drafting stops below this top-1 probability")
     lookup_k: int = Field(8, ge=0, le=64)
     lookup_n_min: int = Field(2, ge=1)
-    lookup_n_max: int = Field(4, ge=1)
+    lookup_n_max: int = Field(16, ge=1, description="longest suffix n-gram matched (longer matches are surer bets)")
     lora_path: str | None = None
     repack_weights: bool = Field(True, description="CPU: llama.cpp's repacked weight layout (faster decoding)")
     mmap: bool = Field(

@@ -31,7 +31,7 @@ import numpy as np
 from localspec.engine import calibrate
 from localspec.engine.chat import render_chat
 from localspec.engine.config import EngineConfig, GenerationRequest
-from localspec.engine.controller import Choice, Controller, Costs
+from localspec.engine.controller import AcceptanceBook, Choice, Controller, Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
 from localspec.engine.events import Done, Event, Stats, Token, TokenLogprob
 from localspec.engine.grammar import Grammar
@@ -140,6 +140,7 @@ class Engine:
                 )
             self.drafter = DraftModelDrafter(draft, target.n_vocab, self.config.draft_p_min)
         self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
+        self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
         self.slots = [_Slot(seq=i) for i in range(self.config.parallel)]
         self._pending: deque[tuple[Handle, GenerationRequest, list[int], float]] = deque()
         self._lock = threading.Lock()
@@ -384,7 +385,9 @@ class Engine:
                     t_admit=time.perf_counter(), stop=StopMatcher(request.stop), grammar=handle.grammar,
                 )
                 if mode == "auto":
-                    slot.active.controller = Controller(self.costs, k_max=k, has_draft_model=self.drafter is not None)
+                    slot.active.controller = Controller(
+                        self.costs, k_max=k, has_draft_model=self.drafter is not None, book=self.acceptance
+                    )
 
     def _draft(self, decoding: list[_Slot]) -> dict[int, Draft]:
         drafts: dict[int, Draft] = {}
