@@ -85,30 +85,36 @@ class Acceptance:
     trials: list[float] = field(default_factory=list)
     decay: float = 1.0
 
-    def rate(self, i: int) -> float:
-        """Estimated P(position i+1 accepted | positions 1..i were).
+    def rates(self, n: int) -> list[float]:
+        """Estimated P(position i+1 accepted | positions 1..i were), for i = 0..n-1.
 
         Position 1 starts from the fixed prior; each later position starts from the estimate of
         the one before it. Acceptance changes slowly with position, and a fixed prior there would
         keep a drafter at k = 1 forever: k = 2 is never tried if position 2 looks like a coin flip.
         """
-        if i < 0:
-            return 1.0
-        prior = PRIOR_ACCEPT / PRIOR_TRIALS if i == 0 else self.rate(i - 1)
-        a = self.accepted[i] if i < len(self.accepted) else 0.0
-        t = self.trials[i] if i < len(self.trials) else 0.0
-        return (a + prior * PRIOR_TRIALS) / (t + PRIOR_TRIALS)
+        out, prior = [], PRIOR_ACCEPT / PRIOR_TRIALS
+        for i in range(n):
+            a = self.accepted[i] if i < len(self.accepted) else 0.0
+            t = self.trials[i] if i < len(self.trials) else 0.0
+            prior = (a + prior * PRIOR_TRIALS) / (t + PRIOR_TRIALS)
+            out.append(prior)
+        return out
 
-    def optimistic_rate(self, i: int) -> float:
-        """rate(i) plus half a standard error: what the controller plans with.
+    def rate(self, i: int) -> float:
+        return self.rates(i + 1)[i] if i >= 0 else 1.0
+
+    def planning_rates(self, n: int) -> list[float]:
+        """rates(n), each plus half a standard error: what the controller plans with.
 
         A little optimism while evidence is thin keeps one unlucky rejection from retiring a
         drafter for good (the rule is greedy and would never try it again); with evidence the
         bonus shrinks and the plain estimate decides.
         """
-        r = self.rate(i)
-        t = self.trials[i] if 0 <= i < len(self.trials) else 0.0
-        return min(1.0, r + EXPLORATION * math.sqrt(r * (1.0 - r) / (t + PRIOR_TRIALS)))
+        out = []
+        for i, r in enumerate(self.rates(n)):
+            t = self.trials[i] if i < len(self.trials) else 0.0
+            out.append(min(1.0, r + EXPLORATION * math.sqrt(r * (1.0 - r) / (t + PRIOR_TRIALS))))
+        return out
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Positions 1..accepted survived; position accepted+1 (if drafted) was rejected."""
@@ -207,21 +213,21 @@ class Controller:
         best = Choice("off", 0, 1.0 / c.verify_cost(1))
         k_top = min(self.k_max, k_cap)
         if self.has_draft_model:
-            rates: list[float] = []
-            for k in range(1, k_top + 1):
-                rates.append(self.draft.optimistic_rate(k - 1))
+            expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time
+            for k, a in enumerate(self.draft.planning_rates(k_top), start=1):
+                survive *= a
+                expected += survive
                 cost = c.catch_up(draft_lag) + k * c.draft_step + c.verify_cost(k + 1)
-                rate = expected_tokens(rates) / cost
-                if rate > best.expected_rate:
-                    best = Choice("draft", k, rate)
+                if expected / cost > best.expected_rate:
+                    best = Choice("draft", k, expected / cost)
         if lookup_match > 0:
-            acc = self.book.for_lookup(lookup_match)
-            rates = []
-            for k in range(1, min(k_top, lookup_available) + 1):
-                rates.append(acc.optimistic_rate(k - 1))
-                rate = expected_tokens(rates) / c.verify_cost(k + 1)
-                if rate > best.expected_rate:
-                    best = Choice("lookup", k, rate)
+            expected, survive = 1.0, 1.0
+            rates = self.book.for_lookup(lookup_match).planning_rates(min(k_top, lookup_available))
+            for k, a in enumerate(rates, start=1):
+                survive *= a
+                expected += survive
+                if expected / c.verify_cost(k + 1) > best.expected_rate:
+                    best = Choice("lookup", k, expected / c.verify_cost(k + 1))
         return best
 
     def observe(self, choice: Choice, drafted: int, accepted: int, lookup_match: int = 0) -> None:
