@@ -50,8 +50,14 @@ def llama_cpp_python_lookup(
             llm.reset()
             t0 = time.perf_counter()
             stamps = []
-            for _chunk in llm.create_completion(rendered_prompt(template, text), max_tokens=max_tokens, temperature=0.0, stream=True):
-                stamps.append(time.perf_counter())
+            try:
+                for _chunk in llm.create_completion(rendered_prompt(template, text), max_tokens=max_tokens, temperature=0.0, stream=True):
+                    stamps.append(time.perf_counter())
+            except Exception as exc:  # e.g. its logits buffer on long prompts: reported, never fatal
+                logger.warning("llama-cpp-python lookup failed on %s #%d: %s", suite, pid, exc)
+                runs.append({"suite": "error", "prompt": pid, "rep": 0, "mode": "llama-cpp-python:lookup",
+                             "engine": "llama-cpp-python", "tps": 0.0, "error": f"{suite} #{pid}: {type(exc).__name__}: {exc}"})
+                continue
             n = len(stamps)
             decode = stamps[-1] - stamps[0] if n > 1 else 0.0
             runs.append({

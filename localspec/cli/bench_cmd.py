@@ -107,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         def tick(label: str) -> None:
             bar.update(task, advance=1, description=label[:42])
 
+        def checkpoint(runs: list[dict]) -> None:
+            # An hour of measurements must survive a later phase failing: keep what is done.
+            (out / "runs.partial.json").write_text(json.dumps({**result, "runs": runs}))
+
         engine = Engine.load(str(target), str(draft),
                              EngineConfig(n_ctx=plan.n_ctx, n_threads=plan.threads, mode="auto"),
                              calibration_dir=calibration_dir())
@@ -114,11 +118,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             result["calibration"] = engine.costs.to_json() if engine.costs else None
             runs = runner.run_modes(engine, plan, tick)
+            checkpoint(runs)
             result["ttft"] = runner.second_turn_ttft(engine, tick)
         finally:
             engine.close()
         if not args.no_anchors:
             runs += anchors.llama_cpp_python_lookup(target, prompts, plan.max_tokens, plan.n_ctx, plan.threads, template, tick)
+            checkpoint(runs)
             if server_bin:
                 runs += anchors.llama_server(server_bin, target, draft, plan.llama_server_configs, prompts,
                                              plan.max_tokens, plan.n_ctx, plan.threads, template, tick)
