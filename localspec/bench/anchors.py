@@ -42,6 +42,9 @@ def llama_cpp_python_lookup(
     llm = llama_cpp.Llama(
         model_path=str(target), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
         draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), verbose=False,
+        # A draft model makes Llama keep every row's logits, but 0.3.36 sizes its scores buffer from
+        # this argument (n_batch rows when False), so prompts over 512 tokens fail without it.
+        logits_all=True,
     )
     runs = []
     try:
