@@ -21,6 +21,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,17 @@ class Sampler(threading.Thread):
             self.stop.wait(0.5)
 
 
+def run_clients(client: Callable[[int], None], clients: int) -> float:
+    """Run `client(i)` for i in 0..clients-1, each on its own thread; wall seconds until all end."""
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - t0
+
+
 def steady_load(base_url: str, key: str, model: str, clients: int, duration: float, max_tokens: int) -> dict[str, Any]:
     import openai
 
@@ -134,13 +146,7 @@ def steady_load(base_url: str, key: str, model: str, clients: int, duration: flo
                     outcomes["errors"] += 1
                     errors.append(f"{type(exc).__name__}: {exc}"[:300])
 
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.monotonic() - t0
+    wall = run_clients(client_loop, clients)
     return {"clients": clients, "duration_s": round(wall, 1), "max_tokens": max_tokens, **outcomes,
             "errors_sample": errors[:10], "ttft_ms": percentiles(ttft), "total_ms": percentiles(total),
             "requests_per_minute": round(outcomes["completed"] / wall * 60, 1)}
@@ -183,13 +189,8 @@ def disconnect_storm(base_url: str, key: str, model: str, clients: int, rounds: 
             if s.status_code == 429:
                 time.sleep(0.5)
 
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=storm, args=(i,), daemon=True) for i in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {"clients": clients, "rounds": rounds, "seconds": round(time.monotonic() - t0, 1), **counts}
+    seconds = run_clients(storm, clients)
+    return {"clients": clients, "rounds": rounds, "seconds": round(seconds, 1), **counts}
 
 
 def queue_depth(base_url: str, key: str) -> float | None:
