@@ -10,7 +10,7 @@ import pytest
 from localspec.router.checker import check
 from localspec.router.curve import evaluate_router, routing_curve
 from localspec.router.evaluation import label_of, read_labels, train_from_labels, write_labels
-from localspec.router.tasks import DEFAULT_TASKS, Task, load_tasks, split
+from localspec.router.tasks import DEFAULT_TASKS, Task, kfold, load_tasks, split
 
 # ---------------------------------------------------------------- the task set
 
@@ -27,6 +27,25 @@ def test_shipped_task_set_and_split():
     assert len(train) + len(held) == len(tasks) and abs(len(train) - len(held)) <= 2
     for kind in kinds:
         assert abs(sum(t.kind == kind for t in train) - sum(t.kind == kind for t in held)) <= 1
+
+
+def test_kfold_holds_out_every_task_once_with_the_same_mix():
+    tasks = load_tasks(DEFAULT_TASKS)
+    folds = kfold(tasks, 5)
+    assert kfold(tasks, 5) == folds  # deterministic
+    held_ids = [t.id for _, held in folds for t in held]
+    assert sorted(held_ids) == sorted(t.id for t in tasks)  # each task held out exactly once
+    for train, held in folds:
+        assert not {t.id for t in train} & {t.id for t in held}
+        assert len(train) + len(held) == len(tasks)
+        for kind in ("code", "math"):
+            n_kind = sum(t.kind == kind for t in tasks)
+            assert abs(sum(t.kind == kind for t in held) - n_kind / 5) < 1  # stratified by kind
+    # The file's order does not decide the folds: a reversed file gives the same held-out sets.
+    again = kfold(list(reversed(tasks)), 5)
+    assert [{t.id for t in h} for _, h in again] == [{t.id for t in h} for _, h in folds]
+    with pytest.raises(ValueError):
+        kfold(tasks, 1)
 
 
 def test_malformed_task_file_is_a_config_error(tmp_path):
@@ -156,7 +175,9 @@ def test_eval_from_shipped_outcomes_reproduces_a_report(tmp_path, capsys):
     rc = main(["router", "eval", "--from-outcomes", "--no-embedding", "--resamples", "200", "--json", str(out)])
     assert rc == 0
     report = json.loads(out.read_text())
-    assert report["tasks"] >= 120 and report["held_out_tasks"] + report["train_tasks"] == report["tasks"]
+    # Default: 5-fold cross-validation, every task scored once by a policy that never saw it.
+    assert report["tasks"] >= 120 and report["folds"] == 5 and report["held_out_tasks"] == report["tasks"]
+    assert report["train_tasks"] == pytest.approx(report["tasks"] * 4 / 5, abs=1)
     assert set(report["routers"]) == {"learned", "heuristic", "cascade-confidence", "random"}
     small, large = report["tiers"]["small"]["quality"], report["tiers"]["large"]["quality"]
     assert large > small  # the gap the router works with
@@ -165,3 +186,9 @@ def test_eval_from_shipped_outcomes_reproduces_a_report(tmp_path, capsys):
     assert len(learned["apgr"]["ci95"]) == 2 and "goals" in report
     printed = capsys.readouterr().out
     assert "APGR" in printed and "CPT(50%)" in printed
+    # --folds 1: the single 50/50 split, held-out and train halves disjoint.
+    rc = main(["router", "eval", "--from-outcomes", "--no-embedding", "--resamples", "50", "--folds", "1",
+               "--json", str(out)])
+    single = json.loads(out.read_text())
+    assert rc == 0 and single["folds"] == 1
+    assert single["held_out_tasks"] + single["train_tasks"] == single["tasks"]

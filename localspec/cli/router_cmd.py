@@ -38,7 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--no-embedding", action="store_true", help="train the learned policy on features only")
     e.add_argument("--large-share", type=float, help="target large share for the threshold (default: profile's)")
     e.add_argument("--save-weights", action="store_true", help="save the trained policy as the profile's router weights")
-    e.add_argument("--write-labels", type=Path, help="write the train split's labels (the `router train` format)")
+    e.add_argument("--folds", type=_folds, default=5,
+                   help="k-fold cross-validation: every task is held out once (default 5); 1: one 50/50 split")
+    e.add_argument("--write-labels", type=Path,
+                   help="write the training labels of every task, or of the train half with --folds 1 "
+                        "(the `router train` format)")
     e.add_argument("--json", type=Path, dest="json_path", help="write the full report as JSON")
     e.add_argument("--chart", type=Path, help="write a PNG of quality against large share")
     e.set_defaults(func=run_eval)
@@ -95,18 +99,25 @@ def _limit(tasks, n: int | None):
     return out
 
 
+def _folds(text: str) -> int:
+    k = int(text)
+    if k < 1:
+        raise argparse.ArgumentTypeError("--folds must be 1 (one 50/50 split) or more")
+    return k
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from localspec.paths import resolve_paths
     from localspec.router.outcomes import OutcomeCache, run_tier
-    from localspec.router.tasks import DEFAULT_TASKS, load_tasks, split
+    from localspec.router.tasks import DEFAULT_TASKS, kfold, load_tasks, split
 
     console = Console(stderr=True)
     mm, prof_name, profile = _profile(args.profile)
     tasks = _limit(load_tasks(args.tasks or DEFAULT_TASKS), args.limit)
-    train, held = split(tasks)
+    splits = [split(tasks)] if args.folds == 1 else kfold(tasks, args.folds)
     tier_models = {"small": profile.small, "large": profile.target}
     if not profile.small:
         raise ConfigError(f"Profile {prof_name!r} names no small model.", "Add small = \"<model id>\" to the profile.")
@@ -146,16 +157,18 @@ def run_eval(args: argparse.Namespace) -> int:
     from localspec.router.evaluation import chart, evaluate, labels_from_outcomes, write_labels
 
     if args.write_labels:
-        write_labels(args.write_labels, labels_from_outcomes(train, results["small"], results["large"], args.max_tokens))
+        labelled = splits[0][0] if args.folds == 1 else tasks
+        write_labels(args.write_labels, labels_from_outcomes(labelled, results["small"], results["large"], args.max_tokens))
     embedder, emb_id = _embedder(mm, profile, args.no_embedding)
     share = profile.large_share if args.large_share is None else args.large_share
     try:
-        result = evaluate(train, held, results["small"], results["large"], args.max_tokens, embedder, emb_id,
+        result = evaluate(splits, results["small"], results["large"], args.max_tokens, embedder, emb_id,
                           share, args.resamples)
     except ValueError as exc:
         _print_tiers(console, tasks, results)
         raise LocalspecError(f"Cannot train the router on this split: {exc}.",
-                             "Use more tasks (drop --limit) so both labels occur in the train half.") from None
+                             "Use more tasks (drop --limit) or fewer --folds, so both labels occur in every "
+                             "training part.") from None
     finally:
         if embedder is not None:
             embedder.close()
@@ -198,7 +211,9 @@ def _print_report(result, report: dict) -> None:
 
     console = Console()
     tiers = report["tiers"]
-    t = Table(title=f"Tiers on {report['held_out_tasks']} held-out tasks (trained on {report['train_tasks']})")
+    how = (f"{report['folds']}-fold cross-validation, each policy trained on {report['train_tasks']:.0f}"
+           if report["folds"] > 1 else f"trained on {report['train_tasks']:.0f}")
+    t = Table(title=f"Tiers on {report['held_out_tasks']} held-out tasks ({how})")
     for col in ("tier", "model", "pass rate", "code", "math", "mean latency s"):
         t.add_column(col)
     for name, s in tiers.items():
@@ -239,10 +254,11 @@ def _print_report(result, report: dict) -> None:
                   f"{'met' if goal_apgr else 'NOT met'}; goal CPT(50%) <= 40%: {'met' if goal_cpt else 'NOT met'}")
     at = report["at_threshold"]
     lp = report["learned_policy"]
-    console.print(f"learned policy: {'embedding + features' if lp['uses_embedding'] else 'features only'}, "
-                  f"L2 {lp['l2']}, trained on {lp.get('n')} labelled tasks ({lp.get('positives')} need large). "
-                  f"At threshold {at['threshold']:.3f} (target share {at['target_large_share']:.0%}): "
+    console.print(f"held out, at each policy's threshold for a {at['target_large_share']:.0%} target share: "
                   f"{at['large_share']:.0%} large, quality {at['quality']:.1%}, mean latency {at['mean_latency_s']:.2f} s")
+    console.print(f"policy kept by --save-weights: {'embedding + features' if lp['uses_embedding'] else 'features only'}, "
+                  f"L2 {lp['l2']}, trained on {lp.get('n')} labelled tasks ({lp.get('positives')} need large), "
+                  f"threshold {at['threshold']:.3f}")
     report["goals"] = {"apgr_met": goal_apgr, "cpt50_met": goal_cpt}
 
 

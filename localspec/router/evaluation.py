@@ -1,4 +1,4 @@
-"""`localspec router eval`: train on one half of the tasks, measure routing on the other.
+"""`localspec router eval`: train on part of the tasks, measure routing on the rest (k-fold by default).
 
 Labelling (for training the learned policy from outcomes):
 - label 1, "needs large": the small tier fails and the large tier passes;
@@ -110,18 +110,22 @@ def train_from_labels(examples: list[Labelled], embedder=None, embedding_model: 
 @dataclass
 class EvalResult:
     tiers: dict[str, dict]
-    train_size: int
+    train_size: float  # tasks each scoring model was trained on (mean over folds)
     held_size: int
+    folds: int
     reports: list[RouterReport]
-    learned: LogisticPolicy
+    learned: LogisticPolicy  # trained on every task given: the one --save-weights keeps
     threshold_share: float
     routed_at_threshold: dict
 
     def as_dict(self) -> dict:
         return {
             "tiers": self.tiers,
+            "folds": self.folds,
             "train_tasks": self.train_size,
             "held_out_tasks": self.held_size,
+            "evaluation": (f"{self.folds}-fold cross-validation: each task is scored by a policy trained on the "
+                           f"other folds' tasks" if self.folds > 1 else "one train / held-out split"),
             "labelling": "1 = small fails and large passes; 0 = small passes; both fail: left out",
             "learned_policy": {"uses_embedding": self.learned.uses_embedding, "l2": self.learned.l2,
                                "embedding_weight": self.learned.embedding_weight, **self.learned.meta},
@@ -142,16 +146,34 @@ def tier_summary(tasks: list[Task], outcomes: dict[str, Outcome]) -> dict:
             "p50_latency_s": round(float(np.median(lat)), 3)}
 
 
-def evaluate(train: list[Task], held: list[Task], small: dict[str, Outcome], large: dict[str, Outcome],
-             max_tokens: int, embedder=None, embedding_model: str | None = None, large_share: float = 0.4,
-             resamples: int = 1000, seed: int = 0) -> EvalResult:
-    examples = labels_from_outcomes(train, small, large, max_tokens)
-    learned = train_from_labels(examples, embedder, embedding_model)
+def _learned_scores(train: list[Task], held: list[Task], small: dict[str, Outcome], large: dict[str, Outcome],
+                    max_tokens: int, embedder, embedding_model: str | None,
+                    large_share: float) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """Train on `train`; the held-out tasks' scores, whether each is sent up at the policy's
+    threshold for `large_share`, and their features (for the heuristic)."""
+    learned = train_from_labels(labels_from_outcomes(train, small, large, max_tokens), embedder, embedding_model)
     learned.set_share(large_share)
     rows = [(t.messages(), None, max_tokens) for t in held]
     F, E = feature_matrix(rows, embedder if learned.uses_embedding else None)
     feats = [dict(zip(learned.feature_names, f, strict=True)) for f in F]
-    learned_scores = np.asarray([learned.score(f, E[i] if E is not None else None) for i, f in enumerate(feats)])
+    scores = np.asarray([learned.score(f, E[i] if E is not None else None) for i, f in enumerate(feats)])
+    return scores, scores >= learned.threshold, feats
+
+
+def evaluate(splits: list[tuple[list[Task], list[Task]]], small: dict[str, Outcome], large: dict[str, Outcome],
+             max_tokens: int, embedder=None, embedding_model: str | None = None, large_share: float = 0.4,
+             resamples: int = 1000, seed: int = 0) -> EvalResult:
+    """Score every held-out task with a policy trained on its split's train part, then measure the
+    routers over all held-out tasks together (one split: a plain held-out half; k folds: every
+    task once)."""
+    held: list[Task] = []
+    parts = []
+    for train, part in splits:
+        parts.append(_learned_scores(train, part, small, large, max_tokens, embedder, embedding_model, large_share))
+        held += part
+    learned_scores = np.concatenate([p[0] for p in parts])
+    up = np.concatenate([p[1] for p in parts])
+    feats = [f for p in parts for f in p[2]]
     heuristic = HeuristicPolicy()
     heuristic_scores = np.asarray([heuristic.score(f) for f in feats])
     s_out = np.asarray([float(small[t.id].passed) for t in held])
@@ -164,19 +186,24 @@ def evaluate(train: list[Task], held: list[Task], small: dict[str, Outcome], lar
         evaluate_router("cascade-confidence", confidence, s_out, l_out, resamples, seed),
         evaluate_router("random", np.zeros(len(held)), s_out, l_out, resamples, seed, random_scores=True),
     ]
-    # What the saved threshold (the training-score quantile for large_share) does on held-out tasks.
-    up = learned_scores >= learned.threshold
+    # What each policy's saved threshold (its training-score quantile for large_share) does on its held-out tasks.
     routed_q = float(np.mean(np.where(up, l_out, s_out)))
     lat_s = np.asarray([small[t.id].latency_s for t in held])
     lat_l = np.asarray([large[t.id].latency_s for t in held])
     at_threshold = {
-        "target_large_share": large_share, "threshold": round(learned.threshold, 4),
-        "large_share": round(float(up.mean()), 4), "quality": round(routed_q, 4),
+        "target_large_share": large_share, "large_share": round(float(up.mean()), 4), "quality": round(routed_q, 4),
         "mean_latency_s": round(float(np.mean(np.where(up, lat_l, lat_s))), 3),
     }
+    everything = list({t.id: t for train, part in splits for t in train + part}.values())
+    if len(splits) == 1:
+        everything = splits[0][0]  # a single split keeps the policy it was measured with
+    final = train_from_labels(labels_from_outcomes(everything, small, large, max_tokens), embedder, embedding_model)
+    final.set_share(large_share)
+    at_threshold["threshold"] = round(final.threshold, 4)
     tiers = {"small": tier_summary(held, small), "large": tier_summary(held, large)}
     tiers["large"]["note"] = "target alone, mode off: identical greedy output to target + draft"
-    return EvalResult(tiers, len(train), len(held), reports, learned, large_share, at_threshold)
+    train_size = float(np.mean([len(train) for train, _ in splits]))
+    return EvalResult(tiers, train_size, len(held), len(splits), reports, final, large_share, at_threshold)
 
 
 def chart(result: EvalResult, path: Path) -> bool:

@@ -75,14 +75,39 @@ def load_tasks(path: Path = DEFAULT_TASKS) -> list[Task]:
     return tasks
 
 
+def _by_kind_hashed(tasks: list[Task]) -> dict[str, list[Task]]:
+    """Each kind's tasks in a fixed order that does not depend on the file's order: by id hash."""
+    return {kind: sorted((t for t in tasks if t.kind == kind), key=lambda t: hashlib.sha256(t.id.encode()).hexdigest())
+            for kind in sorted({t.kind for t in tasks})}
+
+
+def _in_file_order(tasks: list[Task], subset: list[Task]) -> list[Task]:
+    order = {t.id: i for i, t in enumerate(tasks)}
+    return sorted(subset, key=lambda t: order[t.id])
+
+
 def split(tasks: list[Task]) -> tuple[list[Task], list[Task]]:
     """Deterministic ~50/50 train/held-out split, per kind, by the hash of each id."""
     train: list[Task] = []
     held: list[Task] = []
-    for kind in sorted({t.kind for t in tasks}):
-        group = sorted((t for t in tasks if t.kind == kind), key=lambda t: hashlib.sha256(t.id.encode()).hexdigest())
+    for group in _by_kind_hashed(tasks).values():
         half = len(group) // 2
         train += group[:half]
         held += group[half:]
-    order = {t.id: i for i, t in enumerate(tasks)}
-    return sorted(train, key=lambda t: order[t.id]), sorted(held, key=lambda t: order[t.id])
+    return _in_file_order(tasks, train), _in_file_order(tasks, held)
+
+
+def kfold(tasks: list[Task], k: int) -> list[tuple[list[Task], list[Task]]]:
+    """k deterministic (train, held-out) splits; every task is held out in exactly one of them.
+
+    Stratified by kind (each kind is dealt round-robin, in id-hash order, into the k folds), so every
+    fold has the same mix of code and math. Cross-validation lets every task count as held out
+    once, by a model that never saw it, which doubles the evaluated tasks of a single 50/50 split.
+    """
+    if k < 2:
+        raise ValueError("cross-validation needs at least 2 folds")
+    fold_of: dict[str, int] = {}
+    for group in _by_kind_hashed(tasks).values():
+        for i, t in enumerate(group):
+            fold_of[t.id] = i % k
+    return [([t for t in tasks if fold_of[t.id] != f], [t for t in tasks if fold_of[t.id] == f]) for f in range(k)]
