@@ -24,6 +24,7 @@ Stages, in order:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import queue
 import re
@@ -34,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from localspec.cache import CacheScope, SemanticCache, cacheable
+from localspec.cache.judge import ModelJudge
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Event, Stats, Token
 from localspec.engine.scheduler import Engine
@@ -64,6 +66,11 @@ class LocalTier:
     def submit(self, request: GenerationRequest):
         """Validate and queue on the engine; raises RequestError subclasses for bad input."""
         return self.worker.submit(request)
+
+    @functools.cached_property
+    def judge(self) -> ModelJudge:
+        """This tier's model as the cache's reuse judge: whether a cached answer serves a new request."""
+        return ModelJudge(self.submit, lambda w: self.engine.target.tokenize(w, add_special=False), name=self.model_id)
 
     def close(self, drain: bool = False) -> None:
         self.worker.stop(drain=drain)
@@ -105,6 +112,7 @@ class CacheInfo:
     similarity: float | None = None
     matched_prompt: str | None = None
     entry_id: str | None = None
+    judge: float | None = None  # the reuse judge's score on a judged semantic hit
     reason: str | None = None  # why the cache was bypassed
 
     def as_dict(self) -> dict[str, Any]:
@@ -187,6 +195,9 @@ class Job:
 class PipelineSettings:
     cache: bool = True
     cache_sampled: bool = False  # also cache sampled answers (temperature > 0 without a seed)
+    # A semantic hit is served only when the default tier's model agrees the two requests ask for
+    # the same thing (localspec.cache.judge); without a local default tier, exact hits only.
+    cache_judge: bool = True
 
 
 @dataclass
@@ -222,9 +233,9 @@ class Pipeline:
                 job.cache = CacheInfo("bypass", reason=bypass)
             else:
                 t0 = time.perf_counter()
-                hit = self.cache.lookup(key.scope, key.prompt) if self.cache else None
+                hit = self._lookup(key)
                 if hit is not None:
-                    job.cache = CacheInfo("hit", hit.kind, hit.similarity, hit.matched_prompt, hit.entry_id)
+                    job.cache = CacheInfo("hit", hit.kind, hit.similarity, hit.matched_prompt, hit.entry_id, hit.judge)
                     self._replay(job, hit, (time.perf_counter() - t0) * 1000)
                     return job
                 job.cache = CacheInfo("miss")
@@ -286,6 +297,17 @@ class Pipeline:
         scope = CacheScope.from_request(tier.fingerprint, None, (), sampling, False, has_response_format,
                                         kind="completion")
         return CacheKey(scope, request.prompt or ""), None
+
+    def _lookup(self, key: CacheKey):
+        if self.cache is None:
+            return None
+        if not self.settings.cache_judge:
+            return self.cache.lookup(key.scope, key.prompt)
+        # The default tier's model (the large one, loaded at start) judges for every tier: the 0.5B
+        # cannot tell a paraphrase from a trap (its yes/no margins do not separate them on the dev pairs).
+        judging = self.tiers.get(self.default_tier)
+        judge = judging.judge if isinstance(judging, LocalTier) else None
+        return self.cache.lookup(key.scope, key.prompt, judge=judge, semantic=judge is not None)
 
     def mark_wrong(self, entry_id: str) -> bool:
         """The user says a cached answer was wrong: evict it and count a false hit."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from localspec.cache import SemanticCache
+from localspec.cache.judge import DEFAULT_JUDGE_THRESHOLD, ModelJudge
 from localspec.engine.config import EngineConfig
 from localspec.engine.embedder import Embedder
 from localspec.engine.scheduler import Engine
@@ -105,6 +107,25 @@ def open_engine(
     )
 
 
+def open_judge(profile: str | None = None, model: str | None = None, threshold: float | None = None,
+               n_threads: int | None = None) -> tuple[ModelJudge, Callable[[], None]]:
+    """A reuse judge on its own engine (the profile's target unless `model` names another), for
+    `localspec cache eval`; the faces judge with the answering tier's engine instead. Returns the
+    judge and the function that unloads it."""
+    from localspec.engine.worker import EngineWorker
+
+    engine = open_engine(profile, target=model, mode="off", n_ctx=1024, n_threads=n_threads)
+    worker = EngineWorker(engine).start()
+    judge = ModelJudge(worker.submit, lambda w: engine.target.tokenize(w, add_special=False),
+                       DEFAULT_JUDGE_THRESHOLD if threshold is None else threshold, name=engine.target.path.name)
+
+    def close() -> None:
+        worker.stop()
+        engine.close()
+
+    return judge, close
+
+
 def open_embedder(path: Path, n_threads: int | None = None) -> Embedder:
     """An embedding model, its file checked first: a bad file is a clean error, never a llama.cpp abort."""
     validate_gguf(path)
@@ -116,8 +137,8 @@ def open_cache(profile: str | None = None, n_threads: int | None = None,
     """The cache: exact-match by default; with `semantic`, near-duplicates match through the profile's
     embedding model and the false-hit guard.
 
-    Semantic matching is opt-in because on the held-out pair set (written blind to the guard's
-    rules) it served 6% of traps; see `localspec cache eval --split test` and the README. A broken
+    Semantic matching is opt-in because on the blind test pairs it still serves 4.2% of traps with
+    the reuse judge (6.3% without); see `localspec cache eval` and docs/semantic-cache.md. A broken
     or missing embedding model degrades the cache to exact matching (it says so in `describe()`),
     never the face that opened it.
     """
@@ -146,7 +167,8 @@ def open_cache(profile: str | None = None, n_threads: int | None = None,
 
 def open_pipeline(
     profile: str | None = None, target: str | None = None, draft: str | None = None, cache: bool = True,
-    route: bool = True, cache_sampled: bool = False, cache_semantic: bool = False, **overrides: Any,
+    route: bool = True, cache_sampled: bool = False, cache_semantic: bool = False, cache_judge: bool = True,
+    **overrides: Any,
 ):
     """The shared request pipeline for a profile: the large tier loaded now, the cache, the router.
 
@@ -180,7 +202,8 @@ def open_pipeline(
         small = open_engine(profile, spec.target, None, mode="off", **small_overrides)
         return LocalTier(name, small, small_files.target_id, None, file_fingerprint(small_files.target))
 
-    pipeline = Pipeline({"large": large}, "large", semantic, PipelineSettings(cache=cache, cache_sampled=cache_sampled),
+    pipeline = Pipeline({"large": large}, "large", semantic, PipelineSettings(cache=cache, cache_sampled=cache_sampled,
+                                                                      cache_judge=cache_judge),
                         router=router, load_tier=load_tier if router else None)
     if router is not None:
         for spec in router.tiers:

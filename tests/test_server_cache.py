@@ -2,7 +2,8 @@
 
 A repeated deterministic request is answered from the cache and marked so in the response's
 `localspec.cache` object; near-duplicates hit only when the guard agrees; scope, sampling and the
-per-request switch keep the rest out; "mark wrong" evicts.
+per-request switch keep the rest out; "mark wrong" evicts. The reuse judge is off here (the 0.5B
+cannot judge); tests/test_cache_judge.py drives a judged server with the 1.5B.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ MODEL = DRAFT_ID  # the 0.5B as target keeps every miss cheap
 @pytest.fixture(scope="module")
 def srv(draft_path, minilm_path, module_home):
     settings = ServerSettings(target=MODEL, mode="off", parallel=2, n_ctx=1024, n_threads=TEST_THREADS,
-                              max_tokens_cap=64, cache_semantic=True)
+                              max_tokens_cap=64, cache_semantic=True, cache_judge=False)
     with ServerThread(create_app(settings)) as server:
         assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=300), (
             request(server.base_url, "GET", "/health").text

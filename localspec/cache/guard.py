@@ -742,5 +742,59 @@ def compare(a: str, b: str, similarity: float | None = None) -> str | None:
     return None
 
 
+def _swapped(only_a: set | frozenset, only_b: set | frozenset) -> bool:
+    """Each side has a value the other lacks: a replacement, not an addition or an omission."""
+    return bool(only_a) and bool(only_b)
+
+
+def _missing_from(values: frozenset[str], text: str) -> set[str]:
+    """Values (quoted strings, identifiers) that do not occur in `text` even unquoted."""
+    flat = re.sub(r"[^a-z0-9]+", " ", text.lower())
+    return {v for v in values if re.sub(r"[^a-z0-9]+", " ", v.lower()).strip() not in flat}
+
+
+def conflict(a: str, b: str) -> str | None:
+    """The first fact on which the two prompts contradict each other, or None.
+
+    The guard for when a reuse judge reads the prompts too (localspec.cache.judge). `compare`
+    refuses whenever a fact is stated on one side only; on unseen wording that refused most real
+    paraphrases ("7 cubed" / "7 to the power of 3", "kubectl list pods" / "list the pods", a name
+    in backticks on one side). Here a fact refuses only when both sides state it differently: a
+    technology, name, quoted string or identifier replaced by another, opposite direction words,
+    opposite actions, qualifiers, reversed conversions, one word swapped in place; and, stricter,
+    any difference in the numbers or a negation on one side (one-sided, those are how most number
+    and negation traps read). What one side adds or leaves out otherwise is left to the judge.
+    """
+    fa, fb = facts(a), facts(b)
+    # Numbers as multisets ("18 of 72" / "72 ... 18"), but every one must match: a count added on
+    # one side ("a cup" / "3 cups", "the last commit" / "the last 3 commits") is a trap far more
+    # often than a paraphrase.
+    if sorted(fa.numbers) != sorted(fb.numbers):
+        return "numbers"
+    if _swapped(_missing_from(fa.quoted | fa.identifiers, b), _missing_from(fb.quoted | fb.identifiers, a)):
+        return "quoted" if fa.quoted or fb.quoted else "identifiers"
+    if fa.negated != fb.negated:
+        return "negation"
+    if _swapped(fa.technologies - fb.technologies, fb.technologies - fa.technologies):
+        return "technology"
+    only_a = {e for e in fa.entities if e not in fb.words and canonical(e) not in fb.words}
+    only_b = {e for e in fb.entities if e not in fa.words and canonical(e) not in fa.words}
+    if _swapped(only_a, only_b):
+        return "entities"
+    for group in {g for g, _ in fa.directions} & {g for g, _ in fb.directions}:
+        if {p for g, p in fa.directions if g == group} != {p for g, p in fb.directions if g == group}:
+            return "direction"
+    for x in fa.actions ^ fb.actions:
+        if any(frozenset((x, y)) in _OPPOSITE_ACTIONS for y in fa.actions | fb.actions):
+            return "action"
+    if fa.qualifiers != fb.qualifiers:
+        return "qualifier"
+    if any((y, x) in fb.conversions for (x, y) in fa.conversions):
+        return "conversion"
+    if substitution(a, b) is not None:  # "with requests" / "with httpx": one word swapped in place
+        return "substitution"
+    return None
+
+
 def agrees(a: str, b: str, similarity: float | None = None) -> bool:
     return compare(a, b, similarity) is None

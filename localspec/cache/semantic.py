@@ -4,7 +4,9 @@ Lookup order for a prompt in a scope:
 1. the exact normalised prompt (works without an embedder and for prompts longer than its window);
 2. the most similar stored prompts of the same scope at or above the threshold, best first, each
    re-checked against the store (diskcache evicts silently) and against the guard, which is given
-   the similarity (its soft rules need a high one); the first that passes is served.
+   the similarity (its soft rules need a high one); the first that passes is served;
+3. or, when the lookup brings a reuse judge (the answering model, `localspec.cache.judge`), the
+   first of those the judge also agrees with.
 
 The request path never fails because of the cache: every error is logged as a warning and turns
 into a miss (lookup) or a skipped write (store). A corrupt or unreadable directory is moved aside
@@ -13,6 +15,7 @@ and rebuilt; a full disk skips caching.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -23,10 +26,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 
-from localspec.cache.guard import compare
+from localspec.cache.guard import compare, conflict
+from localspec.cache.judge import JUDGED_THRESHOLD
 from localspec.cache.index import VectorIndex
 from localspec.cache.normalize import normalize_prompt
 from localspec.cache.scope import CacheScope
@@ -35,6 +39,12 @@ from localspec.paths import resolve_paths
 
 if TYPE_CHECKING:
     from localspec.engine.embedder import Embedder
+
+
+class ReuseJudge(Protocol):
+    """Confirms that `saved`'s answer serves `new` (see localspec.cache.judge.ModelJudge)."""
+
+    def agrees(self, saved: str, new: str) -> tuple[bool, float]: ...
 
 logger = logging.getLogger("localspec.cache")
 
@@ -47,8 +57,9 @@ DEFAULT_THRESHOLD = 0.74
 DEFAULT_SIZE_LIMIT = 512 * 1024 * 1024
 DEFAULT_TTL_S = 30 * 24 * 3600.0
 _SAVE_EVERY = 64  # index writes are batched; entries missing from a stale index are re-embedded on open
-_COUNTERS = ("lookups", "exact_hits", "semantic_hits", "misses", "guard_rejections", "evicted_on_hit",
-             "too_long", "stores", "store_skipped", "false_hits", "errors")
+_COUNTERS = ("lookups", "exact_hits", "semantic_hits", "misses", "guard_rejections", "judged", "judge_rejections",
+             "evicted_on_hit", "too_long", "stores", "store_skipped", "false_hits", "errors")
+MAX_JUDGED = 2  # semantic candidates put to the judge per lookup, best first: each costs a prefill
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,7 @@ class CacheHit:
     entry_id: str
     kind: str  # "exact" or "semantic"
     stats: dict[str, Any] = field(default_factory=dict)
+    judge: float | None = None  # the reuse judge's score, when one confirmed the hit
 
 
 @dataclass(frozen=True)
@@ -69,7 +81,8 @@ class Probe:
     exact: bool
     similarity: float | None
     matched_prompt: str | None
-    guard: str | None  # None: agrees; else the first disagreement
+    guard: str | None  # None: agrees; else the first disagreement (guard.compare)
+    conflict: str | None = None  # the facts-only check used when a judge confirms (guard.conflict)
 
 
 def entry_id_for(scope: CacheScope, prompt: str) -> str:
@@ -82,6 +95,7 @@ class SemanticCache:
         directory: Path | None = None,
         embedder: Embedder | None = None,
         threshold: float | None = None,
+        judged_threshold: float | None = None,
         size_limit: int = DEFAULT_SIZE_LIMIT,
         ttl_s: float | None = DEFAULT_TTL_S,
         guard: bool = True,
@@ -89,6 +103,7 @@ class SemanticCache:
         self.directory = Path(directory) if directory else resolve_paths().cache_dir / "semantic"
         self.embedder = embedder
         self.threshold = DEFAULT_THRESHOLD if threshold is None else float(threshold)
+        self.judged_threshold = JUDGED_THRESHOLD if judged_threshold is None else float(judged_threshold)
         self.size_limit = size_limit
         self.ttl_s = ttl_s
         self.guard = guard
@@ -185,44 +200,75 @@ class SemanticCache:
 
     # ------------------------------------------------------------ lookup
 
-    def lookup(self, scope: CacheScope, prompt: str) -> CacheHit | None:
-        """The cached answer for this prompt in this scope, or None. Never raises."""
+    def lookup(self, scope: CacheScope, prompt: str, judge: ReuseJudge | None = None,
+               semantic: bool = True) -> CacheHit | None:
+        """The cached answer for this prompt in this scope, or None. Never raises.
+
+        With a `judge`, a semantic candidate is served only when the judge agrees too (see
+        `localspec.cache.judge`); it is asked outside the cache's lock, at most MAX_JUDGED times.
+        `semantic=False`: exact matches only (a caller that wants judged hits but has no judge).
+        """
         if self._store is None:
             return None
         try:
             with self._lock:
                 self._counts["lookups"] += 1
-                hit = self._lookup(scope, prompt)
+                hit, candidates = self._find(scope, prompt, semantic, judged=judge is not None)
+                if hit is None and candidates and judge is None:
+                    hit = self._hit(*candidates[0], "semantic")
+            if hit is None and candidates and judge is not None:
+                hit = self._judged(prompt, candidates[:MAX_JUDGED], judge)
+            with self._lock:
                 self._counts["misses" if hit is None else f"{hit.kind}_hits"] += 1
                 self._maybe_flush()
-                return hit
+            return hit
         except Exception as exc:
             self._counts["errors"] += 1
             logger.warning("cache lookup failed, answering without it: %s", exc)
             return None
 
-    def _lookup(self, scope: CacheScope, prompt: str) -> CacheHit | None:
+    def _find(self, scope: CacheScope, prompt: str, semantic: bool = True,
+              judged: bool = False) -> tuple[CacheHit | None, list[tuple[dict[str, Any], float]]]:
+        """An exact hit, or the semantic candidates (entry, similarity) that pass the guard, best first.
+
+        `judged`: a judge will read the candidates, so the floor is the lower judged_threshold and
+        the guard checks facts only (guard.conflict); otherwise its full rules (guard.compare).
+        """
         assert self._store is not None
         eid = entry_id_for(scope, prompt)
         entry = self._store.get(eid)
         if entry is not None and (not self.guard or compare(entry["prompt"], prompt, 1.0) is None):
-            return self._hit(entry, 1.0, "exact")
-        if self.embedder is None or self._index is None:
-            return None
+            return self._hit(entry, 1.0, "exact"), []
+        if not semantic or self.embedder is None or self._index is None:
+            return None, []
         vec = self.embedder.embed(prompt)
         if vec is None:
             self._counts["too_long"] += 1  # over the embedder's window: exact match only
-            return None
-        for cand in self._index.search(scope.key, vec, self.threshold):
+            return None, []
+        found = []
+        for cand in self._index.search(scope.key, vec, self.judged_threshold if judged else self.threshold):
             entry = self._store.get(cand.entry_id)
             if entry is None:  # evicted or expired behind our back
                 self._index.remove(cand.entry_id)
                 self._counts["evicted_on_hit"] += 1
                 continue
-            if self.guard and compare(entry["prompt"], prompt, cand.similarity) is not None:
+            verdict = conflict(entry["prompt"], prompt) if judged else compare(entry["prompt"], prompt, cand.similarity)
+            if self.guard and verdict is not None:
                 self._counts["guard_rejections"] += 1
                 continue
-            return self._hit(entry, cand.similarity, "semantic")
+            found.append((entry, cand.similarity))
+        return None, found
+
+    def _judged(self, prompt: str, candidates: list[tuple[dict[str, Any], float]], judge: ReuseJudge) -> CacheHit | None:
+        for entry, similarity in candidates:
+            ok, score = judge.agrees(entry["prompt"], prompt)
+            with self._lock:
+                self._counts["judged"] += 1
+                if not ok:
+                    self._counts["judge_rejections"] += 1
+                    continue
+                if self._store is not None and self._store.get(entry["id"]) is not None:  # still there
+                    return dataclasses.replace(self._hit(entry, similarity, "semantic"), judge=round(score, 3))
         return None
 
     def _hit(self, entry: dict[str, Any], similarity: float, kind: str) -> CacheHit:
@@ -237,14 +283,16 @@ class SemanticCache:
         with self._lock:
             entry = self._store.get(entry_id_for(scope, prompt))
             if entry is not None:
-                return Probe(True, 1.0, entry["prompt"], compare(entry["prompt"], prompt, 1.0))
+                return Probe(True, 1.0, entry["prompt"], compare(entry["prompt"], prompt, 1.0),
+                             conflict(entry["prompt"], prompt))
             vec = self.embedder.embed(prompt) if self.embedder is not None and self._index is not None else None
             if vec is None:
                 return Probe(False, None, None, None)
             for cand in self._index.search(scope.key, vec, floor, k=1):
                 entry = self._store.get(cand.entry_id)
                 if entry is not None:
-                    return Probe(False, cand.similarity, entry["prompt"], compare(entry["prompt"], prompt, cand.similarity))
+                    return Probe(False, cand.similarity, entry["prompt"],
+                                 compare(entry["prompt"], prompt, cand.similarity), conflict(entry["prompt"], prompt))
             return Probe(False, None, None, None)
 
     # ------------------------------------------------------------ writes
@@ -412,4 +460,4 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda o: o.to_dict() if hasattr(o, "to_dict") else str(o)))
 
 
-__all__ = ["DEFAULT_THRESHOLD", "CacheHit", "Probe", "SemanticCache", "entry_id_for"]
+__all__ = ["DEFAULT_THRESHOLD", "CacheHit", "Probe", "ReuseJudge", "SemanticCache", "entry_id_for"]

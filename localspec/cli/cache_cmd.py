@@ -28,15 +28,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=run_export)
 
     v = verbs.add_parser("eval", help="hit rate, false-hit rate, precision and recall per threshold on labelled pairs")
-    v.add_argument("--split", choices=("dev", "test", "all"), default="test",
-                   help="the committed pair set to run (default: test, the half never tuned on)")
+    v.add_argument("--split", choices=("test", "dev", "all"), default="test",
+                   help="the committed pairs to run: test (default) was written blind and is never tuned on; dev "
+                        "is what the guard's rules and the thresholds were tuned on; all: both")
     v.add_argument("--file", type=Path, help="a labelled pair file (JSON lines: a, b, label hit|miss) instead")
     v.add_argument("--limit", type=int, help="only the first N pairs")
     v.add_argument("--threshold", type=float, help="similarity threshold (default: the cache's default)")
     v.add_argument("--exact-only", action="store_true", help="run without the embedding model")
     v.add_argument("--embedding-model", type=Path, help="a GGUF embedding model file (default: the installed MiniLM)")
+    v.add_argument("--judge", action=argparse.BooleanOptionalAction, default=True,
+                   help="confirm semantic hits with the reuse judge, as the faces do (default: on)")
+    v.add_argument("--judge-model", help="the judge's model id (default: the profile's target)")
+    v.add_argument("--judge-threshold", type=float, help="the judge's logit margin (default: the cache's default)")
+    v.add_argument("--profile", help="profile whose target model judges")
+    v.add_argument("--latency-sample", type=int, default=100,
+                   help="with the judge, time real lookups on the first N pairs (each judgement costs a prefill)")
     v.add_argument("--misses", action="store_true", help="also list the paraphrases that were not served, and why")
     v.add_argument("--json", action="store_true", help="print the full report as JSON")
+    v.add_argument("--save", type=Path, metavar="PATH", help="also write the full report as JSON to PATH")
     v.set_defaults(func=run_eval)
 
 
@@ -52,6 +61,34 @@ def open_embedder(model_id: str = EMBEDDING_MODEL):
     if path is None:
         return None
     return load(path)
+
+
+class _judge_progress:
+    """A progress bar for the judged pairs (a prefill each), or nothing without a judge."""
+
+    def __init__(self, judge) -> None:
+        self.judge = judge
+        self._progress = None
+
+    def __enter__(self):
+        if self.judge is None:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(TextColumn("judging pairs"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                  console=Console(stderr=True))
+        self._progress.start()
+        bar = self._progress.add_task("judge", total=None)
+
+        def update(done: int, total: int) -> None:
+            self._progress.update(bar, completed=done, total=total)
+
+        return update
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
 
 
 def _open_cache(embedder=None):
@@ -74,6 +111,7 @@ def run_stats(args: argparse.Namespace) -> int:
     print(f"lookups     {stats['lookups']}: {stats['exact_hits']} exact hits, {stats['semantic_hits']} semantic hits, "
           f"{stats['misses']} misses (hit rate {stats['hit_rate']:.1%})")
     print(f"guard       {stats['guard_rejections']} candidates rejected; {stats['false_hits']} answers marked wrong")
+    print(f"judge       {stats['judged']} candidates judged, {stats['judge_rejections']} rejected")
     print(f"writes      {stats['stores']} stored, {stats['store_skipped']} skipped")
     return 0
 
@@ -99,7 +137,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from localspec.cache.evaluate import load_pairs, pair_file, run_eval as evaluate
+    from localspec.cache.evaluate import load_pairs, pair_files, run_eval as evaluate
 
     if args.file:
         if not args.file.exists():
@@ -107,8 +145,7 @@ def run_eval(args: argparse.Namespace) -> int:
         pairs = load_pairs(args.file, args.limit)
         source = str(args.file)
     else:
-        splits = ("dev", "test") if args.split == "all" else (args.split,)
-        pairs = [p for s in splits for p in load_pairs(pair_file(s))]
+        pairs = [p for path in pair_files(args.split) for p in load_pairs(path)]
         pairs = pairs[: args.limit] if args.limit else pairs
         source = f"committed pairs, split {args.split}"
     if not pairs:
@@ -126,16 +163,31 @@ def run_eval(args: argparse.Namespace) -> int:
     if embedder is None and not args.exact_only:
         print(f"note: {EMBEDDING_MODEL} is not installed; exact-match mode "
               f"(run `localspec models pull {EMBEDDING_MODEL}`)", file=sys.stderr)
+    judge, close_judge = None, None
     try:
-        report = evaluate(pairs, embedder, threshold=args.threshold)
+        if args.judge and embedder is not None:
+            from localspec.service import open_judge
+
+            print("loading the reuse judge...", file=sys.stderr)
+            judge, close_judge = open_judge(args.profile, args.judge_model, args.judge_threshold)
+        with _judge_progress(judge) as progress:
+            report = evaluate(pairs, embedder, threshold=args.threshold, judge=judge,
+                              latency_sample=args.latency_sample, progress=progress)
     finally:
+        if close_judge is not None:
+            close_judge()
         if embedder is not None:
             embedder.close()
+    if args.save:
+        args.save.parent.mkdir(parents=True, exist_ok=True)
+        args.save.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
+    judged = report["judge"]
     print(f"{source}: {report['pairs']} pairs ({report['paraphrases']} paraphrases, {report['traps']} traps), "
-          f"{report['mode']} mode")
+          f"{report['mode']} mode" + (f", reuse judge {judged['model']} at {judged['threshold']:.2f} "
+                                      f"({judged['judged_pairs']} pairs judged)" if judged else ", no reuse judge"))
     print("threshold  hit rate  false hits  precision  recall   | without guard: hit rate  false hits")
     for p, q in zip(report["curve"], report["curve_without_guard"], strict=True):
         mark = " <- used" if abs(p["threshold"] - report["threshold"]) < 1e-9 else ""
@@ -144,12 +196,25 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"  {p['threshold']:.2f}     {p['hit_rate']:6.1%}   {p['false_hit_rate']:6.1%}     {p['precision']:6.1%}"
               f"    {p['recall']:6.1%}  |                {q['hit_rate']:6.1%}     {q['false_hit_rate']:6.1%}{mark}")
     a = report["at_threshold"]
-    print(f"threshold {report['threshold']:.2f} (real lookups): hit rate {a['hit_rate']:.1%} ({a['hits']}/{report['paraphrases']}), "
+    if judged:
+        print(f"judge threshold at similarity {report['threshold']:.2f}:  hit rate  false hits  precision")
+        for p in report["judge_curve"]:
+            mark = " <- used" if abs(p["threshold"] - judged["threshold"]) < 1e-9 else ""
+            if abs(p["threshold"] - report["suggested_judge_threshold"]) < 1e-9:
+                mark += " <- suggested"
+            print(f"  {p['threshold']:5.2f}                             {p['hit_rate']:6.1%}    {p['false_hit_rate']:6.1%}"
+                  f"     {p['precision']:6.1%}{mark}")
+    stopped = f"the guard stopped {a['traps_stopped_by_guard']} traps above the threshold"
+    if judged:
+        stopped += f", the judge {a['traps_stopped_by_judge']} more"
+    print(f"threshold {report['threshold']:.2f}: hit rate {a['hit_rate']:.1%} ({a['hits']}/{report['paraphrases']}), "
           f"false-hit rate {a['false_hit_rate']:.1%} ({a['false_hits']}/{report['traps']}), "
-          f"precision {a['precision']:.1%}; the guard stopped {a['traps_stopped_by_guard']} traps above the threshold")
+          f"precision {a['precision']:.1%}; {stopped}")
     lat = report["latency_ms"]
-    print(f"lookup latency: p50 {lat['lookup_p50']:.1f} ms, p95 {lat['lookup_p95']:.1f} ms; "
-          f"hits: p50 {lat['hit_p50']:.1f} ms, p95 {lat['hit_p95']:.1f} ms, max {lat['hit_max']:.1f} ms")
+    print(f"lookup latency over {lat['timed_lookups']} real lookups: p50 {lat['lookup_p50']:.1f} ms, "
+          f"p95 {lat['lookup_p95']:.1f} ms; hits: p50 {lat['hit_p50']:.1f} ms, p95 {lat['hit_p95']:.1f} ms, "
+          f"max {lat['hit_max']:.1f} ms" + (f"; {lat['disagreements_with_probe']} disagreed with the judged probe"
+                                            if judged else ""))
     print(f"suggested threshold for these pairs: {report['suggested_threshold']:.2f} (the highest within 2 points of "
           f"the most hits at a false-hit rate of at most half the goal)")
     goals = report["goals"]
@@ -157,9 +222,10 @@ def run_eval(args: argparse.Namespace) -> int:
     print(f"goals at {report['threshold']:.2f}: >= {goals['hit_rate']:.0%} paraphrase hits and <= "
           f"{goals['false_hit_rate']:.0%} false hits: {verdict}")
     for ex in a["false_hit_examples"]:
-        print(f"  false hit ({ex['category']}, {ex['similarity']:.3f}): {ex['a']!r} served {ex['b']!r}")
+        print(f"  false hit ({ex['category']}, {ex['similarity']:.3f}): {ex['b']!r} was served the answer to {ex['a']!r}")
     if args.misses:
         for ex in a["missed_paraphrases"]:
-            why = f"guard: {ex['guard']}" if ex["guard"] else "below the threshold"
+            why = (f"guard: {ex['guard']}" if ex["guard"] else f"judge: {ex['judge']:.2f}" if ex["judge"] is not None
+                   else "below the threshold")
             print(f"  missed ({why}, {ex['similarity']:.3f}): {ex['a']!r} / {ex['b']!r}")
     return 0

@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="llama.cpp threads")
     p.add_argument("--cache-semantic", action="store_true",
                    help="also answer near-duplicate prompts from the cache (off by default; see the README)")
+    p.add_argument("--no-cache-judge", action="store_true",
+                   help="with --cache-semantic, serve near-duplicates without asking the model")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +62,8 @@ def make_app(args: argparse.Namespace):
 
         def factory(profile: str | None):
             return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
-                                     cache_semantic=getattr(args, "cache_semantic", False))
+                                     cache_semantic=getattr(args, "cache_semantic", False),
+                                     cache_judge=not getattr(args, "no_cache_judge", False))
 
     from localspec.metrics import Metrics
     from localspec.tui import SessionMetrics

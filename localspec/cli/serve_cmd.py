@@ -26,8 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-embeddings", action="store_true", help="do not serve /v1/embeddings")
     p.add_argument("--no-cache", action="store_true", help="never answer from the semantic cache")
     p.add_argument("--cache-semantic", action="store_true",
-                   help="also answer near-duplicate prompts (MiniLM similarity + false-hit guard); off by default "
-                   "because the guard served 6%% of traps on the held-out pairs")
+                   help="also answer near-duplicate prompts (MiniLM similarity, false-hit guard and the answering "
+                        "model as reuse judge); off by default, see the README's figures")
+    p.add_argument("--no-cache-judge", action="store_true",
+                   help="with --cache-semantic, serve near-duplicates without asking the model (faster, more false hits)")
     p.add_argument("--cache-sampled", action="store_true",
                    help="also cache sampled answers (temperature > 0 without a seed); off by default")
     p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
@@ -43,7 +45,7 @@ def settings_from_args(args: argparse.Namespace):
         n_threads=args.threads, mode=args.mode, max_tokens_cap=args.max_tokens_cap,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), cors_origins=args.cors_origin,
         embeddings=not args.no_embeddings, cache=not args.no_cache, cache_sampled=args.cache_sampled,
-        cache_semantic=args.cache_semantic,
+        cache_semantic=args.cache_semantic, cache_judge=not args.no_cache_judge,
     ).with_env_key()
 
 

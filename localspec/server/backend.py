@@ -71,7 +71,7 @@ class Backend:
 
         pipeline, files = open_pipeline(
             profile=s.profile, target=s.target, draft=s.draft, cache=s.cache, route=s.router,
-            cache_sampled=s.cache_sampled, cache_semantic=s.cache_semantic,
+            cache_sampled=s.cache_sampled, cache_semantic=s.cache_semantic, cache_judge=s.cache_judge,
             parallel=s.parallel, n_ctx=s.n_ctx, n_threads=s.n_threads, mode=s.mode,
         )
         mm = ModelManager()

@@ -34,6 +34,7 @@ class ServerSettings(BaseModel):
     cache: bool = Field(True, description="answer repeated deterministic requests from the semantic cache")
     cache_sampled: bool = Field(False, description="also cache sampled answers (temperature > 0, no seed)")
     cache_semantic: bool = Field(False, description="also serve near-duplicates (embedding similarity + guard)")
+    cache_judge: bool = Field(True, description="a near-duplicate is served only when the answering model agrees")
     router: bool = Field(True, description="model 'auto' routes between the profile's tiers")
 
     def with_env_key(self) -> ServerSettings:

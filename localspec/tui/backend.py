@@ -133,11 +133,12 @@ class LocalBackend:
 
     @classmethod
     def open(cls, profile: str | None = None, cache: bool = True, cache_semantic: bool = False,
-             **overrides) -> LocalBackend:
+             cache_judge: bool = True, **overrides) -> LocalBackend:
         """Resolve the profile, load its models, the cache and the router, start the step thread."""
         from localspec.service import open_pipeline
 
-        pipeline, files = open_pipeline(profile, cache=cache, cache_semantic=cache_semantic, **overrides)
+        pipeline, files = open_pipeline(profile, cache=cache, cache_semantic=cache_semantic,
+                                        cache_judge=cache_judge, **overrides)
         large = pipeline.tiers[pipeline.default_tier]
         return cls(large.engine, profile=profile, target=files.target_id, draft=files.draft_id, pipeline=pipeline)
 

@@ -5,8 +5,9 @@ serves `b`. label "miss": a trap, the answer would be wrong (negation, another n
 language or library, the opposite direction). Hand-written items plus a few slot-filled families.
 
 The dev set is generated from ALL the items below; the guard rules and the default threshold are
-tuned on it. The test half (pairs_test.jsonl) is a separate hand-written file by another author,
-never generated here and never tuned on, so it measures how the cache does on unseen wording.
+tuned on it, together with pairs_dev_blind.jsonl (the first blind set, read during tuning). The
+test half (pairs_test.jsonl, written by write_test_pairs.py) is by another author, blind to the
+rules and never tuned on, so it measures how the cache does on unseen wording.
 
 Run from the repo root: python -m localspec.cache.eval.generate_pairs
 """

@@ -1,0 +1,145 @@
+"""The reuse judge: the yes/no margin, how the cache consults it, and the real 1.5B judging."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from localspec.cache import CacheScope, SemanticCache
+from localspec.cache.judge import DEFAULT_JUDGE_THRESHOLD, judge_request, yes_no_margin
+from localspec.cli import main
+from localspec.engine.embedder import Embedder
+from localspec.engine.events import TokenLogprob
+from tests.conftest import TARGET_ID, TEST_THREADS
+
+YES, NO, OTHER = 9454, 2753, 42
+# A trap from the blind pairs whose facts agree, so the guard's rules (both sets) pass it, but whose
+# answer differs; the 1.5B says No (margin -0.2 when measured).
+TRAP_PASSING_THE_GUARD = ("What are the symptoms of a vitamin D deficiency?",
+                          "What are the symptoms of too much vitamin D?")
+PARAPHRASE = ("How do I convert a string to an integer in Python?",
+              "In Python, how can I turn a string into an integer?")  # margin 2.5 when measured
+
+
+def test_margin_is_yes_minus_no_from_the_first_token():
+    lp = TokenLogprob(YES, -0.1, ((YES, -0.1), (NO, -2.6), (OTHER, -5.0)))
+    assert yes_no_margin(lp, {YES}, {NO}) == pytest.approx(2.5)
+    # "No" below the listed alternatives: the least likely listed one bounds it, so the margin is
+    # never larger than the true one.
+    lp = TokenLogprob(YES, -0.1, ((YES, -0.1), (OTHER, -5.0)))
+    assert yes_no_margin(lp, {YES}, {NO}) == pytest.approx(4.9)
+    # "Yes" not listed at all: never serve.
+    lp = TokenLogprob(NO, -0.05, ((NO, -0.05), (OTHER, -4.0)))
+    assert yes_no_margin(lp, {YES}, {NO}) == -math.inf
+
+
+def test_the_judge_asks_for_one_greedy_token_with_alternatives():
+    req = judge_request("How do I reverse a list?", "Reverse a list how?")
+    assert req.max_tokens == 1 and req.sampling.greedy and req.logprobs == 20
+    user = req.messages[-1].content
+    assert "Saved request: How do I reverse a list?" in user and "New request: Reverse a list how?" in user
+
+
+class RecordingJudge:
+    """Stands in for the model where the test is about the cache's use of a verdict."""
+
+    def __init__(self, verdict: bool, score: float = 2.0) -> None:
+        self.verdict, self.score, self.calls = verdict, score, []
+
+    def agrees(self, saved: str, new: str) -> tuple[bool, float]:
+        self.calls.append((saved, new))
+        return self.verdict, self.score
+
+
+@pytest.fixture(scope="module")
+def embedder(minilm_path: Path):
+    e = Embedder(minilm_path, n_threads=TEST_THREADS)
+    yield e
+    e.close()
+
+
+def scope() -> CacheScope:
+    return CacheScope.from_request(model_hash="m", system_prompt="s", sampling={"temperature": 0.0})
+
+
+def test_a_semantic_candidate_needs_the_judge(tmp_path: Path, embedder: Embedder):
+    with SemanticCache(tmp_path / "c", embedder=embedder) as cache:
+        cache.store(scope(), "How do I reverse a list in Python?", "use reversed()", [])
+        para = "What's the way to reverse a Python list?"
+        no = RecordingJudge(False, 0.3)
+        assert cache.lookup(scope(), para, judge=no) is None
+        assert no.calls == [("How do I reverse a list in Python?", para)]
+        yes = RecordingJudge(True, 2.4)
+        hit = cache.lookup(scope(), para, judge=yes)
+        assert hit is not None and hit.kind == "semantic" and hit.judge == 2.4
+        stats = cache.stats()
+        assert stats["judged"] == 2 and stats["judge_rejections"] == 1 and stats["semantic_hits"] == 1
+        # An exact match is the same request: never judged.
+        exact = RecordingJudge(False)
+        assert cache.lookup(scope(), "How do I reverse a list in Python?", judge=exact).kind == "exact"
+        assert exact.calls == []
+        # semantic=False (a caller with no judge to ask): exact matches only.
+        assert cache.lookup(scope(), para, semantic=False) is None
+
+
+@pytest.fixture(scope="module")
+def model_judge(target_path: Path, module_home):
+    from localspec.service import open_judge
+
+    judge, close = open_judge(model=TARGET_ID, n_threads=TEST_THREADS)
+    yield judge
+    close()
+
+
+def test_the_target_model_tells_a_paraphrase_from_a_trap_the_guard_passes(model_judge):
+    from localspec.cache.guard import compare, conflict
+
+    ok, score = model_judge.agrees(*PARAPHRASE)
+    assert ok and score >= DEFAULT_JUDGE_THRESHOLD
+    trap = TRAP_PASSING_THE_GUARD
+    assert compare(*trap, similarity=0.88) is None and conflict(*trap) is None  # the rules alone would serve it
+    ok, score = model_judge.agrees(*trap)
+    assert not ok and score < DEFAULT_JUDGE_THRESHOLD
+
+
+def test_cli_eval_with_the_judge_reports_its_curve(minilm_path: Path, target_path: Path, capsys):
+    rc = main(["cache", "eval", "--split", "dev", "--limit", "12", "--embedding-model", str(minilm_path),
+               "--latency-sample", "4", "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["judge"]["model"].endswith(".gguf") and report["judge"]["judged_pairs"] > 0
+    assert len(report["judge_curve"]) == 17 and "suggested_judge_threshold" in report
+    assert report["latency_ms"]["timed_lookups"] == 4
+    assert report["latency_ms"]["disagreements_with_probe"] == 0
+
+
+@pytest.fixture(scope="module")
+def judged_server(target_path, minilm_path, module_home):
+    from localspec.server import ServerSettings, create_app
+    from tests.server_harness import ServerThread, request, wait_until
+
+    settings = ServerSettings(target=TARGET_ID, mode="off", parallel=1, n_ctx=1024, n_threads=TEST_THREADS,
+                              max_tokens_cap=16, cache_semantic=True)  # the judge is on by default
+    with ServerThread(create_app(settings)) as server:
+        assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=300)
+        yield server
+
+
+def test_the_endpoint_serves_a_judged_paraphrase_and_refuses_the_trap(judged_server):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{judged_server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+    def ask(text: str):
+        reply = client.chat.completions.create(model=TARGET_ID, messages=[{"role": "user", "content": text}],
+                                               max_tokens=6, temperature=0)
+        return reply.model_extra["localspec"]["cache"]
+
+    assert ask(PARAPHRASE[0])["status"] == "miss"
+    para = ask(PARAPHRASE[1])
+    assert para["status"] == "hit" and para["kind"] == "semantic" and para["judge"] >= DEFAULT_JUDGE_THRESHOLD, para
+    assert ask(TRAP_PASSING_THE_GUARD[0])["status"] == "miss"
+    assert ask(TRAP_PASSING_THE_GUARD[1])["status"] == "miss"  # the guard lets it through; the judge does not
