@@ -42,6 +42,7 @@ def main() -> int:
 
     report: dict = {}
     for judge in (True, False):
+        os.environ["LOCALSPEC_HOME"] = tempfile.mkdtemp(prefix="localspec-latency-")  # an empty cache each
         report["judged" if judge else "rules_only"] = _measure(judge, args.repeats, ServerSettings, create_app,
                                                                ServerThread, request, wait_until, openai)
     print(json.dumps(report, indent=2))
