@@ -26,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-embeddings", action="store_true", help="do not serve /v1/embeddings")
     p.add_argument("--no-cache", action="store_true", help="never answer from the semantic cache")
     p.add_argument("--cache-semantic", action="store_true",
-                   help="also answer near-duplicate prompts (MiniLM similarity, false-hit guard and the answering "
-                        "model as reuse judge); off by default, see the README's figures")
+                   help="also answer near-duplicate prompts (MiniLM similarity, false-hit guard and the large model "
+                        "as reuse judge); off by default, see the README's figures")
     p.add_argument("--no-cache-judge", action="store_true",
                    help="with --cache-semantic, serve near-duplicates without asking the model (faster, more false hits)")
     p.add_argument("--cache-sampled", action="store_true",
