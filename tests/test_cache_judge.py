@@ -85,6 +85,39 @@ def test_a_semantic_candidate_needs_the_judge(tmp_path: Path, embedder: Embedder
         assert cache.lookup(scope(), para, semantic=False) is None
 
 
+class _SilentHandle:
+    """An engine handle whose request never gets a slot: what a judge sees behind busy slots."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.events = queue.SimpleQueue()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_a_judge_that_gets_no_slot_times_out_and_the_lookup_misses(tmp_path: Path, embedder: Embedder):
+    from localspec.cache.judge import JudgeTimeout, ModelJudge
+
+    handles = []
+
+    def submit(request):
+        handles.append(_SilentHandle())
+        return handles[-1]
+
+    judge = ModelJudge(submit, lambda w: [YES] if w.strip().lower() == "yes" else [NO], timeout_s=0.2)
+    with pytest.raises(JudgeTimeout, match="within 0.2 s"):
+        judge.score("a", "b")
+    assert handles[-1].cancelled  # the queued judgement does not run later for nothing
+    with SemanticCache(tmp_path / "c", embedder=embedder) as cache:
+        cache.store(scope(), "How do I reverse a list in Python?", "use reversed()", [])
+        assert cache.lookup(scope(), "What's the way to reverse a Python list?", judge=judge) is None
+        stats = cache.stats()
+        assert stats["judge_errors"] == 1 and stats["semantic_hits"] == 0 and stats["errors"] == 0
+
+
 @pytest.fixture(scope="module")
 def model_judge(target_path: Path, module_home):
     from localspec.service import open_judge

@@ -20,6 +20,8 @@ milliseconds.
 from __future__ import annotations
 
 import math
+import queue
+import time
 from collections.abc import Callable
 
 from localspec.engine.config import GenerationRequest
@@ -67,14 +69,25 @@ def yes_no_margin(logprob: TokenLogprob, yes_ids: set[int], no_ids: set[int]) ->
     return yes - (no if no is not None else floor)
 
 
+# A judgement waits behind the engine's other work when every slot is busy; past this the lookup
+# gives up (a miss: the request is generated) rather than hold the request.
+DEFAULT_JUDGE_TIMEOUT_S = 10.0
+
+
+class JudgeTimeout(RuntimeError):
+    pass
+
+
 class ModelJudge:
     """Judges with a loaded model through `submit` (a tier's queue or an engine's own)."""
 
     def __init__(self, submit: Callable[[GenerationRequest], object], tokenize: Callable[[str], list[int]],
-                 threshold: float = DEFAULT_JUDGE_THRESHOLD, name: str = "") -> None:
+                 threshold: float = DEFAULT_JUDGE_THRESHOLD, name: str = "",
+                 timeout_s: float = DEFAULT_JUDGE_TIMEOUT_S) -> None:
         self._submit = submit
         self.threshold = threshold
         self.name = name
+        self.timeout_s = timeout_s
         # The first token of each spelling the model may start its reply with.
         self.yes_ids = {ids[0] for ids in (tokenize(w) for w in ("Yes", " Yes", "yes")) if ids}
         self.no_ids = {ids[0] for ids in (tokenize(w) for w in ("No", " No", "no")) if ids}
@@ -82,8 +95,13 @@ class ModelJudge:
     def score(self, saved: str, new: str) -> float:
         handle = self._submit(judge_request(saved, new))
         first: TokenLogprob | None = None
+        deadline = time.monotonic() + self.timeout_s
         while True:
-            event = handle.events.get()
+            try:
+                event = handle.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                handle.cancel()
+                raise JudgeTimeout(f"the reuse judge gave no verdict within {self.timeout_s:g} s") from None
             if isinstance(event, Token) and first is None:
                 first = event.logprob
             elif isinstance(event, Done):
@@ -97,4 +115,5 @@ class ModelJudge:
         return score >= self.threshold, score
 
 
-__all__ = ["DEFAULT_JUDGE_THRESHOLD", "JUDGED_THRESHOLD", "ModelJudge", "judge_request", "yes_no_margin"]
+__all__ = ["DEFAULT_JUDGE_THRESHOLD", "JUDGED_THRESHOLD", "JudgeTimeout", "ModelJudge", "judge_request",
+           "yes_no_margin"]

@@ -58,7 +58,7 @@ DEFAULT_SIZE_LIMIT = 512 * 1024 * 1024
 DEFAULT_TTL_S = 30 * 24 * 3600.0
 _SAVE_EVERY = 64  # index writes are batched; entries missing from a stale index are re-embedded on open
 _COUNTERS = ("lookups", "exact_hits", "semantic_hits", "misses", "guard_rejections", "judged", "judge_rejections",
-             "evicted_on_hit", "too_long", "stores", "store_skipped", "false_hits", "errors")
+             "judge_errors", "evicted_on_hit", "too_long", "stores", "store_skipped", "false_hits", "errors")
 MAX_JUDGED = 2  # semantic candidates put to the judge per lookup, best first: each costs a prefill
 
 
@@ -261,7 +261,13 @@ class SemanticCache:
 
     def _judged(self, prompt: str, candidates: list[tuple[dict[str, Any], float]], judge: ReuseJudge) -> CacheHit | None:
         for entry, similarity in candidates:
-            ok, score = judge.agrees(entry["prompt"], prompt)
+            try:
+                ok, score = judge.agrees(entry["prompt"], prompt)
+            except Exception as exc:  # a busy or broken judge: a miss, never a failed request
+                with self._lock:
+                    self._counts["judge_errors"] += 1
+                logger.warning("reuse judge unavailable, not serving a semantic hit: %s", exc)
+                return None
             with self._lock:
                 self._counts["judged"] += 1
                 if not ok:

@@ -111,7 +111,8 @@ def run_stats(args: argparse.Namespace) -> int:
     print(f"lookups     {stats['lookups']}: {stats['exact_hits']} exact hits, {stats['semantic_hits']} semantic hits, "
           f"{stats['misses']} misses (hit rate {stats['hit_rate']:.1%})")
     print(f"guard       {stats['guard_rejections']} candidates rejected; {stats['false_hits']} answers marked wrong")
-    print(f"judge       {stats['judged']} candidates judged, {stats['judge_rejections']} rejected")
+    print(f"judge       {stats['judged']} candidates judged, {stats['judge_rejections']} rejected, "
+          f"{stats['judge_errors']} unanswered (timeout or error)")
     print(f"writes      {stats['stores']} stored, {stats['store_skipped']} skipped")
     return 0
 
