@@ -295,6 +295,15 @@ async def test_metrics_pane_reads_session_metrics(tmp_path):
         assert app.query_one("#acc-spark").data == [pytest.approx(stats.acceptance_rate)]
 
 
+async def test_the_metrics_timer_survives_the_widgets_going_away(tmp_path):
+    """The 2 s interval can fire while the app tears its widgets down on exit (seen in CI)."""
+    app = _app(tmp_path, demo_backend(), metrics=SessionMetrics())
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        await app.query_one("#metrics").remove()
+        app._tick()  # no NoMatches: a tick with nothing to refresh does nothing
+
+
 # ---------------------------------------------------------------------- errors
 
 

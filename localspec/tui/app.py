@@ -17,6 +17,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Label, ListItem, ListView, LoadingIndicator
 
 from localspec.engine.config import GenerationRequest
@@ -174,8 +175,11 @@ class ChatApp(App):
         self.load_backend(self.active_profile)
 
     def _tick(self) -> None:
-        if self.query_one("#metrics").has_class("-visible"):
-            self.refresh_metrics()
+        try:
+            if self.query_one("#metrics").has_class("-visible"):
+                self.refresh_metrics()
+        except NoMatches:  # the interval fired while the app was tearing its widgets down on exit
+            return
 
     # ------------------------------------------------------------------ backend loading
 
