@@ -196,9 +196,8 @@ async def test_edit_and_resend(tmp_path):
         await app.send("first question")
         await wait_for(pilot, lambda: not app.generating, 10)
         await pilot.press("ctrl+o")
-        await pilot.pause()
         prompt = app.query_one("#prompt", PromptInput)
-        assert prompt.text == "first question"
+        await wait_for(pilot, lambda: prompt.text == "first question", 10, "the message back in the prompt")
         assert app.store.messages(app.chat_id) == []
         prompt.text = "second question"
         await pilot.press("enter")
@@ -256,9 +255,9 @@ async def test_settings_dialog_saves_and_rejects_bad_values(tmp_path):
         dialog.query_one("#system").text = "Answer in French."
         dialog.query_one("#temperature").value = "-1"
         dialog.query_one("#save").press()
-        await pilot.pause()
+        await wait_for(pilot, lambda: "temperature" in str(dialog.query_one("#settings-error").render()), 10,
+                       "the settings error")
         assert isinstance(app.screen, ChatSettingsDialog)
-        assert "temperature" in str(dialog.query_one("#settings-error").render())
         dialog.query_one("#temperature").value = "0"
         dialog.query_one("#max_tokens").value = "33"
         dialog.query_one("#mode").value = "lookup"
@@ -316,7 +315,7 @@ async def test_missing_models_offer_a_pull(tmp_path):
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), 10, "the pull offer")
         assert "not installed" in str(app.screen.query_one(".question").render())
         await pilot.click("#no")
-        await pilot.pause()
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmDialog), 10, "the offer dismissed")
         await app.send("hello")  # refused politely: nothing is loaded
         assert app.store.messages(app.chat_id) == []
         assert app.backend is None
@@ -383,7 +382,7 @@ async def test_theme_choice_persists(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _ready(app, pilot)
         app.theme = "nord"
-        await pilot.pause()
+        await wait_for(pilot, lambda: app.store.get_pref("theme") == "nord", 10, "the theme saved")
     app2 = _app(tmp_path, demo_backend())
     async with app2.run_test(size=SIZE) as pilot:
         await _ready(app2, pilot)
