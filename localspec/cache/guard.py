@@ -685,6 +685,16 @@ def _entity_words(text: str) -> frozenset[str]:
     return frozenset(w.lower().removesuffix("'s") for w in re.findall(r"[A-Za-z][A-Za-z0-9'\-]*", text))
 
 
+def _names_only_in(fa: Facts, fb: Facts) -> set[str]:
+    """Names (capitalised words, acronyms) of `fa` that `fb` does not mention in any form."""
+    return {e for e in fa.entities if e not in fb.words and canonical(e) not in fb.words}
+
+
+def _opposite_actions(fa: Facts, fb: Facts) -> bool:
+    """A verb on one side whose opposite is named (add/remove, create/delete...)."""
+    return any(frozenset((x, y)) in _OPPOSITE_ACTIONS for x in fa.actions ^ fb.actions for y in fa.actions | fb.actions)
+
+
 def _direction_conflict(da: frozenset[tuple[str, str]], db: frozenset[tuple[str, str]]) -> bool:
     for group in {g for g, _ in da | db}:
         pa = {p for g, p in da if g == group}
@@ -716,15 +726,13 @@ def compare(a: str, b: str, similarity: float | None = None) -> str | None:
         return "negation"
     if fa.technologies != fb.technologies:
         return "technology"
-    only_a = {e for e in fa.entities if e not in fb.words and canonical(e) not in fb.words}
-    only_b = {e for e in fb.entities if e not in fa.words and canonical(e) not in fa.words}
+    only_a, only_b = _names_only_in(fa, fb), _names_only_in(fb, fa)
     if only_a and only_b:
         return "entities"  # a swapped name: France/Germany
     if _direction_conflict(fa.directions, fb.directions):
         return "direction"
-    for x in fa.actions ^ fb.actions:
-        if any(frozenset((x, y)) in _OPPOSITE_ACTIONS for y in fa.actions | fb.actions):
-            return "action"
+    if _opposite_actions(fa, fb):
+        return "action"
     if bool(fa.actions) != bool(fb.actions) and (fa.actions | fb.actions) & _CHANGING_ACTIONS:
         return "action"  # "remove the first character" / "get the first character"
     if fa.qualifiers != fb.qualifiers:
@@ -777,16 +785,14 @@ def conflict(a: str, b: str) -> str | None:
         return "negation"
     if _swapped(fa.technologies - fb.technologies, fb.technologies - fa.technologies):
         return "technology"
-    only_a = {e for e in fa.entities if e not in fb.words and canonical(e) not in fb.words}
-    only_b = {e for e in fb.entities if e not in fa.words and canonical(e) not in fa.words}
+    only_a, only_b = _names_only_in(fa, fb), _names_only_in(fb, fa)
     if _swapped(only_a, only_b):
         return "entities"
     for group in {g for g, _ in fa.directions} & {g for g, _ in fb.directions}:
         if {p for g, p in fa.directions if g == group} != {p for g, p in fb.directions if g == group}:
             return "direction"
-    for x in fa.actions ^ fb.actions:
-        if any(frozenset((x, y)) in _OPPOSITE_ACTIONS for y in fa.actions | fb.actions):
-            return "action"
+    if _opposite_actions(fa, fb):
+        return "action"
     if fa.qualifiers != fb.qualifiers:
         return "qualifier"
     if any((y, x) in fb.conversions for (x, y) in fa.conversions):

@@ -63,7 +63,7 @@ def open_embedder(model_id: str = EMBEDDING_MODEL):
     return load(path)
 
 
-class _judge_progress:
+class _JudgeProgress:
     """A progress bar for the judged pairs (a prefill each), or nothing without a judge."""
 
     def __init__(self, judge) -> None:
@@ -171,7 +171,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
             print("loading the reuse judge...", file=sys.stderr)
             judge, close_judge = open_judge(args.profile, args.judge_model, args.judge_threshold)
-        with _judge_progress(judge) as progress:
+        with _JudgeProgress(judge) as progress:
             report = evaluate(pairs, embedder, threshold=args.threshold, judge=judge,
                               latency_sample=args.latency_sample, progress=progress)
     finally:

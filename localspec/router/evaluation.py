@@ -194,10 +194,10 @@ def evaluate(splits: list[tuple[list[Task], list[Task]]], small: dict[str, Outco
         "target_large_share": large_share, "large_share": round(float(up.mean()), 4), "quality": round(routed_q, 4),
         "mean_latency_s": round(float(np.mean(np.where(up, lat_l, lat_s))), 3),
     }
-    everything = list({t.id: t for train, part in splits for t in train + part}.values())
-    if len(splits) == 1:
-        everything = splits[0][0]  # a single split keeps the policy it was measured with
-    final = train_from_labels(labels_from_outcomes(everything, small, large, max_tokens), embedder, embedding_model)
+    # k folds: the kept policy learns from every task (each split holds them all); a single split
+    # keeps the policy it was measured with.
+    kept = splits[0][0] if len(splits) == 1 else splits[0][0] + splits[0][1]
+    final = train_from_labels(labels_from_outcomes(kept, small, large, max_tokens), embedder, embedding_model)
     final.set_share(large_share)
     at_threshold["threshold"] = round(final.threshold, 4)
     tiers = {"small": tier_summary(held, small), "large": tier_summary(held, large)}
