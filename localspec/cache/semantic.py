@@ -5,8 +5,8 @@ Lookup order for a prompt in a scope:
 2. the most similar stored prompts of the same scope at or above the threshold, best first, each
    re-checked against the store (diskcache evicts silently) and against the guard, which is given
    the similarity (its soft rules need a high one); the first that passes is served;
-3. or, when the lookup brings a reuse judge (the answering model, `localspec.cache.judge`), the
-   first of those the judge also agrees with.
+3. or, when the lookup brings a reuse judge (a model, `localspec.cache.judge`), the first of the
+   best MAX_JUDGED of those that the judge also agrees with.
 
 The request path never fails because of the cache: every error is logged as a warning and turns
 into a miss (lookup) or a skipped write (store). A corrupt or unreadable directory is moved aside
@@ -217,7 +217,7 @@ class SemanticCache:
                 if hit is None and candidates and judge is None:
                     hit = self._hit(*candidates[0], "semantic")
             if hit is None and candidates and judge is not None:
-                hit = self._judged(prompt, candidates[:MAX_JUDGED], judge)
+                hit = self._judged(prompt, candidates, judge)
             with self._lock:
                 self._counts["misses" if hit is None else f"{hit.kind}_hits"] += 1
                 self._maybe_flush()
@@ -229,7 +229,8 @@ class SemanticCache:
 
     def _find(self, scope: CacheScope, prompt: str, semantic: bool = True,
               judged: bool = False) -> tuple[CacheHit | None, list[tuple[dict[str, Any], float]]]:
-        """An exact hit, or the semantic candidates (entry, similarity) that pass the guard, best first.
+        """An exact hit, or the semantic candidates (entry, similarity) that pass the guard, best first:
+        the first one, or with `judged` the best MAX_JUDGED (no more are checked than will be used).
 
         `judged`: a judge will read the candidates, so the floor is the lower judged_threshold and
         the guard checks facts only (guard.conflict); otherwise its full rules (guard.compare).
@@ -257,6 +258,8 @@ class SemanticCache:
                 self._counts["guard_rejections"] += 1
                 continue
             found.append((entry, cand.similarity))
+            if len(found) == (MAX_JUDGED if judged else 1):
+                break
         return None, found
 
     def _judged(self, prompt: str, candidates: list[tuple[dict[str, Any], float]], judge: ReuseJudge) -> CacheHit | None:
