@@ -192,3 +192,53 @@ def test_eval_from_shipped_outcomes_reproduces_a_report(tmp_path, capsys):
     single = json.loads(out.read_text())
     assert rc == 0 and single["folds"] == 1
     assert single["held_out_tasks"] + single["train_tasks"] == single["tasks"]
+
+
+# ---------------------------------------------------------------- generating outcomes (real model)
+
+
+@pytest.mark.models
+def test_generate_answers_and_run_tier_with_the_small_model(draft_path, tmp_path):
+    """Answers come back for every task with one logprob per token; a seeded sample repeats; and
+    run_tier caches what it generated, so a second run opens no engine."""
+    from localspec.engine.config import EngineConfig
+    from localspec.engine.sampling import SamplingParams
+    from localspec.engine.scheduler import Engine
+    from localspec.router.outcomes import OutcomeCache, generate_answers, run_tier
+    from tests.conftest import DRAFT_ID, TEST_THREADS
+
+    tasks = [t for t in load_tasks(DEFAULT_TASKS) if t.id.startswith(("code-001", "math-001", "code-002"))]
+    assert len(tasks) == 3
+
+    def open_small():
+        return Engine.load(str(draft_path), None, EngineConfig(n_ctx=1024, n_threads=TEST_THREADS, mode="off", parallel=2))
+
+    engine = open_small()
+    try:
+        greedy = sorted(generate_answers(engine, tasks, 12), key=lambda a: a.index)
+        assert [a.index for a in greedy] == [0, 1, 2]
+        for a in greedy:
+            assert a.text and a.completion_tokens == len(a.token_logprobs) > 0
+            assert all(lp <= 0.0 for lp in a.token_logprobs)
+            assert a.mean_logprob == pytest.approx(sum(a.token_logprobs) / len(a.token_logprobs))
+            assert a.finish_reason in ("stop", "length") and a.seconds > 0
+        hot = SamplingParams(temperature=1.5, seed=7)
+        first = {a.index: a.text for a in generate_answers(engine, tasks[:1], 12, hot)}
+        again = {a.index: a.text for a in generate_answers(engine, tasks[:1], 12, hot)}
+        assert first == again  # a fixed seed makes sampling repeatable
+    finally:
+        engine.close()
+
+    cache = OutcomeCache(tmp_path / "outcomes.json")
+    opened = []
+
+    def opener():
+        opened.append(1)
+        return open_small()
+
+    outs = run_tier("small", DRAFT_ID, draft_path, tasks, cache, 12, False, opener)
+    assert [o.task_id for o in outs] == [t.id for t in tasks] and len(opened) == 1
+    assert all(o.mean_logprob is not None and o.completion_tokens > 0 and o.text for o in outs)
+    assert (tmp_path / "outcomes.json").is_file()
+    again = run_tier("small", DRAFT_ID, draft_path, tasks, OutcomeCache(tmp_path / "outcomes.json"), 12, False, opener)
+    assert len(opened) == 1 and [o.passed for o in again] == [o.passed for o in outs]

@@ -86,21 +86,36 @@ def recheck(task: Task, outcome: Outcome) -> Outcome:
     return replace(outcome, passed=res.passed, detail=res.detail)
 
 
-def generate_answers(engine, tasks: list[Task], max_tokens: int):
-    """Greedy answers for `tasks`, submitted together so the engine's parallel slots batch them.
+@dataclass(frozen=True)
+class Answer:
+    """One generated answer, as `generate_answers` yields it."""
 
-    Yields (index, text, seconds, completion tokens, mean token logprob, finish reason) as each
-    finishes. Seconds are the request's own prefill + decode time (queueing excluded); with more
-    than one slot they include sharing the steps with the other sequences.
+    index: int  # position in the task list given
+    text: str
+    seconds: float  # the request's own prefill + decode time (queueing excluded)
+    completion_tokens: int
+    token_logprobs: tuple[float, ...]  # each generated token's log-probability
+    finish_reason: str
+
+    @property
+    def mean_logprob(self) -> float | None:
+        lps = self.token_logprobs
+        return sum(lps) / len(lps) if lps else None
+
+
+def generate_answers(engine, tasks: list[Task], max_tokens: int, sampling=None):
+    """Answers for `tasks` (greedy unless `sampling` says otherwise), submitted together so the
+    engine's parallel slots batch them. Yields an `Answer` as each finishes; with more than one
+    slot its seconds include sharing the steps with the other sequences.
     """
     import queue
 
     from localspec.engine import Done, GenerationRequest, SamplingParams, Token
 
+    sampling = sampling or SamplingParams(temperature=0.0)
     handles = []
     for task in tasks:
-        request = GenerationRequest(messages=task.messages(), max_tokens=max_tokens,
-                                    sampling=SamplingParams(temperature=0.0), logprobs=0)
+        request = GenerationRequest(messages=task.messages(), max_tokens=max_tokens, sampling=sampling, logprobs=0)
         handles.append(engine.submit(request))
     logprobs: list[list[float]] = [[] for _ in tasks]
     pending = set(range(len(tasks)))
@@ -119,10 +134,9 @@ def generate_answers(engine, tasks: list[Task], max_tokens: int):
                         pending.discard(i)
                         if event.error:
                             raise RuntimeError(f"task {tasks[i].id}: generation failed: {event.error}")
-                        lp = logprobs[i]
                         secs = (event.stats.prefill_ms + event.stats.decode_ms) / 1000.0
-                        yield (i, event.text, secs, event.stats.completion_tokens,
-                               sum(lp) / len(lp) if lp else None, event.finish_reason)
+                        yield Answer(i, event.text, secs, event.stats.completion_tokens, tuple(logprobs[i]),
+                                     event.finish_reason)
                         break
     finally:
         for i in pending:
@@ -153,11 +167,13 @@ def run_tier(tier: str, model_id: str, model_path: Path, tasks: list[Task], cach
         engine = open_engine()
         try:
             batch = [tasks[i] for i in todo]
-            for n, (j, text, secs, ntok, mean_lp, finish) in enumerate(generate_answers(engine, batch, max_tokens), 1):
-                i, task = todo[j], batch[j]
-                res = check(task, text)
-                o = Outcome(task.id, tier, model_id, res.passed, round(secs, 3), ntok,
-                            None if mean_lp is None else round(mean_lp, 4), finish, res.detail, text)
+            for n, answer in enumerate(generate_answers(engine, batch, max_tokens), 1):
+                i, task = todo[answer.index], batch[answer.index]
+                res = check(task, answer.text)
+                mean_lp = answer.mean_logprob
+                o = Outcome(task.id, tier, model_id, res.passed, round(answer.seconds, 3), answer.completion_tokens,
+                            None if mean_lp is None else round(mean_lp, 4), answer.finish_reason, res.detail,
+                            answer.text)
                 cache.put(outcome_key(task, fingerprint, max_tokens), o)
                 out[i] = o
                 if n % 10 == 0:
