@@ -10,13 +10,21 @@ bootstrap 95% intervals), escalating the tasks with the highest score first:
 - validity: code that does not parse or lacks the function the prompt names; no final number;
 - self-consistency: N more answers sampled at temperature 0.7; the share that disagree with the
   greedy answer (another final number; other code, up to formatting and docstrings);
+- the large model's view (`--teacher`): the small answer read by the 1.5B in one prefill (teacher
+  forcing): its mean token log-probability, the share of tokens where its own greedy choice
+  differs, and how much less likely it finds the answer than the small model did;
 - all of them in one logistic regression, cross-validated on the same 5 folds as `router eval`.
+
+It also reports the APGR of a perfect detector of the small tier's failures: the most that any
+signal that predicts "the small answer is wrong" can reach on this task set.
 
 The large tier's verdicts are the shipped outcomes (`localspec/router/tasks/outcomes.json`). The
 small tier is generated here (greedy like `router eval`, plus the samples) and kept in --work, so a
 rerun only analyses. About 45 minutes on a 2-core CPU with --samples 2.
 
-    python scripts/router_cascade_signals.py [--samples 2] [--parallel 4] [--out docs/router/cascade-signals.json]
+    python scripts/router_cascade_signals.py [--samples 2] [--parallel 4] [--teacher] [--out docs/router/cascade-signals.json]
+
+--teacher adds about 25 minutes (one 1.5B prefill of prompt + answer per task), kept in its own work file.
 """
 
 from __future__ import annotations
@@ -33,12 +41,24 @@ import numpy as np
 
 from localspec.router.answers import extract_code, extract_number, parses
 from localspec.router.checker import check
-from localspec.router.curve import evaluate_router
+from localspec.router.curve import evaluate_router, routing_curve
 from localspec.router.outcomes import OutcomeCache, generate_answers
 from localspec.router.policy import fit_logistic
 from localspec.router.tasks import DEFAULT_TASKS, TASKS_DIR, Task, kfold, load_tasks
 
 SIGNATURE = re.compile(r"`(\w+)\(")
+
+
+def _read_work(work: Path) -> list[dict]:
+    """The rows an earlier run kept (one JSON object a line), so a rerun only adds what is missing."""
+    if not work.is_file():
+        return []
+    return [json.loads(line) for line in work.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _append(fh, row: dict) -> None:
+    fh.write(json.dumps(row) + "\n")
+    fh.flush()  # an interrupted run keeps every finished row
 
 
 def generate(work: Path, tasks: list[Task], samples: int, max_tokens: int, parallel: int,
@@ -50,11 +70,7 @@ def generate(work: Path, tasks: list[Task], samples: int, max_tokens: int, paral
     from localspec.models.manager import ModelManager
     from localspec.service import open_engine
 
-    rows: dict[tuple[str, int], dict] = {}
-    if work.is_file():
-        for line in work.read_text(encoding="utf-8").splitlines():
-            r = json.loads(line)
-            rows[(r["id"], r["seed"])] = r
+    rows = {(r["id"], r["seed"]): r for r in _read_work(work)}
     todo = {seed: [t for t in tasks if (t.id, seed) not in rows] for seed in range(samples + 1)}
     if not any(todo.values()):
         return rows
@@ -72,12 +88,69 @@ def generate(work: Path, tasks: list[Task], samples: int, max_tokens: int, paral
                     row = {"id": task.id, "seed": seed, "text": answer.text, "passed": check(task, answer.text).passed,
                            "finish": answer.finish_reason, "logprobs": [round(x, 4) for x in answer.token_logprobs]}
                     rows[(task.id, seed)] = row
-                    fh.write(json.dumps(row) + "\n")
-                    fh.flush()
+                    _append(fh, row)
                     progress.advance(bar)
     finally:
         engine.close()
     return rows
+
+
+def teacher_forced(work: Path, tasks: list[Task], rows: dict[tuple[str, int], dict],
+                   threads: int | None) -> dict[str, dict]:
+    """The large model's per-token log-probabilities of each greedy small answer, and where its own
+    greedy token agrees; read from and added to work. One prefill per task: no generation."""
+    from rich.progress import Progress
+
+    from localspec.engine.chat import ChatMessage, render_chat
+    from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
+    from localspec.models.manager import ModelManager
+
+    out = {r["id"]: r for r in _read_work(work)}
+    todo = [t for t in tasks if t.id not in out]
+    if not todo:
+        return out
+    manager = ModelManager()
+    large = manager.profile().target
+    path = manager.require_path(large)
+    rt = ModelRuntime(path, RuntimeConfig(n_ctx=1024, n_batch=512, n_ubatch=512, n_outputs_max=320, n_threads=threads))
+    end_of_turn = rt.tokenize("<|im_end|>", add_special=False, parse_special=True)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with work.open("a", encoding="utf-8") as fh, Progress() as progress:
+            bar = progress.add_task(f"large tier {large} reads the small answers", total=len(todo))
+            for task in todo:
+                small = rows[(task.id, 0)]
+                prompt = rt.tokenize(render_chat(rt.chat_template, [ChatMessage(role="user", content=task.prompt)]),
+                                     add_special=False, parse_special=True)
+                answer = rt.tokenize(small["text"], add_special=False, parse_special=False)
+                answer += end_of_turn if small["finish"] == "stop" else []
+                # Row p predicts token p + 1: the rows from the prompt's last token on score the answer.
+                seq = prompt + answer
+                logits = rt.decode([Row(t, i, 0, logits=i >= len(prompt) - 1 and i < len(seq) - 1)
+                                    for i, t in enumerate(seq)]).astype(np.float64)
+                rt.seq_rm(0, 0)
+                top = logits.max(axis=1)
+                lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+                lp = logits[np.arange(len(answer)), answer] - lse
+                agree = logits.argmax(axis=1) == np.asarray(answer)
+                r = {"id": task.id, "logprobs": [round(float(x), 4) for x in lp], "agree": agree.astype(int).tolist()}
+                out[task.id] = r
+                _append(fh, r)
+                progress.advance(bar)
+    finally:
+        rt.close()
+    return out
+
+
+def teacher_signals(small: dict, large_view: dict) -> dict[str, float]:
+    """Escalation scores from the large model's reading of the small answer: higher, less trusted."""
+    lp = np.asarray(large_view["logprobs"] or [0.0])
+    own = np.asarray(small["logprobs"] or [0.0])
+    return {
+        "large_low_mean_logprob": -float(lp.mean()),
+        "large_share_disagree": float(1 - np.mean(large_view["agree"] or [1])),
+        "large_less_sure_than_small": float(own.mean() - lp.mean()),
+    }
 
 
 def answer_key(task: Task, text: str) -> str:
@@ -140,6 +213,9 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "localspec" / "router" / "cascade-signals.jsonl")
+    ap.add_argument("--teacher", action="store_true", help="also score each small answer with the large model")
+    ap.add_argument("--teacher-work", type=Path,
+                    default=Path.home() / ".cache" / "localspec" / "router" / "cascade-teacher.jsonl")
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -151,6 +227,10 @@ def main() -> int:
     rows = generate(args.work, tasks, args.samples, args.max_tokens, args.parallel, args.threads)
 
     sig = [signals(t, rows[(t.id, 0)], [rows[(t.id, k)] for k in range(1, args.samples + 1)]) for t in tasks]
+    if args.teacher:
+        views = teacher_forced(args.teacher_work, tasks, rows, args.threads)
+        for s, t in zip(sig, tasks):
+            s.update(teacher_signals(rows[(t.id, 0)], views[t.id]))
     names = list(sig[0])
     X = np.asarray([[s[n] for n in names] for s in sig])
     small_ok = np.asarray([float(rows[(t.id, 0)]["passed"]) for t in tasks])
@@ -187,6 +267,15 @@ def main() -> int:
     for lo, hi in itertools.pairwise(edges):
         groups[f"-mean logprob [{lo:.3f}, {hi:.3f}]"] = _group((lp >= lo) & (lp <= hi), small_ok, large_ok, gain)
     report["groups"] = groups
+    # The ceiling of every "the small answer is wrong" signal: escalate exactly the failures first
+    # (in random order). Beyond it a router must also predict that the large tier then passes.
+    rng = np.random.default_rng(0)
+    ceiling = [routing_curve((1 - small_ok) + 1e-3 * rng.random(len(tasks)), small_ok, large_ok).apgr
+               for _ in range(200)]
+    report["perfect_failure_detector_apgr"] = round(float(np.mean(ceiling)), 4)
+    report["auc_small_fails"] = {n: round(_auc(X[:, i], 1 - small_ok), 3) for i, n in enumerate(names)}
+    print(f"\nperfect detector of small-tier failures: APGR {report['perfect_failure_detector_apgr']:.3f}")
+    print("AUC for 'the small answer fails': " + ", ".join(f"{n} {a:.2f}" for n, a in report["auc_small_fails"].items()))
     print(f"\n{'group':40s} tasks  small  large  escalation helps")
     for name, g in groups.items():
         print(f"{name:40s} {g['tasks']:5d}  {g['small']:.2f}   {g['large']:.2f}   {g['gain']:.2f}")
@@ -195,6 +284,14 @@ def main() -> int:
         args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
         print(f"report written to {args.out}")
     return 0
+
+
+def _auc(score: np.ndarray, positive: np.ndarray) -> float:
+    """P(a positive scores above a negative), ties counting half."""
+    pos, neg = score[positive == 1], score[positive == 0]
+    if not len(pos) or not len(neg):
+        return float("nan")
+    return float(np.mean([(p > neg).mean() + 0.5 * (p == neg).mean() for p in pos]))
 
 
 def _group(mask: np.ndarray, small_ok: np.ndarray, large_ok: np.ndarray, gain: np.ndarray) -> dict:
