@@ -129,3 +129,21 @@ def Choice_lookup(k: int):
     from localspec.engine.controller import Choice
 
     return Choice("lookup", k, 0.0)
+
+
+def test_draft_lag_counts_everything_after_the_shared_prefix():
+    """A slot's draft KV may hold an earlier request: its catch-up is all that differs, not the
+    length difference (which once made `auto` pick the draft model and pay a whole re-read)."""
+    from fake_runtime import FakeRuntime, logits_fn
+
+    from localspec.engine.drafters import DraftModelDrafter
+
+    runtime = FakeRuntime(logits_fn(5, [1], [1.0]))
+    drafter = DraftModelDrafter(runtime, runtime.n_vocab)
+    earlier = [1, 2, 3, 4, 0, 1, 2, 3, 4, 0]
+    drafter.sync(0, earlier, budget=100)
+    assert drafter.lag(0, earlier) == 1  # caught up: only the last token is left to decode
+    assert drafter.lag(0, earlier + [1, 2]) == 3
+    new = [1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0]  # the same first 3 tokens, then another request
+    assert drafter.lag(0, new) == len(new) - 3
+    assert drafter.lag(1, new) == len(new)  # a sequence the draft has never seen

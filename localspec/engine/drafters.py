@@ -185,6 +185,12 @@ class DraftModelDrafter:
             Draft(tokens=tuple(j.tokens), q=tuple(j.q) if j.q else None, source="draft") for j in jobs
         ]
 
+    def lag(self, seq: int, history: Sequence[int]) -> int:
+        """Tokens the draft must read before it can propose after `history`: all after the prefix
+        its KV shares with it (1 when caught up). Not len(history) - len(kv): a slot's draft KV may
+        hold an earlier request that parts from this one after the chat template's first tokens."""
+        return len(history) - min(common_prefix(self.kv.get(seq, []), history), len(history) - 1)
+
     def rollback(self, seq: int, history: Sequence[int]) -> None:
         """After verification: keep only the draft KV that agrees with the accepted history."""
         kv = self.kv.setdefault(seq, [])

@@ -419,7 +419,7 @@ class Engine:
     def _auto_choice(self, slot: _Slot, k_cap: int) -> tuple[str, int, Draft]:
         """Ask the controller which drafter and k pay most; also return the lookup proposal it weighed."""
         a = slot.active
-        lag = len(a.tokens) - len(self.drafter.kv.get(slot.seq, [])) if self.drafter else 0
+        lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
         proposal = self.lookup.propose(a.tokens, k_cap)
         a.lookup_match = proposal.match_length
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap)
