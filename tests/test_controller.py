@@ -147,3 +147,15 @@ def test_draft_lag_counts_everything_after_the_shared_prefix():
     new = [1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0]  # the same first 3 tokens, then another request
     assert drafter.lag(0, new) == len(new) - 3
     assert drafter.lag(1, new) == len(new)  # a sequence the draft has never seen
+
+
+def test_verify_observations_move_the_whole_curve():
+    """Plain decoding at long context observes only 1-row verifies. They must raise the cost of
+    every batch size, or drafting looks cheap next to a slower plain step."""
+    costs = Costs(verify=[0.040, 0.074, 0.094], draft_step=0.025, draft_row=0.011)
+    c = trained(costs, rate=0.95, k=2)
+    assert c.choose(0, 0, 0, 2).drafter == "off"  # short context: the draft model does not pay
+    for _ in range(100):
+        costs.observe_verify(1, 0.060)  # the same model at 2k tokens of context
+    assert costs.verify == pytest.approx([0.060, 0.111, 0.141], rel=1e-3)
+    assert c.choose(0, 0, 0, 2).drafter == "off"

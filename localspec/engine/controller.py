@@ -53,8 +53,16 @@ class Costs:
         return 0.0 if tokens <= 0 else self.draft_step + (tokens - 1) * self.draft_row
 
     def observe_verify(self, rows: int, seconds: float) -> None:
-        if 1 <= rows <= len(self.verify):
-            self.verify[rows - 1] += self.smoothing * (seconds - self.verify[rows - 1])
+        """Move the whole verify curve towards an observed timing, keeping its calibrated shape.
+
+        The level moves with context length (every row reads the whole KV cache) and with load.
+        Refreshing only the observed point skewed the curve: plain decoding observes rows = 1
+        alone, so at long context verify(1) rose while verify(3) kept its short-context value,
+        drafting looked cheap, and `auto` ran the draft model at a loss (bench, long suite 0.90x).
+        """
+        if 1 <= rows <= len(self.verify) and self.verify[rows - 1] > 0:
+            scale = 1.0 + self.smoothing * (seconds / self.verify[rows - 1] - 1.0)
+            self.verify = [v * scale for v in self.verify]
 
     def observe_draft_step(self, seconds: float) -> None:
         self.draft_step += self.smoothing * (seconds - self.draft_step)
