@@ -25,6 +25,10 @@ from localspec.engine.verify import Draft, PositionRng
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
+    # Runs every decode step over the whole history: settle the usual case (one side extends the
+    # other) with one C-level comparison before walking token by token.
+    if list(a[:n]) == list(b[:n]):
+        return n
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
@@ -150,7 +154,7 @@ class DraftModelDrafter:
                 continue
             kv = self.kv.setdefault(job.seq, [])
             # Catch up: everything after the common prefix, re-decoding at least the last token.
-            keep = min(common_prefix(kv, job.history), len(job.history) - 1)
+            keep = self._reusable(job.seq, job.history)
             self._truncate(job.seq, keep)
             for i, t in enumerate(job.history[keep:]):
                 rows.append(Row(t, keep + i, job.seq, logits=(keep + i == len(job.history) - 1)))
@@ -189,7 +193,12 @@ class DraftModelDrafter:
         """Tokens the draft must read before it can propose after `history`: all after the prefix
         its KV shares with it (1 when caught up). Not len(history) - len(kv): a slot's draft KV may
         hold an earlier request that parts from this one after the chat template's first tokens."""
-        return len(history) - min(common_prefix(self.kv.get(seq, []), history), len(history) - 1)
+        return len(history) - self._reusable(seq, history)
+
+    def _reusable(self, seq: int, history: Sequence[int]) -> int:
+        """Draft KV entries a proposal after `history` keeps: the shared prefix, less the last token,
+        which is always decoded again for the first draft logits."""
+        return min(common_prefix(self.kv.get(seq, []), history), len(history) - 1)
 
     def rollback(self, seq: int, history: Sequence[int]) -> None:
         """After verification: keep only the draft KV that agrees with the accepted history."""
