@@ -19,12 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 
 import psutil
 
 from localspec.engine.chat import ChatMessage
-from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done
 from localspec.engine.scheduler import Engine
 
@@ -50,6 +49,10 @@ class BenchPlan:
     quick: bool = False
     anchors: bool = True
     llama_server_configs: list[dict] = field(default_factory=list)
+    # llama-cpp-python's lookup anchor runs at about a third of our speed; None: every prompt.
+    anchor_prompts_per_suite: int | None = None
+    # Characters of the long prompt read for the prefix-reuse TTFT; None: all of it (~2k tokens).
+    ttft_chars: int | None = None
 
 
 def quick_plan(threads: int | None = None) -> BenchPlan:
@@ -57,6 +60,9 @@ def quick_plan(threads: int | None = None) -> BenchPlan:
         suites=["code", "chat", "editing"],
         modes=[ModeSpec("off", "off"), ModeSpec("lookup", "lookup"), ModeSpec("draft-k4", "draft", 4), ModeSpec("auto", "auto")],
         prompts_per_suite=2, repeats=1, max_tokens=64, threads=threads, quick=True,
+        # Keeps the smoke run well under 5 minutes on 2 cores: one slow-anchor prompt per suite and
+        # a ~500-token first turn (its cold prefill alone is ~30 s at the full 2k).
+        anchor_prompts_per_suite=1, ttft_chars=2000,
         llama_server_configs=[{"name": "draft-simple n=3 p=0.75", "args": ["--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--spec-draft-p-min", "0.75"], "draft": True}],
     )
 
@@ -121,10 +127,10 @@ def run_modes(engine: Engine, plan: BenchPlan, tick: Callable[[str], None]) -> l
     return runs
 
 
-def second_turn_ttft(engine: Engine, tick: Callable[[str], None]) -> dict:
+def second_turn_ttft(engine: Engine, tick: Callable[[str], None], max_chars: int | None = None) -> dict:
     """Cold prefill of a long first turn against the second turn, which reuses its KV prefix."""
     tick("prefix reuse: TTFT")
-    text = load_suites()["long"]["prompts"][0]
+    text = load_suites()["long"]["prompts"][0][:max_chars]
     for slot in engine.slots:
         engine._reset_kv(slot)
     turn1 = [ChatMessage(role="user", content=text)]

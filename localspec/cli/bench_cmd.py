@@ -85,10 +85,12 @@ def run(args: argparse.Namespace) -> int:
 
     suites = runner.load_suites()
     prompts = [(s, i, t) for s in plan.suites for i, t in enumerate(suites[s]["prompts"][: plan.prompts_per_suite])]
+    n_anchor = plan.anchor_prompts_per_suite
+    anchor_prompts = [(s, i, t) for s, i, t in prompts if n_anchor is None or i < n_anchor]
     server_bin = None if args.no_anchors else anchors.find_llama_server()
     total = len(prompts) * len(plan.modes) * plan.repeats + 1
     if not args.no_anchors:
-        total += len(prompts) * (1 + (1 + len(plan.llama_server_configs) if server_bin else 0))
+        total += len(anchor_prompts) + (len(prompts) * (1 + len(plan.llama_server_configs)) if server_bin else 0)
     if not args.no_memory:
         total += 4
 
@@ -97,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         "command": "localspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "localspec bench",
         "plan": {"suites": plan.suites, "modes": [m.name for m in plan.modes], "prompts_per_suite": plan.prompts_per_suite,
                  "repeats": plan.repeats, "max_tokens": plan.max_tokens, "n_ctx": plan.n_ctx, "threads": plan.threads,
-                 "quick": plan.quick},
+                 "quick": plan.quick, "anchor_prompts_per_suite": plan.anchor_prompts_per_suite,
+                 "ttft_chars": plan.ttft_chars},
         "models": {"target": str(target), "draft": str(draft)},
         "llama_server": server_bin,
     }
@@ -119,11 +122,11 @@ def run(args: argparse.Namespace) -> int:
             result["calibration"] = engine.costs.to_json() if engine.costs else None
             runs = runner.run_modes(engine, plan, tick)
             checkpoint(runs)
-            result["ttft"] = runner.second_turn_ttft(engine, tick)
+            result["ttft"] = runner.second_turn_ttft(engine, tick, plan.ttft_chars)
         finally:
             engine.close()
         if not args.no_anchors:
-            runs += anchors.llama_cpp_python_lookup(target, prompts, plan.max_tokens, plan.n_ctx, plan.threads, template, tick)
+            runs += anchors.llama_cpp_python_lookup(target, anchor_prompts, plan.max_tokens, plan.n_ctx, plan.threads, template, tick)
             checkpoint(runs)
             if server_bin:
                 runs += anchors.llama_server(server_bin, target, draft, plan.llama_server_configs, prompts,
