@@ -31,7 +31,7 @@ from localspec.engine.config import EngineConfig, GenerationRequest
 from localspec.engine.events import Done, Token
 from localspec.engine.sampling import SamplingParams, distribution
 from localspec.engine.scheduler import Engine
-from localspec.engine.verify import RESIDUAL_EPS, Draft, PositionRng, Verdict, verify
+from localspec.engine.verify import RESIDUAL_EPS, Draft, PositionRng, Verdict, verify, verify_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -443,6 +443,22 @@ def test_power_engine_harness_rejects_wrong_verify(bug, monkeypatch):
     counts, expected, _, _ = run_engine_case("draft_k3", n=N_ENGINE // 3)
     pv = chi2_pvalue(counts, expected)
     assert pv < ALPHA * 1e-3, f"the engine harness does not catch bug {bug!r} (p = {pv:.3g})"
+
+
+def test_verify_greedy_is_verify_on_point_masses():
+    """The greedy shortcut gives verify()'s verdict on one-hot rows, with and without a q, whatever the draws."""
+    rng = np.random.default_rng(7)
+    nv, seen = 6, set()
+    for trial in range(400):
+        k = int(rng.integers(0, 5))
+        targets = [int(t) for t in rng.integers(0, 3, size=k + 1)]  # small range: drafts often match
+        tokens = tuple(int(t) for t in rng.integers(0, 3, size=k))
+        q = None if trial % 2 else tuple(rng.dirichlet(np.ones(nv)) for _ in range(k))
+        rows = [np.eye(nv)[t] for t in targets]
+        expected = verify(rows, Draft(tokens, q=q), PositionRng(trial), start_pos=int(rng.integers(0, 50)))
+        assert verify_greedy(targets, Draft(tokens, q=q)) == expected, (targets, tokens)
+        seen.add(expected.accepted == k)
+    assert seen == {True, False}  # both full acceptance and a rejection were exercised
 
 
 # ======================================================================= 3. reproducibility

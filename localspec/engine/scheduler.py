@@ -38,7 +38,7 @@ from localspec.engine.grammar import Grammar
 from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
 from localspec.engine.sampling import distribution, greedy_token, penalize
 from localspec.engine.text import StopMatcher, Utf8Stream
-from localspec.engine.verify import Draft, PositionRng, verify
+from localspec.engine.verify import Draft, PositionRng, verify, verify_greedy
 from localspec.errors import ContextOverflowError, IncompatibleDraftError, RequestError
 
 logger = logging.getLogger(__name__)
@@ -434,20 +434,19 @@ class Engine:
     # ------------------------------------------------------------------ outcomes
 
     def _target_rows(self, a: _Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list[np.ndarray]:
-        """The target's distribution per verify row, each with the history up to that row."""
+        """Sampled requests: the target's distribution per verify row, with the history up to it."""
         params = a.request.sampling
-        if a.grammar is not None:  # greedy: sampled grammar requests run in mode off
-            return self._grammar_rows(a, rows, drafted)
-        out = []
-        for i, row in enumerate(rows):
-            history = a.tokens + list(drafted[:i]) if params.has_penalties else a.tokens
-            if params.greedy:
-                p = np.zeros(row.shape[0])
-                p[int(np.argmax(penalize(row, params, history)))] = 1.0
-            else:
-                p = distribution(row, params, history)
-            out.append(p)
-        return out
+        return [
+            distribution(row, params, a.tokens + list(drafted[:i]) if params.has_penalties else a.tokens)
+            for i, row in enumerate(rows)
+        ]
+
+    def _target_tokens(self, a: _Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list[int]:
+        """Greedy requests: the target's argmax per verify row, with the history up to it."""
+        params = a.request.sampling
+        if not params.has_penalties:
+            return np.argmax(rows, axis=1).tolist()
+        return [greedy_token(row, params, a.tokens + list(drafted[:i])) for i, row in enumerate(rows)]
 
     def _first_token(self, slot: _Slot, row: np.ndarray, now: float) -> None:
         a = slot.active
@@ -476,30 +475,26 @@ class Engine:
             restricted = distribution(np.where(allowed, row, -np.inf), params, a.tokens)
         return a.rng.choice(restricted, pos, purpose=_GRAMMAR_REDRAW)
 
-    def _grammar_rows(self, a: _Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list[np.ndarray]:
-        """One-hot target rows under the request's grammar.
+    def _grammar_tokens(self, a: _Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list[int]:
+        """The target's token per verify row under the request's grammar.
 
         Sampled requests come here only in mode off (one row). Greedy ones may carry a draft: row i
         is the allowed argmax after drafted[:i], so a draft token the grammar refuses is rejected.
         """
-        def one_hot(token: int) -> np.ndarray:
-            p = np.zeros(rows.shape[1])
-            p[token] = 1.0
-            return p
-
         if not drafted:
-            return [one_hot(self._pick(a, rows[0]))]
+            return [self._pick(a, rows[0])]
         params = a.request.sampling
         g = a.grammar.clone()
-        out: list[np.ndarray] = []
+        out: list[int] = []
         try:
             for i, row in enumerate(rows):
                 best = g.best(penalize(row, params, a.tokens + list(drafted[:i])))
-                out.append(one_hot(best))
+                out.append(best)
                 if i < len(drafted):
                     if drafted[i] != best or self.target.is_eog(best):
-                        # verify() stops at this row; the later rows are never read.
-                        out.extend(out[-1] for _ in range(len(rows) - i - 1))
+                        # Past a mismatch or an end of generation the grammar has no state: repeat the
+                        # token, so an accepted end of generation is followed by itself.
+                        out.extend([best] * (len(rows) - i - 1))
                         break
                     g.accept(best)
         finally:
@@ -508,8 +503,13 @@ class Engine:
 
     def _accept(self, slot: _Slot, d: Draft, rows: np.ndarray, now: float) -> None:
         a = slot.active
-        p = self._target_rows(a, rows, d.tokens)
-        verdict = verify(p, d, a.rng, start_pos=len(a.tokens))
+        # Greedy and grammar-constrained rows are point masses: the same rule, without the vectors.
+        if a.grammar is not None:
+            verdict = verify_greedy(self._grammar_tokens(a, rows, d.tokens), d)
+        elif a.request.sampling.greedy:
+            verdict = verify_greedy(self._target_tokens(a, rows, d.tokens), d)
+        else:
+            verdict = verify(self._target_rows(a, rows, d.tokens), d, a.rng, start_pos=len(a.tokens))
         a.stats.target_passes += 1
         if a.choice is not None:
             a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match)

@@ -92,3 +92,17 @@ def verify(p: Sequence[np.ndarray], draft: Draft, rng: PositionRng, start_pos: i
     # Every draft token survived: the last row gives a bonus token for free.
     k = len(draft.tokens)
     return Verdict(accepted=k, next_token=rng.choice(p[k], start_pos + k))
+
+
+def verify_greedy(targets: Sequence[int], draft: Draft) -> Verdict:
+    """`verify` when every target row is a point mass on targets[i] (greedy decoding).
+
+    Then min(1, p(d)/q(d)) is 1 for d == targets[i] and 0 otherwise, and norm(max(0, p - q)) is
+    that point mass again: accept while the draft matches, then take the target's own token. No
+    random draw is involved, and no vocabulary-sized vector (two per row in `verify`) is built.
+    """
+    for i, d in enumerate(draft.tokens):
+        if d != targets[i]:
+            return Verdict(accepted=i, next_token=targets[i])
+    k = len(draft.tokens)
+    return Verdict(accepted=k, next_token=targets[k])
