@@ -1,7 +1,7 @@
 """The `auto` mode: choose the drafter and draft length that maximise expected tokens per second.
 
 Speculation pays only when drafting plus verification costs less than the tokens it saves. On a
-2-core CPU a verify batch of 5 rows costs ~2.7x a single-row step, so a draft model rarely pays;
+2-core CPU a verify batch of 5 rows costs 3.5-4.2x a single-row step, so a draft model rarely pays;
 on a GPU a batch of 8 costs about one step, so it nearly always does. We measure instead of guess.
 
 For a drafter whose position-i draft survives with conditional probability a_i (given that all
