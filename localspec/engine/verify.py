@@ -8,8 +8,9 @@ q the drafter's, d the drafted token.
 * if every draft token is accepted, sample one bonus token from the target's next p.
 
 The output then has exactly the target's distribution. Drafters that propose deterministically
-(prompt lookup, greedy draft) have a point-mass q: q(d) = 1. Greedy requests pass one-hot p,
-so the same rule reduces to "accept while the target's argmax equals the draft token".
+(prompt lookup, greedy draft) have a point-mass q: q(d) = 1. Greedy requests have one-hot p,
+so the same rule reduces to "accept while the target's argmax equals the draft token";
+`verify_greedy` is that case, taking the argmax tokens instead of the one-hot rows.
 """
 
 from __future__ import annotations
