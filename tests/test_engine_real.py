@@ -18,6 +18,7 @@ from scipy import stats as sps
 
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.drafters import common_prefix
 from localspec.engine.events import Done, Token
 from localspec.engine.runtime import Row
 from localspec.engine.sampling import SamplingParams, distribution
@@ -201,6 +202,32 @@ def test_second_chat_turn_prefills_only_new_tokens(engine):
     s = done2.stats
     assert s.reused_prefix_tokens >= done1.stats.prompt_tokens + len(ids1) - 2
     assert s.prompt_tokens - s.reused_prefix_tokens <= 20, s
+
+
+@pytest.mark.models
+def test_pinned_prefix_comes_back_after_other_work_in_the_slot(engine):
+    """A pin_prefix request's shared messages are kept in their own sequence: after the slot served
+    other work, the next such request gets them back by seq_cp, not by a prefill, and answers as a
+    cold prefill does."""
+    shared = [ChatMessage(role="system", content="Reply Yes or No."),
+              ChatMessage(role="user", content="Is 7 a prime number?"), ChatMessage(role="assistant", content="Yes")]
+
+    def ask(question: str, pin: bool = True) -> GenerationRequest:
+        return GenerationRequest(messages=shared + [ChatMessage(role="user", content=question)], max_tokens=1,
+                                 logprobs=5, mode="off", pin_prefix=pin)
+
+    run(engine, ask("Is 9 a prime number?"))
+    pinned = len(engine._pinned)
+    assert pinned > 10 and engine.target.seq_pos_max(engine._pin_seq) == pinned - 1
+    run(engine, chat("Write a haiku about rust.", max_tokens=8, mode="off"))  # slot 0 now holds other work
+    assert common_prefix(engine.slots[0].kv, engine._pinned) < pinned
+    _, warm, warm_tokens = run(engine, ask("Is 11 a prime number?"))
+    assert warm.stats.reused_prefix_tokens == pinned
+    engine._reset_kv(engine.slots[0])
+    _, cold, cold_tokens = run(engine, ask("Is 11 a prime number?", pin=False))
+    assert cold.stats.reused_prefix_tokens == 0
+    assert warm_tokens[0].ids == cold_tokens[0].ids
+    assert abs(warm_tokens[0].logprob.logprob - cold_tokens[0].logprob.logprob) < 0.05
 
 
 @pytest.mark.models

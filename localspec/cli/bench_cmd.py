@@ -135,7 +135,10 @@ def run(args: argparse.Namespace) -> int:
             result["memory"] = runner.memory_by_mode(plan, tick)
     t_info, d_info = read_gguf_info(target), read_gguf_info(draft)
     weights_mb = (target.stat().st_size + draft.stat().st_size) / 2**20
-    kv_mb = (t_info.kv_bytes_per_token() + d_info.kv_bytes_per_token()) * plan.n_ctx / 2**20
+    # Every KV cell the engines allocate: a slot's context on both models, and the target's cells for
+    # a pinned prompt prefix (EngineConfig.pinned_prefix_cells).
+    pinned = EngineConfig().pinned_prefix_cells
+    kv_mb = (t_info.kv_bytes_per_token() * (plan.n_ctx + pinned) + d_info.kv_bytes_per_token() * plan.n_ctx) / 2**20
     result.update(weights_mb=round(weights_mb, 1), kv_mb=round(kv_mb, 1), memory_budget_mb=round(weights_mb + kv_mb + 300, 1))
     result["runs"] = [r for r in runs if r.get("suite") != "error"]
     result["anchor_errors"] = [r for r in runs if r.get("suite") == "error"]

@@ -20,6 +20,9 @@ class EngineConfig(BaseModel):
     parallel: int = Field(1, ge=1, le=64, description="sequence slots sharing one llama.cpp context")
     n_batch: int = Field(512, ge=16, description="most tokens in one llama_decode")
     prefill_budget: int = Field(256, ge=1, description="prompt tokens per step, so long prompts share the engine")
+    pinned_prefix_cells: int = Field(
+        1024, ge=0, description="KV cells kept for one shared prompt prefix (GenerationRequest.pin_prefix); 0: none"
+    )
     n_threads: int | None = Field(None, ge=1)
     n_gpu_layers: int = -1
     flash_attn: Literal["auto", "on", "off"] = "auto"
@@ -53,6 +56,10 @@ class GenerationRequest(BaseModel):
     grammar: str | None = Field(None, description="GBNF (root rule 'root') the output must match")
     logprobs: int | None = Field(None, ge=0, le=20, description="report each token's logprob and this many alternatives")
     tools: list[dict] | None = Field(None, description="chat only: tool definitions handed to the chat template")
+    pin_prefix: bool = Field(
+        False, description="chat only: the messages before the last are shared by many requests (a judge's "
+        "instructions and examples); keep their KV apart so a later request skips their prefill",
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerationRequest:

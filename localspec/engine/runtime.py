@@ -33,6 +33,9 @@ class RuntimeConfig:
 
     n_ctx: int = 4096  # tokens per sequence slot
     n_seq_max: int = 1  # parallel sequences sharing this context
+    # Cells for one more sequence (id n_seq_max) that only holds a pinned prompt prefix, copied into
+    # a slot when a request starts with it (Engine: pin_prefix). 0: no such sequence.
+    pinned_cells: int = 0
     n_batch: int = 512  # most tokens in one llama_decode call
     n_ubatch: int = 512
     n_outputs_max: int = 64  # most rows that may ask for logits in one call
@@ -104,8 +107,8 @@ class ModelRuntime:
             cparams = llama_cpp.llama_context_default_params()
             # One unified KV buffer shared by all slots: any slot may use up to n_ctx tokens as
             # long as the slots together stay within n_ctx * n_seq_max.
-            cparams.n_ctx = config.n_ctx * config.n_seq_max
-            cparams.n_seq_max = config.n_seq_max
+            cparams.n_ctx = config.n_ctx * config.n_seq_max + config.pinned_cells
+            cparams.n_seq_max = config.n_seq_max + (1 if config.pinned_cells else 0)
             cparams.kv_unified = True
             cparams.n_batch = config.n_batch
             cparams.n_ubatch = min(config.n_ubatch, config.n_batch)
@@ -215,6 +218,11 @@ class ModelRuntime:
         """Drop positions [p0, p1) of a sequence: the rollback after a rejected draft."""
         if not llama_cpp.llama_memory_seq_rm(self._mem, seq, p0, p1):
             raise RuntimeError(f"llama.cpp could not remove positions {p0}..{p1} of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Make positions [p0, p1) of `src` part of `dst` too. The KV buffer is unified, so the cells
+        are shared, not copied: this costs no compute and no memory."""
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def seq_pos_max(self, seq: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq))

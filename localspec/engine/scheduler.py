@@ -71,6 +71,7 @@ class Handle:
         self.done = threading.Event()
         self.result: Done | None = None
         self.grammar: Grammar | None = None  # compiled by submit; the engine thread owns it after
+        self.pin_len = 0  # leading prompt tokens to keep pinned (GenerationRequest.pin_prefix)
 
     def cancel(self) -> None:
         """Safe from any thread; the engine stops the request at its next step."""
@@ -108,6 +109,7 @@ class _Active:
     text: list[str] = field(default_factory=list)
     grammar: Grammar | None = None
     controller: Controller | None = None  # mode auto only
+    pin_len: int = 0  # leading prompt tokens shared by many requests (GenerationRequest.pin_prefix)
     choice: Choice | None = None  # what auto chose for the step in flight
     lookup_match: int = 0
 
@@ -142,6 +144,11 @@ class Engine:
         self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
         self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
         self.slots = [_Slot(seq=i) for i in range(self.config.parallel)]
+        # One prompt prefix that many requests share (the cache judge's instructions and examples)
+        # lives in a sequence of its own, past the slots: a slot used since for other work gets it
+        # back by a zero-copy seq_cp instead of a prefill of hundreds of tokens.
+        self._pin_seq = self.config.parallel if target.config.pinned_cells else None
+        self._pinned: list[int] = []
         self._pending: deque[tuple[Handle, GenerationRequest, list[int], float]] = deque()
         self._lock = threading.Lock()
         self._next_id = 0
@@ -164,6 +171,7 @@ class Engine:
         rc = RuntimeConfig(
             n_ctx=config.n_ctx,
             n_seq_max=config.parallel,
+            pinned_cells=config.pinned_prefix_cells,
             n_batch=config.n_batch,
             n_ubatch=config.n_batch,
             n_outputs_max=max(config.parallel * (k_rows + 1), 16),
@@ -178,7 +186,7 @@ class Engine:
         draft = None
         if draft_path:
             try:
-                draft = ModelRuntime(draft_path, RuntimeConfig(**{**rc.__dict__, "lora_path": None}))
+                draft = ModelRuntime(draft_path, RuntimeConfig(**{**rc.__dict__, "lora_path": None, "pinned_cells": 0}))
             except BaseException:
                 target.close()
                 raise
@@ -237,10 +245,20 @@ class Engine:
             raise RequestError("The prompt produced no tokens.", "Send a non-empty prompt.")
         return tokens, dropped
 
-    def _render(self, messages, tools: list[dict] | None = None) -> list[int]:
+    def _pin_length(self, request: GenerationRequest, tokens: list[int]) -> int:
+        """How many leading tokens of a pin_prefix request are its shared prefix (all messages but the
+        last), or 0 when it has none that fits the pinned cells."""
+        if not request.pin_prefix or self._pin_seq is None or not request.messages or len(request.messages) < 2:
+            return 0
+        prefix = self._render(request.messages[:-1], request.tools, add_generation_prompt=False)
+        fits = len(prefix) <= self.target.config.pinned_cells and len(prefix) < len(tokens)
+        return len(prefix) if fits and tokens[: len(prefix)] == prefix else 0
+
+    def _render(self, messages, tools: list[dict] | None = None, add_generation_prompt: bool = True) -> list[int]:
         bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
         eos = self.target.token_text(self.target.eos) if self.target.eos >= 0 else ""
-        text = render_chat(self.target.chat_template, messages, bos_token=bos, eos_token=eos, tools=tools)
+        text = render_chat(self.target.chat_template, messages, bos_token=bos, eos_token=eos, tools=tools,
+                           add_generation_prompt=add_generation_prompt)
         # A template that writes the BOS itself must not get a second one from the tokenizer.
         add_special = not (bos and text.startswith(bos))
         return self.target.tokenize(text, add_special=add_special, parse_special=True)
@@ -261,6 +279,7 @@ class Engine:
         with self._lock:
             handle = Handle(self._next_id)
             handle.grammar = grammar
+            handle.pin_len = self._pin_length(request, tokens)
             self._next_id += 1
             self._pending.append((handle, request, tokens, time.perf_counter()))
         handle.dropped_messages = dropped
@@ -367,7 +386,14 @@ class Engine:
                 slot = max(free, key=lambda s: common_prefix(s.kv, tokens))
                 # Keep at least the last prompt token to decode: its logits give the first token.
                 keep = min(common_prefix(slot.kv, tokens), len(tokens) - 1)
-                self._truncate(slot, keep)
+                pinned = len(self._pinned)
+                if keep < pinned <= handle.pin_len and tokens[:pinned] == self._pinned:
+                    self._reset_kv(slot)  # the pinned prefix replaces the slot's shorter match
+                    self.target.seq_cp(self._pin_seq, slot.seq)
+                    slot.kv = list(self._pinned)
+                    keep = pinned
+                else:
+                    self._truncate(slot, keep)
                 mode = request.mode or self.config.mode
                 if mode == "auto" and self.costs is None:
                     mode = "off"  # not calibrated yet (engine was busy): plain decoding is never wrong
@@ -383,6 +409,7 @@ class Engine:
                     handle=handle, request=request, tokens=list(tokens), n_prompt=len(tokens), mode=mode,
                     k=k if mode != "off" else 0, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
                     t_admit=time.perf_counter(), stop=StopMatcher(request.stop), grammar=handle.grammar,
+                    pin_len=handle.pin_len,
                 )
                 if mode == "auto":
                     slot.active.controller = Controller(
@@ -573,6 +600,7 @@ class Engine:
         # A cancelled request (client gone) frees its generated cells at once; its prompt stays
         # cached, since a retry of the same prompt is the likeliest next request.
         keep = common_prefix(slot.kv, a.tokens)
+        self._pin(slot, a, keep)
         self._truncate(slot, min(keep, a.n_prompt) if reason == "cancelled" else keep)
         if self.drafter is not None:
             self.drafter.rollback(slot.seq, a.tokens[: a.n_prompt] if reason == "cancelled" else a.tokens)
@@ -585,6 +613,14 @@ class Engine:
         slot.active = None
 
     # ------------------------------------------------------------------ KV bookkeeping
+
+    def _pin(self, slot: _Slot, a: _Active, computed: int) -> None:
+        """Keep the shared prefix of a pin_prefix request once its slot has computed it."""
+        n = a.pin_len
+        if n and computed >= n and a.tokens[:n] != self._pinned:
+            self.target.seq_rm(self._pin_seq, 0, -1)
+            self.target.seq_cp(slot.seq, self._pin_seq, 0, n)
+            self._pinned = a.tokens[:n]
 
     def _truncate(self, slot: _Slot, n: int) -> None:
         if n < len(slot.kv):
