@@ -211,6 +211,14 @@ class Pipeline:
     load_tier: Callable[[str], LocalTier | RemoteRunner] | None = None  # tiers not loaded up front
     _load_lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __post_init__(self) -> None:
+        # The judge's instructions and examples take one long prefill (seconds on a CPU), then stay
+        # pinned in the engine: do it now, in the background, not on the first semantic lookup.
+        judging = self.tiers.get(self.default_tier)
+        if (self.cache is not None and self.cache.embedder is not None and self.settings.cache_judge
+                and isinstance(judging, LocalTier)):
+            judging.judge.warm()
+
     def submit(self, request: GenerationRequest, route: str | None = None, has_response_format: bool = False,
                use_cache: bool = True) -> Job:
         """Route, answer from the cache or queue on a tier. Raises RequestError subclasses for bad input.

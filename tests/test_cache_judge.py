@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from localspec.cache import CacheScope, SemanticCache
-from localspec.cache.judge import DEFAULT_JUDGE_THRESHOLD, judge_request, yes_no_margin
+from localspec.cache.judge import DEFAULT_JUDGE_THRESHOLD, EXAMPLES, judge_request, yes_no_margin
 from localspec.cli import main
 from localspec.engine.embedder import Embedder
 from localspec.engine.events import TokenLogprob
@@ -17,11 +17,11 @@ from tests.conftest import TARGET_ID, TEST_THREADS
 
 YES, NO, OTHER = 9454, 2753, 42
 # A trap from the blind pairs whose facts agree, so the guard's rules (both sets) pass it, but whose
-# answer differs; the 1.5B says No (margin -0.2 when measured).
+# answer differs; the 1.5B says No.
 TRAP_PASSING_THE_GUARD = ("What are the symptoms of a vitamin D deficiency?",
                           "What are the symptoms of too much vitamin D?")
 PARAPHRASE = ("How do I convert a string to an integer in Python?",
-              "In Python, how can I turn a string into an integer?")  # margin 2.5 when measured
+              "In Python, how can I turn a string into an integer?")
 
 
 def test_margin_is_yes_minus_no_from_the_first_token():
@@ -41,6 +41,47 @@ def test_the_judge_asks_for_one_greedy_token_with_alternatives():
     assert req.max_tokens == 1 and req.sampling.greedy and req.logprobs == 20
     user = req.messages[-1].content
     assert "Saved request: How do I reverse a list?" in user and "New request: Reverse a list how?" in user
+    # The instructions and worked examples come first, the same in every judgement: the engine keeps
+    # them pinned, so a judgement prefills only its pair.
+    assert req.pin_prefix and len(req.messages) == 2 + 2 * len(EXAMPLES)
+    assert judge_request("x", "y").messages[:-1] == req.messages[:-1]
+
+
+class _AnsweredHandle:
+    """An engine handle that already holds a one-token Yes/No answer with the given margin."""
+
+    def __init__(self, margin: float) -> None:
+        import queue
+
+        from localspec.engine.events import Done, Stats, Token
+
+        self.events = queue.SimpleQueue()
+        lp = TokenLogprob(YES, -0.1, ((YES, -0.1), (NO, -0.1 - margin)))
+        self.events.put(Token(text="Yes", ids=(YES,), origin="target", logprob=lp))
+        self.events.put(Done(finish_reason="length", stats=Stats(mode="off"), text="Yes"))
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_the_judge_reads_the_pair_both_ways_and_keeps_the_smaller_margin():
+    from localspec.cache.judge import ModelJudge
+
+    margins = {("convert miles to km", "convert km to miles"): 2.0, ("convert km to miles", "convert miles to km"): -1.0}
+    asked = []
+
+    def submit(request):
+        pair = request.messages[-1].content.removeprefix("Saved request: ").split("\nNew request: ")
+        asked.append(tuple(pair))
+        return _AnsweredHandle(margins[tuple(pair)])
+
+    judge = ModelJudge(submit, lambda w: [YES] if w.strip().lower() == "yes" else [NO], threshold=0.25)
+    a, b = "convert miles to km", "convert km to miles"
+    assert judge.score(a, b) == pytest.approx(-1.0) and asked == [(a, b), (b, a)]
+    asked.clear()
+    assert judge.agrees(a, b) == (False, pytest.approx(-1.0)) and asked == [(a, b), (b, a)]
+    asked.clear()
+    assert judge.agrees(b, a) == (False, pytest.approx(-1.0)) and asked == [(b, a)]  # the first reading decides
 
 
 class RecordingJudge:
