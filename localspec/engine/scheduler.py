@@ -109,7 +109,6 @@ class _Active:
     text: list[str] = field(default_factory=list)
     grammar: Grammar | None = None
     controller: Controller | None = None  # mode auto only
-    pin_len: int = 0  # leading prompt tokens shared by many requests (GenerationRequest.pin_prefix)
     choice: Choice | None = None  # what auto chose for the step in flight
     lookup_match: int = 0
 
@@ -276,10 +275,11 @@ class Engine:
             Grammar.compile(self.target._vocab, self.target.n_vocab, request.grammar, self.target.eos)
             if request.grammar else None
         )
+        pin_len = self._pin_length(request, tokens)  # renders the shared messages: outside the lock
         with self._lock:
             handle = Handle(self._next_id)
             handle.grammar = grammar
-            handle.pin_len = self._pin_length(request, tokens)
+            handle.pin_len = pin_len
             self._next_id += 1
             self._pending.append((handle, request, tokens, time.perf_counter()))
         handle.dropped_messages = dropped
@@ -409,7 +409,6 @@ class Engine:
                     handle=handle, request=request, tokens=list(tokens), n_prompt=len(tokens), mode=mode,
                     k=k if mode != "off" else 0, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
                     t_admit=time.perf_counter(), stop=StopMatcher(request.stop), grammar=handle.grammar,
-                    pin_len=handle.pin_len,
                 )
                 if mode == "auto":
                     slot.active.controller = Controller(
@@ -616,7 +615,7 @@ class Engine:
 
     def _pin(self, slot: _Slot, a: _Active, computed: int) -> None:
         """Keep the shared prefix of a pin_prefix request once its slot has computed it."""
-        n = a.pin_len
+        n = a.handle.pin_len
         if n and computed >= n and a.tokens[:n] != self._pinned:
             self.target.seq_rm(self._pin_seq, 0, -1)
             self.target.seq_cp(slot.seq, self._pin_seq, 0, n)
