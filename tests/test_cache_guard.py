@@ -210,3 +210,35 @@ def test_cacheable_only_deterministic() -> None:
     assert cacheable({"temperature": 0.8, "seed": 7})
     assert not cacheable({"temperature": 0.8})
     assert cacheable({"temperature": 0.8}, opt_in=True)
+
+
+REVERSED_RELATIONS = [
+    ("What is 90 divided by 3?", "What is 3 divided by 90?"),
+    ("How do I move a file from my laptop to the server with scp?",
+     "How do I move a file from the server to my laptop with scp?"),
+    ("How do I convert a NumPy array into a tensor?", "How do I convert a tensor to a NumPy array?"),
+    ("How many grams are in an ounce?", "How many ounces are in a gram?"),
+    ("Is a cheetah faster than a lion?", "Is a lion faster than a cheetah?"),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), REVERSED_RELATIONS)
+def test_swapped_ends_of_one_relation_word_are_refused(a: str, b: str) -> None:
+    # both guards: the judged path's facts-only guard too, since small judges read these as the same
+    from localspec.cache.guard import conflict, reversed_relation
+
+    assert reversed_relation(a, b) is not None and reversed_relation(b, a) is not None
+    assert conflict(a, b) is not None and conflict(b, a) is not None
+    assert guard_compare(a, b, similarity=0.99) is not None
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("How do I turn a list into a string?", "How do I get a string from a list?"),  # another relation word
+    ("How do I remove duplicates from a list in Python?", "Python: how do I get rid of duplicates in a list?"),
+    ("Who is the author of 'War and Peace'?", "'War and Peace' was written by whom?"),  # quoted: one name
+    ("How do I convert a list to a string in Python?", "In Python, how can I turn a list into a string?"),
+])
+def test_a_relation_reworded_is_not_reversed(a: str, b: str) -> None:
+    from localspec.cache.guard import reversed_relation
+
+    assert reversed_relation(a, b) is None and reversed_relation(b, a) is None

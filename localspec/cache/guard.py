@@ -28,6 +28,8 @@ Hard rules refuse however similar the prompts are:
 - qualifiers that make the noun another thing (linked list, deep copy, hidden files, in place,
   recursive, binary/linear, unique...) must match;
 - ordered relations: "X to Y" never serves "Y to X", nor "replace X with Y" "replace Y with X";
+  nor, more generally, two content words joined by one relation word (to/into, from, of, in, by,
+  than, per) with their places swapped: "144 divided by 12" / "12 divided by 144";
 - a one-slot substitution: the prompts align word for word except one run of one or two content
   words ("length of a string" / "length of an array", "green tea" / "black tea").
 
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -574,6 +577,54 @@ def conversions(text: str) -> frozenset[tuple[str, str]]:
 
 
 
+# A relation word keeps its meaning when its two ends trade places only in a paraphrase that also
+# changes the word ("X to Y" = "Y from X"); with the same word in both prompts, swapped ends ask
+# the opposite question: "144 divided by 12" / "12 divided by 144", "copy from the container to my
+# host" / "from my host into the container", "JSON into a struct" / "a struct to JSON". Words
+# of one group count as the same relation word.
+_RELATION_WORDS = {"to": "to", "into": "to", "onto": "to", "from": "from", "of": "of", "in": "in", "by": "by",
+                   "than": "than", "per": "per"}
+# Ends further apart than this many other content words are not read as one relation: "remove
+# duplicates from a list in Python" / "Python: get rid of duplicates in a list" keep their meaning.
+_RELATION_SPAN = 1
+
+
+def relations(text: str) -> frozenset[tuple[str, str, str]]:
+    """(relation word, left end, right end) for content words joined by one relation word group.
+
+    Ends are canonical words that occur once in the prompt (a repeated canonical form is told
+    apart by its raw word: "String" / "&str"); quoted text is skipped, being one name, not words.
+    """
+    tokens = _tokens(_QUOTED.sub(" ", text))
+    counts = Counter(c for _, c in tokens)
+    keyed = [(raw, c if counts[c] == 1 else raw, _is_content(raw, c)) for raw, c in tokens]
+    key_counts = Counter(k for _, k, _ in keyed)
+    found: set[tuple[str, str, str]] = set()
+    for i, (_, left, is_content) in enumerate(keyed):
+        if not is_content or key_counts[left] != 1:
+            continue
+        between = 0
+        for j in range(i + 1, len(keyed)):
+            _, right, right_content = keyed[j]
+            if not right_content:
+                continue
+            if between > _RELATION_SPAN:
+                break
+            between += 1
+            if key_counts[right] != 1 or right == left:
+                continue
+            joined = {_RELATION_WORDS[r] for r, _, _ in keyed[i + 1:j] if r in _RELATION_WORDS}
+            if len(joined) == 1:
+                found.add((joined.pop(), left, right))
+    return frozenset(found)
+
+
+def reversed_relation(a: str, b: str) -> tuple[str, str, str] | None:
+    """A relation of `a` whose ends `b` joins by the same word the other way round, or None."""
+    rb = relations(b)
+    return next((r for r in sorted(relations(a)) if (r[0], r[2], r[1]) in rb), None)
+
+
 # ---------------------------------------------------------------- content words
 
 
@@ -583,6 +634,8 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     for raw, canon in words(expand_abbreviations(text)):
         if raw in _UNITS:
             canon = str(_UNITS[raw])
+        elif raw in _TENS or raw in _SCALES:  # "last hundred lines" = "last 100 lines"
+            canon = str(_TENS.get(raw) or _SCALES[raw])
         elif raw in _TECH_ALIASES:
             canon = _TECH_ALIASES[raw]
         out.append((raw, canon))
@@ -739,6 +792,8 @@ def compare(a: str, b: str, similarity: float | None = None) -> str | None:
         return "qualifier"
     if any((y, x) in fb.conversions for (x, y) in fa.conversions):
         return "conversion"
+    if reversed_relation(a, b) is not None:
+        return "reversed"
     if substitution(a, b) is not None:
         return "substitution"
     soft = similarity is None or similarity < SOFT_SIMILARITY
@@ -797,6 +852,8 @@ def conflict(a: str, b: str) -> str | None:
         return "qualifier"
     if any((y, x) in fb.conversions for (x, y) in fa.conversions):
         return "conversion"
+    if reversed_relation(a, b) is not None:  # "144 divided by 12" / "12 divided by 144"
+        return "reversed"
     if substitution(a, b) is not None:  # "with requests" / "with httpx": one word swapped in place
         return "substitution"
     return None

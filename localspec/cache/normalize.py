@@ -210,6 +210,9 @@ _SYNONYM_GROUPS = {
     "cause": "reason",
     "handle": "manage",
     "mean": "average avg",
+    "all": "every each",
+    "percent": "percentage",
+    "copy": "clone",
 }
 SYNONYMS: dict[str, str] = {}
 for _canon in _SYNONYM_GROUPS:  # a representative is never another group's member
