@@ -114,6 +114,7 @@ class CacheInfo:
     entry_id: str | None = None
     judge: float | None = None  # the reuse judge's score on a judged semantic hit
     reason: str | None = None  # why the cache was bypassed
+    remembered: bool | None = None  # True: a judged hit whose verdict for this prompt was remembered
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -243,7 +244,8 @@ class Pipeline:
                 t0 = time.perf_counter()
                 hit = self._lookup(key)
                 if hit is not None:
-                    job.cache = CacheInfo("hit", hit.kind, hit.similarity, hit.matched_prompt, hit.entry_id, hit.judge)
+                    job.cache = CacheInfo("hit", hit.kind, hit.similarity, hit.matched_prompt, hit.entry_id, hit.judge,
+                                          remembered=hit.remembered)
                     self._replay(job, hit, (time.perf_counter() - t0) * 1000)
                     return job
                 job.cache = CacheInfo("miss")

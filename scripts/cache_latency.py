@@ -1,12 +1,18 @@
 """How long a cache hit takes end to end through the endpoint (issue goal: <= 50 ms).
 
 Starts the endpoint on loopback (the 1.5B target, semantic cache on, a temporary home), asks
-each prompt once to fill the cache, then repeats exact and paraphrased requests through the
-official `openai` client and reports the wall time per hit: once with the reuse judge (the
-default: the 1.5B confirms each semantic hit) and once without it (`--no-cache-judge`). The
-paraphrases are also asked right after an uncached answer to another prompt
-(`semantic_after_generation`), so that the slot holds other work. Run it with nothing else
-generating:
+each prompt once to fill the cache, then asks exact repeats and paraphrases through the official
+`openai` client and reports the wall time per hit: once with the reuse judge (the default: the
+1.5B confirms each semantic hit) and once without it (`--no-cache-judge`). Rows:
+
+- `exact`: the cached prompt again;
+- `semantic`: a paraphrase asked for the first time (with the judge: judged);
+- `semantic_after_generation`: other paraphrases, each asked for the first time right after an
+  uncached answer to another prompt, so that the slot holds other work;
+- `semantic_remembered`: the `semantic` paraphrases asked again (with the judge: its remembered
+  yes, no judgement).
+
+Run it with nothing else generating:
 
     python scripts/cache_latency.py [--repeats 10] [--out docs/reliability/cache_latency.json]
 """
@@ -20,10 +26,18 @@ import tempfile
 import time
 from pathlib import Path
 
+# (cached prompt, paraphrases asked first time in `semantic`, others asked after a generation)
 PROMPTS = [
-    ("How do I reverse a list in Python?", "How can I reverse a list in Python?"),
-    ("What is the capital of France?", "What's the capital of France?"),
-    ("How do I create a new branch in git?", "How can I create a branch in git?"),
+    ("How do I reverse a list in Python?",
+     ["How can I reverse a list in Python?", "What's the way to reverse a Python list?", "Reverse a list in Python - how?"],
+     ["In Python, how do I reverse a list?", "python: reverse a list", "How to reverse a Python list?"]),
+    ("What is the capital of France?",
+     ["What's the capital of France?", "Which city is the capital of France?", "What city is France's capital?"],
+     ["capital of France?", "Tell me the capital of France.", "What is France's capital city?"]),
+    ("How do I create a new branch in git?",
+     ["How can I create a branch in git?", "How do I make a new git branch?", "git: create a new branch"],
+     ["What's the git command to create a new branch?", "How to create a new branch with git?",
+      "Creating a new branch in git - how?"]),
 ]
 
 
@@ -69,29 +83,38 @@ def _measure(judge: bool, repeats: int, ServerSettings, create_app, ServerThread
                                                max_tokens=32, temperature=0)
             return (time.perf_counter() - t0) * 1000, r.model_extra["localspec"]["cache"]
 
-        miss_ms = [ask(a)[0] for a, _ in PROMPTS]  # fills the cache
-        results: dict[str, list[float]] = {"exact": [], "semantic": [], "semantic_after_generation": []}
+        miss_ms = [ask(a)[0] for a, _, _ in PROMPTS]  # fills the cache
+        results: dict[str, list[float]] = {"exact": [], "semantic": [], "semantic_after_generation": [],
+                                           "semantic_remembered": []}
+        asked = {"exact": 0, "semantic": 0, "semantic_after_generation": 0, "semantic_remembered": 0}
+
+        def hit(kind: str, text: str) -> None:
+            ms, cache = ask(text)
+            asked[kind] += 1
+            if cache.get("status") == "hit":
+                results[kind].append(ms)
+
+        for _, first, _ in PROMPTS:
+            for b in first:
+                hit("semantic", b)
         for _ in range(repeats):
-            for a, b in PROMPTS:
-                for kind, text in (("exact", a), ("semantic", b)):
-                    ms, cache = ask(text)
-                    if cache.get("status") == "hit":
-                        results[kind].append(ms)
+            for a, first, _ in PROMPTS:
+                hit("exact", a)
+                for b in first:
+                    hit("semantic_remembered", b)
         # The usual case in a session: the engine's only slot has just answered something else, so
         # the judge's shared prompt is no longer in it (it comes back from the pinned copy).
-        for n in range(repeats):
-            for a, b in PROMPTS:
+        for n, (a, _, later) in enumerate(PROMPTS):
+            for b in later:
                 client.chat.completions.create(model=settings.target, max_tokens=8, temperature=0,
-                                               messages=[{"role": "user", "content": f"Name a colour. ({n} {a})"}],
+                                               messages=[{"role": "user", "content": f"Name a colour. ({n} {b})"}],
                                                extra_body={"localspec": {"cache": False}})
-                ms, cache = ask(b)
-                if cache.get("status") == "hit":
-                    results["semantic_after_generation"].append(ms)
+                hit("semantic_after_generation", b)
     report: dict = {"misses_ms": [round(m, 1) for m in miss_ms]}
     for kind, values in results.items():
         values.sort()
         report[kind] = {
-            "hits": len(values), "of": repeats * len(PROMPTS), "p50_ms": round(statistics.median(values), 1) if values else None,
+            "hits": len(values), "of": asked[kind], "p50_ms": round(statistics.median(values), 1) if values else None,
             "p95_ms": round(values[int(0.95 * (len(values) - 1))], 1) if values else None,
             "max_ms": round(values[-1], 1) if values else None,
         }

@@ -126,6 +126,35 @@ def test_a_semantic_candidate_needs_the_judge(tmp_path: Path, embedder: Embedder
         assert cache.lookup(scope(), para, semantic=False) is None
 
 
+def test_a_judges_yes_is_remembered_for_that_prompt_until_its_entry_goes(tmp_path: Path, embedder: Embedder):
+    saved, para = "How do I reverse a list in Python?", "What's the way to reverse a Python list?"
+    with SemanticCache(tmp_path / "c", embedder=embedder) as cache:
+        cache.store(scope(), saved, "use reversed()", [])
+        first = RecordingJudge(True, 2.4)
+        assert cache.lookup(scope(), para, judge=first).remembered is None and len(first.calls) == 1
+        # The same prompt again, the same judge: served from the verdict, the judge not asked.
+        again = RecordingJudge(False)
+        hit = cache.lookup(scope(), para, judge=again)
+        assert hit is not None and hit.remembered and hit.judge == 2.4 and hit.matched_prompt == saved
+        assert again.calls == [] and cache.stats()["remembered_verdicts"] == 1
+        assert cache.stats()["entries"] == 1  # a verdict is not an entry
+        # Another scope, or a judge with another threshold, does not inherit it.
+        other_scope = CacheScope.from_request(model_hash="m", system_prompt="other", sampling={"temperature": 0.0})
+        assert cache.lookup(other_scope, para, judge=RecordingJudge(True)) is None
+        stricter = RecordingJudge(False)
+        stricter.threshold = 3.0
+        assert cache.lookup(scope(), para, judge=stricter) is None and len(stricter.calls) == 1
+        # The entry marked wrong: its verdicts go with it.
+        assert cache.mark_wrong(hit.entry_id)
+        assert cache.lookup(scope(), para, judge=RecordingJudge(False)) is None
+    with SemanticCache(tmp_path / "c", embedder=embedder) as cache:  # and they persist on disk
+        cache.store(scope(), saved, "use reversed()", [])
+        cache.lookup(scope(), para, judge=RecordingJudge(True, 1.5))
+    with SemanticCache(tmp_path / "c", embedder=embedder) as cache:
+        hit = cache.lookup(scope(), para, judge=RecordingJudge(False))
+        assert hit is not None and hit.remembered and hit.judge == 1.5
+
+
 class _SilentHandle:
     """An engine handle whose request never gets a slot: what a judge sees behind busy slots."""
 
@@ -215,5 +244,8 @@ def test_the_endpoint_serves_a_judged_paraphrase_and_refuses_the_trap(judged_ser
     assert ask(PARAPHRASE[0])["status"] == "miss"
     para = ask(PARAPHRASE[1])
     assert para["status"] == "hit" and para["kind"] == "semantic" and para["judge"] >= DEFAULT_JUDGE_THRESHOLD, para
+    assert "remembered" not in para
+    again = ask(PARAPHRASE[1])  # the judge's yes is remembered: no second judgement
+    assert again["status"] == "hit" and again["remembered"] is True and again["judge"] == para["judge"], again
     assert ask(TRAP_PASSING_THE_GUARD[0])["status"] == "miss"
     assert ask(TRAP_PASSING_THE_GUARD[1])["status"] == "miss"  # the guard lets it through; the judge does not

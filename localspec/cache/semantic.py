@@ -6,7 +6,9 @@ Lookup order for a prompt in a scope:
    re-checked against the store (diskcache evicts silently) and against the guard, which is given
    the similarity (its soft rules need a high one); the first that passes is served;
 3. or, when the lookup brings a reuse judge (a model, `localspec.cache.judge`), the first of the
-   best MAX_JUDGED of those that the judge also agrees with.
+   best MAX_JUDGED of those that the judge also agrees with. The judge's yes is remembered for that
+   prompt (until its entry goes), so the same prompt asked again is served without a search or a
+   judgement: at the cost of an exact hit rather than of a prefill.
 
 The request path never fails because of the cache: every error is logged as a warning and turns
 into a miss (lookup) or a skipped write (store). A corrupt or unreadable directory is moved aside
@@ -58,7 +60,7 @@ DEFAULT_SIZE_LIMIT = 512 * 1024 * 1024
 DEFAULT_TTL_S = 30 * 24 * 3600.0
 _SAVE_EVERY = 64  # index writes are batched; entries missing from a stale index are re-embedded on open
 _COUNTERS = ("lookups", "exact_hits", "semantic_hits", "misses", "guard_rejections", "judged", "judge_rejections",
-             "judge_errors", "evicted_on_hit", "too_long", "stores", "store_skipped", "false_hits", "errors")
+             "remembered_verdicts", "judge_errors", "evicted_on_hit", "too_long", "stores", "store_skipped", "false_hits", "errors")
 MAX_JUDGED = 2  # semantic candidates put to the judge per lookup, best first: each costs a prefill
 
 
@@ -72,6 +74,7 @@ class CacheHit:
     kind: str  # "exact" or "semantic"
     stats: dict[str, Any] = field(default_factory=dict)
     judge: float | None = None  # the reuse judge's score, when one confirmed the hit
+    remembered: bool | None = None  # True: the judge's earlier yes for this very prompt, not asked again
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,11 @@ class Probe:
     matched_prompt: str | None
     guard: str | None  # None: agrees; else the first disagreement (guard.compare)
     conflict: str | None = None  # the facts-only check used when a judge confirms (guard.conflict)
+
+
+def _judge_id(judge: ReuseJudge) -> str:
+    """Which judge said yes: a remembered verdict holds only for the same model and threshold."""
+    return f"{getattr(judge, 'name', type(judge).__name__)}@{getattr(judge, 'threshold', '')}"
 
 
 def entry_id_for(scope: CacheScope, prompt: str) -> str:
@@ -213,11 +221,11 @@ class SemanticCache:
         try:
             with self._lock:
                 self._counts["lookups"] += 1
-                hit, candidates = self._find(scope, prompt, semantic, judged=judge is not None)
+                hit, candidates = self._find(scope, prompt, semantic, judge)
                 if hit is None and candidates and judge is None:
                     hit = self._hit(*candidates[0], "semantic")
             if hit is None and candidates and judge is not None:
-                hit = self._judged(prompt, candidates, judge)
+                hit = self._judged(scope, prompt, candidates, judge)
             with self._lock:
                 self._counts["misses" if hit is None else f"{hit.kind}_hits"] += 1
                 self._maybe_flush()
@@ -228,13 +236,15 @@ class SemanticCache:
             return None
 
     def _find(self, scope: CacheScope, prompt: str, semantic: bool = True,
-              judged: bool = False) -> tuple[CacheHit | None, list[tuple[dict[str, Any], float]]]:
+              judge: ReuseJudge | None = None) -> tuple[CacheHit | None, list[tuple[dict[str, Any], float]]]:
         """An exact hit, or the semantic candidates (entry, similarity) that pass the guard, best first:
-        the first one, or with `judged` the best MAX_JUDGED (no more are checked than will be used).
+        the first one, or with a `judge` the best MAX_JUDGED (no more are checked than will be used).
 
-        `judged`: a judge will read the candidates, so the floor is the lower judged_threshold and
-        the guard checks facts only (guard.conflict); otherwise its full rules (guard.compare).
+        With a `judge`, which will read the candidates, the floor is the lower judged_threshold and
+        the guard checks facts only (guard.conflict); otherwise its full rules (guard.compare). Its
+        remembered yes for this very prompt comes before any search (`_remembered`).
         """
+        judged = judge is not None
         assert self._store is not None
         eid = entry_id_for(scope, prompt)
         entry = self._store.get(eid)
@@ -242,6 +252,8 @@ class SemanticCache:
             return self._hit(entry, 1.0, "exact"), []
         if not semantic or self.embedder is None or self._index is None:
             return None, []
+        if judge is not None and (hit := self._remembered(scope, prompt, judge)) is not None:
+            return hit, []
         vec = self.embedder.embed(prompt)
         if vec is None:
             self._counts["too_long"] += 1  # over the embedder's window: exact match only
@@ -262,7 +274,24 @@ class SemanticCache:
                 break
         return None, found
 
-    def _judged(self, prompt: str, candidates: list[tuple[dict[str, Any], float]], judge: ReuseJudge) -> CacheHit | None:
+    def _remembered(self, scope: CacheScope, prompt: str, judge: ReuseJudge) -> CacheHit | None:
+        """A judged hit for this same prompt served before: the judge said yes to it, and was the
+        same judge (model and threshold), so asking again would cost a prefill for the same answer."""
+        assert self._store is not None
+        pid = entry_id_for(scope, prompt)
+        verdict = self._store.get_verdict(pid)
+        if verdict is None or verdict.get("judge_id") != _judge_id(judge):
+            return None
+        entry = self._store.get(verdict["entry"])
+        if entry is None or entry.get("scope") != scope.key:  # evicted, expired or marked wrong since
+            self._store.delete_verdict(pid)
+            return None
+        self._counts["remembered_verdicts"] += 1
+        return dataclasses.replace(self._hit(entry, float(verdict["similarity"]), "semantic"),
+                                   judge=verdict["judge"], remembered=True)
+
+    def _judged(self, scope: CacheScope, prompt: str, candidates: list[tuple[dict[str, Any], float]],
+                judge: ReuseJudge) -> CacheHit | None:
         for entry, similarity in candidates:
             try:
                 ok, score = judge.agrees(entry["prompt"], prompt)
@@ -277,8 +306,20 @@ class SemanticCache:
                     self._counts["judge_rejections"] += 1
                     continue
                 if self._store is not None and self._store.get(entry["id"]) is not None:  # still there
+                    self._remember(scope, prompt, entry, similarity, score, judge)
                     return dataclasses.replace(self._hit(entry, similarity, "semantic"), judge=round(score, 3))
         return None
+
+    def _remember(self, scope: CacheScope, prompt: str, entry: dict[str, Any], similarity: float, score: float,
+                  judge: ReuseJudge) -> None:
+        assert self._store is not None
+        try:
+            self._store.put_verdict(entry_id_for(scope, prompt), {
+                "entry": entry["id"], "similarity": round(similarity, 4), "judge": round(score, 3),
+                "judge_id": _judge_id(judge), "created": time.time(),
+            }, entry.get("expires_at"))
+        except Exception as exc:  # a full disk: the next lookup asks the judge again
+            logger.warning("judge verdict not remembered: %s", exc)
 
     def _hit(self, entry: dict[str, Any], similarity: float, kind: str) -> CacheHit:
         return CacheHit(
@@ -399,7 +440,7 @@ class SemanticCache:
             hits = counts["exact_hits"] + counts["semantic_hits"]
             return {
                 "mode": self.mode, "description": self.describe(), "directory": str(self.directory),
-                "entries": len(self._store) if self._store is not None else 0,
+                "entries": sum(1 for _ in self._store.ids()) if self._store is not None else 0,
                 "indexed": len(self._index) if self._index is not None else 0,
                 "bytes": self._store.volume() if self._store is not None else 0,
                 "size_limit": self.size_limit, "ttl_s": self.ttl_s, "threshold": self.threshold,

@@ -17,6 +17,7 @@ import diskcache
 from diskcache.core import MODE_PICKLE, UNKNOWN
 
 ENTRY_PREFIX = "e:"
+VERDICT_PREFIX = "v:"  # a judge's yes, remembered: the new prompt's id -> the entry it may reuse
 
 
 class JSONOnlyDisk(diskcache.Disk):
@@ -68,6 +69,18 @@ class EntryStore:
 
     def delete(self, entry_id: str) -> bool:
         return bool(self._dc.delete(ENTRY_PREFIX + entry_id))
+
+    def get_verdict(self, prompt_id: str) -> dict[str, Any] | None:
+        value = self._dc.get(VERDICT_PREFIX + prompt_id)
+        return value if isinstance(value, dict) else None
+
+    def put_verdict(self, prompt_id: str, verdict: dict[str, Any], expires_at: float | None) -> None:
+        """Verdicts live no longer than the entry they point to; a dangling one is dropped when read."""
+        expire = None if not expires_at else max(0.001, expires_at - time.time())
+        self._dc.set(VERDICT_PREFIX + prompt_id, verdict, expire=expire)
+
+    def delete_verdict(self, prompt_id: str) -> None:
+        self._dc.delete(VERDICT_PREFIX + prompt_id)
 
     def ids(self) -> Iterator[str]:
         for key in self._dc.iterkeys():
