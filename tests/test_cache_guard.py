@@ -183,6 +183,16 @@ def test_number_words_become_digits() -> None:
     assert numbers("World War II and Henry VIII") == ("2", "8")
     assert numbers("Can I do it?") == ()  # "I" is the pronoun
 
+    # a dash between digits is no minus sign; a name's digits and a glued unit count; a word's do not
+    assert numbers("numbers 1-5") == numbers("from one to five") == ("1", "5")
+    assert numbers("a date like 2024-03-15") == ("2024", "3", "15")
+    assert numbers("SHA256") == numbers("SHA-256") == ("256",)
+    assert numbers("a 2kg chicken") == numbers("a 2 kg chicken") == ("2",)
+    assert numbers("a 3x3 matrix") == numbers("a 3 by 3 matrix") == ("3", "3")
+    assert numbers("list the k8s pods") == numbers("colour #a1b2c3") == ()
+    assert numbers("upgrade to 1.2.3") != numbers("upgrade to 1.2.4")
+    assert numbers("[1,2,3]") == ("1", "2", "3") and numbers("x = -3") == ("-3",)
+
 
 def test_conversion_order() -> None:
     assert ("celsius", "fahrenheit") in conversions("convert from Celsius to Fahrenheit")

@@ -75,8 +75,11 @@ _ORDINALS = {
 }
 _MULTIPLES = {"twice": 2, "triple": 3, "half": 0.5, "quarter": 0.25}
 _NOT_COUNTING = {"which", "this", "that", "the", "each", "any", "every", "no", "some", "another", "one", "a", "only"}
+# A sign only where a number starts ("2024-03-15" and "1-5" hold no negative numbers). Digits may
+# follow a name ("SHA256" = "SHA-256", "JUnit5" = "JUnit 5") and carry a short unit ("2kg" = "2 kg");
+# digits inside a word ("k8s", "i18n", "log4j") are part of it, not a number.
 _NUM_TOKEN = re.compile(
-    r"(?<![A-Za-z_])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[-+]?\d+)?(?:st|nd|rd|th)?(?![A-Za-z_])"
+    r"(?:(?<![\w.])[-+])?(?<!\d\.)(?<!\d)(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)*(?:e[-+]?\d+)?(?:[A-Za-z]{1,3})?(?![\w])"
     r"|[A-Za-z]+",
 )
 
@@ -102,6 +105,7 @@ def numbers(text: str) -> tuple[str, ...]:
     the prompt holds another number: "one plus one" still differs from "one plus two".
     """
     text = _ROMAN.sub(_roman, text)
+    text = re.sub(r"(?<=\d)\s*[x×]\s*(?=\d)", " by ", text)  # "3x3" = "3 by 3"
     out = _numbers(text)
     if out == ("1",) and not re.search(r"(?<![\w.])1(?![\w.])", text):
         return ()
@@ -124,7 +128,11 @@ def _numbers(text: str) -> tuple[str, ...]:
         low = tok.lower()
         if tok[0].isdigit() or tok[0] in "+-" and len(tok) > 1:
             flush()
-            digits = re.sub(r"(st|nd|rd|th)$", "", tok.replace(",", ""))
+            suffix = re.search(r"[A-Za-z]+$", tok)
+            if m.start() > 0 and text[m.start() - 1].isalpha() and (suffix or text[m.start() - 2:m.start() - 1].isdigit()):
+                continue  # "k8s", "a1b2c3": a name with digits in it
+            digits = tok[:suffix.start()] if suffix else tok
+            digits = digits.replace(",", "")
             try:
                 out.append(_num_str(float(digits)))
             except ValueError:
