@@ -153,6 +153,16 @@ def test_a_judges_yes_is_remembered_for_that_prompt_until_its_entry_goes(tmp_pat
     with SemanticCache(tmp_path / "c", embedder=embedder) as cache:
         hit = cache.lookup(scope(), para, judge=RecordingJudge(False))
         assert hit is not None and hit.remembered and hit.judge == 1.5
+        # A verdict the guard refuses now (one an older, laxer guard let through) is dropped, not served.
+        from localspec.cache.semantic import _judge_id, entry_id_for
+
+        trap_saved, trap = "How do I convert a list to a string in Python?", "How do I convert a string to a list in Python?"
+        cache.store(scope(), trap_saved, "use join", [])
+        entry = cache.lookup(scope(), trap_saved)
+        cache._store.put_verdict(entry_id_for(scope(), trap), {"entry": entry.entry_id, "similarity": 0.97, "judge": 2.0,
+                                                               "judge_id": _judge_id(RecordingJudge(True))}, None)
+        assert cache.lookup(scope(), trap, judge=RecordingJudge(True)) is None
+        assert cache._store.get_verdict(entry_id_for(scope(), trap)) is None
 
 
 class _SilentHandle:

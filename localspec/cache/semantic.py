@@ -60,7 +60,8 @@ DEFAULT_SIZE_LIMIT = 512 * 1024 * 1024
 DEFAULT_TTL_S = 30 * 24 * 3600.0
 _SAVE_EVERY = 64  # index writes are batched; entries missing from a stale index are re-embedded on open
 _COUNTERS = ("lookups", "exact_hits", "semantic_hits", "misses", "guard_rejections", "judged", "judge_rejections",
-             "remembered_verdicts", "judge_errors", "evicted_on_hit", "too_long", "stores", "store_skipped", "false_hits", "errors")
+             "remembered_verdicts", "judge_errors", "evicted_on_hit", "too_long", "stores", "store_skipped",
+             "false_hits", "errors")
 MAX_JUDGED = 2  # semantic candidates put to the judge per lookup, best first: each costs a prefill
 
 
@@ -283,7 +284,8 @@ class SemanticCache:
         if verdict is None or verdict.get("judge_id") != _judge_id(judge):
             return None
         entry = self._store.get(verdict["entry"])
-        if entry is None or entry.get("scope") != scope.key:  # evicted, expired or marked wrong since
+        stale = entry is None or entry.get("scope") != scope.key  # evicted, expired or marked wrong since
+        if stale or (self.guard and conflict(entry["prompt"], prompt) is not None):  # or a stricter guard now
             self._store.delete_verdict(pid)
             return None
         self._counts["remembered_verdicts"] += 1
