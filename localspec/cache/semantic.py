@@ -253,7 +253,7 @@ class SemanticCache:
             return self._hit(entry, 1.0, "exact"), []
         if not semantic or self.embedder is None or self._index is None:
             return None, []
-        if judge is not None and (hit := self._remembered(scope, prompt, judge)) is not None:
+        if judge is not None and (hit := self._remembered(scope, eid, prompt, judge)) is not None:
             return hit, []
         vec = self.embedder.embed(prompt)
         if vec is None:
@@ -275,11 +275,10 @@ class SemanticCache:
                 break
         return None, found
 
-    def _remembered(self, scope: CacheScope, prompt: str, judge: ReuseJudge) -> CacheHit | None:
-        """A judged hit for this same prompt served before: the judge said yes to it, and was the
-        same judge (model and threshold), so asking again would cost a prefill for the same answer."""
+    def _remembered(self, scope: CacheScope, pid: str, prompt: str, judge: ReuseJudge) -> CacheHit | None:
+        """A judged hit for this same prompt (id `pid`) served before: the judge said yes to it, and was
+        the same judge (model and threshold), so asking again would cost a prefill for the same answer."""
         assert self._store is not None
-        pid = entry_id_for(scope, prompt)
         verdict = self._store.get_verdict(pid)
         if verdict is None or verdict.get("judge_id") != _judge_id(judge):
             return None
