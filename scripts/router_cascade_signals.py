@@ -43,7 +43,7 @@ from localspec.router.answers import extract_code, extract_number, parses
 from localspec.router.checker import check
 from localspec.router.curve import evaluate_router, routing_curve
 from localspec.router.outcomes import OutcomeCache, generate_answers
-from localspec.router.policy import fit_logistic
+from localspec.logistic import fit_logistic
 from localspec.router.tasks import DEFAULT_TASKS, TASKS_DIR, Task, kfold, load_tasks
 
 SIGNATURE = re.compile(r"`(\w+)\(")

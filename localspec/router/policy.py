@@ -32,15 +32,12 @@ from typing import Any
 import numpy as np
 
 from localspec.errors import ConfigError
+from localspec.logistic import fit_logistic, sigmoid
 from localspec.router.features import FEATURE_NAMES, feature_vector
 
 WEIGHTS_FORMAT = "localspec-router-weights"
 WEIGHTS_VERSION = 1
 HEURISTIC_THRESHOLD = 0.5
-
-
-def sigmoid(z: np.ndarray | float) -> np.ndarray | float:
-    return 1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0)))
 
 
 class HeuristicPolicy:
@@ -222,29 +219,6 @@ def share_threshold(scores: list[float] | np.ndarray, large_share: float) -> flo
 
 
 # ---------------------------------------------------------------- fitting
-
-
-def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, weights: np.ndarray | None = None,
-                 iters: int = 50) -> tuple[np.ndarray, float]:
-    """Weighted L2-penalised logistic regression by Newton's method. X is already standardised.
-
-    The intercept is not penalised. Returns (coef, intercept).
-    """
-    n, d = X.shape
-    w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
-    A = np.hstack([X, np.ones((n, 1))])
-    beta = np.zeros(d + 1)
-    penalty = np.full(d + 1, l2)
-    penalty[-1] = 0.0
-    for _ in range(iters):
-        p = sigmoid(A @ beta)
-        grad = A.T @ (w * (p - y)) + penalty * beta
-        hess = (A * (w * p * (1 - p))[:, None]).T @ A + np.diag(penalty) + 1e-9 * np.eye(d + 1)
-        step = np.linalg.solve(hess, grad)
-        beta -= step
-        if np.max(np.abs(step)) < 1e-8:
-            break
-    return beta[:-1], float(beta[-1])
 
 
 def _log_loss(p: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
