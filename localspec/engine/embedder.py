@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,9 @@ import numpy as np
 from localspec.engine import llama_log
 
 WINDOW = 512  # MiniLM's positions; also n_ctx, n_batch and n_ubatch
+# Recent texts' vectors are kept: a cache lookup embeds the new prompt, and its judge (the pair
+# scorer) then needs that vector and the saved prompt's again. 256 vectors of 384 floats: 400 KB.
+RECENT = 256
 
 
 def file_fingerprint(path: str | os.PathLike[str]) -> str:
@@ -50,6 +54,7 @@ class Embedder:
         self.window = window
         self.fingerprint = file_fingerprint(self.model_path)
         self._lock = threading.Lock()
+        self._recent: OrderedDict[str, np.ndarray | None] = OrderedDict()
         self._llm = llama_cpp.Llama(
             model_path=str(self.model_path), embedding=True, n_ctx=window, n_batch=window,
             n_ubatch=window, n_threads=n_threads, n_threads_batch=n_threads, verbose=False,
@@ -67,10 +72,21 @@ class Embedder:
     def embed(self, text: str) -> np.ndarray | None:
         """The unit vector for `text`, or None when it is empty or longer than the window."""
         with self._lock:
-            n = len(self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
-            if n == 0 or n > self.window:
-                return None
-            raw = self._llm.embed(text, normalize=False, truncate=False)
+            if text in self._recent:
+                self._recent.move_to_end(text)
+                vec = self._recent[text]
+                return None if vec is None else vec.copy()
+            vec = self._embed(text)
+            self._recent[text] = vec
+            if len(self._recent) > RECENT:
+                self._recent.popitem(last=False)
+        return None if vec is None else vec.copy()
+
+    def _embed(self, text: str) -> np.ndarray | None:
+        n = len(self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+        if n == 0 or n > self.window:
+            return None
+        raw = self._llm.embed(text, normalize=False, truncate=False)
         vec = np.asarray(raw, dtype=np.float32).reshape(-1)
         if vec.shape[0] != self.dim:  # a model without pooling returns per-token rows: mean-pool them
             vec = np.asarray(raw, dtype=np.float32).reshape(-1, self.dim).mean(axis=0)
