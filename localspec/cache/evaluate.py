@@ -217,7 +217,7 @@ def run_eval(pairs: list[dict[str, Any]], embedder: Embedder | None, threshold: 
         },
     }
     if judge is not None:
-        jc = judge_curve(outcomes, used)
+        jc = judge_curve(outcomes, used, getattr(judge, "curve_thresholds", JUDGE_THRESHOLDS))
         report["judge_curve"] = [p.__dict__ for p in jc]
         report["suggested_judge_threshold"] = choose_threshold(jc)
     return report

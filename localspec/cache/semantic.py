@@ -76,6 +76,7 @@ class CacheHit:
     stats: dict[str, Any] = field(default_factory=dict)
     judge: float | None = None  # the reuse judge's score, when one confirmed the hit
     remembered: bool | None = None  # True: the judge's earlier yes for this very prompt, not asked again
+    judged_by: str | None = None  # which judge: the model file, or the pair scorer ("pair-scorer:...")
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,13 @@ class Probe:
     conflict: str | None = None  # the facts-only check used when a judge confirms (guard.conflict)
 
 
+def _judge_name(judge: ReuseJudge) -> str:
+    return getattr(judge, "name", "") or type(judge).__name__
+
+
 def _judge_id(judge: ReuseJudge) -> str:
     """Which judge said yes: a remembered verdict holds only for the same model and threshold."""
-    return f"{getattr(judge, 'name', type(judge).__name__)}@{getattr(judge, 'threshold', '')}"
+    return f"{_judge_name(judge)}@{getattr(judge, 'threshold', '')}"
 
 
 def entry_id_for(scope: CacheScope, prompt: str) -> str:
@@ -289,7 +294,7 @@ class SemanticCache:
             return None
         self._counts["remembered_verdicts"] += 1
         return dataclasses.replace(self._hit(entry, float(verdict["similarity"]), "semantic"),
-                                   judge=verdict["judge"], remembered=True)
+                                   judge=verdict["judge"], remembered=True, judged_by=_judge_name(judge))
 
     def _judged(self, scope: CacheScope, prompt: str, candidates: list[tuple[dict[str, Any], float]],
                 judge: ReuseJudge) -> CacheHit | None:
@@ -308,7 +313,8 @@ class SemanticCache:
                     continue
                 if self._store is not None and self._store.get(entry["id"]) is not None:  # still there
                     self._remember(scope, prompt, entry, similarity, score, judge)
-                    return dataclasses.replace(self._hit(entry, similarity, "semantic"), judge=round(score, 3))
+                    return dataclasses.replace(self._hit(entry, similarity, "semantic"), judge=round(score, 3),
+                                               judged_by=_judge_name(judge))
         return None
 
     def _remember(self, scope: CacheScope, prompt: str, entry: dict[str, Any], similarity: float, score: float,

@@ -1,8 +1,9 @@
-"""`localspec cache stats | clear | export | eval`: inspect and measure the semantic cache."""
+"""`localspec cache stats | clear | export | eval | train-scorer`: inspect and measure the semantic cache."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -36,10 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--threshold", type=float, help="similarity threshold (default: the cache's default)")
     v.add_argument("--exact-only", action="store_true", help="run without the embedding model")
     v.add_argument("--embedding-model", type=Path, help="a GGUF embedding model file (default: the installed MiniLM)")
-    v.add_argument("--judge", action=argparse.BooleanOptionalAction, default=True,
-                   help="confirm semantic hits with the reuse judge, as the faces do (default: on)")
+    v.add_argument("--judge", choices=("model", "scorer", "none"), default="model",
+                   help="who confirms semantic hits: the answering model, as the faces do by default; the learned "
+                        "pair scorer (--cache-judge scorer); none: the guard's rules alone (--cache-judge rules)")
+    v.add_argument("--no-judge", dest="judge", action="store_const", const="none", help="the same as --judge none")
     v.add_argument("--judge-model", help="the judge's model id (default: the profile's target)")
-    v.add_argument("--judge-threshold", type=float, help="the judge's logit margin (default: the cache's default)")
+    v.add_argument("--judge-threshold", type=float,
+                   help="the judge's threshold: the model's logit margin or the scorer's log-odds (default: theirs)")
+    v.add_argument("--scorer-weights", type=Path, help="pair scorer weights (default: the shipped ones)")
     v.add_argument("--profile", help="profile whose target model judges")
     v.add_argument("--latency-sample", type=int, default=100,
                    help="with the judge, time real lookups on the first N pairs (each judgement costs a prefill)")
@@ -47,6 +52,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--json", action="store_true", help="print the full report as JSON")
     v.add_argument("--save", type=Path, metavar="PATH", help="also write the full report as JSON to PATH")
     v.set_defaults(func=run_eval)
+
+    t = verbs.add_parser("train-scorer", help="fit the pair scorer (--cache-judge scorer) on labelled pairs",
+                         description="Fit the pair scorer on the committed dev pairs (or your own files) and write "
+                                     "its weights as JSON. Its threshold is chosen on pairs from a file the fit did "
+                                     "not see, one file at a time (see localspec.cache.scorer).")
+    t.add_argument("--out", type=Path, required=True, help="where to write the weights (JSON)")
+    t.add_argument("--file", type=Path, action="append", default=[],
+                   help="a labelled pair file, one per author (repeat; at least two); default: the dev split")
+    t.add_argument("--embedding-model", type=Path, help="a GGUF embedding model file (default: the installed MiniLM)")
+    t.set_defaults(func=run_train_scorer)
 
 
 def open_embedder(model_id: str = EMBEDDING_MODEL):
@@ -137,6 +152,66 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scorer_judge(embedder, weights: Path | None, threshold: float | None):
+    from localspec.cache.scorer import PairScorer, ScorerJudge
+
+    try:
+        scorer = PairScorer.load(weights)
+    except (OSError, ValueError, KeyError) as exc:
+        raise LocalspecError(f"pair scorer weights {weights or '(shipped)'} unusable: {exc}",
+                             "Train them with `localspec cache train-scorer --out PATH`.") from exc
+    try:
+        return ScorerJudge(scorer, embedder, threshold)
+    except ValueError as exc:
+        raise LocalspecError(str(exc), "Train weights for this embedding model with `localspec cache train-scorer`, "
+                                       "or evaluate with the registry's MiniLM.") from exc
+
+
+def run_train_scorer(args: argparse.Namespace) -> int:
+    from localspec.cache.evaluate import load_pairs, pair_files
+    from localspec.cache.scorer import reworded_pairs, train_scorer, training_pairs
+
+    files = args.file or pair_files("dev")
+    for f in files:
+        if not f.exists():
+            raise LocalspecError(f"{f} does not exist.", "Give JSON-lines files of labelled pairs (a, b, label).")
+    if len(files) < 2:
+        raise LocalspecError("train-scorer needs at least two pair files.",
+                             "Give one --file per author: the threshold is chosen on a file the fit did not see.")
+    if args.embedding_model and not args.embedding_model.exists():
+        raise LocalspecError(f"{args.embedding_model} does not exist.", "Give the path of a GGUF embedding model.")
+    if args.embedding_model:
+        from localspec.service import open_embedder as load
+
+        embedder, model_name = load(args.embedding_model), args.embedding_model.stem
+    else:
+        embedder, model_name = open_embedder(), EMBEDDING_MODEL
+    if embedder is None:
+        raise LocalspecError(f"{EMBEDDING_MODEL} is not installed.", f"Run `localspec models pull {EMBEDDING_MODEL}`.")
+    try:
+        rows = [dict(r, source=Path(f).stem) for f in files for r in load_pairs(Path(f))]
+        rows += reworded_pairs(rows)  # made-up rewordings: fitted on, not counted (see cache.scorer)
+        print(f"embedding {len(rows)} pairs from {len(files)} files...", file=sys.stderr)
+        vectors = functools.cache(embedder.embed)  # each text once, though it occurs in many pairs
+        pairs = training_pairs(rows, vectors)
+        try:
+            scorer = train_scorer(pairs, vectors, embedder.fingerprint, model_name)
+        except ValueError as exc:
+            raise LocalspecError(f"cannot train the pair scorer: {exc}", "Add labelled pairs of both kinds.") from exc
+    finally:
+        embedder.close()
+    scorer.save(args.out)
+    chosen = scorer.report["chosen"]
+    print(f"{len(pairs)} pairs ({sum(p.augmented for p in pairs)} of them made-up rewordings), "
+          f"{scorer.report['candidates']} scored (guard passed, similarity >= {scorer.floor:.2f})")
+    print("held out (each file scored by a fit on the others):  log-odds  hit rate  false hits")
+    for point in scorer.report["held_out_curves"][str(chosen["l2"])]:
+        mark = " <- chosen" if point["threshold"] == chosen["threshold"] else ""
+        print(f"  {point['threshold']:5.2f}   {point['hit_rate']:6.1%}   {point['false_hit_rate']:6.2%}{mark}")
+    print(f"L2 {chosen['l2']}, threshold {chosen['threshold']:.2f} ({scorer.report['rule']}); wrote {args.out}")
+    return 0
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from localspec.cache.evaluate import load_pairs, pair_files, run_eval as evaluate
 
@@ -165,15 +240,19 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"note: {EMBEDDING_MODEL} is not installed; exact-match mode "
               f"(run `localspec models pull {EMBEDDING_MODEL}`)", file=sys.stderr)
     judge, close_judge = None, None
+    latency_sample = args.latency_sample
     try:
-        if args.judge and embedder is not None:
+        if args.judge == "model" and embedder is not None:
             from localspec.service import open_judge
 
             print("loading the reuse judge...", file=sys.stderr)
             judge, close_judge = open_judge(args.profile, args.judge_model, args.judge_threshold)
+        elif args.judge == "scorer" and embedder is not None:
+            judge = _scorer_judge(embedder, args.scorer_weights, args.judge_threshold)
+            latency_sample = len(pairs)  # milliseconds a pair: time every lookup
         with _JudgeProgress(judge) as progress:
             report = evaluate(pairs, embedder, threshold=args.threshold, judge=judge,
-                              latency_sample=args.latency_sample, progress=progress)
+                              latency_sample=latency_sample, progress=progress)
     finally:
         if close_judge is not None:
             close_judge()
