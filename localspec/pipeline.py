@@ -36,6 +36,8 @@ from typing import Any
 
 from localspec.cache import CacheScope, SemanticCache, cacheable
 from localspec.cache.judge import ModelJudge
+from localspec.cache.policy import cache_judge_kind
+from localspec.cache.scorer import PairScorer, ScorerJudge
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Event, Stats, Token
 from localspec.engine.scheduler import Engine
@@ -115,6 +117,7 @@ class CacheInfo:
     judge: float | None = None  # the reuse judge's score on a judged semantic hit
     reason: str | None = None  # why the cache was bypassed
     remembered: bool | None = None  # True: a judged hit whose verdict for this prompt was remembered
+    judged_by: str | None = None  # the judge that confirmed a semantic hit (model file or pair scorer)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -198,7 +201,12 @@ class PipelineSettings:
     cache_sampled: bool = False  # also cache sampled answers (temperature > 0 without a seed)
     # A semantic hit is served only when the default tier's model agrees the two requests ask for
     # the same thing (localspec.cache.judge); without a local default tier, exact hits only.
-    cache_judge: bool = True
+    # "scorer": the learned pair scorer decides (localspec.cache.scorer); "rules": the guard and a
+    # similarity threshold alone. (cache.policy.CACHE_JUDGES; True/False mean "model"/"rules".)
+    cache_judge: bool | str = "model"
+
+    def __post_init__(self) -> None:
+        self.cache_judge = cache_judge_kind(self.cache_judge)
 
 
 @dataclass
@@ -216,9 +224,11 @@ class Pipeline:
         # The judge's instructions and examples take one long prefill (seconds on a CPU), then stay
         # pinned in the engine: do it now, in the background, not on the first semantic lookup.
         judging = self.tiers.get(self.default_tier)
-        if (self.cache is not None and self.cache.embedder is not None and self.settings.cache_judge
+        if (self.cache is not None and self.cache.embedder is not None and self.settings.cache_judge == "model"
                 and isinstance(judging, LocalTier)):
             judging.judge.warm()
+        if self.settings.cache_judge == "scorer":
+            _ = self._scorer_judge  # load the weights now: a mismatch is reported at start-up
 
     def submit(self, request: GenerationRequest, route: str | None = None, has_response_format: bool = False,
                use_cache: bool = True) -> Job:
@@ -245,7 +255,7 @@ class Pipeline:
                 hit = self._lookup(key)
                 if hit is not None:
                     job.cache = CacheInfo("hit", hit.kind, hit.similarity, hit.matched_prompt, hit.entry_id, hit.judge,
-                                          remembered=hit.remembered)
+                                          remembered=hit.remembered, judged_by=hit.judged_by)
                     self._replay(job, hit, (time.perf_counter() - t0) * 1000)
                     return job
                 job.cache = CacheInfo("miss")
@@ -311,13 +321,28 @@ class Pipeline:
     def _lookup(self, key: CacheKey):
         if self.cache is None:
             return None
-        if not self.settings.cache_judge:
+        if self.settings.cache_judge == "scorer" and self._scorer_judge is not None:
+            return self.cache.lookup(key.scope, key.prompt, judge=self._scorer_judge)
+        if self.settings.cache_judge != "model":  # rules, or a scorer whose weights do not fit
             return self.cache.lookup(key.scope, key.prompt)
         # The default tier's model (the large one, loaded at start) judges for every tier: the 0.5B
         # cannot tell a paraphrase from a trap (its yes/no margins do not separate them on the dev pairs).
         judging = self.tiers.get(self.default_tier)
         judge = judging.judge if isinstance(judging, LocalTier) else None
         return self.cache.lookup(key.scope, key.prompt, judge=judge, semantic=judge is not None)
+
+    @functools.cached_property
+    def _scorer_judge(self) -> ScorerJudge | None:
+        """The shipped pair scorer on the cache's embedder; None (rules alone, with a warning) when
+        its weights were trained on another embedding model's vectors or cannot be read."""
+        embedder = self.cache.embedder if self.cache is not None else None
+        if embedder is None:
+            return None
+        try:
+            return ScorerJudge(PairScorer.load(), embedder)
+        except (OSError, ValueError, KeyError) as exc:
+            logger.warning("pair scorer unusable, near-duplicates decided by the guard's rules alone: %s", exc)
+            return None
 
     def mark_wrong(self, entry_id: str) -> bool:
         """The user says a cached answer was wrong: evict it and count a false hit."""

@@ -168,7 +168,7 @@ def open_cache(profile: str | None = None, n_threads: int | None = None,
 
 def open_pipeline(
     profile: str | None = None, target: str | None = None, draft: str | None = None, cache: bool = True,
-    route: bool = True, cache_sampled: bool = False, cache_semantic: bool = False, cache_judge: bool = True,
+    route: bool = True, cache_sampled: bool = False, cache_semantic: bool = False, cache_judge: bool | str = "model",
     **overrides: Any,
 ):
     """The shared request pipeline for a profile: the large tier loaded now, the cache, the router.

@@ -26,3 +26,19 @@ def cacheable(sampling: Mapping[str, Any] | Any | None, opt_in: bool = False) ->
     else:
         temperature, seed = getattr(sampling, "temperature", 0.0), getattr(sampling, "seed", None)
     return (temperature or 0.0) == 0.0 or seed is not None
+
+
+# How a semantic candidate is confirmed before it is served (docs/semantic-cache.md):
+#   model:  the answering model reads both requests (cache.judge): the most accurate, a prefill or two;
+#   scorer: the learned pair scorer over the embeddings (cache.scorer): milliseconds;
+#   rules:  the guard's full rules and a similarity threshold alone.
+CACHE_JUDGES = ("model", "scorer", "rules")
+
+
+def cache_judge_kind(value: bool | str) -> str:
+    """One of CACHE_JUDGES; True and False are the older on/off switch (the model, or rules alone)."""
+    if isinstance(value, bool):
+        return "model" if value else "rules"
+    if value not in CACHE_JUDGES:
+        raise ValueError(f"cache judge {value!r} is not one of {', '.join(CACHE_JUDGES)}")
+    return value

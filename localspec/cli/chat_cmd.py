@@ -28,8 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="llama.cpp threads")
     p.add_argument("--cache-semantic", action="store_true",
                    help="also answer near-duplicate prompts from the cache (off by default; see the README)")
-    p.add_argument("--no-cache-judge", action="store_true",
-                   help="with --cache-semantic, serve near-duplicates without asking the model")
+    p.add_argument("--cache-judge", choices=("model", "scorer", "rules"), default="model",  # cache.policy.CACHE_JUDGES
+                   help="with --cache-semantic, who confirms a near-duplicate: the answering model (default; "
+                        "about 2-3 s on a CPU), the learned pair scorer (milliseconds, fewer hits), or rules alone")
+    p.add_argument("--no-cache-judge", dest="cache_judge", action="store_const", const="rules",
+                   help="the same as --cache-judge rules")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +66,7 @@ def make_app(args: argparse.Namespace):
         def factory(profile: str | None):
             return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
                                      cache_semantic=getattr(args, "cache_semantic", False),
-                                     cache_judge=not getattr(args, "no_cache_judge", False))
+                                     cache_judge=getattr(args, "cache_judge", "model"))
 
     from localspec.metrics import Metrics
     from localspec.tui import SessionMetrics

@@ -28,8 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-semantic", action="store_true",
                    help="also answer near-duplicate prompts (MiniLM similarity, false-hit guard and the large model "
                         "as reuse judge); off by default, see the README's figures")
-    p.add_argument("--no-cache-judge", action="store_true",
-                   help="with --cache-semantic, serve near-duplicates without asking the model (faster, more false hits)")
+    p.add_argument("--cache-judge", choices=("model", "scorer", "rules"), default="model",  # cache.policy.CACHE_JUDGES
+                   help="with --cache-semantic, who confirms a near-duplicate: the answering model (default; "
+                        "about 2-3 s on a CPU), the learned pair scorer (milliseconds, fewer hits), or rules alone")
+    p.add_argument("--no-cache-judge", dest="cache_judge", action="store_const", const="rules",
+                   help="the same as --cache-judge rules")
     p.add_argument("--cache-sampled", action="store_true",
                    help="also cache sampled answers (temperature > 0 without a seed); off by default")
     p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
@@ -45,7 +48,7 @@ def settings_from_args(args: argparse.Namespace):
         n_threads=args.threads, mode=args.mode, max_tokens_cap=args.max_tokens_cap,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), cors_origins=args.cors_origin,
         embeddings=not args.no_embeddings, cache=not args.no_cache, cache_sampled=args.cache_sampled,
-        cache_semantic=args.cache_semantic, cache_judge=not args.no_cache_judge,
+        cache_semantic=args.cache_semantic, cache_judge=args.cache_judge,
     ).with_env_key()
 
 

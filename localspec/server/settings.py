@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from localspec.cache.policy import cache_judge_kind
 from localspec.errors import ConfigError
 
 API_KEY_ENV = "LOCALSPEC_API_KEY"
@@ -34,7 +36,14 @@ class ServerSettings(BaseModel):
     cache: bool = Field(True, description="answer repeated deterministic requests from the semantic cache")
     cache_sampled: bool = Field(False, description="also cache sampled answers (temperature > 0, no seed)")
     cache_semantic: bool = Field(False, description="also serve near-duplicates (embedding similarity + guard)")
-    cache_judge: bool = Field(True, description="a near-duplicate is served only when the answering model agrees")
+    cache_judge: Literal["model", "scorer", "rules"] = Field(
+        "model", description="who confirms a near-duplicate: the answering model, the learned pair scorer "
+                             "(milliseconds), or the guard's rules alone")
+
+    @field_validator("cache_judge", mode="before")
+    @classmethod
+    def _judge_switch(cls, value: object) -> object:
+        return cache_judge_kind(value) if isinstance(value, bool) else value  # the older on/off form
     router: bool = Field(True, description="model 'auto' routes between the profile's tiers")
 
     def with_env_key(self) -> ServerSettings:

@@ -133,7 +133,7 @@ class LocalBackend:
 
     @classmethod
     def open(cls, profile: str | None = None, cache: bool = True, cache_semantic: bool = False,
-             cache_judge: bool = True, **overrides) -> LocalBackend:
+             cache_judge: bool | str = "model", **overrides) -> LocalBackend:
         """Resolve the profile, load its models, the cache and the router, start the step thread."""
         from localspec.service import open_pipeline
 
