@@ -2,8 +2,9 @@
 
 Starts the endpoint on loopback (the 1.5B target, semantic cache on, a temporary home), asks
 each prompt once to fill the cache, then asks exact repeats and paraphrases through the official
-`openai` client and reports the wall time per hit: once with the reuse judge (the default: the
-1.5B confirms each semantic hit) and once without it (`--no-cache-judge`). Rows:
+`openai` client and reports the wall time per hit, once for each way of confirming a semantic hit
+(`--cache-judge`): the model (the default: the 1.5B confirms each semantic hit), the pair scorer,
+and the guard's rules alone. Rows:
 
 - `exact`: the cached prompt again;
 - `semantic`: a paraphrase asked for the first time (with the judge: judged);
@@ -57,17 +58,17 @@ def main() -> int:
     from tests.server_harness import ServerThread, request, wait_until
 
     report: dict = {}
-    for judge in (True, False):
+    for judge, row in (("model", "judged"), ("scorer", "scorer"), ("rules", "rules_only")):
         os.environ["LOCALSPEC_HOME"] = tempfile.mkdtemp(prefix="localspec-latency-")  # an empty cache each
-        report["judged" if judge else "rules_only"] = _measure(judge, args.repeats, ServerSettings, create_app,
-                                                               ServerThread, request, wait_until, openai)
+        report[row] = _measure(judge, args.repeats, ServerSettings, create_app, ServerThread, request, wait_until,
+                               openai)
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
-def _measure(judge: bool, repeats: int, ServerSettings, create_app, ServerThread, request, wait_until, openai) -> dict:
+def _measure(judge: str, repeats: int, ServerSettings, create_app, ServerThread, request, wait_until, openai) -> dict:
     settings = ServerSettings(target="qwen2.5-coder-1.5b-instruct-q4_k_m", mode="off", parallel=1, n_ctx=1024,
                               n_threads=2, cache_semantic=True, cache_judge=judge, max_tokens_cap=64)
     with ServerThread(create_app(settings)) as srv:
