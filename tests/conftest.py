@@ -89,3 +89,20 @@ def draft_path() -> Path:
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     return _require(MINILM if MINILM.exists() else None, "the MiniLM test model in ../shared/models")
+
+
+@pytest.fixture(scope="module")
+def embedder(minilm_path: Path):
+    """The real MiniLM embedder, one per test module."""
+    from localspec.engine.embedder import Embedder
+
+    e = Embedder(minilm_path, n_threads=TEST_THREADS)
+    yield e
+    e.close()
+
+
+def plain_scope():
+    """One cache scope for tests that need only one: model "m", system prompt "s", greedy."""
+    from localspec.cache import CacheScope
+
+    return CacheScope.from_request(model_hash="m", system_prompt="s", sampling={"temperature": 0.0})

@@ -13,7 +13,7 @@ from localspec.cache.judge import DEFAULT_JUDGE_THRESHOLD, EXAMPLES, judge_reque
 from localspec.cli import main
 from localspec.engine.embedder import Embedder
 from localspec.engine.events import TokenLogprob
-from tests.conftest import TARGET_ID, TEST_THREADS
+from tests.conftest import plain_scope, TARGET_ID, TEST_THREADS
 
 YES, NO, OTHER = 9454, 2753, 42
 # A trap from the blind pairs whose facts agree, so the guard's rules (both sets) pass it, but whose
@@ -95,46 +95,35 @@ class RecordingJudge:
         return self.verdict, self.score
 
 
-@pytest.fixture(scope="module")
-def embedder(minilm_path: Path):
-    e = Embedder(minilm_path, n_threads=TEST_THREADS)
-    yield e
-    e.close()
-
-
-def scope() -> CacheScope:
-    return CacheScope.from_request(model_hash="m", system_prompt="s", sampling={"temperature": 0.0})
-
-
 def test_a_semantic_candidate_needs_the_judge(tmp_path: Path, embedder: Embedder):
     with SemanticCache(tmp_path / "c", embedder=embedder) as cache:
-        cache.store(scope(), "How do I reverse a list in Python?", "use reversed()", [])
+        cache.store(plain_scope(), "How do I reverse a list in Python?", "use reversed()", [])
         para = "What's the way to reverse a Python list?"
         no = RecordingJudge(False, 0.3)
-        assert cache.lookup(scope(), para, judge=no) is None
+        assert cache.lookup(plain_scope(), para, judge=no) is None
         assert no.calls == [("How do I reverse a list in Python?", para)]
         yes = RecordingJudge(True, 2.4)
-        hit = cache.lookup(scope(), para, judge=yes)
+        hit = cache.lookup(plain_scope(), para, judge=yes)
         assert hit is not None and hit.kind == "semantic" and hit.judge == 2.4
         stats = cache.stats()
         assert stats["judged"] == 2 and stats["judge_rejections"] == 1 and stats["semantic_hits"] == 1
         # An exact match is the same request: never judged.
         exact = RecordingJudge(False)
-        assert cache.lookup(scope(), "How do I reverse a list in Python?", judge=exact).kind == "exact"
+        assert cache.lookup(plain_scope(), "How do I reverse a list in Python?", judge=exact).kind == "exact"
         assert exact.calls == []
         # semantic=False (a caller with no judge to ask): exact matches only.
-        assert cache.lookup(scope(), para, semantic=False) is None
+        assert cache.lookup(plain_scope(), para, semantic=False) is None
 
 
 def test_a_judges_yes_is_remembered_for_that_prompt_until_its_entry_goes(tmp_path: Path, embedder: Embedder):
     saved, para = "How do I reverse a list in Python?", "What's the way to reverse a Python list?"
     with SemanticCache(tmp_path / "c", embedder=embedder) as cache:
-        cache.store(scope(), saved, "use reversed()", [])
+        cache.store(plain_scope(), saved, "use reversed()", [])
         first = RecordingJudge(True, 2.4)
-        assert cache.lookup(scope(), para, judge=first).remembered is None and len(first.calls) == 1
+        assert cache.lookup(plain_scope(), para, judge=first).remembered is None and len(first.calls) == 1
         # The same prompt again, the same judge: served from the verdict, the judge not asked.
         again = RecordingJudge(False)
-        hit = cache.lookup(scope(), para, judge=again)
+        hit = cache.lookup(plain_scope(), para, judge=again)
         assert hit is not None and hit.remembered and hit.judge == 2.4 and hit.matched_prompt == saved
         assert again.calls == [] and cache.stats()["remembered_verdicts"] == 1
         assert cache.stats()["entries"] == 1  # a verdict is not an entry
@@ -143,26 +132,27 @@ def test_a_judges_yes_is_remembered_for_that_prompt_until_its_entry_goes(tmp_pat
         assert cache.lookup(other_scope, para, judge=RecordingJudge(True)) is None
         stricter = RecordingJudge(False)
         stricter.threshold = 3.0
-        assert cache.lookup(scope(), para, judge=stricter) is None and len(stricter.calls) == 1
+        assert cache.lookup(plain_scope(), para, judge=stricter) is None and len(stricter.calls) == 1
         # The entry marked wrong: its verdicts go with it.
         assert cache.mark_wrong(hit.entry_id)
-        assert cache.lookup(scope(), para, judge=RecordingJudge(False)) is None
+        assert cache.lookup(plain_scope(), para, judge=RecordingJudge(False)) is None
     with SemanticCache(tmp_path / "c", embedder=embedder) as cache:  # and they persist on disk
-        cache.store(scope(), saved, "use reversed()", [])
-        cache.lookup(scope(), para, judge=RecordingJudge(True, 1.5))
+        cache.store(plain_scope(), saved, "use reversed()", [])
+        cache.lookup(plain_scope(), para, judge=RecordingJudge(True, 1.5))
     with SemanticCache(tmp_path / "c", embedder=embedder) as cache:
-        hit = cache.lookup(scope(), para, judge=RecordingJudge(False))
+        hit = cache.lookup(plain_scope(), para, judge=RecordingJudge(False))
         assert hit is not None and hit.remembered and hit.judge == 1.5
         # A verdict the guard refuses now (one an older, laxer guard let through) is dropped, not served.
         from localspec.cache.semantic import _judge_id, entry_id_for
 
         trap_saved, trap = "How do I convert a list to a string in Python?", "How do I convert a string to a list in Python?"
-        cache.store(scope(), trap_saved, "use join", [])
-        entry = cache.lookup(scope(), trap_saved)
-        cache._store.put_verdict(entry_id_for(scope(), trap), {"entry": entry.entry_id, "similarity": 0.97, "judge": 2.0,
-                                                               "judge_id": _judge_id(RecordingJudge(True))}, None)
-        assert cache.lookup(scope(), trap, judge=RecordingJudge(True)) is None
-        assert cache._store.get_verdict(entry_id_for(scope(), trap)) is None
+        cache.store(plain_scope(), trap_saved, "use join", [])
+        entry = cache.lookup(plain_scope(), trap_saved)
+        verdict = {"entry": entry.entry_id, "similarity": 0.97, "judge": 2.0,
+                   "judge_id": _judge_id(RecordingJudge(True))}
+        cache._store.put_verdict(entry_id_for(plain_scope(), trap), verdict, None)
+        assert cache.lookup(plain_scope(), trap, judge=RecordingJudge(True)) is None
+        assert cache._store.get_verdict(entry_id_for(plain_scope(), trap)) is None
 
 
 class _SilentHandle:
@@ -192,8 +182,8 @@ def test_a_judge_that_gets_no_slot_times_out_and_the_lookup_misses(tmp_path: Pat
         judge.score("a", "b")
     assert handles[-1].cancelled  # the queued judgement does not run later for nothing
     with SemanticCache(tmp_path / "c", embedder=embedder) as cache:
-        cache.store(scope(), "How do I reverse a list in Python?", "use reversed()", [])
-        assert cache.lookup(scope(), "What's the way to reverse a Python list?", judge=judge) is None
+        cache.store(plain_scope(), "How do I reverse a list in Python?", "use reversed()", [])
+        assert cache.lookup(plain_scope(), "What's the way to reverse a Python list?", judge=judge) is None
         stats = cache.stats()
         assert stats["judge_errors"] == 1 and stats["semantic_hits"] == 0 and stats["errors"] == 0
 

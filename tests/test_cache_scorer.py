@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.cache import CacheScope, SemanticCache
+from localspec.cache import SemanticCache
 from localspec.cache.evaluate import load_pairs, pair_files
 from localspec.cache.scorer import (
     THRESHOLDS, PairScorer, ScorerJudge, reworded, reworded_pairs, train_scorer, training_pairs,
 )
 from localspec.cli import main
 from localspec.engine.embedder import Embedder
-from tests.conftest import TEST_THREADS
+from tests.conftest import plain_scope
 
 # Rewordings the shipped weights must serve, and traps they must refuse even where the guard's
 # facts-only rules let them through (none of these texts is in the pair sets).
@@ -30,17 +30,6 @@ REFUSED = [
     ("How do I delete a git branch?", "How do I delete a remote git branch?"),
     ("What's the boiling point of water?", "What is the boiling point of water in Fahrenheit?"),
 ]
-
-
-@pytest.fixture(scope="module")
-def embedder(minilm_path: Path):
-    e = Embedder(minilm_path, n_threads=TEST_THREADS)
-    yield e
-    e.close()
-
-
-def scope() -> CacheScope:
-    return CacheScope.from_request(model_hash="m", system_prompt="s", sampling={"temperature": 0.0})
 
 
 def test_shipped_weights_fit_minilm_and_no_other_model(embedder: Embedder) -> None:
@@ -81,15 +70,15 @@ def test_the_cache_serves_what_the_scorer_agrees_to_and_remembers_it(tmp_path: P
     judge = ScorerJudge(PairScorer.load(), embedder)
     try:
         for saved, _ in SERVED[:1] + REFUSED:
-            cache.store(scope(), saved, f"answer to {saved}", [1])
-        hit = cache.lookup(scope(), SERVED[0][1], judge=judge)
+            cache.store(plain_scope(), saved, f"answer to {saved}", [1])
+        hit = cache.lookup(plain_scope(), SERVED[0][1], judge=judge)
         assert hit is not None and hit.kind == "semantic" and hit.matched_prompt == SERVED[0][0]
         assert hit.judged_by == judge.name and hit.judged_by.startswith("pair-scorer:")
         assert hit.judge >= judge.threshold and not hit.remembered
-        again = cache.lookup(scope(), SERVED[0][1], judge=judge)
+        again = cache.lookup(plain_scope(), SERVED[0][1], judge=judge)
         assert again is not None and again.remembered and again.entry_id == hit.entry_id
         for saved, new in REFUSED:
-            assert cache.lookup(scope(), new, judge=judge) is None, new
+            assert cache.lookup(plain_scope(), new, judge=judge) is None, new
         stats = cache.stats()
         assert stats["judged"] >= 2 and stats["judge_rejections"] >= 1 and stats["remembered_verdicts"] == 1
     finally:

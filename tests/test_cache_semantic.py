@@ -7,19 +7,10 @@ import logging
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from localspec.cache import CacheScope, SemanticCache
 from localspec.cli import main
 from localspec.engine.embedder import Embedder
-from tests.conftest import TEST_THREADS
-
-
-@pytest.fixture(scope="module")
-def embedder(minilm_path: Path):
-    e = Embedder(minilm_path, n_threads=TEST_THREADS)
-    yield e
-    e.close()
 
 
 def scope(system: str = "You are helpful.", turns: list | None = None) -> CacheScope:
