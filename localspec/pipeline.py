@@ -331,6 +331,20 @@ class Pipeline:
         judge = judging.judge if isinstance(judging, LocalTier) else None
         return self.cache.lookup(key.scope, key.prompt, judge=judge, semantic=judge is not None)
 
+    @property
+    def semantic_judge(self) -> str | None:
+        """Who confirms a near-duplicate in practice (None: exact matches only): "model:<id>",
+        the pair scorer's name, or "rules" (asked for, or the scorer's weights did not fit)."""
+        if self.cache is None or self.cache.embedder is None:
+            return None
+        kind = self.settings.cache_judge
+        if kind == "scorer" and self._scorer_judge is not None:
+            return self._scorer_judge.name
+        if kind != "model":
+            return "rules"
+        judging = self.tiers.get(self.default_tier)
+        return f"model:{judging.model_id}" if isinstance(judging, LocalTier) else None
+
     @functools.cached_property
     def _scorer_judge(self) -> ScorerJudge | None:
         """The shipped pair scorer on the cache's embedder; None (rules alone, with a warning) when

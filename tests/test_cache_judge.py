@@ -249,3 +249,7 @@ def test_the_endpoint_serves_a_judged_paraphrase_and_refuses_the_trap(judged_ser
     assert again["status"] == "hit" and again["remembered"] is True and again["judge"] == para["judge"], again
     assert ask(TRAP_PASSING_THE_GUARD[0])["status"] == "miss"
     assert ask(TRAP_PASSING_THE_GUARD[1])["status"] == "miss"  # the guard lets it through; the judge does not
+    assert para["judged_by"] == TARGET_ID  # the answering tier's model id
+    from tests.server_harness import request
+
+    assert request(judged_server.base_url, "GET", "/v1/cache/stats").json()["judge"] == f"model:{TARGET_ID}"

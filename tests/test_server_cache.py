@@ -116,3 +116,4 @@ def test_mark_wrong_evicts_and_counts_a_false_hit(srv, client):
 def test_cache_stats_report_the_semantic_mode(srv):
     stats = request(srv.base_url, "GET", "/v1/cache/stats").json()
     assert stats["mode"] == "semantic" and stats["entries"] >= 1 and stats["exact_hits"] >= 1
+    assert stats["judge"] == "rules"  # started with cache_judge=False

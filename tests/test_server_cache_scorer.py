@@ -49,6 +49,7 @@ def test_the_scorer_serves_a_rewording_remembers_it_and_refuses_a_trap(srv) -> N
     assert c["status"] == "miss", c
     stats = request(srv.base_url, "GET", "/v1/cache/stats").json()
     assert stats["judged"] == 2 and stats["judge_rejections"] == 1 and stats["remembered_verdicts"] == 1
+    assert stats["judge"].startswith("pair-scorer:")
 
 
 def test_settings_take_the_judge_by_name_or_the_older_switch() -> None:

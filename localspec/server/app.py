@@ -545,7 +545,8 @@ def create_app(
         cache = b.pipeline.cache
         if cache is None:
             return {"mode": "off", "detail": "started with --no-cache"}
-        return {"mode": cache.mode, "detail": cache.describe(), **await asyncio.to_thread(cache.stats)}
+        return {"mode": cache.mode, "detail": cache.describe(), "judge": b.pipeline.semantic_judge,
+                **await asyncio.to_thread(cache.stats)}
 
     # Middlewares wrap in reverse order: the body limit runs first, then auth, then CORS.
     if s.cors_origins:
