@@ -58,3 +58,22 @@ def test_settings_take_the_judge_by_name_or_the_older_switch() -> None:
     assert ServerSettings(cache_judge=False).cache_judge == "rules"
     with pytest.raises(pydantic.ValidationError):
         ServerSettings(cache_judge="oracle")
+
+
+def test_the_command_line_offers_the_same_judges_as_the_cache() -> None:
+    from localspec.cache.policy import CACHE_JUDGES
+    from localspec.cli.options import CACHE_JUDGES as OFFERED
+
+    assert OFFERED == CACHE_JUDGES
+
+
+def test_serve_and_chat_parse_the_judge() -> None:
+    from localspec.cli import build_parser
+    from localspec.cli.serve_cmd import settings_from_args
+
+    parser = build_parser()
+    for flags, expected in (([], "model"), (["--cache-judge", "scorer"], "scorer"), (["--no-cache-judge"], "rules")):
+        assert settings_from_args(parser.parse_args(["serve", *flags])).cache_judge == expected
+        assert parser.parse_args(["chat", *flags]).cache_judge == expected
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--cache-judge", "oracle"])

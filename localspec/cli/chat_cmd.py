@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from localspec.cli.options import add_cache_judge_arguments
 from localspec.engine.config import MODES
 
 
@@ -28,11 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="llama.cpp threads")
     p.add_argument("--cache-semantic", action="store_true",
                    help="also answer near-duplicate prompts from the cache (off by default; see the README)")
-    p.add_argument("--cache-judge", choices=("model", "scorer", "rules"), default="model",  # cache.policy.CACHE_JUDGES
-                   help="with --cache-semantic, who confirms a near-duplicate: the answering model (default; "
-                        "about 2-3 s on a CPU), the learned pair scorer (milliseconds, fewer hits), or rules alone")
-    p.add_argument("--no-cache-judge", dest="cache_judge", action="store_const", const="rules",
-                   help="the same as --cache-judge rules")
+    add_cache_judge_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from localspec.cli.options import add_cache_judge_arguments
 from localspec.engine.config import MODES
 
 
@@ -28,11 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-semantic", action="store_true",
                    help="also answer near-duplicate prompts (MiniLM similarity, false-hit guard and the large model "
                         "as reuse judge); off by default, see the README's figures")
-    p.add_argument("--cache-judge", choices=("model", "scorer", "rules"), default="model",  # cache.policy.CACHE_JUDGES
-                   help="with --cache-semantic, who confirms a near-duplicate: the answering model (default; "
-                        "about 2-3 s on a CPU), the learned pair scorer (milliseconds, fewer hits), or rules alone")
-    p.add_argument("--no-cache-judge", dest="cache_judge", action="store_const", const="rules",
-                   help="the same as --cache-judge rules")
+    add_cache_judge_arguments(p)
     p.add_argument("--cache-sampled", action="store_true",
                    help="also cache sampled answers (temperature > 0 without a seed); off by default")
     p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
