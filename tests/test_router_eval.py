@@ -194,24 +194,53 @@ def test_eval_from_shipped_outcomes_reproduces_a_report(tmp_path, capsys):
     assert single["held_out_tasks"] + single["train_tasks"] == single["tasks"]
 
 
+def test_an_answer_that_stopped_under_a_smaller_cap_stands_under_a_larger_one(tmp_path):
+    """A greedy answer that ended on its own before its cap is the answer under any larger cap; one
+    that was cut off is not, and is regenerated."""
+    from localspec.router.outcomes import Outcome, OutcomeCache, outcome_key
+
+    tasks = {t.id: t for t in load_tasks(DEFAULT_TASKS)}
+    stopped, cut = tasks["code-001-reverse_words"], tasks["math-001"]
+    cache = OutcomeCache(tmp_path / "outcomes.json")
+    cache.put(outcome_key(stopped, "fp", 256), Outcome(stopped.id, "small", "m", True, 1.0, 25, -0.1, "stop", "ok"))
+    cache.put(outcome_key(cut, "fp", 256), Outcome(cut.id, "small", "m", False, 9.0, 256, -0.4, "length", "cut"))
+    assert cache.lookup(stopped, "fp", 512).completion_tokens == 25
+    assert cache.lookup(cut, "fp", 512) is None
+    assert cache.lookup(stopped, "other-model", 512) is None  # another model file: never reused
+    assert cache.lookup(stopped, "fp", 128) is None  # a smaller cap than recorded: not known
+    assert cache.find(stopped, "small", 512).passed and cache.find(stopped, "large", 512) is None
+    assert cache.find(cut, "small", 512) is None
+    # A prompt that changed since is not reused either.
+    changed = Task(stopped.id, stopped.kind, stopped.prompt + " Be brief.", stopped.tests, stopped.answer)
+    assert cache.lookup(changed, "fp", 512) is None and cache.find(changed, "small", 512) is None
+
+
 # ---------------------------------------------------------------- generating outcomes (real model)
+
+
+def _open_small(draft_path):
+    """The small tier's engine as run_tier opens it: target alone, two slots."""
+    from localspec.engine.config import EngineConfig
+    from localspec.engine.scheduler import Engine
+    from tests.conftest import TEST_THREADS
+
+    config = EngineConfig(n_ctx=1024, n_threads=TEST_THREADS, mode="off", parallel=2)
+    return Engine.load(str(draft_path), None, config)
 
 
 @pytest.mark.models
 def test_generate_answers_and_run_tier_with_the_small_model(draft_path, tmp_path):
     """Answers come back for every task with one logprob per token; a seeded sample repeats; and
     run_tier caches what it generated, so a second run opens no engine."""
-    from localspec.engine.config import EngineConfig
     from localspec.engine.sampling import SamplingParams
-    from localspec.engine.scheduler import Engine
     from localspec.router.outcomes import OutcomeCache, generate_answers, run_tier
-    from tests.conftest import DRAFT_ID, TEST_THREADS
+    from tests.conftest import DRAFT_ID
 
     tasks = [t for t in load_tasks(DEFAULT_TASKS) if t.id.startswith(("code-001", "math-001", "code-002"))]
     assert len(tasks) == 3
 
     def open_small():
-        return Engine.load(str(draft_path), None, EngineConfig(n_ctx=1024, n_threads=TEST_THREADS, mode="off", parallel=2))
+        return _open_small(draft_path)
 
     engine = open_small()
     try:
@@ -242,3 +271,32 @@ def test_generate_answers_and_run_tier_with_the_small_model(draft_path, tmp_path
     assert (tmp_path / "outcomes.json").is_file()
     again = run_tier("small", DRAFT_ID, draft_path, tasks, OutcomeCache(tmp_path / "outcomes.json"), 12, False, opener)
     assert len(opened) == 1 and [o.passed for o in again] == [o.passed for o in outs]
+
+
+@pytest.mark.models
+def test_a_larger_cap_regenerates_only_the_answers_that_were_cut_off(draft_path, tmp_path):
+    """run_tier under a larger --max-tokens reuses the answers that stopped on their own, and those
+    are the very texts a fresh run under the larger cap produces (greedy: the cap only ends it)."""
+    from localspec.router.outcomes import OutcomeCache, run_tier
+    from tests.conftest import DRAFT_ID
+
+    tasks = [t for t in load_tasks(DEFAULT_TASKS) if t.id.startswith(("code-001", "math-001"))]
+
+    def open_small():
+        return _open_small(draft_path)
+
+    cache = OutcomeCache(tmp_path / "outcomes.json")
+    first = {o.task_id: o for o in run_tier("small", DRAFT_ID, draft_path, tasks, cache, 40, False, open_small)}
+    reasons = {o.finish_reason for o in first.values()}
+    assert reasons == {"stop", "length"}, reasons  # reverse_words fits in 40 tokens, a worked sum does not
+    larger = {o.task_id: o for o in run_tier("small", DRAFT_ID, draft_path, tasks, cache, 56, False, open_small)}
+    caps = sorted(k.rsplit("|", 1)[1] for k in cache.entries)
+    assert caps == ["40", "40", "56"]  # only the cut-off answer was generated again
+    for task_id, o in first.items():
+        if o.finish_reason == "stop":
+            assert larger[task_id] == o
+            fresh = run_tier("small", DRAFT_ID, draft_path, [t for t in tasks if t.id == task_id],
+                             OutcomeCache(tmp_path / "fresh.json"), 56, False, open_small)
+            assert fresh[0].text == o.text and fresh[0].finish_reason == "stop"
+        else:
+            assert larger[task_id].completion_tokens > o.completion_tokens

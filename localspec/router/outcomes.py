@@ -5,7 +5,10 @@ large tier is evaluated as its target alone (mode "off"): lossless speculative d
 the identical greedy text with the draft, so the draft would only cost evaluation time.
 
 Outcomes are cached in one JSON file keyed by task id + model file fingerprint + prompt hash +
-max_tokens, so a re-run only generates what changed.
+max_tokens, so a re-run only generates what changed. A greedy answer that stopped on its own
+before its cap is also the answer under any larger cap (the cap only ends generation; it never
+changes a token before it), so a run with a larger --max-tokens regenerates only the answers
+that were cut off.
 """
 
 from __future__ import annotations
@@ -58,6 +61,15 @@ class OutcomeCache:
         e = self.entries.get(key)
         return Outcome(**e) if e else None
 
+    def lookup(self, task: Task, fingerprint: str, max_tokens: int) -> Outcome | None:
+        """The outcome under `max_tokens`: recorded under that cap, or an answer that stopped on its
+        own under a smaller cap (the same greedy text)."""
+        hit = self.get(outcome_key(task, fingerprint, max_tokens))
+        if hit is not None:
+            return hit
+        return self._stopped_below(f"{task.id}|{fingerprint}|{task.prompt_hash()}|", max_tokens,
+                                   lambda e: True)
+
     def find(self, task: Task, tier: str, max_tokens: int) -> Outcome | None:
         """A cached outcome for the task's current prompt from any model file (for --from-outcomes,
         which must work where the models are not installed)."""
@@ -65,6 +77,21 @@ class OutcomeCache:
         for key, e in self.entries.items():
             if key.startswith(task.id + "|") and key.endswith(suffix) and e.get("tier") == tier:
                 return recheck(task, Outcome(**e))
+        hit = self._stopped_below(task.id + "|", max_tokens,
+                                  lambda e: e.get("tier") == tier, prompt_hash=task.prompt_hash())
+        return None if hit is None else recheck(task, hit)
+
+    def _stopped_below(self, prefix: str, max_tokens: int, keep: Callable[[dict], bool],
+                       prompt_hash: str | None = None) -> Outcome | None:
+        """An entry under `prefix` recorded with a smaller cap whose answer stopped before it."""
+        for key, e in self.entries.items():
+            head, _, cap = key.rpartition("|")
+            if not key.startswith(prefix) or not cap.isdigit() or int(cap) >= max_tokens or not keep(e):
+                continue
+            if prompt_hash is not None and not head.endswith("|" + prompt_hash):
+                continue
+            if e.get("finish_reason") == "stop" and int(e.get("completion_tokens", max_tokens)) < int(cap):
+                return Outcome(**e)
         return None
 
     def put(self, key: str, outcome: Outcome) -> None:
@@ -155,7 +182,7 @@ def run_tier(tier: str, model_id: str, model_path: Path, tasks: list[Task], cach
     out: list[Outcome | None] = []
     todo: list[int] = []
     for i, task in enumerate(tasks):
-        hit = None if fresh else cache.get(outcome_key(task, fingerprint, max_tokens))
+        hit = None if fresh else cache.lookup(task, fingerprint, max_tokens)
         if hit is not None:
             hit = recheck(task, hit)
         out.append(hit)
