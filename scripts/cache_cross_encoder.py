@@ -146,7 +146,8 @@ def main() -> int:
             point = {"threshold": round(float(t), 2), "hit_rate": round(float(served[same].mean()), 4),
                      "false_hit_rate": round(float(served[~same].mean()), 4)}
             curve.append(point)
-            if point["false_hit_rate"] <= args.max_false_hit_rate and (best is None or point["hit_rate"] > best["hit_rate"]):
+            allowed = point["false_hit_rate"] <= args.max_false_hit_rate
+            if allowed and (best is None or point["hit_rate"] > best["hit_rate"]):
                 best = point
         report["modes"][mode] = {"best_at_max_false_hit_rate": best, "curve": curve}
         print(f"\n{mode}: most hits at <= {args.max_false_hit_rate:.1%} false hits: {best}")
