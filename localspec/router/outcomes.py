@@ -67,8 +67,7 @@ class OutcomeCache:
         hit = self.get(outcome_key(task, fingerprint, max_tokens))
         if hit is not None:
             return hit
-        return self._stopped_below(f"{task.id}|{fingerprint}|{task.prompt_hash()}|", max_tokens,
-                                   lambda e: True)
+        return self._stopped_below(f"{task.id}|{fingerprint}|{task.prompt_hash()}|", max_tokens)
 
     def find(self, task: Task, tier: str, max_tokens: int) -> Outcome | None:
         """A cached outcome for the task's current prompt from any model file (for --from-outcomes,
@@ -77,16 +76,18 @@ class OutcomeCache:
         for key, e in self.entries.items():
             if key.startswith(task.id + "|") and key.endswith(suffix) and e.get("tier") == tier:
                 return recheck(task, Outcome(**e))
-        hit = self._stopped_below(task.id + "|", max_tokens,
-                                  lambda e: e.get("tier") == tier, prompt_hash=task.prompt_hash())
+        hit = self._stopped_below(task.id + "|", max_tokens, tier=tier, prompt_hash=task.prompt_hash())
         return None if hit is None else recheck(task, hit)
 
-    def _stopped_below(self, prefix: str, max_tokens: int, keep: Callable[[dict], bool],
+    def _stopped_below(self, prefix: str, max_tokens: int, tier: str | None = None,
                        prompt_hash: str | None = None) -> Outcome | None:
-        """An entry under `prefix` recorded with a smaller cap whose answer stopped before it."""
+        """An entry under `prefix` (and of `tier`, for `prompt_hash`, when given) recorded with a
+        smaller cap whose answer stopped before it."""
         for key, e in self.entries.items():
             head, _, cap = key.rpartition("|")
-            if not key.startswith(prefix) or not cap.isdigit() or int(cap) >= max_tokens or not keep(e):
+            if not key.startswith(prefix) or not cap.isdigit() or int(cap) >= max_tokens:
+                continue
+            if tier is not None and e.get("tier") != tier:
                 continue
             if prompt_hash is not None and not head.endswith("|" + prompt_hash):
                 continue
