@@ -99,6 +99,19 @@ def test_math_checker(text, ok):
     assert check(MATH, text).passed is ok
 
 
+@pytest.mark.parametrize(("answer", "text", "ok"), [
+    (8160, "Answer: 8160", True),
+    (8160, "Answer: 8,161", False),  # off by one, however large the key
+    (14450, "Answer: 14449", False),
+    (55.555556, "Answer: 55.56", True),  # the key to cents
+    (55.555556, "Answer: 55.6", False),
+    (0.375, "Answer: 0.38", True),
+    (48.3, "Answer: 48.31", False),  # a cent off is a wrong amount
+])
+def test_math_checker_accepts_the_key_to_cents_and_nothing_further(answer, text, ok):
+    assert check(Task("m", "math", "", answer=answer), text).passed is ok
+
+
 def test_math_checker_reads_fractions_and_thousands():
     assert check(Task("f", "math", "", answer=0.375), r"\boxed{\frac{3}{8}}").passed
     assert check(Task("t", "math", "", answer=1015), "Answer: 1,015").passed

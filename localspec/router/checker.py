@@ -8,7 +8,6 @@ limits, an empty environment and, where the kernel allows unprivileged namespace
 from __future__ import annotations
 
 import functools
-import math
 import os
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from localspec.router.answers import extract_code, extract_number
 from localspec.router.tasks import Task
 
 TIMEOUT_S = 10.0
+CENT_SLACK = 0.005 + 1e-9  # half a cent, plus float noise ("0.38" for 0.375 is a rounding)
 _MEMORY_BYTES = 1 << 30
 
 
@@ -40,8 +40,9 @@ def check_math(task: Task, text: str) -> CheckResult:
     if got is None:
         return CheckResult(False, "no number in the answer")
     want = float(task.answer)  # type: ignore[arg-type]
-    # Two decimals of slack: "55.56" answers 500/9; a rounding to whole units does not.
-    ok = math.isclose(got, want, rel_tol=1e-3, abs_tol=0.01)
+    # The key, or the key rounded to cents: "55.56" answers 500/9 (stored as 55.555556). Nothing
+    # further, however large the key: 8161 does not answer 8160 (a relative tolerance would).
+    ok = abs(got - want) <= CENT_SLACK
     return CheckResult(ok, f"answered {got:g}, expected {want:g}")
 
 
