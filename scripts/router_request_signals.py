@@ -17,7 +17,7 @@ else a request-only router could do:
 - references: a perfect request router (the tasks escalation helps first), and a perfect detector
   of the small tier's failures (what a cascade's signal can reach at best).
 
-    python scripts/router_request_signals.py [--out docs/router/request-signals.json]
+    python scripts/router_request_signals.py [--out docs/router/request-signals.json] [--chart ....png]
 
 About 5 minutes on a 2-core CPU (most of it embedding the 383 requests with the 0.5B model).
 Needs the profile's small model and embedding model installed; generates no answers.
@@ -40,6 +40,8 @@ from localspec.router.tasks import TASKS_DIR, Task, kfold, load_tasks
 
 FOLDS = 5
 MAX_TOKENS = 512
+DRAWN = ("kind only (math first)", "learned, as shipped", "learned, P(large passes) - P(small passes)",
+         "ceiling: perfect request router", "ceiling: perfect failure detector (cascade)")
 
 
 def cv_scores(tasks: list[Task], F: np.ndarray, E: np.ndarray | None,
@@ -62,17 +64,44 @@ def cv_scores(tasks: list[Task], F: np.ndarray, E: np.ndarray | None,
     return out
 
 
-def expected_apgr(scores: np.ndarray, small: np.ndarray, large: np.ndarray, draws: int = 500) -> float:
-    """APGR averaged over random orders among tied scores."""
+def expected_quality(scores: np.ndarray, small: np.ndarray, large: np.ndarray, draws: int = 500) -> np.ndarray:
+    """Routed quality at each large share, averaged over random orders among tied scores."""
     rng = np.random.default_rng(0)
-    return float(np.mean([routing_curve(scores, small, large, rng.permutation(len(scores))).apgr
-                          for _ in range(draws)]))
+    return np.mean([routing_curve(scores, small, large, rng.permutation(len(scores))).quality
+                    for _ in range(draws)], axis=0)
+
+
+def draw(curves: dict[str, np.ndarray], small: np.ndarray, large: np.ndarray, path: Path) -> bool:
+    """Quality against large share for each router; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for name, quality in curves.items():
+        shares = np.arange(len(quality)) / (len(quality) - 1)
+        style = ":" if name.startswith("ceiling") else "-"
+        ax.plot(shares, quality, style, label=name)
+    ax.plot([0, 1], [small.mean(), large.mean()], "--", color="grey", label="random (expected)")
+    ax.set_xlabel("share of calls to the large tier")
+    ax.set_ylabel("held-out pass rate")
+    ax.set_title("Request-only routers, 5-fold CV on the 383 shipped tasks")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--outcomes", type=Path, default=TASKS_DIR / "outcomes.json")
     ap.add_argument("--out", type=Path, default=Path("docs/router/request-signals.json"))
+    ap.add_argument("--chart", type=Path, default=Path("docs/router/request-signals.png"))
     ap.add_argument("--resamples", type=int, default=1000)
     args = ap.parse_args()
 
@@ -121,10 +150,14 @@ def main() -> None:
                     "small_quality": round(float(S.mean()), 4), "large_quality": round(float(L.mean()), 4),
                     "routers": {}}
     print(f"{'router':46s} {'APGR [95% CI]':24s} CPT(50%) [95% CI]")
+    curves: dict[str, np.ndarray] = {}
     for name, (scores, how) in routers.items():
         r = evaluate_router(name, scores, S, L, args.resamples, 0)
         tied = len(np.unique(scores)) < len(scores)
-        apgr = expected_apgr(scores, S, L) if tied else r.apgr.value
+        quality = expected_quality(scores, S, L) if tied else r.curve.quality
+        apgr = float(np.mean((quality - S.mean()) / (L.mean() - S.mean())))
+        if name in DRAWN:
+            curves[name] = quality
         d = r.as_dict()
         report["routers"][name] = {"how": how, "apgr": {"value": round(apgr, 4), "ci95": d["apgr"]["ci95"]},
                                    "cpt50": d["cpt50"], "tied_scores_averaged": tied}
@@ -145,6 +178,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(f"written to {args.out}")
+    if draw(curves, S, L, args.chart):
+        print(f"chart written to {args.chart}")
 
 
 if __name__ == "__main__":
