@@ -144,6 +144,7 @@ class ModelManager:
                     emit("skip", done.size, done.size, f"already installed from {done.source}")
                     return done
             failures: list[str] = []
+            fixes: list[str] = []
             integrity = False
             for src in entry.sources:
                 semit = emit.for_source(src.kind)
@@ -152,7 +153,9 @@ class ModelManager:
                     result = self._fetch(entry, src, semit)
                 except SourceUnavailable as exc:
                     failures.append(f"{src.describe()}: {exc.reason}")
-                    semit("failed", message=exc.reason)
+                    if exc.fix:
+                        fixes.append(exc.fix)
+                    semit("failed", message=exc.reason + (f" ({exc.fix})" if exc.fix else ""))
                     continue
                 except DiskFullError:
                     raise  # no other source will fit either
@@ -173,7 +176,8 @@ class ModelManager:
         cls = IntegrityError if integrity else DownloadError
         raise cls(
             f"Could not install {entry.id}: every source failed ({tried}).",
-            "Check the network (or HF_ENDPOINT / HF_HUB_OFFLINE) and retry, or import a local copy "
+            " ".join(fixes) + (" Or " if fixes else "") +
+            "check the network (or HF_ENDPOINT / HF_HUB_OFFLINE) and retry, or import a local copy "
             f"with `localspec models import PATH --id {entry.id}`.",
         )
 

@@ -14,11 +14,12 @@ from localspec.models.store import ManifestFile
 
 
 class SourceUnavailable(Exception):
-    """This source cannot serve the model now; ``reason`` is one short line."""
+    """This source cannot serve the model now; ``reason`` is one short line, ``fix`` what to do."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, fix: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.fix = fix
 
 
 @dataclass(frozen=True)

