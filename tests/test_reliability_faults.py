@@ -18,7 +18,6 @@ from localspec.errors import DiskFullError, IntegrityError, LocalspecError, Mode
 from localspec.models import ModelManager, validate_gguf
 from localspec.service import resolve_models
 from localspec.tui.store import ChatStore
-from tests.conftest import MINILM
 from tests.gguf_factory import make_gguf
 from tests.models_helpers import tmp_store  # noqa: F401  (fixture: a private model store)
 
@@ -65,12 +64,11 @@ def test_broken_installed_model_is_refused_before_llama_cpp(kind, good_bytes, tm
 
 
 @pytest.mark.parametrize("kind", ["zero_bytes", "wrong_magic", "truncated_tensors"])
-def test_broken_embedding_model_is_a_clean_error(kind, tmp_path):
+def test_broken_embedding_model_is_a_clean_error(kind, tmp_path, minilm_path):
     from localspec.server.embeddings import EmbeddingModel
 
-    if not MINILM.exists():
-        pytest.skip("MiniLM not in ../shared/models")
-    bad = _broken(kind, MINILM.read_bytes()[: 4 << 20] if kind == "truncated_tensors" else MINILM.read_bytes()[:4096],
+    good = minilm_path.read_bytes()
+    bad = _broken(kind, good[: 4 << 20] if kind == "truncated_tensors" else good[:4096],
                   tmp_path / "emb.gguf")
     with pytest.raises(IntegrityError):
         EmbeddingModel(bad, n_threads=1)

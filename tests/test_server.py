@@ -222,13 +222,13 @@ def test_fill_in_the_middle(client):
     assert r.model_extra["localspec"]["mode"] == "lookup"
 
 
-def test_models_lists_ids_aliases_and_auto(client):
+def test_models_lists_ids_aliases_and_auto(client, minilm_path):
     ids = {m.id for m in client.models.list().data}
     assert {TARGET_ID, "qwen-coder-1.5b", "auto", "all-minilm-l6-v2-f16"} <= ids
     assert DRAFT_ID not in ids  # the draft is not a chat model of its own here
 
 
-def test_embeddings_base64_and_float(client, ready):
+def test_embeddings_base64_and_float(client, ready, minilm_path):
     r = client.embeddings.create(model="all-minilm-l6-v2-f16", input=["a red apple", "a green apple", "tax law"])
     vecs = [np.array(d.embedding) for d in r.data]  # the client asked for base64 and decoded it
     assert len(vecs) == 3 and vecs[0].shape == (384,)

@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--include-embedding", action="store_true",
                    help="fail when the profile's embedding model cannot be fetched (default: skip it)")
     v.add_argument("--force", action="store_true", help="download again even if installed")
+    v.add_argument("--json", action="store_true",
+                   help="NDJSON on stdout: progress events (at most one a second per phase), then one result per model")
     v.set_defaults(func=cmd_pull)
 
     v = verbs.add_parser("rm", help="remove an installed model")
@@ -124,66 +126,31 @@ def cmd_list(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- pull
 
 
-class _ProgressUI:
-    """Renders ProgressEvents as rich bars: bytes, rate and time left per model and phase."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
-
-        self.console = Console(stderr=True)
-        self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(bar_width=30), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), TextColumn("[dim]{task.fields[note]}"), console=self.console, transient=False,
-        )
-        self.tasks: dict[tuple[str, str], Any] = {}
-
-    def __enter__(self) -> _ProgressUI:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
-
-    def __call__(self, e) -> None:
-        label = {"download": "download", "assemble": "assemble", "verify": "verify"}.get(e.phase)
-        if label:
-            key = (e.model_id, e.phase)
-            if key not in self.tasks:
-                self.tasks[key] = self.progress.add_task(f"{e.model_id} {label}", total=e.bytes_total, note="")
-            task = self.tasks[key]
-            kw: dict[str, Any] = {"completed": e.bytes_done}
-            if e.message:
-                kw["note"] = e.message if len(e.message) <= 40 else e.message[:39] + "…"
-            if e.bytes_total is not None:
-                kw["total"] = e.bytes_total
-            self.progress.update(task, **kw)
-        elif e.phase == "start":
-            self.progress.console.print(f"[bold]{e.model_id}[/]: {e.message}")
-        elif e.phase == "failed":
-            self.progress.console.print(f"  [yellow]source failed[/] {e.source}: {e.message}")
-        elif e.phase in ("done", "skip"):
-            by_id = {t.id: t for t in self.progress.tasks}
-            for (mid, _), task in self.tasks.items():
-                t = by_id.get(task)
-                if mid == e.model_id and t is not None and t.total is not None:
-                    self.progress.update(task, completed=t.total)
-
-
 def cmd_pull(args: argparse.Namespace) -> int:
+    from localspec.cli.pull_progress import JsonView, pull_view
+
     mgr = _manager()
     if args.ids and args.profile:
         from localspec.errors import ConfigError
 
         raise ConfigError("Give model ids or --profile, not both.", "Run one pull per profile.")
-    with _ProgressUI() as ui:
+    view = pull_view(json_lines=args.json)
+    try:
         if args.ids:
-            records = [mgr.pull(i, progress=ui, force=args.force) for i in args.ids]
+            records = [mgr.pull(i, progress=view, force=args.force) for i in args.ids]
             skipped: dict[str, str] = {}
         else:
-            result = mgr.pull_profile(args.profile, progress=ui, include_embedding=args.include_embedding)
+            result = mgr.pull_profile(args.profile, progress=view, include_embedding=args.include_embedding)
             records, skipped = result.installed, result.skipped
+    finally:
+        view.close()
+    if isinstance(view, JsonView):
+        for r in records:
+            view.emit({"event": "installed", "model": r.model_id, "source": r.source, "path": str(r.path),
+                       "size": r.size, "downloaded": r.downloaded})
+        for mid, why in skipped.items():
+            view.emit({"event": "skipped", "model": mid, "optional": True, "reason": why})
+        return 0
     for r in records:
         state = f"installed from {r.source}" if r.downloaded else f"already installed (from {r.source})"
         print(f"{r.model_id}: {state}: {r.path}")
@@ -291,17 +258,31 @@ def cmd_du(args: argparse.Namespace) -> int:
 def ensure_models(profile: str | None = None, ids: list[str | None] | None = None) -> None:
     """Pull what the main job needs on first use, with progress; a no-op once installed.
 
-    The profile's target and draft (or the explicit ids) must be installed; the embedding model is
-    optional and never blocks.
+    The profile's target and draft (or the explicit ids) must be installed. The profile's embedding
+    model (the semantic cache, /v1/embeddings) is fetched too when it can be, and never blocks.
     """
+    from localspec.cli.pull_progress import pull_view
+    from localspec.errors import DownloadError
+
     mgr = _manager()
     prof = mgr.profile(profile)
     wanted = [mgr.resolve(i).id for i in (ids or [prof.target, prof.draft]) if i]  # unknown ids fail here
     missing = [i for i in wanted if mgr.installed_path(i) is None]
-    if not missing:
+    optional = [prof.embedding] if prof.embedding and not ids and mgr.installed_path(prof.embedding) is None else []
+    if not missing and not optional:
         return
-    print(f"First use: fetching {', '.join(missing)} (see `localspec models list`)", file=sys.stderr)
-    with _ProgressUI() as ui:
+    print(f"First use: fetching {', '.join(missing + optional)} (see `localspec models list`)", file=sys.stderr)
+    view = pull_view()
+    try:
         for model_id in missing:
-            record = mgr.pull(model_id, progress=ui)
-            print(f"{record.model_id}: installed from {record.source}", file=sys.stderr)
+            record = mgr.pull(model_id, progress=view)
+            view.note(f"{record.model_id}: installed from {record.source}")
+        for model_id in optional:
+            try:
+                record = mgr.pull(model_id, progress=view)
+                view.note(f"{record.model_id}: installed from {record.source}")
+            except DownloadError as exc:  # IntegrityError is a real problem and propagates
+                view.note(f"{model_id}: not installed (optional: the semantic cache and /v1/embeddings need it). "
+                          f"{exc.fix or ''}".strip())
+    finally:
+        view.close()

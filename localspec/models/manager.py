@@ -143,6 +143,9 @@ class ModelManager:
                 if done is not None:
                     emit("skip", done.size, done.size, f"already installed from {done.source}")
                     return done
+            local = self._from_model_dirs(entry, emit)
+            if local is not None:
+                return local
             failures: list[str] = []
             fixes: list[str] = []
             integrity = False
@@ -180,6 +183,24 @@ class ModelManager:
             "check the network (or HF_ENDPOINT / HF_HUB_OFFLINE) and retry, or import a local copy "
             f"with `localspec models import PATH --id {entry.id}`.",
         )
+
+    def _from_model_dirs(self, entry: ModelEntry, emit: Emitter) -> InstallRecord | None:
+        """The model from the user's own folders (LOCALSPEC_MODEL_DIRS), before any download."""
+        from localspec.models.sources import file
+
+        dirs = file.model_dirs_from_env()
+        if not dirs:
+            return None
+        femit = emit.for_source("file")
+        result = file.fetch_from_dirs(entry, dirs, self.store, femit)
+        if result is None:
+            return None
+        self._check_gguf(entry, result)
+        manifest = Manifest(entry.id, result.source, result.files)
+        self.store.write_manifest(manifest)
+        rec = self._record(entry.id, manifest, downloaded=True, desc=f"local folder copy {result.source['origin']}")
+        femit("done", rec.size, rec.size, f"installed from {result.source['origin']}")
+        return rec
 
     def _fetch(self, entry: ModelEntry, src, emit: Emitter) -> FetchResult:
         # Imported lazily: huggingface_hub takes ~0.5 s to import and pip-only pulls never need it.
