@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from localspec.cache import CacheScope, SemanticCache, cacheable
+from localspec.cache.scope import LOCAL_OWNER
 from localspec.cache.judge import ModelJudge
 from localspec.cache.policy import cache_judge_kind
 from localspec.cache.scorer import PairScorer, ScorerJudge
@@ -231,11 +232,11 @@ class Pipeline:
             _ = self._scorer_judge  # load the weights now: a mismatch is reported at start-up
 
     def submit(self, request: GenerationRequest, route: str | None = None, has_response_format: bool = False,
-               use_cache: bool = True) -> Job:
+               use_cache: bool = True, *, owner: str = LOCAL_OWNER) -> Job:
         """Route, answer from the cache or queue on a tier. Raises RequestError subclasses for bad input.
 
         `route`: "auto" asks the router; a tier name ("small", "large", "remote") is explicit; None
-        is the default tier.
+        is the default tier. `owner`: whose cache entries this request may see and make (an API key's).
         """
         decision = self._decide(request, route)
         name = decision.tier if decision else (route if route and route != "auto" else self.default_tier)
@@ -247,7 +248,7 @@ class Pipeline:
             job.route = {"tier": name, "policy": "explicit", "reason": f"the request named the {name} tier"}
         key = None
         if use_cache:
-            key, bypass = self.cache_key(request, answering, has_response_format)
+            key, bypass = self.cache_key(request, answering, has_response_format, owner=owner)
             if key is None:
                 job.cache = CacheInfo("bypass", reason=bypass)
             else:
@@ -288,8 +289,8 @@ class Pipeline:
             return None
         return self.router.decide(RouteInput.from_request(request))
 
-    def cache_key(self, request: GenerationRequest, tier: LocalTier,
-                  has_response_format: bool = False) -> tuple[CacheKey | None, str | None]:
+    def cache_key(self, request: GenerationRequest, tier: LocalTier, has_response_format: bool = False, *,
+                  owner: str = LOCAL_OWNER) -> tuple[CacheKey | None, str | None]:
         """The scope and prompt this request is cached under, or None and the reason it is not cached."""
         if self.cache is None or not self.settings.cache:
             return None, "cache off"
@@ -312,10 +313,11 @@ class Pipeline:
             earlier = [m.model_dump(exclude_none=True) for m in request.messages[:-1] if m.role != "system"]
             scope = CacheScope.from_request(
                 tier.fingerprint, system, earlier, sampling, bool(request.tools), has_response_format, kind="chat",
+                owner=owner,
             )
             return CacheKey(scope, last.content or ""), None
         scope = CacheScope.from_request(tier.fingerprint, None, (), sampling, False, has_response_format,
-                                        kind="completion")
+                                        kind="completion", owner=owner)
         return CacheKey(scope, request.prompt or ""), None
 
     def _lookup(self, key: CacheKey):

@@ -102,18 +102,23 @@ def test_sampled_requests_and_the_opt_out_bypass_the_cache(client):
 def test_mark_wrong_evicts_and_counts_a_false_hit(srv, client):
     ask(client, "What is 2 + 2? Answer with a digit.")
     hit = ask(client, "What is 2 + 2? Answer with a digit.")
-    entry = cache_of(hit)["entry_id"]
+    entry, token = cache_of(hit)["entry_id"], cache_of(hit)["verdict_token"]
     before = request(srv.base_url, "GET", "/v1/cache/stats").json()["false_hits"]
-    r = request(srv.base_url, "POST", f"/v1/cache/{entry}/wrong")
+    # The entry id alone is not enough: eviction takes the token of the response that served it.
+    assert request(srv.base_url, "POST", f"/v1/cache/{entry}/wrong", json_body={"token": "0" * 32}).status_code == 403
+    assert request(srv.base_url, "POST", f"/v1/cache/{entry}/wrong").status_code == 400
+    r = request(srv.base_url, "POST", f"/v1/cache/{entry}/wrong", json_body={"token": token})
     assert r.status_code == 200 and r.json() == {"entry_id": entry, "evicted": True}
     assert request(srv.base_url, "GET", "/v1/cache/stats").json()["false_hits"] == before + 1
     assert cache_of(ask(client, "What is 2 + 2? Answer with a digit."))["status"] == "miss"
-    assert request(srv.base_url, "POST", f"/v1/cache/{entry[::-1]}/wrong").status_code == 404
-    bad = request(srv.base_url, "POST", "/v1/cache/..%2F..%2Fetc/wrong")
+    again = request(srv.base_url, "POST", f"/v1/cache/{entry}/wrong", json_body={"token": token})
+    assert again.status_code == 404
+    bad = request(srv.base_url, "POST", "/v1/cache/..%2F..%2Fetc/wrong", json_body={"token": token})
     assert bad.status_code in (400, 404) and "Traceback" not in bad.text
 
 
 def test_cache_stats_report_the_semantic_mode(srv):
     stats = request(srv.base_url, "GET", "/v1/cache/stats").json()
     assert stats["mode"] == "semantic" and stats["entries"] >= 1 and stats["exact_hits"] >= 1
+    assert "directory" not in stats and "/" not in stats["detail"] + stats["description"]  # no paths over HTTP
     assert stats["judge"] == "rules"  # started with cache_judge=False

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+LOCAL_OWNER = "local"  # the machine's user: the chat app, and every client of a server without keys
+
 
 def _digest(value: Any) -> str:
     blob = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
@@ -40,6 +42,7 @@ class CacheScope:
     has_tools: bool = False
     has_response_format: bool = False
     kind: str = "chat"  # "chat" (the last user message) or "completion" (a raw prompt)
+    owner: str = LOCAL_OWNER  # whose entries these are: one API key's clients never see another's
 
     @classmethod
     def from_request(
@@ -51,6 +54,8 @@ class CacheScope:
         has_tools: bool = False,
         has_response_format: bool = False,
         kind: str = "chat",
+        *,
+        owner: str = LOCAL_OWNER,
     ) -> CacheScope:
         """`earlier_turns`: the messages before the last user message (dicts or pydantic models)."""
         return cls(
@@ -61,9 +66,13 @@ class CacheScope:
             has_tools=bool(has_tools),
             has_response_format=bool(has_response_format),
             kind=kind,
+            owner=owner,
         )
 
     @property
     def key(self) -> str:
-        return _digest([self.model_hash, self.system_hash, self.history_hash, self.sampling_hash,
-                        self.has_tools, self.has_response_format, self.kind])[:32]
+        parts: list[Any] = [self.model_hash, self.system_hash, self.history_hash, self.sampling_hash,
+                            self.has_tools, self.has_response_format, self.kind]
+        if self.owner != LOCAL_OWNER:  # the local owner's keys stay as they were before owners existed
+            parts.append(self.owner)
+        return _digest(parts)[:32]

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -388,6 +390,33 @@ class SemanticCache:
         except Exception as exc:
             self._counts["store_skipped"] += 1
             logger.warning("answer not cached: %s", exc)
+
+    @functools.cached_property
+    def _verdict_key(self) -> bytes:
+        """The secret behind verdict tokens, kept beside the entries (mode 0600) so tokens outlive a restart."""
+        path = self.directory / "verdict.key"
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.warning("cache verdict key unreadable, using one for this process only: %s", exc)
+            return os.urandom(32)
+        key = os.urandom(32)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(key)
+        except FileExistsError:  # another process made it first: use theirs
+            return path.read_bytes()
+        except OSError as exc:
+            logger.warning("cache verdict key not saved, tokens last for this process only: %s", exc)
+        return key
+
+    def verdict_token(self, entry_id: str, owner: str) -> str:
+        """What a client must send to mark an entry wrong: only the owner it was served to can have it."""
+        return hmac.new(self._verdict_key, f"{owner}\n{entry_id}".encode(), hashlib.sha256).hexdigest()[:32]
 
     def mark_wrong(self, entry_id: str) -> bool:
         """The user says a served answer was wrong: evict it and count a false hit."""

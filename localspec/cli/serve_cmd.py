@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from localspec.cli.options import add_cache_judge_arguments
 from localspec.engine.config import MODES
@@ -20,10 +21,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-ctx", type=int, help="context tokens per slot")
     p.add_argument("--threads", type=int, help="llama.cpp threads")
     p.add_argument("--mode", choices=MODES, help="speculation mode (default: settings.toml or auto)")
-    p.add_argument("--api-key", help="require this Bearer key (default: $LOCALSPEC_API_KEY)")
+    p.add_argument("--api-key", help="require this Bearer key (visible in `ps`: prefer --api-key-file or "
+                                     "$LOCALSPEC_API_KEY)")
+    p.add_argument("--api-key-file", metavar="PATH",
+                   help="require one of the Bearer keys in this file, one per line (mode 0600); each key's "
+                        "clients get their own cache")
+    p.add_argument("--allowed-hosts", action="append", default=[], metavar="NAME",
+                   help="also answer requests addressed to this host name, e.g. host.docker.internal "
+                        "(repeatable; without a key only localhost names are answered)")
+    p.add_argument("--allowed-origins", action="append", default=[], metavar="URL",
+                   help="let web pages from this origin use the server, with CORS (repeatable; pages on "
+                        "localhost are allowed)")
+    p.add_argument("--ssl-certfile", metavar="PEM", help="serve HTTPS with this certificate (with --ssl-keyfile)")
+    p.add_argument("--ssl-keyfile", metavar="PEM", help="the certificate's private key")
     p.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens a request may ask for")
     p.add_argument("--max-body-mb", type=float, default=4.0, help="request body size limit")
-    p.add_argument("--cors-origin", action="append", default=[], help="allow this browser origin (repeatable; default: CORS off)")
+    p.add_argument("--cors-origin", action="append", default=[], help=argparse.SUPPRESS)  # older --allowed-origins
     p.add_argument("--no-embeddings", action="store_true", help="do not serve /v1/embeddings")
     p.add_argument("--no-cache", action="store_true", help="never answer from the semantic cache")
     p.add_argument("--cache-semantic", action="store_true",
@@ -37,28 +50,50 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def settings_from_args(args: argparse.Namespace):
+    from pydantic import ValidationError
+
+    from localspec.errors import ConfigError
     from localspec.server.settings import ServerSettings
 
-    return ServerSettings(
-        host=args.host, port=args.port, api_key=args.api_key, profile=args.profile, target=args.model,
-        draft=args.draft_model, parallel=args.parallel, max_queue=args.max_queue, n_ctx=args.n_ctx,
-        n_threads=args.threads, mode=args.mode, max_tokens_cap=args.max_tokens_cap,
-        max_body_bytes=int(args.max_body_mb * (1 << 20)), cors_origins=args.cors_origin,
-        embeddings=not args.no_embeddings, cache=not args.no_cache, cache_sampled=args.cache_sampled,
-        cache_semantic=args.cache_semantic, cache_judge=args.cache_judge,
-    ).with_env_key()
+    try:
+        return ServerSettings(
+            host=args.host, port=args.port, api_key=args.api_key, api_key_file=args.api_key_file,
+            profile=args.profile, target=args.model, draft=args.draft_model, parallel=args.parallel,
+            max_queue=args.max_queue, n_ctx=args.n_ctx, n_threads=args.threads, mode=args.mode,
+            max_tokens_cap=args.max_tokens_cap, max_body_bytes=int(args.max_body_mb * (1 << 20)),
+            allowed_hosts=args.allowed_hosts, allowed_origins=[*args.allowed_origins, *args.cors_origin],
+            ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+            embeddings=not args.no_embeddings, cache=not args.no_cache, cache_sampled=args.cache_sampled,
+            cache_semantic=args.cache_semantic, cache_judge=args.cache_judge,
+        ).with_env_key()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        flag, dest = _FLAGS.get(field, ("--" + field.replace("_", "-"), field))
+        raise ConfigError(f"Invalid {flag} {getattr(args, dest, err.get('input'))!r}: {err['msg']}.",
+                          "See `localspec serve --help` for each flag's range.") from None
+
+
+# Settings fields whose flag has another name: field -> (flag, argparse dest).
+_FLAGS = {"max_body_bytes": ("--max-body-mb", "max_body_mb"), "n_threads": ("--threads", "threads"),
+          "target": ("--model", "model"), "draft": ("--draft-model", "draft_model"),
+          "cache": ("--no-cache", "no_cache"), "embeddings": ("--no-embeddings", "no_embeddings")}
 
 
 def run(args: argparse.Namespace) -> int:
     from localspec.server import serve
 
+    if args.api_key:
+        print("warning: a key given with --api-key is visible to every user of this machine (`ps`); "
+              "use --api-key-file PATH or $LOCALSPEC_API_KEY instead", file=sys.stderr)
     settings = settings_from_args(args)
     settings.check_bind()  # before any download or model load
     if not args.no_pull:
         from localspec.cli.models_cmd import ensure_models
 
         ensure_models(args.profile, [args.model, args.draft_model] if args.model else None)
-    print(f"localspec: serving http://{settings.host}:{settings.port}/v1 (models load in the background; "
+    scheme = "https" if settings.ssl_certfile else "http"
+    print(f"localspec: serving {scheme}://{settings.host}:{settings.port}/v1 (models load in the background; "
           f"GET /health says when ready)")
     serve(settings)
     return 0

@@ -23,7 +23,12 @@ from localspec.engine import llama_log
 WINDOW = 512  # MiniLM's positions; also n_ctx, n_batch and n_ubatch
 # Recent texts' vectors are kept: a cache lookup embeds the new prompt, and its judge (the pair
 # scorer) then needs that vector and the saved prompt's again. 256 vectors of 384 floats: 400 KB.
+# They are keyed by a digest of the text, never the text: a client's long inputs must not stay in memory.
 RECENT = 256
+
+
+def _text_key(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def file_fingerprint(path: str | os.PathLike[str]) -> str:
@@ -54,7 +59,7 @@ class Embedder:
         self.window = window
         self.fingerprint = file_fingerprint(self.model_path)
         self._lock = threading.Lock()
-        self._recent: OrderedDict[str, np.ndarray | None] = OrderedDict()
+        self._recent: OrderedDict[bytes, np.ndarray | None] = OrderedDict()
         self._llm = llama_cpp.Llama(
             model_path=str(self.model_path), embedding=True, n_ctx=window, n_batch=window,
             n_ubatch=window, n_threads=n_threads, n_threads_batch=n_threads, verbose=False,
@@ -71,13 +76,14 @@ class Embedder:
 
     def embed(self, text: str) -> np.ndarray | None:
         """The unit vector for `text`, or None when it is empty or longer than the window."""
+        key = _text_key(text)
         with self._lock:
-            if text in self._recent:
-                self._recent.move_to_end(text)
-                vec = self._recent[text]
+            if key in self._recent:
+                self._recent.move_to_end(key)
+                vec = self._recent[key]
                 return None if vec is None else vec.copy()
             vec = self._embed(text)
-            self._recent[text] = vec
+            self._recent[key] = vec
             if len(self._recent) > RECENT:
                 self._recent.popitem(last=False)
         return None if vec is None else vec.copy()

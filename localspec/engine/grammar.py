@@ -9,17 +9,68 @@ grammar only as a filter on the target's logits:
   an allowed t with p(t); otherwise, with probability 1 - V, the second gives p(t)/V).
 
 llama.cpp aborts the process when a grammar is made to accept a token it refuses, so callers
-only `accept` tokens that `allows`/`best` approved.
+only `accept` tokens that `allows`/`best` approved. Its parser recurses once per nested group:
+grammars are bounded first (`grammar_limits.check_gbnf`) and parsed on a thread of our own with a
+known, large stack, whatever thread asked.
 """
 
 from __future__ import annotations
 
 import ctypes
+import queue
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import llama_cpp
 import numpy as np
 
+from localspec.engine.grammar_limits import check_gbnf
 from localspec.errors import RequestError
+
+_T = TypeVar("_T")
+PARSER_STACK_BYTES = 256 << 20  # address space, not memory: pages are touched only as deep as a parse goes
+
+
+class _BigStackThread:
+    """One daemon thread with a large stack that runs calls in order and hands back their results."""
+
+    def __init__(self, stack_bytes: int) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], object], queue.SimpleQueue[tuple[bool, object]]]] = (
+            queue.SimpleQueue())
+        self._stack_bytes = stack_bytes
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _start(self) -> None:
+        old = threading.stack_size(self._stack_bytes)
+        try:
+            self._thread = threading.Thread(target=self._loop, name="localspec-grammar", daemon=True)
+            self._thread.start()
+        finally:
+            threading.stack_size(old)
+
+    def _loop(self) -> None:
+        while True:
+            call, reply = self._calls.get()
+            try:
+                reply.put((True, call()))
+            except BaseException as exc:  # handed to the caller, which raises it
+                reply.put((False, exc))
+
+    def run(self, call: Callable[[], _T]) -> _T:
+        with self._lock:
+            if self._thread is None:
+                self._start()
+        reply: queue.SimpleQueue[tuple[bool, object]] = queue.SimpleQueue()
+        self._calls.put((call, reply))
+        ok, value = reply.get()
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value  # type: ignore[return-value]
+
+
+_PARSER = _BigStackThread(PARSER_STACK_BYTES)
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 _CANDIDATES = 32  # logits checked per round when looking for the allowed argmax
@@ -35,8 +86,11 @@ class Grammar:
 
     @classmethod
     def compile(cls, vocab, n_vocab: int, gbnf: str, eos: int, root: str = "root") -> Grammar:
-        """Parse GBNF for a vocabulary (a `llama_vocab` pointer). Raises RequestError on bad syntax."""
-        smpl = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), root.encode("utf-8"))
+        """Parse GBNF for a vocabulary (a `llama_vocab` pointer). Raises RequestError when the grammar
+        is over the bounds (GrammarTooLarge) or has bad syntax."""
+        check_gbnf(gbnf)
+        text, start = gbnf.encode("utf-8"), root.encode("utf-8")
+        smpl = _PARSER.run(lambda: llama_cpp.llama_sampler_init_grammar(vocab, text, start))
         if not smpl:
             raise RequestError(
                 "The grammar could not be parsed by llama.cpp.",

@@ -258,7 +258,7 @@ class ModelManager:
             except (DownloadError, IntegrityError) as exc:
                 if isinstance(exc, DiskFullError) or not optional or include_embedding:
                     raise
-                out.skipped[mid] = exc.cause
+                out.skipped[mid] = str(exc)  # the cause and the fix
         return out
 
     def import_file(self, path: Path | str, model_id: str | None = None, role: str = "target",

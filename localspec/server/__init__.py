@@ -15,4 +15,5 @@ def serve(settings: ServerSettings) -> None:
     settings.check_bind()
     app = create_app(settings)
     # Running requests get this long to finish on shutdown; the rest are cancelled.
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10)
+    tls = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)} if settings.ssl_certfile else {}
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10, **tls)

@@ -8,17 +8,18 @@ queue. A client that goes away cancels its request, which frees the slot at the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import queue
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
@@ -32,8 +33,12 @@ from localspec.server.backend import Backend, Loader
 from localspec.server.embeddings import encode
 from localspec.server.errors import ERROR_RESPONSES, APIError, error_json
 from localspec.server.errors import install as install_errors
+from localspec.server.guards import (LOCAL_PRINCIPAL, PRINCIPAL_KEY, Allowed, Auth, BodyLimit, HostGuard,
+                                     loopback_origin_regex)
+from localspec.server.redact import redact_paths
 from localspec.server.schemas import (
     CacheVerdict,
+    CacheVerdictRequest,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -62,67 +67,12 @@ from localspec.server.schemas import (
 from localspec.server.settings import ServerSettings
 
 _POLL_S = 0.004  # how often a waiting handler looks at its event queue
-_OPEN_PATHS = {"/health", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"}
 # Before OpenAPI 3.2 an event stream's `schema` describes one event (its `data:` field), not the whole body.
 _SSE = {"text/event-stream": {"schema": {
     "type": "object", "required": ["data"],
     "properties": {"data": {"type": "string", "description": "a chunk's JSON; the last event is [DONE]"},
                    "event": {"type": "string"}},
 }}}
-
-
-class _BodyLimit:
-    """413 for a body over the limit, by Content-Length or by counting a chunked body."""
-
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            return await _send_error(send, 413, f"The request body is over the {self.limit} byte limit.", "body_too_large")
-        seen = 0
-
-        async def limited():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    # An HTTPException passes FastAPI's body parsing unchanged (other errors become 400).
-                    raise HTTPException(413, f"The request body is over the {self.limit} byte limit.")
-            return message
-
-        return await self.app(scope, limited, send)
-
-
-class _Auth:
-    """Bearer key check with a constant-time compare; /health and the docs stay open."""
-
-    def __init__(self, app, key: str) -> None:
-        self.app, self.key = app, key.encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        auth = headers.get(b"authorization", b"")
-        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
-        if not hmac.compare_digest(given, self.key):
-            return await _send_error(send, 401, "Missing or incorrect API key (send Authorization: Bearer <key>).",
-                                     "invalid_api_key", {"www-authenticate": "Bearer"})
-        return await self.app(scope, receive, send)
-
-
-async def _send_error(send, status: int, message: str, code: str, headers: dict[str, str] | None = None) -> None:
-    body = json.dumps(error_json(status, message, code)).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
 
 
 class Admission:
@@ -132,15 +82,26 @@ class Admission:
         self.capacity = capacity
         self.retry_after_s = retry_after_s
         self.handles: set[Job] = set()
+        self.held = 0  # work admitted outside the engine (embeddings), counted against the same capacity
 
     def unfinished(self) -> int:
         self.handles = {h for h in self.handles if not h.done.is_set()}
-        return len(self.handles)
+        return len(self.handles) + self.held
 
     def check(self) -> None:
         if self.unfinished() >= self.capacity:
             raise APIError(429, f"The server is busy ({self.capacity} requests running or queued). Retry shortly.",
                            "queue_full", headers={"Retry-After": str(self.retry_after_s)})
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Admit one piece of work that is not an engine job, for as long as the block runs."""
+        self.check()
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
 
 
 def create_app(
@@ -176,7 +137,7 @@ def create_app(
     def backend() -> Backend:
         if loader.backend is None:
             if loader.error:
-                raise APIError(503, f"Loading the models failed: {loader.error}", "model_load_failed")
+                raise APIError(503, f"Loading the models failed: {redact_paths(loader.error)}", "model_load_failed")
             raise APIError(503, "The models are still loading; retry in a few seconds.", "model_loading",
                            headers={"Retry-After": str(s.retry_after_s)})
         return loader.backend
@@ -191,10 +152,11 @@ def create_app(
             raise APIError(404, f"The model '{name}' does not exist on this server (serving: {served}).",
                            "model_not_found", "model")
 
-    async def submit(b: Backend, plan: translate.Plan, model: str) -> Job:
+    async def submit(b: Backend, plan: translate.Plan, model: str, principal: str) -> Job:
         admission.check()
         try:
-            job = await asyncio.to_thread(b.pipeline.submit, plan.request, b.route_for(model), plan.grammar, plan.cache)
+            job = await asyncio.to_thread(b.pipeline.submit, plan.request, b.route_for(model), plan.grammar,
+                                          plan.cache, owner=principal)
         except ContextOverflowError as exc:
             raise APIError(
                 400, f"This prompt has {exc.prompt_tokens} tokens but the model's context holds {exc.n_ctx} tokens "
@@ -275,7 +237,16 @@ def create_app(
             route_reason=job.route["reason"] if job.route else None,
         ))
 
-    def extension(done: Done, plan: translate.Plan, job: Job) -> Extension:
+    def cache_info(job: Job, who: str) -> dict[str, Any] | None:
+        """The cache's part of the response; a hit carries the token that lets its owner mark it wrong."""
+        if job.cache is None:
+            return None
+        info = job.cache.as_dict()
+        if job.cache.entry_id and loader.backend is not None and loader.backend.pipeline.cache is not None:
+            info["verdict_token"] = loader.backend.pipeline.cache.verdict_token(job.cache.entry_id, who)
+        return info
+
+    def extension(done: Done, plan: translate.Plan, job: Job, who: str) -> Extension:
         st = done.stats
         return Extension(
             mode=st.mode, k=plan.request.k, grammar="enforced" if plan.grammar else "none", fallback=plan.fallback,
@@ -286,7 +257,7 @@ def create_app(
                 "prefill_ms": round(st.prefill_ms, 2), "ttft_ms": round(st.ttft_ms, 2),
                 "decode_ms": round(st.decode_ms, 2), "tokens_per_second": round(st.tokens_per_second, 2),
             },
-            cache=job.cache.as_dict() if job.cache else None,
+            cache=cache_info(job, who),
             route=job.route,
         )
 
@@ -331,6 +302,13 @@ def create_app(
             field = ".".join(str(p) for p in err["loc"]) or None
             raise APIError(400, f"{field}: {err['msg']}" if field else err["msg"], "invalid_value", field) from exc
 
+    async def plan(fn, *args) -> translate.Plan:
+        """Schema checks and grammar conversion cost CPU: never on the event loop."""
+        return await asyncio.to_thread(plan_or_400, fn, *args)
+
+    def principal(request: Request) -> str:
+        return str(request.scope.get(PRINCIPAL_KEY, LOCAL_PRINCIPAL))
+
     def sse(obj) -> bytes:
         return b"data: " + obj.model_dump_json(exclude_none=True).encode() + b"\n\n"
 
@@ -339,7 +317,7 @@ def create_app(
     @app.get("/health", response_model=Health, responses={503: {"model": Health, "description": "Loading"}})
     async def health() -> JSONResponse:
         state = loader.state
-        body = Health(status=state, detail=loader.error)
+        body = Health(status=state, detail=redact_paths(loader.error) if loader.error else None)
         return JSONResponse(body.model_dump(exclude_none=True), 200 if state == "ok" else 503)
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
@@ -369,14 +347,15 @@ def create_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         b = backend()
         check_model(b, body.model, b.target_names)
-        plan = plan_or_400(translate.chat_plan, body, s.max_tokens_cap)
+        who = principal(request)
+        plan_ = await plan(translate.chat_plan, body, s.max_tokens_cap)
         t0 = time.perf_counter()
-        job = await submit(b, plan, body.model)
+        job = await submit(b, plan_, body.model, who)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if body.stream:
             return StreamingResponse(
-                stream_chat(b, body, plan, job, rid, created, t0), media_type="text/event-stream",
+                stream_chat(b, body, plan_, job, rid, created, t0, who), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         tokens, done = await collect(b, job, request)
@@ -385,18 +364,18 @@ def create_app(
         finish(b, job, done, t0, rid)
         engine_failed(done)
         content, calls = done.text, []
-        if plan.tool_mode:
-            content, calls = translate.parse_tool_calls(done.text, plan.tool_mode == "forced")
+        if plan_.tool_mode:
+            content, calls = translate.parse_tool_calls(done.text, plan_.tool_mode == "forced")
         reason = "tool_calls" if calls else done.finish_reason
         return ChatCompletion(
-            id=rid, created=created, model=body.model, usage=usage(done), localspec=extension(done, plan, job),
+            id=rid, created=created, model=body.model, usage=usage(done), localspec=extension(done, plan_, job, who),
             choices=[ChatChoice(
                 message=ChatMessageOut(content=content, tool_calls=calls or None), finish_reason=reason,
                 logprobs=chat_logprobs(b, tokens) if body.logprobs else None,
             )],
         )
 
-    async def stream_chat(b, body: ChatCompletionRequest, plan, job, rid, created, t0) -> AsyncIterator[bytes]:
+    async def stream_chat(b, body: ChatCompletionRequest, plan, job, rid, created, t0, who) -> AsyncIterator[bytes]:
         def chunk(delta: ChatDelta, **kw) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=rid, created=created, model=body.model,
                                        choices=[ChatChunkChoice(delta=delta, **kw)])
@@ -433,7 +412,7 @@ def create_app(
                 yield sse(chunk(ChatDelta(content=content)))
         lp = chat_logprobs(b, pending_lp) if body.logprobs and pending_lp else None
         final = chunk(ChatDelta(), finish_reason=reason, logprobs=lp)
-        final.localspec = extension(done, plan, job)
+        final.localspec = extension(done, plan, job, who)
         yield sse(final)
         if body.stream_options and body.stream_options.include_usage:
             yield sse(ChatCompletionChunk(id=rid, created=created, model=body.model, choices=[], usage=usage(done)))
@@ -446,15 +425,16 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request):
         b = backend()
         check_model(b, body.model, b.target_names)
-        plan = plan_or_400(translate.completion_plan, body, s.max_tokens_cap, fim_supported(b))
+        who = principal(request)
+        plan_ = await plan(translate.completion_plan, body, s.max_tokens_cap, fim_supported(b))
         t0 = time.perf_counter()
-        job = await submit(b, plan, body.model)
+        job = await submit(b, plan_, body.model, who)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         echo = body.prompt if (body.echo and body.suffix is None and isinstance(body.prompt, str)) else ""
         if body.stream:
             return StreamingResponse(
-                stream_completion(b, body, plan, job, rid, created, t0, echo), media_type="text/event-stream",
+                stream_completion(b, body, plan_, job, rid, created, t0, echo, who), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         tokens, done = await collect(b, job, request)
@@ -463,14 +443,14 @@ def create_app(
         finish(b, job, done, t0, rid)
         engine_failed(done)
         return Completion(
-            id=rid, created=created, model=body.model, usage=usage(done), localspec=extension(done, plan, job),
+            id=rid, created=created, model=body.model, usage=usage(done), localspec=extension(done, plan_, job, who),
             choices=[CompletionChoice(
                 text=echo + done.text, finish_reason=done.finish_reason,
                 logprobs=completion_logprobs(b, tokens) if body.logprobs is not None else None,
             )],
         )
 
-    async def stream_completion(b, body: CompletionRequest, plan, job, rid, created, t0, echo) -> AsyncIterator[bytes]:
+    async def stream_completion(b, body: CompletionRequest, plan, job, rid, created, t0, echo, who) -> AsyncIterator[bytes]:
         def chunk(text: str, **kw) -> Completion:
             return Completion(id=rid, created=created, model=body.model, choices=[CompletionChoice(text=text, **kw)])
 
@@ -493,7 +473,7 @@ def create_app(
             yield b"data: [DONE]\n\n"
             return
         final = chunk("", finish_reason=done.finish_reason)
-        final.localspec = extension(done, plan, job)
+        final.localspec = extension(done, plan, job, who)
         yield sse(final)
         if body.stream_options and body.stream_options.include_usage:
             yield sse(Completion(id=rid, created=created, model=body.model, choices=[], usage=usage(done)))
@@ -515,26 +495,36 @@ def create_app(
         if not texts or not all(isinstance(t, str) for t in texts):
             raise APIError(400, "input must be a string or a non-empty list of strings (token ids are not supported).",
                            "invalid_value", "input")
+        if len(texts) > s.max_embedding_inputs:
+            raise APIError(400, f"input has {len(texts)} texts; this server embeds at most {s.max_embedding_inputs} "
+                           "per request. Send them in several requests.", "too_many_inputs", "input")
         if body.dimensions is not None:
             raise APIError(400, "dimensions is not supported by this embedding model.", "unsupported_value", "dimensions")
-        try:
-            model = await asyncio.to_thread(b.embedder)
-        except (LocalspecError, ValueError) as exc:  # a broken embedding file: the server is fine, this model is not
-            raise APIError(503, f"The embedding model cannot be loaded: {exc}", "model_unusable") from exc
-        try:
-            vectors, n = await asyncio.to_thread(model.embed, texts)
-        except RequestError as exc:
-            raise APIError(400, str(exc), "invalid_value", "input") from exc
+        with admission.hold():  # embeddings share the server's capacity with generations
+            try:
+                model = await asyncio.to_thread(b.embedder)
+            except (LocalspecError, ValueError) as exc:  # a broken embedding file: the server is fine, this model is not
+                raise APIError(503, f"The embedding model cannot be loaded: {redact_paths(str(exc))}",
+                               "model_unusable") from exc
+            try:
+                vectors, n = await asyncio.to_thread(model.embed, texts, max_tokens=s.max_embedding_tokens)
+            except RequestError as exc:
+                raise APIError(400, str(exc), "invalid_value", "input") from exc
         data = [Embedding(index=i, embedding=encode(v, body.encoding_format)) for i, v in enumerate(vectors)]
         return EmbeddingList(data=data, model=body.model, usage=EmbeddingUsage(prompt_tokens=n, total_tokens=n))
 
     @app.post("/v1/cache/{entry_id}/wrong", response_model=CacheVerdict, responses=ERROR_RESPONSES)
-    async def mark_cached_wrong(entry_id: str) -> CacheVerdict:
-        """The answer served from this cache entry was wrong: evict it and count a false hit."""
+    async def mark_cached_wrong(entry_id: str, body: CacheVerdictRequest, request: Request) -> CacheVerdict:
+        """The answer served from this cache entry was wrong: evict it and count a false hit. Only the
+        client the answer was served to can: it sends the `verdict_token` from that response."""
         b = backend()
         if not re.fullmatch(r"[0-9a-f]{32}", entry_id):
             raise APIError(400, "entry_id is the 32-hex-digit id from a response's localspec.cache.entry_id.",
                            "invalid_value", "entry_id")
+        cache = b.pipeline.cache
+        if cache is None or not hmac.compare_digest(cache.verdict_token(entry_id, principal(request)), body.token):
+            raise APIError(403, "This token does not mark that entry: send the verdict_token from the response that "
+                           "served it (localspec.cache.verdict_token), with the same API key.", "invalid_token", "token")
         if not await asyncio.to_thread(b.pipeline.mark_wrong, entry_id):
             raise APIError(404, f"No cache entry {entry_id} (already evicted or expired).", "not_found", "entry_id")
         return CacheVerdict(entry_id=entry_id, evicted=True)
@@ -545,16 +535,21 @@ def create_app(
         cache = b.pipeline.cache
         if cache is None:
             return {"mode": "off", "detail": "started with --no-cache"}
-        return {"mode": cache.mode, "detail": cache.describe(), "judge": b.pipeline.semantic_judge,
-                **await asyncio.to_thread(cache.stats)}
+        stats = {k: v for k, v in (await asyncio.to_thread(cache.stats)).items() if k != "directory"}
+        return {"mode": cache.mode, "detail": redact_paths(cache.describe()), "judge": b.pipeline.semantic_judge,
+                **stats, "description": redact_paths(str(stats.get("description", "")))}
 
-    # Middlewares wrap in reverse order: the body limit runs first, then auth, then CORS.
-    if s.cors_origins:
-        from fastapi.middleware.cors import CORSMiddleware
+    # Each add_middleware wraps what is there: the last added runs first. Outermost to innermost:
+    # host/origin guard (no keys), body limit, CORS (answers preflights before auth), auth (keys).
+    keys = s.keys()
+    if keys:
+        app.add_middleware(Auth, keys=keys)
+    from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=s.cors_origins, allow_methods=["*"], allow_headers=["*"])
-    if s.api_key:
-        app.add_middleware(_Auth, key=s.api_key)
-    app.add_middleware(_BodyLimit, limit=s.max_body_bytes)
+    app.add_middleware(CORSMiddleware, allow_origins=s.origins, allow_origin_regex=loopback_origin_regex(),
+                       allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(BodyLimit, limit=s.max_body_bytes)
+    if not keys:
+        allowed = Allowed.build(bound_host=s.host, extra_hosts=s.allowed_hosts, extra_origins=s.origins)
+        app.add_middleware(HostGuard, allowed=allowed)
     return app
-

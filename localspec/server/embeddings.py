@@ -24,19 +24,27 @@ class EmbeddingModel:
     def window(self) -> int:
         return self._embedder.window
 
-    def embed(self, texts: list[str]) -> tuple[list[np.ndarray], int]:
-        """Unit vectors for `texts` and the tokens they took. Raises RequestError for a text that does not fit."""
-        vectors: list[np.ndarray] = []
-        tokens = 0
+    def embed(self, texts: list[str], *, max_tokens: int | None = None) -> tuple[list[np.ndarray], int]:
+        """Unit vectors for `texts` and the tokens they took. Every text is measured before any is
+        embedded: a text that does not fit, or a request over `max_tokens` in all, raises RequestError
+        and costs no embedding work."""
+        counts = []
         for i, text in enumerate(texts):
             n = self._embedder.count_tokens(text)
-            vec = self._embedder.embed(text)
-            if vec is None:
+            if not text or n > self.window:
                 what = "is empty" if not text else f"has {n} tokens; the embedding model takes at most {self.window}"
                 raise RequestError(f"Input {i} {what}.", "Split long texts into chunks.")
+            counts.append(n)
+        if max_tokens is not None and sum(counts) > max_tokens:
+            raise RequestError(f"The inputs have {sum(counts)} tokens together; this server embeds at most "
+                               f"{max_tokens} per request.", "Send them in several requests.")
+        vectors: list[np.ndarray] = []
+        for i, text in enumerate(texts):
+            vec = self._embedder.embed(text)
+            if vec is None:
+                raise RequestError(f"Input {i} cannot be embedded.", "Check the text.")
             vectors.append(vec)
-            tokens += n
-        return vectors, tokens
+        return vectors, sum(counts)
 
     def close(self) -> None:
         self._embedder.close()

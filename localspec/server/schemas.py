@@ -341,6 +341,11 @@ class CacheVerdict(BaseModel):
     evicted: bool
 
 
+class CacheVerdictRequest(_Body):
+    token: str = Field(max_length=128, description="localspec.cache.verdict_token from the response that served "
+                                                   "the entry")
+
+
 class Health(BaseModel):
     status: Literal["ok", "loading", "error"]
     detail: str | None = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import stat
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -20,6 +22,16 @@ class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = Field(None, description=f"Bearer key; defaults to ${API_KEY_ENV}")
+    api_key_file: Path | None = Field(None, description="a file of Bearer keys, one per line; each key is its own "
+                                                        "cache scope")
+    allowed_hosts: list[str] = Field(default_factory=list, description="Host names answered beyond loopback "
+                                                                       "(without a key)")
+    allowed_origins: list[str] = Field(default_factory=list, description="browser origins allowed (and given CORS) "
+                                                                         "beyond loopback pages")
+    ssl_certfile: Path | None = Field(None, description="TLS certificate (PEM); with ssl_keyfile, serve HTTPS")
+    ssl_keyfile: Path | None = Field(None, description="TLS private key (PEM)")
+    max_embedding_inputs: int = Field(2048, ge=1, description="texts in one /v1/embeddings request")
+    max_embedding_tokens: int = Field(65536, ge=1, description="tokens in one /v1/embeddings request, all inputs")
     profile: str | None = None
     target: str | None = None  # model ids overriding the profile's
     draft: str | None = None
@@ -30,7 +42,7 @@ class ServerSettings(BaseModel):
     mode: str | None = Field(None, description="engine speculation mode; default: settings/auto")
     max_body_bytes: int = Field(4 << 20, ge=1024)
     max_tokens_cap: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
-    cors_origins: list[str] = Field(default_factory=list, description="empty: CORS off")
+    cors_origins: list[str] = Field(default_factory=list, description="older name of allowed_origins")
     retry_after_s: int = Field(2, ge=1)
     embeddings: bool = Field(True, description="serve the profile's embedding model on /v1/embeddings")
     cache: bool = Field(True, description="answer repeated deterministic requests from the semantic cache")
@@ -51,13 +63,50 @@ class ServerSettings(BaseModel):
             return self.model_copy(update={"api_key": os.environ[API_KEY_ENV]})
         return self
 
+    @property
+    def origins(self) -> list[str]:
+        return [*self.allowed_origins, *self.cors_origins]
+
+    def keys(self) -> list[str]:
+        """Every Bearer key: --api-key (or $LOCALSPEC_API_KEY) and the lines of --api-key-file."""
+        keys = [self.api_key] if self.api_key else []
+        if self.api_key_file is not None:
+            keys += read_key_file(self.api_key_file)
+        return keys
+
     def check_bind(self) -> None:
-        """Refuse to expose an unauthenticated model server beyond this machine."""
-        if not is_loopback(self.host) and not self.api_key:
+        """Refuse to expose an unauthenticated model server beyond this machine, or half a TLS setup."""
+        keys = self.keys()
+        if not is_loopback(self.host) and not keys:
             raise ConfigError(
                 f"Refusing to listen on {self.host} without an API key: anyone on the network could use it.",
-                f"Pass --api-key (or set {API_KEY_ENV}), or bind to 127.0.0.1.",
+                f"Pass --api-key-file PATH (or set {API_KEY_ENV}), or bind to 127.0.0.1.",
             )
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ConfigError("TLS needs both a certificate and its key.", "Pass --ssl-certfile and --ssl-keyfile.")
+        for label, path in (("certificate", self.ssl_certfile), ("key", self.ssl_keyfile)):
+            if path is not None and not Path(path).is_file():
+                raise ConfigError(f"The TLS {label} {path} does not exist.", "Give the path of a PEM file.")
+
+
+def read_key_file(path: Path) -> list[str]:
+    """Keys, one per line (blank lines and `#` comments skipped). The file must be readable by its owner only."""
+    try:
+        mode = Path(path).stat().st_mode
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the API key file {path}: {exc.strerror}.", "Give a readable file.") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"The API key file {path} is readable by other users (mode {stat.S_IMODE(mode):o}).",
+                          f"Run `chmod 600 {path}`.")
+    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise ConfigError(f"The API key file {path} holds no key.", "Write one key per line.")
+    bad = [i for i, k in enumerate(keys, 1) if any(c.isspace() or not c.isprintable() for c in k)]
+    if bad:
+        raise ConfigError(f"Key {bad[0]} in {path} contains spaces or control characters.",
+                          "Write one key per line, with no spaces inside a key.")
+    return keys
 
 
 def is_loopback(host: str) -> bool:

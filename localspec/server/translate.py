@@ -14,6 +14,7 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import GenerationRequest
+from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf, check_schema
 from localspec.engine.sampling import SamplingParams
 from localspec.server.errors import APIError
 from localspec.server.schemas import (
@@ -64,13 +65,22 @@ def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict:
     )
 
 
-def schema_grammar(schema: dict | None) -> str:
+def schema_grammar(schema: dict | None, field: str = "response_format.json_schema.schema",
+                   checked: bool = False) -> str:
+    """GBNF for a JSON schema, after checking it against the grammar bounds (400 naming the field)."""
     if not schema:
         return JSON_GBNF
+    param = field.split(".")[0].split("[")[0]
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        if not checked:
+            check_schema(schema, field)
+        gbnf = json_schema_to_gbnf(json.dumps(schema))
+        check_gbnf(gbnf)
+    except GrammarTooLarge as exc:
+        raise APIError(400, exc.cause, "schema_too_large", param) from exc
     except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
-        raise APIError(400, f"Unsupported JSON schema: {exc}", "invalid_schema", "response_format") from exc
+        raise APIError(400, f"Unsupported JSON schema: {exc}", "invalid_schema", param) from exc
+    return gbnf
 
 
 def _text(m: ChatMessageIn) -> str:
@@ -115,18 +125,21 @@ def _tool_grammar(body: ChatCompletionRequest) -> str:
         if not tools:
             raise APIError(400, f"tool_choice names '{body.tool_choice.function.name}', which is not in tools.",
                            "invalid_value", "tool_choice")
-    options = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": t.function.name},
-                "arguments": t.function.parameters or {"type": "object"},
-            },
-            "required": ["name", "arguments"],
-        }
-        for t in tools
-    ]
-    return schema_grammar(options[0] if len(options) == 1 else {"oneOf": options})
+    options = []
+    for i, t in enumerate(tools):
+        params = t.function.parameters or {"type": "object"}
+        try:
+            check_schema(params, f"tools[{i}].function.parameters")
+        except GrammarTooLarge as exc:
+            raise APIError(400, exc.cause, "schema_too_large", "tools") from exc
+        options.append({"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": params},
+                        "required": ["name", "arguments"]})
+    combined = options[0] if len(options) == 1 else {"oneOf": options}
+    try:
+        check_schema(combined, "tools")  # the tools together: total size
+    except GrammarTooLarge as exc:
+        raise APIError(400, exc.cause, "schema_too_large", "tools") from exc
+    return schema_grammar(combined, "tools", checked=True)
 
 
 def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:

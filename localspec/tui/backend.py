@@ -228,7 +228,9 @@ class _RemoteGeneration:
         cache, route = ext.get("cache") or {}, ext.get("route")
         if cache:
             self.cached = cache.get("status") == "hit"
-            self.cache_entry = cache.get("entry_id") if self.cached else None
+            # The handle F3 gives back: the entry and the token that lets this client mark it wrong.
+            entry, token = cache.get("entry_id"), cache.get("verdict_token")
+            self.cache_entry = f"{entry}.{token}" if self.cached and entry and token else None
         if route:
             self.route = f"{route.get('tier')} ({route.get('reason')})"
 
@@ -282,9 +284,10 @@ class RemoteBackend:
         return _RemoteGeneration(self.client, "auto" if route == "auto" else self.model, request, self._clock)
 
     def mark_wrong(self, entry_id: str) -> bool:
-        """Tell the server a cached answer was wrong (POST /v1/cache/{id}/wrong)."""
+        """Tell the server a cached answer was wrong (POST /v1/cache/{id}/wrong with the answer's token)."""
+        entry, _, token = entry_id.partition(".")
         try:
-            self.client.post(f"/cache/{entry_id}/wrong", cast_to=object, body={})
+            self.client.post(f"/cache/{entry}/wrong", cast_to=object, body={"token": token})
             return True
         except Exception as exc:
             logger.warning("marking cache entry %s wrong failed: %s", entry_id, exc)

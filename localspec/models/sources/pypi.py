@@ -143,7 +143,8 @@ def pip_download(pip: Pip, pkg: str, dest: Path, extra: list[str],
             try:
                 line = lines.get(timeout=_POLL_S)
             except queue.Empty:  # no output for a while: pip is downloading quietly (pip < 24.1)
-                if not pip.raw_progress and (landed := _bytes_landed(tmp)) != last:
+                # Only growth counts: once the download is complete pip moves the file away.
+                if not pip.raw_progress and (landed := _bytes_landed(tmp)) > last:
                     last = landed
                     on_progress(landed, total)
                 continue

@@ -1,0 +1,188 @@
+"""How large a JSON schema or a grammar may be before anything compiles it.
+
+llama.cpp's grammar parser recurses once per nested group, and a schema repetition becomes one
+nested group per repeat: `{"type": "string", "maxLength": 20000}` turned into 20,000 nested groups
+and a segfault on an 8 MiB thread stack. So every quantity that a schema turns into grammar size
+or depth is bounded here, in one place (SECURITY.md lists these numbers), and checked twice:
+
+* on the schema, before conversion, so the error names the field and the limit;
+* on the GBNF text, before llama.cpp parses it, so no other source of grammar can get past;
+
+and llama.cpp parses on a thread with a large stack (`grammar.py`), a margin on top of the bounds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from localspec.errors import RequestError
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    max_depth: int = 32  # nested objects/arrays/combinators in a schema
+    max_nodes: int = 4096  # subschemas in one schema, all levels together
+    max_properties: int = 256  # properties of one object
+    max_string_length: int = 1000  # maxLength / minLength: each repeat is one nested group
+    max_items: int = 256  # maxItems / minItems
+    max_enum: int = 1024  # enum values (and oneOf/anyOf branches) in one subschema
+    max_pattern_length: int = 1000  # characters of one `pattern`
+    max_pattern_repeat: int = 1000  # m and n of one `{m,n}` in a pattern
+    max_pattern_expansion: int = 4096  # nested `{m,n}` counts multiplied together
+    max_grammar_bytes: int = 512 << 10  # the GBNF text
+    max_grammar_rules: int = 8192
+    max_grammar_depth: int = 2000  # nested groups in the GBNF (max_string_length plus the JSON around it)
+
+
+LIMITS = GrammarLimits()
+
+
+class GrammarTooLarge(RequestError):
+    """A schema or grammar over one of the bounds; `field` is where, in the schema's own terms."""
+
+    def __init__(self, field: str, what: str, value: int, limit: int) -> None:
+        super().__init__(
+            f"{field}: {what} is {value}, over this server's limit of {limit}.",
+            f"Keep {what} at or below {limit} (the bounds that keep grammar compilation safe are listed in SECURITY.md).",
+        )
+        self.field = field
+        self.limit = limit
+
+
+_COMBINATORS = ("anyOf", "oneOf", "allOf")
+_NESTED_DICTS = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+_REPEAT_RE = re.compile(r"\{(\d*)(?:,(\d*))?\}")
+
+
+def _children(schema: dict[str, Any], field: str) -> Iterator[tuple[Any, str]]:
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        for name, sub in props.items():
+            yield sub, f"{field}.properties.{name}"
+    for key in _NESTED_DICTS:
+        if isinstance(schema.get(key), dict):
+            yield schema[key], f"{field}.{key}"
+    for key in (*_COMBINATORS, "prefixItems"):
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                yield sub, f"{field}.{key}[{i}]"
+    for key in ("$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                yield sub, f"{field}.{key}.{name}"
+
+
+def _count(schema: dict[str, Any], key: str) -> int | None:
+    value = schema.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(min(value, 1 << 62))
+
+
+def check_pattern(pattern: str, field: str, limits: GrammarLimits = LIMITS) -> None:
+    """Bound a regex's length, group nesting, each `{m,n}` and nested repeats multiplied together."""
+    if len(pattern) > limits.max_pattern_length:
+        raise GrammarTooLarge(field, "the pattern's length", len(pattern), limits.max_pattern_length)
+    depth = max_depth = 0
+    widest = [1]  # per open group: the largest expansion of anything inside it so far
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "[":  # a character class: nothing inside it nests or repeats
+            j = pattern.find("]", i + 2)
+            i = len(pattern) if j < 0 else j + 1
+            continue
+        expansion = None
+        if ch == "(":
+            depth += 1
+            max_depth = max(max_depth, depth)
+            widest.append(1)
+        elif ch == ")" and len(widest) > 1:
+            depth -= 1
+            inner = widest.pop()
+            m = _REPEAT_RE.match(pattern, i + 1)
+            expansion = inner * _repeat(m, field, limits) if m else inner  # a repeated group multiplies its inside
+        elif ch == "{" and (m := _REPEAT_RE.match(pattern, i)):
+            expansion = _repeat(m, field, limits)
+        if expansion is not None:
+            if expansion > limits.max_pattern_expansion:
+                raise GrammarTooLarge(field, "the pattern's nested repetition", expansion, limits.max_pattern_expansion)
+            widest[-1] = max(widest[-1], expansion)
+        i += 1
+    if max_depth > limits.max_depth:
+        raise GrammarTooLarge(field, "the pattern's group nesting", max_depth, limits.max_depth)
+
+
+def _repeat(m: re.Match[str], field: str, limits: GrammarLimits) -> int:
+    counts = [int(g) for g in m.groups() if g]
+    n = max(counts, default=0)
+    if n > limits.max_pattern_repeat:
+        raise GrammarTooLarge(field, "a {m,n} repetition count in the pattern", n, limits.max_pattern_repeat)
+    return max(n, 1)
+
+
+def check_schema(schema: Any, field: str, limits: GrammarLimits = LIMITS) -> None:
+    """Raise GrammarTooLarge for the first bound the schema exceeds (iteratively: no recursion)."""
+    nodes = 0
+    todo: list[tuple[Any, str, int]] = [(schema, field, 1)]
+    while todo:
+        node, where, depth = todo.pop()
+        if not isinstance(node, dict):
+            continue
+        nodes += 1
+        if nodes > limits.max_nodes:
+            raise GrammarTooLarge(field, "the number of subschemas", nodes, limits.max_nodes)
+        if depth > limits.max_depth:
+            raise GrammarTooLarge(where, "the schema's nesting depth", depth, limits.max_depth)
+        for key, bound, what in (("maxLength", limits.max_string_length, "maxLength"),
+                                 ("minLength", limits.max_string_length, "minLength"),
+                                 ("maxItems", limits.max_items, "maxItems"),
+                                 ("minItems", limits.max_items, "minItems")):
+            n = _count(node, key)
+            if n is not None and n > bound:
+                raise GrammarTooLarge(f"{where}.{key}", what, n, bound)
+        props = node.get("properties")
+        if isinstance(props, dict) and len(props) > limits.max_properties:
+            raise GrammarTooLarge(f"{where}.properties", "the number of properties", len(props), limits.max_properties)
+        for key in ("enum", *_COMBINATORS, "prefixItems"):
+            values = node.get(key)
+            if isinstance(values, list) and len(values) > limits.max_enum:
+                raise GrammarTooLarge(f"{where}.{key}", f"the number of {key} entries", len(values), limits.max_enum)
+        if isinstance(node.get("pattern"), str):
+            check_pattern(node["pattern"], f"{where}.pattern", limits)
+        todo.extend((sub, sub_where, depth + 1) for sub, sub_where in _children(node, where))
+
+
+def check_gbnf(gbnf: str, limits: GrammarLimits = LIMITS) -> None:
+    """Bound a GBNF text's size, rule count and group nesting before llama.cpp parses it."""
+    if len(gbnf) > limits.max_grammar_bytes:
+        raise GrammarTooLarge("grammar", "the grammar's size in bytes", len(gbnf), limits.max_grammar_bytes)
+    rules = gbnf.count("::=")
+    if rules > limits.max_grammar_rules:
+        raise GrammarTooLarge("grammar", "the number of grammar rules", rules, limits.max_grammar_rules)
+    depth = max_depth = 0
+    i, n = 0, len(gbnf)
+    while i < n:
+        ch = gbnf[i]
+        if ch in "\"[":  # a literal or a character class: skip it, escapes included
+            close = '"' if ch == '"' else "]"
+            i += 1
+            while i < n and gbnf[i] != close:
+                i += 2 if gbnf[i] == "\\" else 1
+        elif ch == "#":  # a comment runs to the end of the line
+            while i < n and gbnf[i] not in "\r\n":
+                i += 1
+        elif ch == "(":
+            depth += 1
+            max_depth = max(max_depth, depth)
+        elif ch == ")":
+            depth -= 1
+        i += 1
+    if max_depth > limits.max_grammar_depth:
+        raise GrammarTooLarge("grammar", "the grammar's group nesting", max_depth, limits.max_grammar_depth)

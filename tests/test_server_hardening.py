@@ -1,0 +1,324 @@
+"""Hardening round 2 on the endpoint: one request must never kill the server, no web page may use it.
+
+The crash class (a schema that becomes thousands of nested grammar groups) runs against a real
+`localspec serve` in a subprocess, with the real llama.cpp grammar parser: if a case still crashed
+the server, this test would fail, not the whole suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from localspec.server import ServerSettings, create_app
+from tests.conftest import DRAFT_ID, REPO, SHARED_STORE
+from tests.server_harness import ServerThread, request, wait_until
+
+CRASHER = {"type": "string", "maxLength": 20000}  # the 188-byte request of the issue
+
+
+def chat_with_schema(schema: dict) -> dict:
+    return {"model": DRAFT_ID, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
+            "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}
+
+
+def forced_tool(params: dict) -> dict:
+    return {"model": DRAFT_ID, "messages": [{"role": "user", "content": "Call it."}], "max_tokens": 4, "temperature": 0,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}], "tool_choice": "required"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(draft_path, tmp_path_factory):
+    """`localspec serve` in its own process, with the 0.5B as its model."""
+    port = _free_port()
+    home = tmp_path_factory.mktemp("serve-home")
+    env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_MODELS_DIR=str(SHARED_STORE),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log = (home / "serve.log").open("w")  # a file, not a pipe: nobody reads it while the server runs
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localspec", "serve", "--port", str(port), "--model", DRAFT_ID, "--no-pull",
+         "--mode", "off", "--parallel", "1", "--n-ctx", "512", "--threads", "2", "--max-tokens-cap", "16"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    base = f"http://127.0.0.1:{port}"
+
+    def status() -> str:
+        try:
+            return request(base, "GET", "/health", timeout=5).json()["status"]
+        except (OSError, ValueError):
+            return "down"
+
+    wait_until(lambda: status() in ("ok", "error") or proc.poll() is not None, timeout=300)
+    assert proc.poll() is None and status() == "ok", (home / "serve.log").read_text()[-3000:]
+    yield proc, base
+    proc.terminate()
+    proc.wait(timeout=60)
+    log.close()
+
+
+def _alive(proc, base: str) -> None:
+    assert proc.poll() is None, f"the server died with exit status {proc.returncode}"
+    assert request(base, "GET", "/health").status_code == 200
+
+
+# One case per class of schema quantity; each must be a 400 naming the field and the limit.
+BOUNDS = {
+    "maxLength_20000": (chat_with_schema(CRASHER), "maxLength", "1000"),
+    "minLength_huge": (chat_with_schema({"type": "string", "minLength": 100000}), "minLength", "1000"),
+    "pattern_repeat": (chat_with_schema({"type": "string", "pattern": "^a{0,20000}$"}), "pattern", "1000"),
+    "pattern_nested_repeat": (chat_with_schema({"type": "string", "pattern": "^(a{0,100}){0,100}$"}), "pattern", "4096"),
+    "pattern_nesting": (chat_with_schema({"type": "string", "pattern": "^" + "(" * 40 + "a" + ")" * 40 + "$"}),
+                        "pattern", "32"),
+    "maxItems": (chat_with_schema({"type": "array", "items": {"type": "integer"}, "maxItems": 5000}), "maxItems", "256"),
+    "minItems": (chat_with_schema({"type": "array", "items": {"type": "string"}, "minItems": 100000}), "minItems", "256"),
+    "deep_nesting": (chat_with_schema(json.loads('{"type":"array","items":' * 40 + '{"type":"string"}' + "}" * 40)),
+                     "nesting depth", "32"),
+    "many_properties": (chat_with_schema({"type": "object", "properties": {f"p{i}": {"type": "integer"}
+                                                                              for i in range(900)}}),
+                        "properties", "256"),
+    "huge_enum": (chat_with_schema({"enum": [f"v{i}" for i in range(5000)]}), "enum", "1024"),
+    "tool_params_maxLength": (forced_tool({"type": "object", "properties": {"x": CRASHER}}), "tools[0]", "1000"),
+}
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", sorted(BOUNDS))
+def test_schema_bounds_are_a_400_naming_field_and_limit(served, name):
+    proc, base = served
+    body, field, limit = BOUNDS[name]
+    r = request(base, "POST", "/v1/chat/completions", json_body=body)
+    assert r.status_code == 400, (name, r.status_code, r.text)
+    err = r.json()["error"]
+    assert err["code"] == "schema_too_large" and field in err["message"] and limit in err["message"], err
+    assert "\n" not in err["message"]
+    _alive(proc, base)
+
+
+@pytest.mark.models
+def test_the_188_byte_request_no_longer_kills_the_server(served):
+    proc, base = served
+    raw = json.dumps(chat_with_schema(CRASHER)["response_format"], separators=(",", ":"))
+    assert len(raw) < 120  # the schema itself is tiny; the danger is what it expands to
+    assert request(base, "POST", "/v1/chat/completions", json_body=chat_with_schema(CRASHER)).status_code == 400
+    # A schema at the bounds still compiles and answers.
+    ok = request(base, "POST", "/v1/chat/completions",
+                 json_body=chat_with_schema({"type": "string", "maxLength": 1000, "pattern": "^[a-z]{0,1000}$"}))
+    assert ok.status_code == 200, ok.text
+    _alive(proc, base)
+
+
+_PARSER_SCRIPT = r"""
+import sys, threading
+import llama_cpp
+from localspec.engine.grammar import Grammar
+from localspec.engine.grammar_limits import GrammarTooLarge
+
+llama_cpp.llama_backend_init()
+params = llama_cpp.llama_model_default_params()
+params.vocab_only = True
+model = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), params)
+vocab = llama_cpp.llama_model_get_vocab(model)
+n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+
+def nested(depth):
+    return "root ::= " + "(" * depth + '"a"' + ")?" * depth + "\n"
+
+try:
+    Grammar.compile(vocab, n_vocab, nested(20000), 0)
+    print("compiled the 20000-deep grammar")
+except GrammarTooLarge as exc:
+    print("refused:", exc.cause)
+
+# As deep as a schema at its bounds makes (maxLength 1000), asked for from a thread with a 256 KiB
+# stack, on which llama.cpp's parser segfaults at this depth: it parses on the parser's own
+# big-stack thread, so the caller's stack does not matter.
+result = []
+threading.stack_size(256 << 10)
+t = threading.Thread(target=lambda: result.append(Grammar.compile(vocab, n_vocab, nested(1000), 0)))
+t.start(); t.join()
+print("deep ok" if result else "deep failed")
+"""
+
+
+@pytest.mark.models
+def test_the_grammar_parser_is_bounded_and_runs_on_a_big_stack(draft_path):
+    proc = subprocess.run([sys.executable, "-c", _PARSER_SCRIPT, str(draft_path)], capture_output=True, text=True,
+                          timeout=300, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    assert "refused: grammar: the grammar's group nesting is 20000, over this server's limit of 2000" in proc.stdout
+    assert "deep ok" in proc.stdout
+
+
+# ---------------------------------------------------------------- without a model: guards
+
+
+def _never_loads(never: threading.Event):
+    def load(settings):
+        never.wait()
+        raise RuntimeError("test over")
+
+    return load
+
+
+@pytest.fixture(scope="module")
+def loading_app():
+    """A server whose models never load: the guards answer before any route needs them."""
+    never = threading.Event()
+    app = create_app(ServerSettings(allowed_hosts=["host.docker.internal"],
+                                    allowed_origins=["https://editor.example"]), load=_never_loads(never))
+    with ServerThread(app) as srv:
+        yield srv
+        never.set()
+
+
+@pytest.mark.parametrize("host", ["attacker.example", "attacker.example:8000", "127.0.0.1.nip.io", "10.0.0.5",
+                                  "localhost.attacker.example"])
+@pytest.mark.parametrize("path", ["/health", "/docs", "/v1/models", "/v1/cache/stats", "/metrics"])
+def test_dns_rebinding_hosts_are_refused_on_every_route(loading_app, host, path):
+    r = request(loading_app.base_url, "GET", path, headers={"Host": host})
+    assert r.status_code == 403, (host, path, r.status_code)
+    err = r.json()["error"]
+    assert err["code"] == "host_not_allowed" and "--allowed-hosts" in err["message"]
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:8000", "127.0.0.1:1234", "[::1]:8000", "LOCALHOST",
+                                  "host.docker.internal:8000"])
+def test_loopback_names_and_allowed_hosts_pass(loading_app, host):
+    r = request(loading_app.base_url, "GET", "/health", headers={"Host": host})
+    assert r.status_code == 503 and r.json()["status"] == "loading"  # past the guard, into the loading state
+
+
+@pytest.mark.parametrize("origin, allowed", [
+    ("http://evil.example", False), ("https://attacker.example:443", False), ("null", False),
+    ("file://", False), ("http://localhost:3000", True), ("http://127.0.0.1:8080", True),
+    ("https://editor.example", True), ("http://[::1]:5173", True),
+])
+def test_origins_from_foreign_pages_are_refused(loading_app, origin, allowed):
+    r = request(loading_app.base_url, "GET", "/health", headers={"Origin": origin})
+    assert (r.status_code != 403) is allowed, (origin, r.status_code, r.text)
+    if not allowed:
+        assert r.json()["error"]["code"] == "origin_not_allowed"
+
+
+def test_a_request_without_origin_passes_and_loopback_pages_get_cors(loading_app):
+    assert request(loading_app.base_url, "GET", "/health").status_code == 503
+    r = request(loading_app.base_url, "GET", "/health", headers={"Origin": "http://localhost:3000"})
+    assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+
+
+def test_cors_preflight_with_a_key_is_answered_before_auth():
+    never = threading.Event()
+    app = create_app(ServerSettings(api_key="k", allowed_origins=["https://editor.example"]),
+                     load=_never_loads(never))
+    with ServerThread(app) as srv:
+        pre = request(srv.base_url, "OPTIONS", "/v1/chat/completions", headers={
+            "Origin": "https://editor.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert pre.status_code == 200, pre.text
+        assert pre.headers["access-control-allow-origin"] == "https://editor.example"
+        # The real request still needs the key, and its 401 carries CORS so the page can read it.
+        r = request(srv.base_url, "GET", "/v1/models", headers={"Origin": "https://editor.example"})
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "https://editor.example"
+        assert request(srv.base_url, "GET", "/v1/models", key="k").status_code == 503
+        never.set()
+
+
+def test_health_shows_no_file_paths():
+    from localspec.errors import IntegrityError
+
+    def broken(settings):
+        raise IntegrityError("Model file /root/.local/share/localspec/models/x/x.gguf is truncated.",
+                             "Pull it again.")
+
+    with ServerThread(create_app(ServerSettings(), load=broken)) as srv:
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").json()["status"] == "error")
+        detail = request(srv.base_url, "GET", "/health").json()["detail"]
+        assert "x.gguf is truncated" in detail and "/root" not in detail and "/x/" not in detail
+
+
+# ---------------------------------------------------------------- the plan is built off the event loop
+
+
+class _NamesOnly:
+    """Enough of a backend for the routes to reach the request plan."""
+
+    target_names = {"m"}
+    embedding_names: set[str] = set()
+
+
+def test_schema_conversion_runs_off_the_event_loop(monkeypatch):
+    from localspec.server import translate
+    from localspec.server.errors import APIError
+
+    seen: list[threading.Thread] = []
+
+    def recording_plan(*args):
+        seen.append(threading.current_thread())
+        raise APIError(400, "stop here", "test")
+
+    monkeypatch.setattr(translate, "chat_plan", recording_plan)
+    app = create_app(ServerSettings(), load=lambda s: _NamesOnly())
+    with ServerThread(app) as srv:
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200)
+        r = request(srv.base_url, "POST", "/v1/chat/completions",
+                    json_body={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 400 and r.json()["error"]["message"] == "stop here"
+    assert seen and seen[0] is not srv._thread, "the plan was built on the server's event-loop thread"
+
+
+def test_a_big_schema_body_is_refused_at_its_first_bound():
+    """The issue's 210 KiB body (8 objects x 900 properties) froze /health for 8 s; now it is a quick 400."""
+    from localspec.server import translate
+    from localspec.server.errors import APIError
+    from localspec.server.schemas import ChatCompletionRequest
+
+    props = {f"p{i}": {"type": "string"} for i in range(900)}
+    schema = {"type": "object", "properties": {f"o{j}": {"type": "object", "properties": props} for j in range(8)}}
+    body = ChatCompletionRequest.model_validate(chat_with_schema(schema) | {"model": "m"})
+    assert len(json.dumps(schema)) > 200_000
+    with pytest.raises(APIError) as err:
+        translate.chat_plan(body, 64)
+    assert err.value.status == 400 and "properties" in err.value.message and "256" in err.value.message
+
+
+# ---------------------------------------------------------------- serve's flags
+
+
+def test_bad_serve_flags_are_one_line_errors(capsys):
+    from localspec.cli import main
+
+    for argv, words in ((["--port", "99999"], "--port"), (["--parallel", "0"], "--parallel"),
+                        (["--max-body-mb", "0"], "--max-body-mb"), (["--api-key-file", "/nonexistent/keys"], "key file"),
+                        (["--ssl-certfile", "/nonexistent/cert.pem"], "TLS")):
+        assert main(["serve", "--no-pull", *argv]) != 0
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err and err.startswith("error: "), (argv, err)
+
+
+def test_api_key_on_the_command_line_warns_and_a_key_file_is_checked(tmp_path, capsys):
+    from localspec.cli import main
+    from localspec.server.settings import read_key_file
+
+    main(["serve", "--no-pull", "--api-key", "k", "--port", "99999"])
+    assert "visible to every user" in capsys.readouterr().err
+    keys = tmp_path / "keys"
+    keys.write_text("# editor\nkey-one\n\nkey-two\n")
+    keys.chmod(0o644)
+    with pytest.raises(Exception, match="readable by other users"):
+        read_key_file(keys)
+    keys.chmod(0o600)
+    assert read_key_file(keys) == ["key-one", "key-two"]
+    assert ServerSettings(host="0.0.0.0", api_key_file=keys).keys() == ["key-one", "key-two"]
+    ServerSettings(host="0.0.0.0", api_key_file=keys).check_bind()  # a key file is a key
