@@ -219,13 +219,14 @@ class ModelManager:
         raise SourceUnavailable(f"unsupported source kind {getattr(src, 'kind', '?')!r}")
 
     def _check_gguf(self, entry: ModelEntry, result: FetchResult) -> None:
-        """A file that passed its hash but is not GGUF (registry without hashes) is quarantined."""
+        """A file that passed its hash but is not a valid GGUF model (a registry entry may pin a bad
+        file's hash, or none) is quarantined. The header check reads no weights: well under a second."""
         from localspec.models.gguf_info import validate_gguf
 
         for f in result.files:
             if f.name.endswith(".gguf"):
                 try:
-                    validate_gguf(Path(f.path), full=False)
+                    validate_gguf(Path(f.path))
                 except IntegrityError:
                     self.store.quarantine(Path(f.path).resolve(), f.name)
                     raise
@@ -333,7 +334,7 @@ class ModelManager:
                 return False
             if f.name.endswith(".gguf"):
                 try:
-                    validate_gguf(p, full=False)
+                    validate_gguf(p)
                 except IntegrityError:
                     return False
         return True
