@@ -212,3 +212,58 @@ def test_profile_pull_skips_unreachable_embedding(tmp_path, tmp_store, monkeypat
     assert proc.returncode == 0 and not (tmp_store / "t").exists()
     proc = run_cli("models", "rm", "t", env=subprocess_env())
     assert proc.returncode == 2 and proc.stderr.startswith("error: Model 't' is not installed.")
+
+
+# ---------------------------------------------------------------- hardening: ids, repo ids, revisions
+
+
+def _hf_entry(repo: str, revision: str = "main", mid: str = "badhf") -> str:
+    return (f'[[models]]\nid = "{mid}"\nrole = "target"\n  [[models.sources]]\n  kind = "hf"\n'
+            f'  repo = {json.dumps(repo)}\n  revision = {json.dumps(revision)}\n  files = [{{ name = "x.gguf" }}]\n')
+
+
+@pytest.mark.parametrize("repo", ["bad repo!!", "a/b/c", "../x", "org/name--x", "org/" + "x" * 97, "org/x\n",
+                                  "-org/x", "org/x.", "", "/x"])
+def test_malformed_hf_repo_id_is_a_config_error_naming_file_entry_and_fix(repo, tmp_store):  # noqa: F811
+    path = write_overlay(_hf_entry(repo))
+    with pytest.raises(ConfigError) as err:
+        load_registry()
+    assert err.value.cause.startswith(f"{path}:2: models[0].sources[0].repo (model 'badhf'): ")
+    assert "Hugging Face repo id like 'owner/name'" in err.value.cause and "\n" not in str(err.value)
+    assert err.value.fix == f"Correct models[0].sources[0].repo (model 'badhf') in {path}."
+    proc = run_cli("models", "pull", "badhf", env=subprocess_env(HF_ENDPOINT="http://127.0.0.1:9"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    first = next(line for line in proc.stderr.splitlines() if line.strip())  # the progress view may start with a blank
+    assert first.startswith(f"error: {path}:2: models[0].sources[0].repo (model 'badhf')")
+
+
+@pytest.mark.parametrize("revision", ["main\n", "../../x", "", "a b"])
+def test_malformed_hf_revision_is_a_config_error(revision):
+    path = write_overlay(_hf_entry("owner/name", revision))
+    with pytest.raises(ConfigError, match=r"models\[0\]\.sources\[0\]\.revision \(model 'badhf'\)") as err:
+        load_registry()
+    assert str(path) in err.value.cause
+
+
+def test_good_hf_repo_ids_still_load():
+    write_overlay(_hf_entry("Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "refs/pr/1")
+                  + _hf_entry("bartowski/Llama-3.2-1B-Instruct-GGUF", "0123abc", mid="b") + _hf_entry("gpt2", mid="c"))
+    assert load_registry().resolve("c").sources[0].repo == "gpt2"
+
+
+@pytest.mark.parametrize("text", ['id = "trail\\n"', 'id = "trail\\r\\n"'])
+def test_model_id_with_a_trailing_newline_is_refused(text, tmp_store):  # noqa: F811
+    path = write_overlay(f'[[models]]\n{text}\nrole = "target"\n')
+    with pytest.raises(ConfigError, match=r"models\[0\]\.id") as err:
+        load_registry()
+    assert str(path) in err.value.cause
+    with pytest.raises(ConfigError):
+        Store(tmp_store).model_dir("trail\n")
+    assert not tmp_store.exists()
+
+
+def test_registry_sha256_with_a_trailing_newline_is_refused():
+    write_overlay('[[models]]\nid = "a"\nrole = "target"\n  [[models.sources]]\n  kind = "file"\n'
+                  f'  files = [{{ name = "a.gguf", sha256 = "{"ab" * 32}\\n" }}]\n')
+    with pytest.raises(ConfigError, match=r"models\[0\]\.sources\[0\]\.files\[0\]\.sha256 \(model 'a'\)"):
+        load_registry()

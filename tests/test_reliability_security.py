@@ -25,7 +25,7 @@ from tests.models_helpers import tmp_store  # noqa: F401  (fixture: imports neve
 
 PACKAGE = REPO / "localspec"
 TRAVERSALS = ["../evil", "..", "a/b", "/etc/passwd", "..\\..\\evil", "a/../../b", "", ".", "x\x00y", "~/.ssh/id_rsa",
-              "C:\\Windows\\evil", "%2e%2e%2fevil"]
+              "C:\\Windows\\evil", "%2e%2e%2fevil", "trail\n", "trail\r\n", "ok\nsecond"]
 
 
 # ---------------------------------------------------------------- path traversal

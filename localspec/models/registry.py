@@ -18,9 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from localspec.errors import ConfigError, ModelNotFoundError
 
-# Ids become directory names in the store, so they are restricted to a safe alphabet.
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+# Ids become directory names in the store, so they are restricted to a safe alphabet. Always
+# fullmatch: `$` also matches before a trailing newline, which let "trail\n" through.
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+_HF_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_HF_REPO_RE = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
+_HF_REVISION_RE = re.compile(r"[A-Za-z0-9._/+-]{1,255}")
 
 Role = Literal["target", "draft", "embedding"]
 _KINDS = ("hf", "pypi", "file")
@@ -33,7 +37,7 @@ class _Strict(BaseModel):
 
 def check_model_id(model_id: str) -> str:
     """Reject ids that could escape the store directory (``..``, separators, empty)."""
-    if not isinstance(model_id, str) or not _ID_RE.match(model_id) or ".." in model_id:
+    if not isinstance(model_id, str) or not _ID_RE.fullmatch(model_id) or ".." in model_id:
         raise ConfigError(
             f"Invalid model id {model_id!r}: ids may use letters, digits, '.', '_', '+', '-' only.",
             "Pick an id without path separators or '..'.",
@@ -60,7 +64,7 @@ class FileSpec(_Strict):
         if v is None:
             return v
         v = v.lower()
-        if not _SHA_RE.match(v):
+        if not _SHA_RE.fullmatch(v):
             raise ValueError("must be 64 hex digits")
         return v
 
@@ -70,6 +74,22 @@ class HFSource(_Strict):
     repo: str
     revision: str = "main"
     files: list[FileSpec] = Field(min_length=1)
+
+    @field_validator("repo")
+    @classmethod
+    def _repo_id(cls, v: str) -> str:
+        # huggingface_hub raises (a traceback) on a malformed id at pull time; refuse it at load.
+        if not _HF_REPO_RE.fullmatch(v) or "--" in v or ".." in v:
+            raise ValueError("must be a Hugging Face repo id like 'owner/name' (letters, digits, '-', '_', '.'; "
+                             "no '--' or '..'; at most 96 characters per part)")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if not _HF_REVISION_RE.fullmatch(v) or ".." in v:
+            raise ValueError("must be a branch, tag or commit (letters, digits, '.', '_', '-', '/', '+')")
+        return v
 
     def describe(self) -> str:
         return f"hf {self.repo}@{self.revision}"
@@ -114,7 +134,7 @@ class ModelEntry(_Strict):
     @field_validator("id")
     @classmethod
     def _safe_id(cls, v: str) -> str:
-        if not _ID_RE.match(v) or ".." in v:
+        if not _ID_RE.fullmatch(v) or ".." in v:
             raise ValueError("may use letters, digits, '.', '_', '+', '-' only (no path separators or '..')")
         return v
 
@@ -326,11 +346,23 @@ def parse_registry_file(path: Path) -> RegistryFile:
         line = _error_line(text, raw, loc)
         where = f"{path}:{line}" if line else str(path)
         field = _loc_to_path(loc) or "(top level)"
+        entry = _entry_label(raw, loc)
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ConfigError(
-            f"{where}: {field}: {err.get('msg', 'invalid')}{more}.",
-            f"Correct {field} in {path}.",
+            f"{where}: {field}{entry}: {err.get('msg', 'invalid')}{more}.",
+            f"Correct {field}{entry} in {path}.",
         ) from None
+
+
+def _entry_label(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
+    """' (model ID)' for an error inside a [[models]] entry that has a readable id, else ''."""
+    if len(loc) >= 3 and loc[0] == "models" and isinstance(loc[1], int):
+        models = raw.get("models")
+        if isinstance(models, list) and 0 <= loc[1] < len(models) and isinstance(models[loc[1]], dict):
+            mid = models[loc[1]].get("id")
+            if isinstance(mid, str):
+                return f" (model {mid!r})"
+    return ""
 
 
 def load_registry(builtin: Path | None = None, overlay: Path | None = None) -> Registry:

@@ -23,7 +23,7 @@ from localspec.models.registry import FileSpec, HFSource, ModelEntry
 from localspec.models.sources import FetchResult, SourceUnavailable
 from localspec.models.store import ManifestFile, Store, disk_full_error, sha256_file
 
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
 _TRUE = {"1", "on", "yes", "true"}
 # Unreachable hosts must fail within seconds so the next source gets its turn.
 FAST_TIMEOUT = 10.0
@@ -107,7 +107,7 @@ def _metadata(src: HFSource, spec: FileSpec) -> tuple[str | None, int | None, st
         raise SourceUnavailable(f"cannot reach {_endpoint()}: {_describe(exc)}") from None
     etag = (meta.etag or "").strip('"').lower()
     # An LFS file's ETag is its sha256; a small git-stored file has a git sha1 instead.
-    lfs_sha = etag if _SHA_RE.match(etag) else None
+    lfs_sha = etag if _SHA_RE.fullmatch(etag) else None
     return lfs_sha, meta.size, meta.commit_hash
 
 
