@@ -76,18 +76,21 @@ def make_lora_gguf(
     general_type: str = "adapter",
     adapter_type: str = "lora",
     transposed: bool = False,
+    n_embd: int | None = None,
 ) -> Path:
     """A LoRA adapter GGUF as llama.cpp's convert_lora_to_gguf.py writes one (zero weights).
 
     ``targets`` maps base tensor names to their GGUF shape (ne0, ne1); each gets ``.lora_a``
     with shape (ne0, rank) and ``.lora_b`` with shape (rank, ne1). ``transposed`` swaps lora_a's
-    axes, the classic mistake llama.cpp refuses.
+    axes, the classic mistake llama.cpp refuses. ``n_embd`` writes ``<arch>.embedding_length``.
     """
     targets = targets if targets is not None else {"blk.0.attn_q.weight": (16, 16)}
     w = GGUFWriter(str(path), arch)
     w.add_type(general_type)
     w.add_string("adapter.type", adapter_type)
     w.add_float32("adapter.lora.alpha", float(rank))
+    if n_embd is not None:
+        w.add_embedding_length(n_embd)
     for name, (ne0, ne1) in targets.items():
         a_shape = (ne0, rank) if transposed else (rank, ne0)  # numpy shape is ne reversed
         w.add_tensor(f"{name}.lora_a", np.zeros(a_shape, dtype=np.float32))

@@ -39,6 +39,9 @@ INT64_MAX = (1 << 63) - 1
 _MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
 _MIN_TENSOR_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 
+# llama.cpp reads these with an accessor that aborts the process on any other stored type.
+_EXACT_TYPES = {"general.alignment": GGUFValueType.UINT32, "adapter.lora.alpha": GGUFValueType.FLOAT32}
+
 _SCALAR = {
     GGUFValueType.UINT8: ("<B", np.uint8), GGUFValueType.INT8: ("<b", np.int8),
     GGUFValueType.UINT16: ("<H", np.uint16), GGUFValueType.INT16: ("<h", np.int16),
@@ -235,8 +238,9 @@ def _read_kv(r: _Reader, n_kv: int) -> dict[str, Any]:
             raise _Malformed(f"key {key!r} appears twice")
         try:
             t = r.vtype(r.u32())
-            if key == "general.alignment" and t != GGUFValueType.UINT32:
-                raise _Malformed(f"it is {t.name}, not UINT32")  # llama.cpp asserts on this one
+            exact = _EXACT_TYPES.get(key)
+            if exact is not None and t != exact:
+                raise _Malformed(f"it is {t.name}, not {exact.name}")
             kv[key] = r.value(t)
         except _Malformed as exc:
             raise _Malformed(f"key {key!r}: {exc}") from None
