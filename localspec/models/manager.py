@@ -135,6 +135,7 @@ class ModelManager:
     # ---------------------------------------------------------------- installing
 
     def pull(self, id_or_alias: str, progress: ProgressCallback | None = None, force: bool = False) -> InstallRecord:
+        self.store.prune_quarantine()  # old evidence of bad downloads does not pile up
         entry = self.resolve(id_or_alias)
         emit = Emitter(progress, entry.id)
         with self.store.lock(entry.id):
@@ -228,7 +229,7 @@ class ModelManager:
                 try:
                     validate_gguf(Path(f.path))
                 except IntegrityError:
-                    self.store.quarantine(Path(f.path).resolve(), f.name)
+                    self.store.quarantine(Path(f.path).resolve(), model_id=entry.id, name=f.name)
                     raise
 
     def _already_installed(self, entry: ModelEntry) -> InstallRecord | None:
@@ -285,6 +286,10 @@ class ModelManager:
             name = spec.name if spec else origin.name
             want_sha = next((f.sha256 for f in specs if f.sha256), None)
             want_size = next((f.size for f in specs if f.size is not None), None)
+            if want_size is not None and origin.stat().st_size != want_size:  # refused before a byte is copied
+                raise IntegrityError(
+                    f"{origin}: size {origin.stat().st_size:,} bytes, but {entry.id} is {want_size:,} bytes.",
+                    f"Import the file the registry describes for {entry.id}, or import it under another --id.")
         else:
             info = read_gguf_info(origin)
             entry = overlay.add_entry(self.paths.user_registry, mid, role, origin, info)
