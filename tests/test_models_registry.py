@@ -267,3 +267,54 @@ def test_registry_sha256_with_a_trailing_newline_is_refused():
                   f'  files = [{{ name = "a.gguf", sha256 = "{"ab" * 32}\\n" }}]\n')
     with pytest.raises(ConfigError, match=r"models\[0\]\.sources\[0\]\.files\[0\]\.sha256 \(model 'a'\)"):
         load_registry()
+
+
+# ---------------------------------------------------------------- pinned hashes
+
+
+def test_every_builtin_registry_file_pins_its_sha256_or_says_why_not():
+    reg = load_registry(overlay=Path("/nonexistent/overlay.toml"))
+    specs = [(m.id, f) for m in reg.models.values() for s in m.sources for f in s.files]
+    assert specs and [(mid, f.name) for mid, f in specs if not (f.sha256 or f.unpinned)] == []
+    assert all(not (f.sha256 and f.unpinned) for _, f in specs)
+
+
+@pytest.mark.parametrize(("spec", "msg"), [
+    ('name = "a.gguf", unpinned = ""', "must say in one line"),
+    ('name = "a.gguf", unpinned = "two\\nlines"', "must say in one line"),
+    (f'name = "a.gguf", sha256 = "{"ab" * 32}", unpinned = "why"', "drop `unpinned`"),
+])
+def test_unpinned_must_be_a_reason_and_not_contradict_a_hash(spec, msg):
+    write_overlay(f'[[models]]\nid = "a"\nrole = "target"\n  [[models.sources]]\n  kind = "file"\n'
+                  f'  files = [{{ {spec} }}]\n')
+    with pytest.raises(ConfigError, match=r"models\[0\]\.sources\[0\]\.files\[0\]") as err:
+        load_registry()
+    assert msg in err.value.cause
+
+
+def test_verify_and_list_say_unpinned_for_a_file_without_a_registry_hash(tmp_path, tmp_store):  # noqa: F811
+    why = "the vendor publishes no hash"
+    write_overlay('[[models]]\nid = "loose"\nrole = "draft"\n  [[models.sources]]\n  kind = "file"\n'
+                  f'  files = [{{ name = "loose.gguf", unpinned = "{why}" }}]\n')
+    loose = make_gguf(tmp_path / "loose.gguf", seed=3)
+    pinned = make_gguf(tmp_path / "pinned.gguf", seed=4)
+    env = subprocess_env()
+    assert run_cli("models", "import", str(loose), "--id", "loose", env=env).returncode == 0
+    assert run_cli("models", "import", str(pinned), "--id", "pinned", env=env).returncode == 0  # overlay pins it
+    proc = run_cli("models", "verify", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"loose: unpinned ({why})" in proc.stdout.splitlines() and "pinned: ok" in proc.stdout.splitlines()
+    rows = {r["id"]: r for r in json.loads(run_cli("models", "list", "--json", "--no-fit", env=env).stdout)}
+    assert rows["loose"]["unpinned"] == why and rows["pinned"]["unpinned"] is None
+    assert rows[TARGET_ID]["unpinned"] is None
+    assert "Hugging Face was unreachable" in rows["qwen2.5-coder-7b-instruct-q4_k_m"]["unpinned"]
+    mgr = ModelManager()
+    assert mgr.verify("loose") is True  # unpinned is not a failure
+    path = mgr.installed_path("loose")
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    report = mgr.verify_report("loose")
+    assert report.status.value == "FAILED" and "sha256 differs from the manifest" in report.detail
+    proc = run_cli("models", "verify", "loose", env=env)
+    assert proc.returncode == 2 and "loose: FAILED (loose.gguf's sha256 differs from the manifest's)" in proc.stdout

@@ -49,6 +49,9 @@ class FileSpec(_Strict):
     name: str
     size: int | None = Field(default=None, ge=0)
     sha256: str | None = None
+    # Why a file has no sha256 (say, nobody could record it yet): `models verify` reports such a
+    # model as "unpinned" rather than "ok". Every file in the built-in registry has one or the other.
+    unpinned: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -67,6 +70,19 @@ class FileSpec(_Strict):
         if not _SHA_RE.fullmatch(v):
             raise ValueError("must be 64 hex digits")
         return v
+
+    @field_validator("unpinned")
+    @classmethod
+    def _reason(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or len(v) > 300 or not v.isprintable()):
+            raise ValueError("must say in one line (at most 300 characters) why the file has no sha256")
+        return v
+
+    @model_validator(mode="after")
+    def _pinned_or_why(self) -> FileSpec:
+        if self.sha256 and self.unpinned:
+            raise ValueError("has a sha256 and says it is unpinned; drop `unpinned`")
+        return self
 
 
 class HFSource(_Strict):
@@ -152,6 +168,19 @@ class ModelEntry(_Strict):
             for f in src.files:
                 if f.name == name and f.sha256:
                     return f.sha256
+        return None
+
+    def unpinned_reason(self, names: Iterable[str] | None = None) -> str | None:
+        """Why a file of this model has no sha256 in the registry; None when all are pinned.
+
+        ``names``: the files to ask about (an install's files); default: the first source's.
+        """
+        if names is None:
+            names = [f.name for f in self.sources[0].files] if self.sources else []
+        for name in names:
+            if self.known_hash(name) is None:
+                stated = (f.unpinned for s in self.sources for f in s.files if f.name == name and f.unpinned)
+                return next(stated, f"the registry pins no sha256 for {name}")
         return None
 
 
