@@ -57,8 +57,8 @@ class FileSpec(_Strict):
     @classmethod
     def _plain_name(cls, v: str) -> str:
         # A file name, not a path: the store joins it under the model's directory.
-        if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith("."):
-            raise ValueError("must be a plain file name (no directories)")
+        if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith(".") or not v.isprintable():
+            raise ValueError("must be a plain file name (no directories or control characters)")
         return v
 
     @field_validator("sha256")
