@@ -39,6 +39,10 @@ class IncompatibleDraftError(LocalspecError):
     """A draft model whose tokenizer does not match the target's."""
 
 
+class IncompatibleAdapterError(LocalspecError):
+    """A LoRA adapter that is not a LoRA, or was made for another base model."""
+
+
 class RequestError(LocalspecError):
     """A generation request that cannot be served as given (bad parameters, too long)."""
 

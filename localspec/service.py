@@ -24,7 +24,7 @@ from localspec.engine.embedder import Embedder
 from localspec.engine.scheduler import Engine
 from localspec.errors import ConfigError, LocalspecError
 from localspec.models import ModelManager
-from localspec.models.compat import check_draft_compat
+from localspec.models.compat import check_draft_compat, check_lora
 from localspec.models.gguf_info import validate_gguf
 from localspec.paths import resolve_paths
 
@@ -99,6 +99,8 @@ def open_engine(
     mode = overrides.get("mode")
     files, n_ctx = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
     config = engine_config(n_ctx, **overrides)
+    if config.lora_path:
+        check_lora(config.lora_path, files.target)  # a wrong adapter is a clean error before llama.cpp sees it
     if files.draft is None and config.mode == "draft":
         config = config.model_copy(update={"mode": "lookup"})
     return Engine.load(

@@ -30,6 +30,8 @@ class Request:
 class FakeHub:
     files: dict[tuple[str, str], bytes] = field(default_factory=dict)  # (repo, filename) -> content
     etag_override: dict[str, str] = field(default_factory=dict)  # filename -> sha256 to claim
+    size_override: dict[str, int] = field(default_factory=dict)  # filename -> size to claim (X-Linked-Size)
+    sent: int = 0  # body bytes the client accepted, over all GETs
     cut_first_get_after: int | None = None  # close the first GET after this many body bytes
     stall_first_get_after: int | None = None  # send this many bytes, then wait for `release`
     requests: list[Request] = field(default_factory=list)
@@ -98,7 +100,7 @@ class FakeHub:
         h.send_response(206 if start else 200)
         h.send_header("ETag", f'"{sha}"')
         h.send_header("X-Linked-Etag", f'"{sha}"')
-        h.send_header("X-Linked-Size", str(size))
+        h.send_header("X-Linked-Size", str(self.size_override.get(filename, size)))
         h.send_header("X-Repo-Commit", COMMIT)
         h.send_header("Accept-Ranges", "bytes")
         h.send_header("Content-Type", "application/octet-stream")
@@ -124,7 +126,13 @@ class FakeHub:
             self.release.wait(30)
             h.close_connection = True
             return
-        h.wfile.write(payload)
+        for i in range(0, len(payload), 1 << 20):  # in pieces, counting what the client takes
+            try:
+                h.wfile.write(payload[i:i + (1 << 20)])
+            except OSError:  # the client hung up
+                h.close_connection = True
+                return
+            self.sent += min(1 << 20, len(payload) - i)
 
     def _error(self, h: BaseHTTPRequestHandler, status: int, code: str) -> None:
         body = f'{{"error": "{code}"}}'.encode()

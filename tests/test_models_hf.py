@@ -146,8 +146,38 @@ def test_hash_mismatch_is_quarantined(env, hub, gguf_bytes, tmp_store, fault):  
     assert not out["ok"] and out["type"] == "IntegrityError", out
     assert "sha256" in out["cause"]
     assert not (tmp_store / "tiny-hf" / "manifest.json").exists()
-    quarantined = list((tmp_store / ".quarantine").iterdir())
+    quarantined = list((tmp_store / ".quarantine" / "tiny-hf").iterdir())
     assert len(quarantined) == 1 and quarantined[0].read_bytes() == gguf_bytes
+
+
+def overlay_sized(filename: str, size: int) -> None:
+    write_overlay('[[models]]\nid = "tiny-hf"\nrole = "target"\n  [[models.sources]]\n  kind = "hf"\n'
+                  f'  repo = "{REPO_ID}"\n  files = [{{ name = "{filename}", size = {size} }}]\n')
+
+
+def test_hub_size_disagreeing_with_the_registry_downloads_nothing(env, hub, gguf_bytes):
+    overlay_sized(FILE, len(gguf_bytes) - 1)
+    out = pull_in_subprocess("tiny-hf", env)
+    assert not out["ok"] and out["type"] == "IntegrityError", out
+    assert f"the Hub has {len(gguf_bytes):,} bytes, the registry expects {len(gguf_bytes) - 1:,}" in out["cause"]
+    assert hub.gets() == []
+
+
+def test_download_stops_once_it_passes_the_expected_size(env, hub, tmp_path, tmp_store):  # noqa: F811
+    """The Hub claims 1 MiB and sends 48: the download stops at the first chunk past 1 MiB."""
+    from huggingface_hub import constants
+
+    big = make_gguf(tmp_path / "big.gguf", pad_floats=(48 << 20) // 4).read_bytes()
+    hub.add(REPO_ID, "big.gguf", big)
+    hub.size_override["big.gguf"] = 1 << 20
+    overlay(filename="big.gguf")
+    out = pull_in_subprocess("tiny-hf", env)
+    assert not out["ok"] and out["type"] == "IntegrityError", out
+    assert f"more than the expected {1 << 20:,} bytes arrived" in out["cause"]
+    assert max(e[2] for e in out["events"] if e[1] == "download") <= 1 << 20  # nothing past the limit accepted
+    assert hub.sent < len(big) - constants.DOWNLOAD_CHUNK_SIZE  # it hung up early (socket buffers hold a few MiB)
+    leftovers = [p for p in (tmp_path / "hf").rglob("*") if p.is_file() and p.stat().st_size > 1 << 20]
+    assert leftovers == [] and not list(tmp_store.rglob("*.gguf"))
 
 
 def test_404_lists_every_source_tried(env, hub, tmp_path):

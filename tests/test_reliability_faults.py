@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,95 @@ def test_corrupt_chat_db_is_moved_aside_and_the_app_starts(garbage, tmp_path, ca
         assert store.recovered_from is not None and store.recovered_from.read_bytes() == garbage
         assert "moved it to" in caplog.text
     assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# ---------------------------------------------------------------- more bytes than promised; quarantine
+
+
+def test_stream_stops_before_the_chunk_that_passes_the_cap(tmp_path, monkeypatch):
+    from localspec.models import store
+
+    written: list[int] = []
+    real = store._write_chunk
+    monkeypatch.setattr(store, "_write_chunk", lambda fh, data: (written.append(len(data)), real(fh, data)))
+    partial = tmp_path / "m.gguf.partial"
+    endless = (b"x" * 1000 for _ in range(10**9))  # a source that never stops
+    with pytest.raises(IntegrityError) as err:
+        store.stream_to_partial(partial, endless, max_bytes=4500)
+    assert err.value.cause == "m.gguf: more than the expected 4,500 bytes arrived; stopped and removed the partial file."
+    assert sum(written) == 4000 and not partial.exists()
+
+
+def test_a_file_that_grows_while_it_is_copied_is_refused(tmp_path, tmp_store):  # noqa: F811
+    """/proc files stat as 0 bytes and then read as more: the copy stops at the size it was given."""
+    from localspec.models.progress import Emitter
+    from localspec.models.registry import ModelEntry
+    from localspec.models.sources.file import copy_into_store
+    from localspec.models.store import Store
+
+    growing = Path("/proc/self/status")
+    if not growing.is_file() or growing.stat().st_size != 0:
+        pytest.skip("needs Linux /proc")
+    entry = ModelEntry(id="grows", role="target")
+    with pytest.raises(IntegrityError, match="more than the expected 0 bytes arrived"):
+        copy_into_store(entry, growing, "grows.gguf", Store(tmp_store), Emitter(None, "grows"))
+    assert [p for p in tmp_store.rglob("*") if p.is_file() and p.name != ".lock"] == []
+
+
+def test_import_of_a_file_with_another_size_than_the_registry_copies_nothing(good_bytes, tmp_path, tmp_store,  # noqa: F811
+                                                                           monkeypatch):
+    from localspec.models import store
+    from tests.models_helpers import write_overlay
+
+    write_overlay('[[models]]\nid = "sized"\nrole = "target"\n  [[models.sources]]\n  kind = "file"\n'
+                  f'  files = [{{ name = "sized.gguf", size = {len(good_bytes) - 1} }}]\n')
+    src = tmp_path / "sized.gguf"
+    src.write_bytes(good_bytes)
+    monkeypatch.setattr(store, "_write_chunk", lambda fh, data: pytest.fail("nothing may be written"))
+    with pytest.raises(IntegrityError) as err:
+        ModelManager().import_file(src, model_id="sized")
+    assert f"size {len(good_bytes):,} bytes, but sized is {len(good_bytes) - 1:,} bytes" in err.value.cause
+    assert not (tmp_store / ".quarantine").exists() and ModelManager().installed_path("sized") is None
+
+
+def _aged(path, age_s: float, now: float):
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"bad")
+    os.utime(path, (now - age_s, now - age_s))
+    return path
+
+
+def test_quarantine_keeps_three_files_per_model_and_none_older_than_a_week(tmp_path, tmp_store):  # noqa: F811
+    import time
+
+    from localspec.models.store import Store
+
+    st, now, hour, day = Store(tmp_store), time.time(), 3600, 86400
+    q = tmp_store / ".quarantine"
+    older = [_aged(q / "m" / f"old-{i}.gguf", (i + 1) * hour, now) for i in range(5)]
+    stale = _aged(q / "other" / "stale.gguf", 8 * day, now)
+    legacy_old, legacy_new = _aged(q / "legacy-old.gguf", 10 * day, now), _aged(q / "legacy-new.gguf", day, now)
+    bad = tmp_path / "new.gguf"
+    bad.write_bytes(b"new")
+    dest = st.quarantine(bad, model_id="m", name="new.gguf")
+    assert sorted(p.name for p in (q / "m").iterdir()) == sorted([dest.name, older[0].name, older[1].name])
+    assert not stale.exists() and not (q / "other").exists()
+    assert not legacy_old.exists() and legacy_new.exists()
+
+
+def test_a_pull_prunes_the_quarantine(tmp_path, tmp_store):  # noqa: F811
+    import time
+
+    from tests.models_helpers import write_overlay
+
+    now = time.time()
+    q = tmp_store / ".quarantine"
+    kept = [_aged(q / "m" / f"f{i}.gguf", i * 60, now) for i in range(3)]
+    dropped = [_aged(q / "m" / "f9.gguf", 3600, now), _aged(q / "n" / "old.gguf", 30 * 86400, now)]
+    write_overlay('[[models]]\nid = "nowhere"\nrole = "target"\n  [[models.sources]]\n  kind = "file"\n'
+                  '  files = [{ name = "nowhere.gguf" }]\n')
+    with pytest.raises(LocalspecError):
+        ModelManager().pull("nowhere")  # no source can serve it; the pruning happens anyway
+    assert all(p.exists() for p in kept) and not any(p.exists() for p in dropped)

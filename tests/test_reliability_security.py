@@ -25,7 +25,7 @@ from tests.models_helpers import tmp_store  # noqa: F401  (fixture: imports neve
 
 PACKAGE = REPO / "localspec"
 TRAVERSALS = ["../evil", "..", "a/b", "/etc/passwd", "..\\..\\evil", "a/../../b", "", ".", "x\x00y", "~/.ssh/id_rsa",
-              "C:\\Windows\\evil", "%2e%2e%2fevil"]
+              "C:\\Windows\\evil", "%2e%2e%2fevil", "trail\n", "trail\r\n", "ok\nsecond"]
 
 
 # ---------------------------------------------------------------- path traversal
@@ -43,7 +43,8 @@ def test_model_ids_cannot_name_a_path(bad):
         mm.pull(bad)
 
 
-@pytest.mark.parametrize("bad", ["../x.gguf", "a/b.gguf", "..", ".hidden.gguf", "..\\x.gguf", ""])
+@pytest.mark.parametrize("bad", ["../x.gguf", "a/b.gguf", "..", ".hidden.gguf", "..\\x.gguf", "", "x.gguf\n",
+                                 "new\nline.gguf", "tab\t.gguf"])
 def test_registry_file_names_cannot_name_a_path(bad):
     with pytest.raises(ValueError):
         FileSpec(name=bad)
@@ -190,3 +191,11 @@ def test_gguf_named_like_a_path_imports_under_a_safe_id(tmp_path, tmp_store):  #
     assert check_model_id(rec.model_id) == rec.model_id
     assert rec.path.resolve().parent == (tmp_store / rec.model_id).resolve()
     assert not rec.path.name.startswith(".")
+
+
+@pytest.mark.parametrize("name", ["new\nline.gguf", "trail.gguf\n", "bell\a.gguf"])
+def test_gguf_with_control_characters_in_its_name_is_stored_under_the_id(name, tmp_path, tmp_store):  # noqa: F811
+    weird = make_gguf(tmp_path / name)
+    rec = ModelManager().import_file(weird, role="draft")
+    assert check_model_id(rec.model_id) == rec.model_id
+    assert rec.path.name == f"{rec.model_id}.gguf" and rec.path.name.isprintable()

@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_info)
 
-    v = verbs.add_parser("verify", help="re-hash installed files (no ids: all installed)")
+    v = verbs.add_parser("verify", help="re-hash installed files (no ids: all installed); "
+                                        "'unpinned' when the registry pins no sha256 to compare with")
     v.add_argument("ids", nargs="*", metavar="ID")
     v.set_defaults(func=cmd_verify)
 
@@ -105,6 +106,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             "id": r.id, "role": r.role, "family": r.family, "quant": r.quant, "aliases": list(r.aliases),
             "installed": r.installed, "size": r.size, "path": str(r.path) if r.path else None,
             "source": r.source, "fit": r.fit.to_dict() if r.fit else None, "in_registry": r.in_registry,
+            "unpinned": r.unpinned,
         } for r in rows])
         return 0
     from rich.console import Console
@@ -221,12 +223,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not ids:
         print("no models installed")
         return 0
+    from localspec.models.manager import VerifyStatus
+
     bad = []
     for mid in ids:
-        ok = mgr.verify(mid)
-        print(f"{mid}: {'ok' if ok else 'FAILED'}")
-        if not ok:
-            bad.append(mgr._model_id(mid))
+        report = mgr.verify_report(mid)
+        print(f"{mid}: {report.status.value}" + (f" ({report.detail})" if report.detail else ""))
+        if report.status is VerifyStatus.FAILED:
+            bad.append(report.model_id)
     if bad:
         raise IntegrityError(f"{len(bad)} model(s) failed verification: {', '.join(bad)}.",
                              f"Re-download with `localspec models pull --force {' '.join(bad)}`.")

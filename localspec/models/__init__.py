@@ -3,15 +3,24 @@
 The engine does not import this package; it receives paths and DraftCompat values.
 """
 
-from localspec.models.compat import DraftCompat, check_draft_compat
+from localspec.models.compat import DraftCompat, LoraCompat, check_draft_compat, check_lora
 from localspec.models.fit import FitEstimate, estimate_fit
 from localspec.models.gguf_info import GGUFInfo, read_gguf_info, validate_gguf
-from localspec.models.manager import DiskUsage, InstallRecord, ModelManager, ModelRow, ProfilePull
+from localspec.models.manager import (
+    DiskUsage,
+    InstallRecord,
+    ModelManager,
+    ModelRow,
+    ProfilePull,
+    VerifyReport,
+    VerifyStatus,
+)
 from localspec.models.progress import ProgressCallback, ProgressEvent
 from localspec.models.registry import ModelEntry, Profile, Registry, load_registry
 
 __all__ = [
-    "DiskUsage", "DraftCompat", "FitEstimate", "GGUFInfo", "InstallRecord", "ModelEntry", "ModelManager",
-    "ModelRow", "Profile", "ProfilePull", "ProgressCallback", "ProgressEvent", "Registry",
-    "check_draft_compat", "estimate_fit", "load_registry", "read_gguf_info", "validate_gguf",
+    "DiskUsage", "DraftCompat", "FitEstimate", "GGUFInfo", "InstallRecord", "LoraCompat", "ModelEntry",
+    "ModelManager", "ModelRow", "Profile", "ProfilePull", "ProgressCallback", "ProgressEvent", "Registry",
+    "VerifyReport", "VerifyStatus",
+    "check_draft_compat", "check_lora", "estimate_fit", "load_registry", "read_gguf_info", "validate_gguf",
 ]

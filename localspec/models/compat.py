@@ -1,4 +1,5 @@
-"""Can this draft model propose tokens for that target? Checked from GGUF metadata alone.
+"""Can this draft model propose tokens for that target, and can this LoRA adapter go on that
+model? Both checked from GGUF metadata alone.
 
 Speculative decoding compares token ids, so both models must share the tokenizer. Checks, in order:
 1. tokenizer model (``tokenizer.ggml.model``: gpt2/llama/bert…) is equal;
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.errors import IncompatibleDraftError
-from localspec.models.gguf_info import GGUFMeta, read_header
+from localspec.errors import IncompatibleAdapterError, IncompatibleDraftError
+from localspec.models.gguf_info import GGUFMeta, TensorInfo, read_header
 
 MAX_VOCAB_DIFF = 128
 _SKIP_TYPES = (3, 4, 5)  # CONTROL, USER_DEFINED, UNUSED
@@ -93,3 +94,91 @@ def check_draft_compat(target_path: Path | str, draft_path: Path | str,
     bos, eos = tgt.get("tokenizer.ggml.bos_token_id"), tgt.get("tokenizer.ggml.eos_token_id")
     return DraftCompat(nt, nd, str(t_model), None if bos is None else int(bos),
                        None if eos is None else int(eos), compared)
+
+
+# ---------------------------------------------------------------- LoRA adapters
+
+_LORA_SUFFIXES = (".lora_a", ".lora_b")
+
+
+@dataclass(frozen=True)
+class LoraCompat:
+    """An adapter that passed check_lora: what it adapts."""
+
+    architecture: str
+    n_pairs: int  # adapted base tensors (lora_a/lora_b pairs)
+    ranks: tuple[int, ...]  # distinct ranks, ascending
+
+
+def _refuse(adapter: Path, reason: str) -> IncompatibleAdapterError:
+    return IncompatibleAdapterError(
+        f"LoRA adapter {adapter} cannot be used: {reason}.",
+        "Use a LoRA GGUF converted for this model (llama.cpp's convert_lora_to_gguf.py with this base), "
+        "or remove lora_path.",
+    )
+
+
+def _lora_pairs(adapter: Path, meta: GGUFMeta) -> dict[str, tuple[TensorInfo, TensorInfo]]:
+    """Base tensor name -> (lora_a, lora_b); refuses a half pair or a foreign tensor."""
+    halves: dict[str, dict[str, TensorInfo]] = {}
+    for t in meta.tensors:
+        suffix = next((s for s in _LORA_SUFFIXES if t.name.endswith(s)), None)
+        if suffix is None:
+            if t.name.endswith("_norm.weight"):  # llama.cpp copies these as they are
+                continue
+            raise _refuse(adapter, f"tensor {t.name!r} is neither a lora_a nor a lora_b tensor")
+        halves.setdefault(t.name.removesuffix(suffix), {})[suffix] = t
+    pairs = {}
+    for base, half in halves.items():
+        if len(half) != 2:
+            raise _refuse(adapter, f"the LoRA pair for {base!r} is missing one of lora_a/lora_b")
+        pairs[base] = (half[".lora_a"], half[".lora_b"])
+    if not pairs:
+        raise _refuse(adapter, "it has no lora_a/lora_b tensors")
+    return pairs
+
+
+def _check_shapes(adapter: Path, pairs: dict[str, tuple[TensorInfo, TensorInfo]], base: GGUFMeta) -> None:
+    """The shapes llama.cpp requires, in GGUF order: base (in, out), lora_a (in, r), lora_b (r, out)."""
+    base_shapes = {t.name: t.shape for t in base.tensors}
+    split = base.get("split.count", 1) > 1  # other shards hold tensors we cannot see here
+    for name, (a, b) in pairs.items():
+        if len(a.shape) != 2 or len(b.shape) != 2:
+            raise _refuse(adapter, f"the LoRA pair for {name!r} is not two matrices")
+        shape = base_shapes.get(name)
+        if shape is None:
+            if split:
+                continue
+            raise _refuse(adapter, f"the model {base.path.name} has no tensor {name!r} (made for another model?)")
+        if len(shape) < 2:
+            raise _refuse(adapter, f"the model's tensor {name!r} is not a matrix")
+        if name == "token_embd.weight":  # stored transposed; see llama.cpp's input embedding
+            fits = shape[0] == b.shape[1] and shape[1] == a.shape[1]
+        else:
+            fits = shape[0] == a.shape[0] and shape[1] == b.shape[1] and a.shape[1] == b.shape[0]
+        if not fits:
+            raise _refuse(adapter, f"tensor {name!r} is {shape[0]}x{shape[1]} in the model {base.path.name}, but "
+                                   f"the adapter's pair is {a.shape[0]}x{a.shape[1]} and {b.shape[0]}x{b.shape[1]} "
+                                   "(made for another model size?)")
+
+
+def check_lora(adapter_path: Path | str, base_path: Path | str) -> LoraCompat:
+    """Refuse an adapter llama.cpp would reject (or abort on): it must be a valid GGUF whose
+    general.type is "adapter" and adapter.type "lora", for the base model's architecture, with
+    embedding size and tensor shapes that match the base. Reads headers only."""
+    adapter = Path(adapter_path)
+    meta, base = read_header(adapter), read_header(base_path)  # IntegrityError when either is malformed
+    kind, lora = meta.get("general.type"), meta.get("adapter.type")
+    if kind != "adapter":
+        raise _refuse(adapter, f"its general.type is {kind!r}, not 'adapter' (is it a model, not an adapter?)")
+    if lora != "lora":
+        raise _refuse(adapter, f"its adapter.type is {lora!r}, not 'lora'")
+    arch, base_arch = meta.get("general.architecture"), base.get("general.architecture")
+    if arch != base_arch:
+        raise _refuse(adapter, f"it is for architecture {arch!r}, the model {base.path.name} is {base_arch!r}")
+    n_embd, base_embd = meta.get(f"{arch}.embedding_length"), base.get(f"{arch}.embedding_length")
+    if n_embd is not None and base_embd is not None and n_embd != base_embd:
+        raise _refuse(adapter, f"its embedding size {n_embd} differs from the model's {base_embd}")
+    pairs = _lora_pairs(adapter, meta)
+    _check_shapes(adapter, pairs, base)
+    return LoraCompat(str(arch), len(pairs), tuple(sorted({a.shape[1] for a, _ in pairs.values()})))

@@ -9,10 +9,11 @@ come from the ``gguf`` package, so new quant types need no change here.
 
 from __future__ import annotations
 
+import math
 import mmap
-import os
 import struct
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,21 @@ SUPPORTED_VERSIONS = (2, 3)
 MIN_SIZE = 24  # magic + version + tensor count + kv count
 DEFAULT_ALIGNMENT = 32
 
+# What a header may make us do: every count, length and size below is checked against these (and
+# against the bytes left in the file) before anything is allocated. Real models stay far inside.
+MAX_KEY_BYTES = 65_535  # the GGUF spec's limit on a key
+MAX_STRING_BYTES = 16 << 20  # one metadata string; chat templates run to tens of KiB
+MAX_ARRAY_ITEMS = 1 << 24  # one array; vocabularies and merge lists run to ~10^6
+MAX_ENTRIES = 1 << 20  # keys, or tensors, in one file (real models: ~50 keys, ~1,000 tensors)
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_TENSOR_NAME = 63  # GGML_MAX_NAME is 64 bytes with the terminating NUL
+INT64_MAX = (1 << 63) - 1
+_MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
+_MIN_TENSOR_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
+
+# llama.cpp reads these with an accessor that aborts the process on any other stored type.
+_EXACT_TYPES = {"general.alignment": GGUFValueType.UINT32, "adapter.lora.alpha": GGUFValueType.FLOAT32}
+
 _SCALAR = {
     GGUFValueType.UINT8: ("<B", np.uint8), GGUFValueType.INT8: ("<b", np.int8),
     GGUFValueType.UINT16: ("<H", np.uint16), GGUFValueType.INT16: ("<h", np.int16),
@@ -36,8 +52,8 @@ _SCALAR = {
 }
 
 
-class _Truncated(Exception):
-    pass
+class _Malformed(Exception):
+    """The header is not a usable GGUF; the message is the reason, for one line."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +74,7 @@ class TensorInfo:
     ggml_type: int
     offset: int  # relative to the data section
     n_elements: int
-    n_bytes: int | None  # None for a type this gguf package does not know
+    n_bytes: int
 
 
 @dataclass
@@ -82,13 +98,16 @@ class GGUFMeta:
             return list(arr or [])
         out: list[bytes] = []
         unpack = struct.Struct("<Q").unpack_from
-        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            pos = arr.offset
-            for _ in range(arr.count):
-                (n,) = unpack(mm, pos)
-                pos += 8
-                out.append(mm[pos:pos + n])
-                pos += n
+        try:
+            with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                pos = arr.offset
+                for _ in range(arr.count):
+                    (n,) = unpack(mm, pos)
+                    pos += 8
+                    out.append(mm[pos:pos + n])
+                    pos += n
+        except (OSError, ValueError, struct.error) as exc:  # the file changed since its header was read
+            raise _invalid(self.path, f"cannot read {key} ({exc})") from None
         return out
 
 
@@ -96,9 +115,13 @@ class _Reader:
     def __init__(self, buf: mmap.mmap, size: int) -> None:
         self.buf, self.size, self.pos = buf, size, 0
 
+    @property
+    def left(self) -> int:
+        return self.size - self.pos
+
     def need(self, n: int) -> None:
         if n < 0 or self.pos + n > self.size:
-            raise _Truncated(f"header is cut off at byte {self.size} (needed {self.pos + n})")
+            raise _Malformed(f"header is cut off at byte {self.size} (needed {self.pos + n})")
 
     def unpack(self, fmt: str, n: int) -> Any:
         self.need(n)
@@ -112,46 +135,60 @@ class _Reader:
     def u64(self) -> int:
         return self.unpack("<Q", 8)
 
-    def raw_str(self) -> bytes:
+    def raw_str(self, limit: int, what: str) -> bytes:
         n = self.u64()
+        if n > limit:
+            raise _Malformed(f"{what} claims {n:,} bytes (at most {limit:,})")
         self.need(n)
         s = self.buf[self.pos:self.pos + n]
         self.pos += n
         return s
 
-    def value(self, vtype: int) -> Any:
-        t = GGUFValueType(vtype)
+    def vtype(self, code: int) -> GGUFValueType:
+        try:
+            return GGUFValueType(code)
+        except ValueError:
+            raise _Malformed(f"unknown metadata value type {code}") from None
+
+    def value(self, t: GGUFValueType) -> Any:
         if t == GGUFValueType.STRING:
-            return self.raw_str().decode("utf-8", errors="replace")
+            return self.raw_str(MAX_STRING_BYTES, "a string").decode("utf-8", errors="replace")
         if t in _SCALAR:
             fmt, _ = _SCALAR[t]
             return self.unpack(fmt, struct.calcsize(fmt))
-        if t == GGUFValueType.ARRAY:
-            itype = GGUFValueType(self.u32())
-            count = self.u64()
-            if itype == GGUFValueType.STRING:
-                start = self.pos
-                unpack = struct.Struct("<Q").unpack_from
-                pos, size, buf = self.pos, self.size, self.buf
-                for _ in range(count):  # skip items by their length prefixes
-                    if pos + 8 > size:
-                        raise _Truncated(f"header is cut off at byte {size}")
-                    (n,) = unpack(buf, pos)
-                    pos += 8 + n
-                if pos > size:
-                    raise _Truncated(f"header is cut off at byte {size}")
-                self.pos = pos
-                return StringArray(start, count)
-            if itype in _SCALAR:
-                fmt, dtype = _SCALAR[itype]
-                nbytes = struct.calcsize(fmt) * count
-                self.need(nbytes)
-                arr = np.frombuffer(self.buf, dtype=np.dtype(dtype).newbyteorder("<"), count=count,
-                                    offset=self.pos).copy()
-                self.pos += nbytes
-                return arr
-            return [self.value(itype) for _ in range(count)]  # nested arrays: rare, small
-        raise ValueError(f"unknown metadata value type {vtype}")
+        return self.array()
+
+    def array(self) -> StringArray | np.ndarray:
+        itype = self.vtype(self.u32())
+        count = self.u64()
+        if itype == GGUFValueType.ARRAY:  # llama.cpp refuses them too; refusing also bounds the recursion
+            raise _Malformed("an array of arrays (not allowed in GGUF models)")
+        if count > MAX_ARRAY_ITEMS:
+            raise _Malformed(f"an array claims {count:,} items (at most {MAX_ARRAY_ITEMS:,})")
+        if itype == GGUFValueType.STRING:
+            return self.string_array(count)
+        fmt, dtype = _SCALAR[itype]
+        nbytes = struct.calcsize(fmt) * count
+        self.need(nbytes)
+        arr = np.frombuffer(self.buf, dtype=np.dtype(dtype).newbyteorder("<"), count=count, offset=self.pos).copy()
+        self.pos += nbytes
+        return arr
+
+    def string_array(self, count: int) -> StringArray:
+        if count * 8 > self.left:
+            raise _Malformed(f"a string array claims {count:,} items but {self.left:,} bytes are left")
+        start = pos = self.pos
+        unpack = struct.Struct("<Q").unpack_from
+        size, buf = self.size, self.buf
+        for _ in range(count):  # skip items by their length prefixes
+            if pos + 8 > size:
+                raise _Malformed(f"header is cut off at byte {size}")
+            (n,) = unpack(buf, pos)
+            pos += 8 + n
+            if pos > size:
+                raise _Malformed(f"header is cut off at byte {size}")
+        self.pos = pos
+        return StringArray(start, count)
 
 
 def _invalid(path: Path, reason: str) -> IntegrityError:
@@ -165,16 +202,16 @@ def _check_preamble(path: Path) -> int:
     """Existence, size, magic and version: cheap checks before any parsing."""
     try:
         size = path.stat().st_size
+        if not path.is_file():
+            raise _invalid(path, "not a regular file")
+        if size <= MIN_SIZE:
+            raise _invalid(path, f"only {size} bytes (empty or truncated)")
+        with open(path, "rb") as f:
+            head = f.read(8)
     except FileNotFoundError:
         raise _invalid(path, "no such file") from None
     except OSError as exc:
-        raise _invalid(path, f"cannot read it ({exc.strerror})") from None
-    if not path.is_file():
-        raise _invalid(path, "not a regular file")
-    if size <= MIN_SIZE:
-        raise _invalid(path, f"only {size} bytes (empty or truncated)")
-    with open(path, "rb") as f:
-        head = f.read(8)
+        raise _invalid(path, f"cannot read it ({exc.strerror or exc})") from None
     if head[:4] != MAGIC:
         raise _invalid(path, f"bad magic {head[:4]!r} (expected b'GGUF')")
     (version,) = struct.unpack("<I", head[4:8])
@@ -186,8 +223,79 @@ def _check_preamble(path: Path) -> int:
     return size
 
 
+def _count(r: _Reader, what: str, min_bytes: int) -> int:
+    n = r.u64()
+    if n > MAX_ENTRIES or n * min_bytes > r.left:
+        raise _Malformed(f"the header claims {n:,} {what}, more than its {r.left:,} remaining bytes can hold")
+    return n
+
+
+def _read_kv(r: _Reader, n_kv: int) -> dict[str, Any]:
+    kv: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = r.raw_str(MAX_KEY_BYTES, "a key").decode("utf-8", errors="replace")
+        if key in kv:
+            raise _Malformed(f"key {key!r} appears twice")
+        try:
+            t = r.vtype(r.u32())
+            exact = _EXACT_TYPES.get(key)
+            if exact is not None and t != exact:
+                raise _Malformed(f"it is {t.name}, not {exact.name}")
+            kv[key] = r.value(t)
+        except _Malformed as exc:
+            raise _Malformed(f"key {key!r}: {exc}") from None
+    return kv
+
+
+def _tensor_bytes(name: str, dims: tuple[int, ...], gtype: int) -> tuple[int, int]:
+    """(elements, bytes) of one tensor, refusing what ggml would refuse or overflow on."""
+    for d in dims:
+        if d == 0 or d > INT64_MAX:  # ggml divides by dimensions and reads them as int64
+            raise _Malformed(f"tensor {name!r} has a dimension of {d:,}")
+    n_el = math.prod(dims)  # exact: no wrap-around to 0
+    if n_el >= INT64_MAX:
+        raise _Malformed(f"tensor {name!r} of shape {dims} has {n_el:,} elements, which overflows 64 bits")
+    try:
+        block, tsize = GGML_QUANT_SIZES[GGMLQuantizationType(gtype)]
+    except (ValueError, KeyError):
+        raise _Malformed(f"tensor {name!r} has unknown ggml type {gtype}") from None
+    if dims and dims[0] % block:
+        raise _Malformed(f"tensor {name!r} rows of {dims[0]} are not a multiple of its block size {block}")
+    return n_el, n_el // block * tsize
+
+
+def _read_tensors(r: _Reader, n_tensors: int) -> list[TensorInfo]:
+    tensors: list[TensorInfo] = []
+    names: set[str] = set()
+    for _ in range(n_tensors):
+        name = r.raw_str(MAX_TENSOR_NAME, "a tensor name").decode("utf-8", errors="replace")
+        if name in names:
+            raise _Malformed(f"tensor {name!r} appears twice")
+        names.add(name)
+        n_dims = r.u32()
+        if n_dims > MAX_DIMS:
+            raise _Malformed(f"tensor {name!r} claims {n_dims} dimensions (at most {MAX_DIMS})")
+        dims = tuple(r.u64() for _ in range(n_dims))
+        gtype = r.u32()
+        offset = r.u64()
+        n_el, n_bytes = _tensor_bytes(name, dims, gtype)
+        tensors.append(TensorInfo(name, dims, gtype, offset, n_el, n_bytes))
+    return tensors
+
+
+def _alignment(kv: dict[str, Any]) -> int:
+    align = kv.get("general.alignment", DEFAULT_ALIGNMENT)
+    if align <= 0 or align & (align - 1):
+        raise _Malformed(f"invalid alignment {align}")
+    return int(align)
+
+
 def read_header(path: Path | str) -> GGUFMeta:
-    """Parse and validate the header and tensor table; raises IntegrityError when invalid."""
+    """Parse and validate the header and tensor table; raises IntegrityError when invalid.
+
+    Every failure, whatever the file holds, is that one-line IntegrityError: the limits above bound
+    what the header can make us allocate, and any other surprise is reported as a corrupt header.
+    """
     path = Path(path)
     size = _check_preamble(path)
     try:
@@ -195,51 +303,50 @@ def read_header(path: Path | str) -> GGUFMeta:
             r = _Reader(mm, size)
             r.pos = 4
             version = r.u32()
-            n_tensors, n_kv = r.u64(), r.u64()
-            if n_tensors > 1_000_000 or n_kv > 1_000_000:
-                raise _Truncated(f"implausible counts ({n_tensors} tensors, {n_kv} keys)")
-            kv: dict[str, Any] = {}
-            for _ in range(n_kv):
-                key = r.raw_str().decode("utf-8", errors="replace")
-                kv[key] = r.value(r.u32())
-            tensors = []
-            for _ in range(n_tensors):
-                name = r.raw_str().decode("utf-8", errors="replace")
-                n_dims = r.u32()
-                if n_dims > 8:
-                    raise _Truncated(f"tensor {name!r} claims {n_dims} dimensions")
-                dims = tuple(r.u64() for _ in range(n_dims))
-                gtype = r.u32()
-                offset = r.u64()
-                n_el = int(np.prod(dims, dtype=np.uint64)) if dims else 1
-                try:
-                    block, tsize = GGML_QUANT_SIZES[GGMLQuantizationType(gtype)]
-                    nbytes: int | None = n_el * tsize // block
-                except (ValueError, KeyError):
-                    nbytes = None
-                tensors.append(TensorInfo(name, dims, gtype, offset, n_el, nbytes))
-            align = int(kv.get("general.alignment", DEFAULT_ALIGNMENT) or DEFAULT_ALIGNMENT)
-            if align <= 0 or align & (align - 1):
-                raise _Truncated(f"invalid alignment {align}")
+            n_tensors = _count(r, "tensors", _MIN_TENSOR_BYTES)
+            kv = _read_kv(r, _count(r, "keys", _MIN_KV_BYTES))
+            if n_tensors * _MIN_TENSOR_BYTES > r.left:
+                raise _Malformed(f"the header claims {n_tensors:,} tensors but {r.left:,} bytes are left")
+            tensors = _read_tensors(r, n_tensors)
+            check_known_keys(kv)
+            align = _alignment(kv)
             data_offset = (r.pos + align - 1) // align * align
-    except _Truncated as exc:
+    except _Malformed as exc:
         raise _invalid(path, str(exc)) from None
-    except (ValueError, struct.error, OverflowError) as exc:
-        raise _invalid(path, f"corrupt header ({exc})") from None
+    except OSError as exc:
+        raise _invalid(path, f"cannot read it ({exc.strerror or exc})") from None
+    except Exception as exc:  # noqa: BLE001  untrusted bytes: any other surprise is still one line
+        raise _invalid(path, f"corrupt header ({type(exc).__name__}: {exc})") from None
     meta = GGUFMeta(path, version, kv, tensors, data_offset, size)
-    _check_extents(meta)
+    _check_is_model(meta)
+    _check_extents(meta, align)
     return meta
 
 
-def _check_extents(meta: GGUFMeta) -> None:
-    """Every tensor's bytes must lie inside the file: a truncated download fails here."""
-    end = meta.data_offset
+def _check_extents(meta: GGUFMeta, align: int) -> None:
+    """Tensors lie back to back, in order, each padded to the alignment (as llama.cpp requires), and
+    all inside the file: a truncated download fails here."""
+    expected = 0
     for t in meta.tensors:
-        stop = meta.data_offset + t.offset + (t.n_bytes or 0)
-        end = max(end, stop)
+        if t.offset != expected:
+            raise _invalid(meta.path, f"tensor {t.name!r} starts at data offset {t.offset:,}, expected {expected:,}")
+        expected += (t.n_bytes + align - 1) // align * align
+    if not meta.tensors:
+        return  # no data section at all
+    end = meta.data_offset + max(t.offset + t.n_bytes for t in meta.tensors)
     if end > meta.file_size:
         raise _invalid(meta.path, f"tensor data ends at byte {end:,} but the file has {meta.file_size:,} "
                                   "bytes (truncated download?)")
+
+
+def _check_is_model(meta: GGUFMeta) -> None:
+    """A file with no architecture or no tensors is not a model (the later shards of a split model
+    carry only split.* keys, and a split's first shard may hold no tensors)."""
+    split_count, split_no = meta.get("split.count", 1), meta.get("split.no", 0)
+    if not meta.get("general.architecture") and split_no == 0:
+        raise _invalid(meta.path, "it has no general.architecture, so it is not a model")
+    if not meta.tensors and split_count <= 1:
+        raise _invalid(meta.path, "it has no tensors, so it is not a model")
 
 
 def validate_gguf(path: Path | str, full: bool = True) -> None:
@@ -252,6 +359,82 @@ def validate_gguf(path: Path | str, full: bool = True) -> None:
         read_header(path)
     else:
         _check_preamble(Path(path))
+
+
+# ---------------------------------------------------------------- known keys
+
+
+class _Kind(Enum):
+    """What a known key must hold; a wrong type would crash a reader that trusts it."""
+
+    TEXT = "a string"
+    COUNT = "a non-negative integer"
+    POSITIVE = "a positive integer"
+    NUMBER = "a number"
+    COUNT_OR_COUNTS = "a non-negative integer or an array of them"
+    TEXTS = "an array of strings"
+    INTS = "an array of integers"
+    NUMBERS = "an array of numbers"
+
+
+_GENERAL_KEYS = {
+    "general.architecture": _Kind.TEXT, "general.name": _Kind.TEXT, "general.type": _Kind.TEXT,
+    "general.file_type": _Kind.COUNT, "general.quantization_version": _Kind.COUNT,
+    "adapter.type": _Kind.TEXT, "adapter.lora.alpha": _Kind.NUMBER,
+    "tokenizer.ggml.model": _Kind.TEXT, "tokenizer.ggml.pre": _Kind.TEXT, "tokenizer.chat_template": _Kind.TEXT,
+    "tokenizer.ggml.tokens": _Kind.TEXTS, "tokenizer.ggml.merges": _Kind.TEXTS,
+    "tokenizer.ggml.token_type": _Kind.INTS, "tokenizer.ggml.scores": _Kind.NUMBERS,
+    "tokenizer.ggml.bos_token_id": _Kind.COUNT, "tokenizer.ggml.eos_token_id": _Kind.COUNT,
+    "tokenizer.ggml.unknown_token_id": _Kind.COUNT, "tokenizer.ggml.padding_token_id": _Kind.COUNT,
+    "split.no": _Kind.COUNT, "split.count": _Kind.COUNT, "split.tensors.count": _Kind.COUNT,
+}
+_ARCH_KEYS = {  # prefixed with the architecture's name
+    "context_length": _Kind.POSITIVE, "block_count": _Kind.COUNT, "embedding_length": _Kind.COUNT,
+    "feed_forward_length": _Kind.COUNT_OR_COUNTS, "attention.head_count": _Kind.COUNT_OR_COUNTS,
+    "attention.head_count_kv": _Kind.COUNT_OR_COUNTS, "attention.key_length": _Kind.COUNT,
+    "attention.value_length": _Kind.COUNT,
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _fits(kind: _Kind, v: Any) -> bool:
+    ints = isinstance(v, np.ndarray) and v.dtype.kind in "iu"
+    return {
+        _Kind.TEXT: lambda: isinstance(v, str),
+        _Kind.COUNT: lambda: _is_int(v) and v >= 0,
+        _Kind.POSITIVE: lambda: _is_int(v) and v > 0,
+        _Kind.NUMBER: lambda: (_is_int(v) or isinstance(v, float)),
+        _Kind.COUNT_OR_COUNTS: lambda: (_is_int(v) and v >= 0) or (ints and bool((v >= 0).all())),
+        _Kind.TEXTS: lambda: isinstance(v, StringArray),
+        _Kind.INTS: lambda: ints,
+        _Kind.NUMBERS: lambda: isinstance(v, np.ndarray) and v.dtype.kind in "iuf",
+    }[kind]()
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"an array of {v.size} {v.dtype}"
+    if isinstance(v, StringArray):
+        return f"an array of {v.count} strings"
+    return f"{type(v).__name__} {str(v)[:40]!r}"
+
+
+def check_known_keys(kv: dict[str, Any]) -> None:
+    """Keys this package (and llama.cpp) read must hold the type they are read as."""
+    arch = kv.get("general.architecture")
+    wanted = dict(_GENERAL_KEYS)
+    if isinstance(arch, str):
+        wanted.update({f"{arch}.{k}": kind for k, kind in _ARCH_KEYS.items()})
+    for key, kind in wanted.items():
+        if key in kv and not _fits(kind, kv[key]):
+            raise _Malformed(f"key {key!r} must be {kind.value}, not {_shown(kv[key])}")
+    tokens = kv.get("tokenizer.ggml.tokens")
+    for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        if tokens is not None and key in kv and len(kv[key]) != len(tokens):
+            raise _Malformed(f"key {key!r} has {len(kv[key]):,} items for {len(tokens):,} tokens")
 
 
 # ---------------------------------------------------------------- summary
@@ -305,14 +488,12 @@ def quant_name(file_type: int | None) -> str | None:
 
 
 def _int(v: Any) -> int | None:
-    try:
-        return None if v is None else int(v)
-    except (TypeError, ValueError):
-        return None
+    """A scalar integer key's value; None when absent or per-layer (an array)."""
+    return v if _is_int(v) else None
 
 
 def info_from_meta(meta: GGUFMeta) -> GGUFInfo:
-    arch = str(meta.get("general.architecture", "unknown"))
+    arch = meta.get("general.architecture") or "unknown"  # only a split model's later shards lack it
     g = lambda key: meta.get(f"{arch}.{key}")  # noqa: E731
     n_embd, n_head = _int(g("embedding_length")), _int(g("attention.head_count"))
     n_head_kv = _int(g("attention.head_count_kv")) or n_head

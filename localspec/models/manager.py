@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 from localspec.errors import ConfigError, DiskFullError, DownloadError, IntegrityError, ModelNotFoundError
@@ -21,7 +22,7 @@ from localspec.models.registry import (
     load_registry,
 )
 from localspec.models.sources import FetchResult, SourceUnavailable
-from localspec.models.store import Manifest, Store, dir_size, sha256_file
+from localspec.models.store import Manifest, ManifestFile, Store, dir_size, sha256_file
 from localspec.paths import Paths, resolve_paths
 
 
@@ -59,6 +60,20 @@ class ModelRow:
     source: str | None  # which source installed it
     fit: FitEstimate | None
     in_registry: bool = True
+    unpinned: str | None = None  # why its files (installed, else the first source's) have no registry sha256
+
+
+class VerifyStatus(Enum):
+    OK = "ok"  # matches its manifest and the registry's sha256
+    UNPINNED = "unpinned"  # matches its manifest; the registry pins no sha256 to compare with
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    model_id: str
+    status: VerifyStatus
+    detail: str = ""  # why unpinned, or what failed
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,7 @@ class ModelManager:
     # ---------------------------------------------------------------- installing
 
     def pull(self, id_or_alias: str, progress: ProgressCallback | None = None, force: bool = False) -> InstallRecord:
+        self.store.prune_quarantine()  # old evidence of bad downloads does not pile up
         entry = self.resolve(id_or_alias)
         emit = Emitter(progress, entry.id)
         with self.store.lock(entry.id):
@@ -219,15 +235,16 @@ class ModelManager:
         raise SourceUnavailable(f"unsupported source kind {getattr(src, 'kind', '?')!r}")
 
     def _check_gguf(self, entry: ModelEntry, result: FetchResult) -> None:
-        """A file that passed its hash but is not GGUF (registry without hashes) is quarantined."""
+        """A file that passed its hash but is not a valid GGUF model (a registry entry may pin a bad
+        file's hash, or none) is quarantined. The header check reads no weights: well under a second."""
         from localspec.models.gguf_info import validate_gguf
 
         for f in result.files:
             if f.name.endswith(".gguf"):
                 try:
-                    validate_gguf(Path(f.path), full=False)
+                    validate_gguf(Path(f.path))
                 except IntegrityError:
-                    self.store.quarantine(Path(f.path).resolve(), f.name)
+                    self.store.quarantine(Path(f.path).resolve(), model_id=entry.id, name=f.name)
                     raise
 
     def _already_installed(self, entry: ModelEntry) -> InstallRecord | None:
@@ -284,6 +301,10 @@ class ModelManager:
             name = spec.name if spec else origin.name
             want_sha = next((f.sha256 for f in specs if f.sha256), None)
             want_size = next((f.size for f in specs if f.size is not None), None)
+            if want_size is not None and origin.stat().st_size != want_size:  # refused before a byte is copied
+                raise IntegrityError(
+                    f"{origin}: size {origin.stat().st_size:,} bytes, but {entry.id} is {want_size:,} bytes.",
+                    f"Import the file the registry describes for {entry.id}, or import it under another --id.")
         else:
             info = read_gguf_info(origin)
             entry = overlay.add_entry(self.paths.user_registry, mid, role, origin, info)
@@ -309,8 +330,11 @@ class ModelManager:
 
     def verify(self, id_or_alias: str, progress: ProgressCallback | None = None) -> bool:
         """Re-hash every file and compare with the manifest and the registry; True when all match."""
-        from localspec.models.gguf_info import validate_gguf
+        return self.verify_report(id_or_alias, progress).status is not VerifyStatus.FAILED
 
+    def verify_report(self, id_or_alias: str, progress: ProgressCallback | None = None) -> VerifyReport:
+        """Like verify, saying which: ok, unpinned (matches what was downloaded, but the registry
+        pins no sha256 to compare with) or failed, and why."""
         mid = self._model_id(id_or_alias)
         m = self.store.read_manifest(mid)
         if m is None:
@@ -318,25 +342,13 @@ class ModelManager:
         entry = self.registry.models.get(mid)
         emit = Emitter(progress, mid, str(m.source.get("kind", "")))
         for f in m.files:
-            p = Path(f.path)
-            try:
-                size = p.stat().st_size
-            except OSError:
-                return False
-            if size != f.size:
-                return False
-            sha = sha256_file(p, lambda d, size=size: emit("verify", d, size, f.name))
-            if sha != f.sha256:
-                return False
-            want = entry.known_hash(f.name) if entry else None
-            if want and want != sha:
-                return False
-            if f.name.endswith(".gguf"):
-                try:
-                    validate_gguf(p, full=False)
-                except IntegrityError:
-                    return False
-        return True
+            problem = _file_problem(f, entry, emit)
+            if problem:
+                return VerifyReport(mid, VerifyStatus.FAILED, problem)
+        if entry is None:
+            return VerifyReport(mid, VerifyStatus.UNPINNED, "not in the registry: checked against its manifest only")
+        why = entry.unpinned_reason(f.name for f in m.files)
+        return VerifyReport(mid, VerifyStatus.UNPINNED, why) if why else VerifyReport(mid, VerifyStatus.OK)
 
     def remove(self, id_or_alias: str, purge_hf_cache: bool = False) -> int:
         """Uninstall; HF-cache files are left for other tools unless ``purge_hf_cache``."""
@@ -408,7 +420,39 @@ class ModelManager:
             source=_source_desc(m.source) if m else None,
             fit=fit,
             in_registry=entry is not None,
+            unpinned=_unpinned(entry, m),
         )
+
+
+def _unpinned(entry: ModelEntry | None, m: Manifest | None) -> str | None:
+    if entry is None:
+        return "not in the registry" if m is not None else None
+    return entry.unpinned_reason([f.name for f in m.files] if m else None)
+
+
+def _file_problem(f: ManifestFile, entry: ModelEntry | None, emit: Emitter) -> str | None:
+    """Why an installed file fails verification, or None."""
+    from localspec.models.gguf_info import validate_gguf
+
+    p = Path(f.path)
+    try:
+        size = p.stat().st_size
+    except OSError:
+        return f"{f.name} is missing"
+    if size != f.size:
+        return f"{f.name} has {size:,} bytes, the manifest {f.size:,}"
+    sha = sha256_file(p, lambda d: emit("verify", d, size, f.name))
+    if sha != f.sha256:
+        return f"{f.name}'s sha256 differs from the manifest's"
+    want = entry.known_hash(f.name) if entry else None
+    if want and want != sha:
+        return f"{f.name}'s sha256 differs from the registry's"
+    if f.name.endswith(".gguf"):
+        try:
+            validate_gguf(p)
+        except IntegrityError as exc:
+            return exc.cause
+    return None
 
 
 def _source_desc(source: dict) -> str:

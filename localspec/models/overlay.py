@@ -25,7 +25,7 @@ def id_from_filename(name: str) -> str:
 
 def stored_name(name: str, model_id: str) -> str:
     """The file name an import is stored under: its own when plain, else one made from the id."""
-    plain = name and not name.startswith(".") and "/" not in name and "\\" not in name
+    plain = name and not name.startswith(".") and "/" not in name and "\\" not in name and name.isprintable()
     return name if plain else f"{model_id}.gguf"
 
 

@@ -18,9 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from localspec.errors import ConfigError, ModelNotFoundError
 
-# Ids become directory names in the store, so they are restricted to a safe alphabet.
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+# Ids become directory names in the store, so they are restricted to a safe alphabet. Always
+# fullmatch: `$` also matches before a trailing newline, which let "trail\n" through.
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+_HF_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_HF_REPO_RE = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
+_HF_REVISION_RE = re.compile(r"[A-Za-z0-9._/+-]{1,255}")
 
 Role = Literal["target", "draft", "embedding"]
 _KINDS = ("hf", "pypi", "file")
@@ -33,7 +37,7 @@ class _Strict(BaseModel):
 
 def check_model_id(model_id: str) -> str:
     """Reject ids that could escape the store directory (``..``, separators, empty)."""
-    if not isinstance(model_id, str) or not _ID_RE.match(model_id) or ".." in model_id:
+    if not isinstance(model_id, str) or not _ID_RE.fullmatch(model_id) or ".." in model_id:
         raise ConfigError(
             f"Invalid model id {model_id!r}: ids may use letters, digits, '.', '_', '+', '-' only.",
             "Pick an id without path separators or '..'.",
@@ -45,13 +49,16 @@ class FileSpec(_Strict):
     name: str
     size: int | None = Field(default=None, ge=0)
     sha256: str | None = None
+    # Why a file has no sha256 (say, nobody could record it yet): `models verify` reports such a
+    # model as "unpinned" rather than "ok". Every file in the built-in registry has one or the other.
+    unpinned: str | None = None
 
     @field_validator("name")
     @classmethod
     def _plain_name(cls, v: str) -> str:
         # A file name, not a path: the store joins it under the model's directory.
-        if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith("."):
-            raise ValueError("must be a plain file name (no directories)")
+        if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith(".") or not v.isprintable():
+            raise ValueError("must be a plain file name (no directories or control characters)")
         return v
 
     @field_validator("sha256")
@@ -60,9 +67,22 @@ class FileSpec(_Strict):
         if v is None:
             return v
         v = v.lower()
-        if not _SHA_RE.match(v):
+        if not _SHA_RE.fullmatch(v):
             raise ValueError("must be 64 hex digits")
         return v
+
+    @field_validator("unpinned")
+    @classmethod
+    def _reason(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or len(v) > 300 or not v.isprintable()):
+            raise ValueError("must say in one line (at most 300 characters) why the file has no sha256")
+        return v
+
+    @model_validator(mode="after")
+    def _pinned_or_why(self) -> FileSpec:
+        if self.sha256 and self.unpinned:
+            raise ValueError("has a sha256 and says it is unpinned; drop `unpinned`")
+        return self
 
 
 class HFSource(_Strict):
@@ -70,6 +90,22 @@ class HFSource(_Strict):
     repo: str
     revision: str = "main"
     files: list[FileSpec] = Field(min_length=1)
+
+    @field_validator("repo")
+    @classmethod
+    def _repo_id(cls, v: str) -> str:
+        # huggingface_hub raises (a traceback) on a malformed id at pull time; refuse it at load.
+        if not _HF_REPO_RE.fullmatch(v) or "--" in v or ".." in v:
+            raise ValueError("must be a Hugging Face repo id like 'owner/name' (letters, digits, '-', '_', '.'; "
+                             "no '--' or '..'; at most 96 characters per part)")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if not _HF_REVISION_RE.fullmatch(v) or ".." in v:
+            raise ValueError("must be a branch, tag or commit (letters, digits, '.', '_', '-', '/', '+')")
+        return v
 
     def describe(self) -> str:
         return f"hf {self.repo}@{self.revision}"
@@ -114,7 +150,7 @@ class ModelEntry(_Strict):
     @field_validator("id")
     @classmethod
     def _safe_id(cls, v: str) -> str:
-        if not _ID_RE.match(v) or ".." in v:
+        if not _ID_RE.fullmatch(v) or ".." in v:
             raise ValueError("may use letters, digits, '.', '_', '+', '-' only (no path separators or '..')")
         return v
 
@@ -132,6 +168,19 @@ class ModelEntry(_Strict):
             for f in src.files:
                 if f.name == name and f.sha256:
                     return f.sha256
+        return None
+
+    def unpinned_reason(self, names: Iterable[str] | None = None) -> str | None:
+        """Why a file of this model has no sha256 in the registry; None when all are pinned.
+
+        ``names``: the files to ask about (an install's files); default: the first source's.
+        """
+        if names is None:
+            names = [f.name for f in self.sources[0].files] if self.sources else []
+        for name in names:
+            if self.known_hash(name) is None:
+                stated = (f.unpinned for s in self.sources for f in s.files if f.name == name and f.unpinned)
+                return next(stated, f"the registry pins no sha256 for {name}")
         return None
 
 
@@ -326,11 +375,23 @@ def parse_registry_file(path: Path) -> RegistryFile:
         line = _error_line(text, raw, loc)
         where = f"{path}:{line}" if line else str(path)
         field = _loc_to_path(loc) or "(top level)"
+        entry = _entry_label(raw, loc)
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ConfigError(
-            f"{where}: {field}: {err.get('msg', 'invalid')}{more}.",
-            f"Correct {field} in {path}.",
+            f"{where}: {field}{entry}: {err.get('msg', 'invalid')}{more}.",
+            f"Correct {field}{entry} in {path}.",
         ) from None
+
+
+def _entry_label(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
+    """' (model ID)' for an error inside a [[models]] entry that has a readable id, else ''."""
+    if len(loc) >= 3 and loc[0] == "models" and isinstance(loc[1], int):
+        models = raw.get("models")
+        if isinstance(models, list) and 0 <= loc[1] < len(models) and isinstance(models[loc[1]], dict):
+            mid = models[loc[1]].get("id")
+            if isinstance(mid, str):
+                return f" (model {mid!r})"
+    return ""
 
 
 def load_registry(builtin: Path | None = None, overlay: Path | None = None) -> Registry:

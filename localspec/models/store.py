@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -25,6 +26,8 @@ from localspec.models.registry import check_model_id
 
 CHUNK = 4 * 1024 * 1024
 MANIFEST = "manifest.json"
+QUARANTINE_KEEP = 3  # bad files kept per model, newest first
+QUARANTINE_MAX_AGE_S = 7 * 24 * 3600  # and none older than a week
 
 
 @dataclass(frozen=True)
@@ -104,14 +107,25 @@ def check_free_space(directory: Path, needed: int | None) -> None:
         raise disk_full_error(directory / "(new file)", needed)
 
 
+def too_large_error(name: str, limit: int) -> IntegrityError:
+    return IntegrityError(
+        f"{name}: more than the expected {limit:,} bytes arrived; stopped and removed the partial file.",
+        "Pull again; if it repeats, the source (or the registry entry's size) is wrong.",
+    )
+
+
 def stream_to_partial(
     partial: Path,
     chunks: Iterable[bytes],
     on_bytes: Callable[[int], None] | None = None,
     expected_size: int | None = None,
+    *,
+    max_bytes: int | None = None,
 ) -> tuple[int, str]:
     """Write chunks to ``partial`` (truncating), hashing as we go. Returns (size, sha256).
 
+    ``max_bytes`` caps the file: the chunk that would pass it is never written, the partial file is
+    removed and an IntegrityError says so (a source cannot fill the disk with more than it promised).
     On ENOSPC the partial file is deleted and a DiskFullError names the path and the size.
     Any other failure also removes the partial file: nothing half-written survives.
     """
@@ -121,6 +135,8 @@ def stream_to_partial(
     try:
         with open(partial, "wb") as fh:
             for chunk in chunks:
+                if max_bytes is not None and done + len(chunk) > max_bytes:
+                    raise too_large_error(partial.name.removesuffix(".partial"), max_bytes)
                 _write_chunk(fh, chunk)
                 h.update(chunk)
                 done += len(chunk)
@@ -213,17 +229,17 @@ class Store:
 
     # ---- installing
     def finalize(self, partial: Path, final: Path, size: int, sha256: str,
-                 expected_size: int | None, expected_sha: Iterable[tuple[str, str | None]]) -> None:
+                 expected_size: int | None, expected_sha: Iterable[tuple[str, str | None]], *, model_id: str) -> None:
         """Verify a finished partial file and move it into place, or quarantine it."""
         if expected_size is not None and size != expected_size:
-            q = self.quarantine(partial, final.name)
+            q = self.quarantine(partial, model_id=model_id, name=final.name)
             raise IntegrityError(
                 f"{final.name}: size {size:,} bytes, expected {expected_size:,}; moved to {q}.",
                 "Pull again; if it repeats, the source is corrupt.",
             )
         for label, want in expected_sha:
             if want and want != sha256:
-                q = self.quarantine(partial, final.name)
+                q = self.quarantine(partial, model_id=model_id, name=final.name)
                 raise IntegrityError(
                     f"{final.name}: sha256 {sha256[:12]}… does not match the {label} ({want[:12]}…); "
                     f"moved to {q}.",
@@ -231,16 +247,39 @@ class Store:
                 )
         os.replace(partial, final)
 
-    def quarantine(self, path: Path, name: str | None = None) -> Path:
-        """Move a bad file out of the way (kept for inspection, never loaded)."""
-        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+    def quarantine(self, path: Path, *, model_id: str, name: str | None = None) -> Path:
+        """Move a bad file out of the way (kept for inspection, never loaded), under its model's
+        folder; the oldest are pruned (see prune_quarantine)."""
+        folder = self.quarantine_dir / check_model_id(model_id)
+        folder.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        dest = self.quarantine_dir / f"{stamp}-{os.getpid()}-{name or path.name}"
+        dest = folder / f"{stamp}-{uuid.uuid4().hex[:8]}-{name or path.name}"
         try:
             os.replace(path, dest)
         except OSError:
             shutil.move(str(path), str(dest))
+        with contextlib.suppress(OSError):
+            os.utime(dest)  # its age in quarantine counts from now, not from its download
+        self.prune_quarantine()
         return dest
+
+    def prune_quarantine(self, now: float | None = None) -> list[Path]:
+        """Keep at most QUARANTINE_KEEP files per model and none older than QUARANTINE_MAX_AGE_S.
+
+        Returns what was removed. Files from before the per-model folders form one group.
+        """
+        root = self.quarantine_dir
+        if not root.is_dir():
+            return []
+        now = time.time() if now is None else now
+        groups = [root] + [d for d in root.iterdir() if d.is_dir() and not d.is_symlink()]
+        removed: list[Path] = []
+        for folder in groups:
+            removed += _prune_folder(folder, now)
+            if folder != root:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only when empty
+        return removed
 
     @contextlib.contextmanager
     def lock(self, model_id: str) -> Iterator[None]:
@@ -277,6 +316,20 @@ class Store:
         shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(self.downloads_dir(model_id), ignore_errors=True)
         return freed
+
+
+def _prune_folder(folder: Path, now: float) -> list[Path]:
+    files: list[tuple[float, Path]] = []
+    for p in folder.iterdir():
+        with contextlib.suppress(OSError):
+            if p.is_file() or p.is_symlink():
+                files.append((p.lstat().st_mtime, p))
+    files.sort(reverse=True)  # newest first
+    doomed = [p for i, (mtime, p) in enumerate(files) if i >= QUARANTINE_KEEP or now - mtime > QUARANTINE_MAX_AGE_S]
+    for p in doomed:
+        with contextlib.suppress(OSError):
+            p.unlink()
+    return doomed
 
 
 def dir_size(path: Path) -> int:

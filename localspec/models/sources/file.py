@@ -26,10 +26,11 @@ def copy_into_store(entry: ModelEntry, origin: Path, name: str, store: Store, em
     size_now = origin.stat().st_size
     check_free_space(store.root, size_now)
     emit("download", 0, size_now, f"copying {origin}")
+    # Capped at the size seen above: a file that grows while we copy it is refused, not followed.
     size, sha = stream_to_partial(partial, iter_file(origin), lambda d: emit("download", d, size_now),
-                                  expected_size=size_now)
+                                  expected_size=size_now, max_bytes=size_now)
     label = "registry sha256" if expected_sha else ""
-    store.finalize(partial, final, size, sha, expected_size, [(label, expected_sha)])
+    store.finalize(partial, final, size, sha, expected_size, [(label, expected_sha)], model_id=entry.id)
     return FetchResult(
         files=[ManifestFile(name, str(final.resolve()), size, sha)],
         source={"kind": "file", "origin": str(origin.resolve())},

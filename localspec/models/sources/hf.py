@@ -21,9 +21,9 @@ from localspec.errors import IntegrityError
 from localspec.models.progress import Emitter
 from localspec.models.registry import FileSpec, HFSource, ModelEntry
 from localspec.models.sources import FetchResult, SourceUnavailable
-from localspec.models.store import ManifestFile, Store, disk_full_error, sha256_file
+from localspec.models.store import ManifestFile, Store, disk_full_error, sha256_file, too_large_error
 
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
 _TRUE = {"1", "on", "yes", "true"}
 # Unreachable hosts must fail within seconds so the next source gets its turn.
 FAST_TIMEOUT = 10.0
@@ -42,8 +42,16 @@ def _endpoint() -> str:
     return str(constants.ENDPOINT).rstrip("/")
 
 
-def _tqdm_adapter(emit: Emitter, name: str, offset: int, total: int | None):
-    """A tqdm subclass that forwards byte counts to our progress callback and draws nothing."""
+class _TooLarge(Exception):
+    """Raised from the progress hook: more bytes arrived than the file may have."""
+
+
+def _tqdm_adapter(emit: Emitter, name: str, offset: int, total: int | None, limit: int | None = None):
+    """A tqdm subclass that forwards byte counts to our progress callback and draws nothing.
+
+    With ``limit``, the byte that would pass it stops the download: huggingface-hub reports each
+    chunk before writing it, and deletes its temporary file when the download raises.
+    """
     from tqdm.auto import tqdm as base
 
     class _Forward(base):  # type: ignore[misc, valid-type]
@@ -56,6 +64,8 @@ def _tqdm_adapter(emit: Emitter, name: str, offset: int, total: int | None):
 
         def update(self, n: float | None = 1) -> bool | None:
             self._done += int(n or 0)
+            if limit is not None and self._done > limit:
+                raise _TooLarge()
             emit("download", offset + self._done, total, name)
             return super().update(n)
 
@@ -107,8 +117,18 @@ def _metadata(src: HFSource, spec: FileSpec) -> tuple[str | None, int | None, st
         raise SourceUnavailable(f"cannot reach {_endpoint()}: {_describe(exc)}") from None
     etag = (meta.etag or "").strip('"').lower()
     # An LFS file's ETag is its sha256; a small git-stored file has a git sha1 instead.
-    lfs_sha = etag if _SHA_RE.match(etag) else None
+    lfs_sha = etag if _SHA_RE.fullmatch(etag) else None
     return lfs_sha, meta.size, meta.commit_hash
+
+
+def _size_limit(src: HFSource, spec: FileSpec, hub_size: int | None) -> int | None:
+    """The most bytes this file may have: the registry's size, else the Hub's; a disagreement is
+    refused before downloading."""
+    if spec.size is not None and hub_size is not None and hub_size != spec.size:
+        raise IntegrityError(f"{spec.name} from {src.repo}: the Hub has {hub_size:,} bytes, the registry expects "
+                             f"{spec.size:,}; nothing was downloaded.",
+                             "Check the registry entry's size and revision, or pull from another source.")
+    return spec.size if spec.size is not None else hub_size
 
 
 def fetch(entry: ModelEntry, src: HFSource, store: Store, emit: Emitter) -> FetchResult:
@@ -134,13 +154,16 @@ def fetch(entry: ModelEntry, src: HFSource, store: Store, emit: Emitter) -> Fetc
                     raise
                 hub_sha, hub_size = None, None
             else:
-                adapter = _tqdm_adapter(emit, spec.name, offset, total or hub_size)
+                limit = _size_limit(src, spec, hub_size)
+                adapter = _tqdm_adapter(emit, spec.name, offset, total or hub_size, limit)
                 try:
                     path = hf_hub_download(
                         src.repo, spec.name, revision=src.revision, endpoint=_endpoint(),
                         etag_timeout=min(float(constants.HF_HUB_ETAG_TIMEOUT), FAST_TIMEOUT),
                         tqdm_class=adapter,
                     )
+                except _TooLarge:
+                    raise too_large_error(spec.name, limit or 0) from None
                 except OSError as exc:
                     if exc.errno == errno.ENOSPC:
                         raise disk_full_error(Path(constants.HF_HUB_CACHE), hub_size) from None
@@ -162,7 +185,7 @@ def fetch(entry: ModelEntry, src: HFSource, store: Store, emit: Emitter) -> Fetc
                 problems.append(f"sha256 {sha[:12]}… does not match the {label} ({want[:12]}…)")
         if problems:
             # Take the bad blob out of the HF cache too, so nothing else picks it up.
-            q = store.quarantine(blob, spec.name)
+            q = store.quarantine(blob, model_id=entry.id, name=spec.name)
             if pointer != blob:
                 pointer.unlink(missing_ok=True)
             raise IntegrityError(f"{spec.name} from {src.repo}: {'; '.join(problems)}; moved to {q}.",

