@@ -75,7 +75,7 @@ def test_ratios_pair_each_run_with_off_on_the_same_prompt_and_repeat():
     assert goals["P3"]["value"]["code"] == pytest.approx(1.1 / 0.9)
 
 
-# ---------------------------------------------------------------- `bench --readme`: docs/performance.md + README summary
+# ---------------------------------------------------------------- bench --readme: the docs page and README summary
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK_JSON = REPO / "docs" / "bench" / "quick.json"  # a real (quick) bench run, committed
@@ -148,4 +148,4 @@ def test_summary_stays_within_ten_lines_however_many_suites():
     suite = next(iter(result["summary"].values()))
     result["summary"] = {f"suite{i}": suite for i in range(12)}
     lines = report.summary(result).splitlines()
-    assert len(lines) == report.SUMMARY_MAX_LINES and "5 more suites" in lines[-3]
+    assert len(lines) == report.SUMMARY_MAX_LINES and "5 more suites" in lines[-3] and lines[-2].startswith("- goals:")

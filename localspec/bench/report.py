@@ -124,8 +124,9 @@ def summary(result: dict, page: str = "docs/performance.md") -> str:
     if len(suites) > SUMMARY_MAX_SUITES:
         lines[-1] += f" (and {len(suites) - SUMMARY_MAX_SUITES} more suites)"
     goals = ", ".join(f"{name} {'met' if g['met'] else 'not met'}" for name, g in result["goals"].items())
-    lines += [f"Goals: {goals or 'none recorded'}.",
-              f"Every mode, acceptance, the goals' bars and values, machine and command: [{page}]({page})."]
+    # Bullets, not lines of text: a plain line after a list would join its last item.
+    lines += [f"- goals: {goals or 'none recorded'}",
+              f"- every mode, acceptance, the goals' bars and values, machine and command: [{page}]({page})"]
     return "\n".join(lines) + "\n"
 
 

@@ -61,7 +61,8 @@ def current_docs(readme: Path) -> tuple[str, Path, str]:
         raise ConfigError(f"{readme} has no {report.SUMMARY.start} ... {report.SUMMARY.end} markers.",
                           "Add both lines where the performance summary goes.")
     page = readme.parent / PAGE
-    page_text = page.read_text(encoding="utf-8") if page.exists() else f"{PAGE_HEAD}{report.TABLES.start}\n{report.TABLES.end}\n"
+    stub = f"{PAGE_HEAD}{report.TABLES.start}\n{report.TABLES.end}\n"
+    page_text = page.read_text(encoding="utf-8") if page.exists() else stub
     if report.TABLES.replace(page_text, "") is None:
         raise ConfigError(f"{page} has no {report.TABLES.start} ... {report.TABLES.end} markers.",
                           "Add both lines where the generated tables go (text outside them is kept).")
