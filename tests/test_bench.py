@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,79 @@ def test_ratios_pair_each_run_with_off_on_the_same_prompt_and_repeat():
     goals = runner.goals(summary, None, None, None)
     assert goals["P1"]["value"] == pytest.approx(1.1) and goals["P1"]["met"]
     assert goals["P3"]["value"]["code"] == pytest.approx(1.1 / 0.9)
+
+
+# ---------------------------------------------------------------- bench --readme: the docs page and README summary
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK_JSON = REPO / "docs" / "bench" / "quick.json"  # a real (quick) bench run, committed
+README_TEXT = """# project
+
+Hand-written intro.
+
+<!-- bench-summary:start -->
+old summary
+<!-- bench-summary:end -->
+
+Hand-written outro.
+"""
+
+
+def _bench(*args: str) -> int:
+    from localspec.cli import main
+
+    return main(["bench", "--from-json", str(QUICK_JSON), *args])
+
+
+def test_readme_option_writes_the_full_tables_to_docs_and_a_short_summary_to_the_readme(tmp_path, monkeypatch, capsys):
+    (tmp_path / "README.md").write_text(README_TEXT, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert _bench("--out", "out", "--readme") == 0  # no path: ./README.md
+    result = json.loads(QUICK_JSON.read_text())
+    page = (tmp_path / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert report.markdown(result).strip() in page and page.startswith("# Performance")
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert "Hand-written intro." in readme and "Hand-written outro." in readme and "old summary" not in readme
+    summary = readme.split(report.SUMMARY.start)[1].split(report.SUMMARY.end)[0].strip("\n").splitlines()
+    assert 0 < len(summary) <= report.SUMMARY_MAX_LINES
+    assert any(f"- {suite}:" in line for suite in result["summary"] for line in summary)
+    assert "[docs/performance.md](docs/performance.md)" in summary[-1]
+    # Hand-written notes on the page survive a second run; the generated part is replaced, not repeated.
+    (tmp_path / "docs" / "performance.md").write_text(page.replace("# Performance", "# Performance\n\nMy notes."))
+    assert _bench("--out", "out", "--readme", "README.md") == 0  # the older form, a path
+    again = (tmp_path / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert "My notes." in again and again.count("| suite |") == 1
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == readme
+
+
+def test_readme_option_with_a_path_writes_the_page_beside_that_readme(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README.md").write_text(README_TEXT, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert _bench("--out", "out", "--readme", "repo/README.md") == 0
+    assert (repo / "docs" / "performance.md").exists() and not (tmp_path / "docs").exists()
+
+
+@pytest.mark.parametrize("broken", ["readme-markers", "page-markers", "no-readme"])
+def test_readme_option_refuses_missing_markers_before_writing_anything(tmp_path, monkeypatch, capsys, broken):
+    if broken != "no-readme":
+        text = README_TEXT if broken == "page-markers" else README_TEXT.replace(report.SUMMARY.end, "")
+        (tmp_path / "README.md").write_text(text, encoding="utf-8")
+    if broken == "page-markers":
+        (tmp_path / "docs").mkdir()
+        (tmp_path / "docs" / "performance.md").write_text("# Performance\n\nnotes only\n", encoding="utf-8")
+    before = {p: p.read_text() for p in tmp_path.rglob("*.md")}
+    monkeypatch.chdir(tmp_path)
+    assert _bench("--out", "out", "--readme") == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "fix:" in err
+    assert {p: p.read_text() for p in tmp_path.rglob("*.md")} == before and not (tmp_path / "out").exists()
+
+
+def test_summary_stays_within_ten_lines_however_many_suites():
+    result = json.loads(QUICK_JSON.read_text())
+    suite = next(iter(result["summary"].values()))
+    result["summary"] = {f"suite{i}": suite for i in range(12)}
+    lines = report.summary(result).splitlines()
+    assert len(lines) == report.SUMMARY_MAX_LINES and "5 more suites" in lines[-3] and lines[-2].startswith("- goals:")

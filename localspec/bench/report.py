@@ -1,7 +1,9 @@
-"""Bench output: a markdown table and a PNG chart, both read from the bench JSON."""
+"""Bench output, all read from the bench JSON: the full markdown tables (docs/performance.md), the
+README's short summary, and a PNG chart."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 REQUIRED_KEYS = ("schema", "machine", "command", "plan", "runs", "summary", "acceptance_by_position", "goals")
@@ -46,10 +48,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {suite} | " + " | ".join(cells) + " |")
     lines += ["", "Goals:", ""]
     for name, g in result["goals"].items():
-        value = g.get("value")
-        if isinstance(value, float):
-            value = f"{value:.3f}"
-        lines.append(f"- {name}: {g['bar']}: {value} → {'met' if g['met'] else 'not met'}")
+        lines.append(f"- {name}: {g['bar']}: {_goal_value(g.get('value'))} → {'met' if g['met'] else 'not met'}")
     if result.get("ttft"):
         t = result["ttft"]
         lines.append(
@@ -58,6 +57,76 @@ def markdown(result: dict) -> str:
         )
     if result.get("memory"):
         lines.append(f"- peak RSS by mode (MB): {result['memory']}; budget {result.get('memory_budget_mb')}")
+    return "\n".join(lines) + "\n"
+
+
+def _goal_value(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, dict):  # per suite (P3)
+        return ", ".join(f"{k} {_goal_value(v)}" for k, v in value.items())
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Markers:
+    """The comment lines that fence a generated section inside a hand-written markdown file."""
+
+    start: str
+    end: str
+
+    def replace(self, text: str, body: str) -> str | None:
+        """`text` with what stands between the markers replaced by `body`; None if a marker is missing."""
+        if self.start not in text or self.end not in text.split(self.start, 1)[1]:
+            return None
+        head, rest = text.split(self.start, 1)
+        _, tail = rest.split(self.end, 1)
+        return f"{head}{self.start}\n{body.rstrip()}\n{self.end}{tail}"
+
+
+# docs/performance.md holds the full tables; README.md a summary that links to them.
+TABLES = Markers("<!-- bench:start -->", "<!-- bench:end -->")
+SUMMARY = Markers("<!-- bench-summary:start -->", "<!-- bench-summary:end -->")
+SUMMARY_MAX_LINES = 10
+SUMMARY_MAX_SUITES = SUMMARY_MAX_LINES - 3  # a head line, the goals line and the link line
+
+
+def _best_anchor(by_mode: dict) -> tuple[str, float] | None:
+    """llama-server's fastest configuration on a suite, as (name, ratio to our `off`)."""
+    rated = [(m.split(":", 1)[1], v["ratio_to_off"]) for m, v in by_mode.items()
+             if m.startswith("llama-server:") and v.get("ratio_to_off")]
+    return max(rated, key=lambda r: r[1]) if rated else None
+
+
+def _suite_line(suite: str, by_mode: dict) -> str:
+    parts = [f"- {suite}:"]
+    if "off" in by_mode:
+        parts.append(f"`off` {by_mode['off']['median_tps']:.1f} tok/s,")
+    auto = by_mode.get("auto", {}).get("ratio_to_off")
+    parts.append(f"`auto` {auto:.2f}x" if auto else "`auto` not run")
+    best = _best_anchor(by_mode)
+    if best:
+        parts.append(f"(llama-server's best: {best[1]:.2f}x, {best[0]})")
+    return " ".join(parts)
+
+
+def summary(result: dict, page: str = "docs/performance.md") -> str:
+    """At most SUMMARY_MAX_LINES lines for the README: per suite, our target alone and `auto`; the goals."""
+    check_schema(result)
+    machine = result["machine"]
+    suites = list(result["summary"].items())
+    lines = [
+        f"Latest run: `{result['command']}` on {machine.get('processor')} · {machine.get('cpus')} CPUs · "
+        f"{machine.get('memory_gb')} GB. Tokens/s of the target alone (`off`); other modes as the median of "
+        "per-prompt ratios to it:",
+        *(_suite_line(s, m) for s, m in suites[:SUMMARY_MAX_SUITES]),
+    ]
+    if len(suites) > SUMMARY_MAX_SUITES:
+        lines[-1] += f" (and {len(suites) - SUMMARY_MAX_SUITES} more suites)"
+    goals = ", ".join(f"{name} {'met' if g['met'] else 'not met'}" for name, g in result["goals"].items())
+    # Bullets, not lines of text: a plain line after a list would join its last item.
+    lines += [f"- goals: {goals or 'none recorded'}",
+              f"- every mode, acceptance, the goals' bars and values, machine and command: [{page}]({page})"]
     return "\n".join(lines) + "\n"
 
 
