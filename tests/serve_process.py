@@ -16,11 +16,13 @@ from collections.abc import Mapping, Sequence
 
 from tests.server_harness import request
 
-_LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
+_LISTENING = re.compile(r"Uvicorn running on https?://127\.0\.0\.1:(\d+)")
 
 
 class ServeProcess:
-    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None, ready_timeout: float = 300) -> None:
+    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None, ready_timeout: float = 300,
+                 tls: bool = False) -> None:
+        self.tls = tls  # the server speaks HTTPS: readiness is checked over TLS, without verifying the test certificate
         self.argv = [sys.executable, "-m", "localspec", "serve", "--host", "127.0.0.1", "--port", "0", *args]
         self.env = dict(os.environ if env is None else env)
         self.ready_timeout = ready_timeout
@@ -59,6 +61,19 @@ class ServeProcess:
         return False
 
     def _healthy(self) -> bool:
+        if self.tls:
+            import http.client
+            import ssl
+
+            conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=10,
+                                               context=ssl._create_unverified_context())
+            try:
+                conn.request("GET", "/health")
+                return conn.getresponse().status == 200
+            except OSError:
+                return False
+            finally:
+                conn.close()
         try:
             return request(self.base_url, "GET", "/health", timeout=10).status_code == 200
         except OSError:

@@ -322,3 +322,80 @@ def test_api_key_on_the_command_line_warns_and_a_key_file_is_checked(tmp_path, c
     assert read_key_file(keys) == ["key-one", "key-two"]
     assert ServerSettings(host="0.0.0.0", api_key_file=keys).keys() == ["key-one", "key-two"]
     ServerSettings(host="0.0.0.0", api_key_file=keys).check_bind()  # a key file is a key
+
+
+# ---------------------------------------------------------------- embeddings: caps and admission
+
+
+@pytest.fixture(scope="module")
+def embed_srv(draft_path, minilm_path, module_home):
+    settings = ServerSettings(target=DRAFT_ID, mode="off", parallel=1, max_queue=0, n_ctx=512, n_threads=2,
+                              max_tokens_cap=64, max_embedding_tokens=40, router=False, cache=False)
+    with ServerThread(create_app(settings)) as server:
+        assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=300)
+        yield server
+
+
+def _embed(srv, texts) -> object:
+    return request(srv.base_url, "POST", "/v1/embeddings", json_body={"model": "all-minilm-l6-v2-f16", "input": texts})
+
+
+@pytest.mark.models
+def test_embeddings_cap_inputs_and_tokens(embed_srv):
+    r = _embed(embed_srv, ["a"] * 2049)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_inputs" and "2048" in r.text
+    r = _embed(embed_srv, ["one two three four five six seven"] * 8)  # ~9 tokens each, 40 allowed in all
+    assert r.status_code == 400 and "at most 40" in r.json()["error"]["message"]
+    assert _embed(embed_srv, ["one two three"] * 2).status_code == 200
+
+
+@pytest.mark.models
+def test_embeddings_share_admission_with_generation(embed_srv):
+    from tests.server_harness import OpenStream
+
+    stream = OpenStream(embed_srv.base_url, "/v1/chat/completions", "unused", {
+        "model": DRAFT_ID, "messages": [{"role": "user", "content": "Count from 1 to 200."}],
+        "max_tokens": 64, "temperature": 0, "stream": True})
+    try:
+        assert stream.status_code == 200
+        next(stream.lines())  # the request holds the server's one place
+        busy = _embed(embed_srv, "hello")
+        assert busy.status_code == 429 and busy.headers["Retry-After"]
+    finally:
+        stream.close()
+    assert wait_until(lambda: _embed(embed_srv, "hello").status_code == 200, timeout=120)
+
+
+def test_the_embedders_recent_vectors_never_keep_the_texts(embedder):
+    long_text = "word " * 20000  # far over the window: refused
+    assert embedder.embed(long_text) is None
+    assert embedder.embed("a short text") is not None
+    assert all(isinstance(k, bytes) and len(k) == 16 for k in embedder._recent)
+
+
+# ---------------------------------------------------------------- TLS
+
+
+@pytest.mark.models
+def test_serve_speaks_tls_with_a_certificate(draft_path, tmp_path, module_home):
+    import shutil
+    import ssl
+
+    from tests.serve_process import ServeProcess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    args = ["--model", DRAFT_ID, "--no-pull", "--mode", "off", "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
+    with ServeProcess(args, tls=True) as server:
+        ctx = ssl.create_default_context(cafile=str(cert))
+        import http.client
+
+        conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=ctx, timeout=60)
+        conn.request("GET", "/health")
+        resp = conn.getresponse()
+        assert resp.status in (200, 503) and json.loads(resp.read())["status"] in ("ok", "loading")
+        conn.close()
