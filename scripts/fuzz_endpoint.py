@@ -134,29 +134,211 @@ def fuzz(
     }
 
 
+# ---------------------------------------------------------------- hostile schemas
+
+
+def _schema_strategy():
+    """JSON schemas built from the quantities that turn into grammar size or depth, in and out of bounds."""
+    from hypothesis import strategies as st
+
+    from localspec.engine.grammar_limits import LIMITS
+
+    def around(limit: int) -> st.SearchStrategy[int]:  # small, near the bound, or far over it
+        return st.one_of(st.integers(0, 16), st.integers(limit - 2, limit + 2), st.integers(limit, 20 * limit))
+
+    string = st.builds(lambda lo, hi, pattern: {k: v for k, v in (("type", "string"), ("minLength", lo),
+                                                                     ("maxLength", hi), ("pattern", pattern)) if v is not None},
+                       st.none() | around(LIMITS.max_string_length), st.none() | around(LIMITS.max_string_length),
+                       st.none() | _pattern_strategy())
+    scalar = st.one_of(string, st.just({"type": "integer"}), st.just({"type": "boolean"}),
+                       st.builds(lambda n: {"enum": [f"v{i}" for i in range(n)]}, around(LIMITS.max_enum)))
+
+    def extend(inner):
+        array = st.builds(lambda items, lo, hi: {k: v for k, v in (("type", "array"), ("items", items), ("minItems", lo),
+                                                                       ("maxItems", hi)) if v is not None},
+                          inner, st.none() | around(LIMITS.max_items), st.none() | around(LIMITS.max_items))
+        obj = st.builds(lambda props: {"type": "object", "properties": props, "required": list(props)[:3]},
+                        st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), inner, max_size=6))
+        wide = st.builds(lambda n, inner_: {"type": "object", "properties": {f"p{i}": inner_ for i in range(n)}},
+                         around(LIMITS.max_properties), inner)
+        return st.one_of(array, obj, wide, st.builds(lambda xs: {"anyOf": xs}, st.lists(inner, min_size=1, max_size=4)))
+
+    deep = st.builds(lambda d: json.loads('{"type":"array","items":' * d + '{"type":"string"}' + "}" * d),
+                     around(LIMITS.max_depth))
+    return st.one_of(st.recursive(scalar, extend, max_leaves=12), deep)
+
+
+def _pattern_strategy():
+    from hypothesis import strategies as st
+
+    atom = st.sampled_from(["a", "[a-z]", "\\d", "(ab|c)", "."])
+    rep = st.one_of(st.just(""), st.builds(lambda n: f"{{0,{n}}}", st.integers(1, 30000)),
+                    st.builds(lambda n: f"{{{n}}}", st.integers(1, 3000)), st.sampled_from(["*", "+", "?"]))
+    piece = st.builds(lambda a, r: a + r, atom, rep)
+    group = st.builds(lambda inner, r, d: "(" * d + "".join(inner) + ")" * d + r,
+                      st.lists(piece, min_size=1, max_size=3), rep, st.integers(1, 40))
+    return st.builds(lambda parts: "^" + "".join(parts) + "$", st.lists(st.one_of(piece, group), min_size=1, max_size=4))
+
+
+def fuzz_schemas(base_url: str, key: str | None, cases: int, seed: int = 0, model: str = "qwen2.5-coder-0.5b-instruct-q4_k_m",
+                 progress: bool = False) -> dict[str, Any]:
+    """Hostile schemas in response_format and forced tool calls: every answer a 200, 400 or 413, the server alive."""
+    import hypothesis
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    from localspec.engine.grammar_limits import GrammarTooLarge, check_schema
+
+    statuses: Counter[str] = Counter()
+    findings: list[dict[str, Any]] = []
+    run = {"n": 0, "dead": False, "over_bounds": 0, "refused_as_too_large": 0}
+    t0 = time.perf_counter()
+
+    @settings(max_examples=cases, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck), print_blob=False)
+    @hypothesis.seed(seed)
+    @given(schema=_schema_strategy(), as_tool=st.booleans())
+    def one(schema: dict, as_tool: bool) -> None:
+        if run["dead"]:
+            return
+        run["n"] += 1
+        try:
+            check_schema(schema, "schema")
+            over = False
+        except GrammarTooLarge:
+            over = True
+        run["over_bounds"] += over
+        body: dict[str, Any] = {"model": model, "max_tokens": 4, "temperature": 0,
+                                "messages": [{"role": "user", "content": "Answer in JSON."}]}
+        if as_tool:
+            body.update(tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}],
+                        tool_choice="required")
+        else:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+        try:
+            r = request(base_url, "POST", "/v1/chat/completions", key=key, json_body=body, timeout=300)
+        except OSError as exc:
+            findings.append({"kind": "transport", "detail": str(exc), "body": json.dumps(body)[:2000]})
+            statuses["error"] += 1
+        else:
+            statuses[str(r.status_code)] += 1
+            code = (r.json().get("error") or {}).get("code") if r.status_code == 400 else None
+            run["refused_as_too_large"] += code == "schema_too_large"
+            # 413: the body limit refused it before any schema work, which is as safe.
+            if r.status_code not in (200, 400, 413) or (over and r.status_code == 400 and code != "schema_too_large"):
+                findings.append({"kind": "status", "status": r.status_code, "over_bounds": over,
+                                 "detail": r.text[:500], "body": json.dumps(body)[:2000]})
+        try:
+            alive = request(base_url, "GET", "/health", key=key, timeout=60).status_code == 200
+        except OSError:
+            alive = False
+        if not alive:
+            run["dead"] = True
+            findings.append({"kind": "server_died", "body": json.dumps(body)[:2000]})
+        if progress and run["n"] % 50 == 0:
+            print(f"schemas: {run['n']} cases, {len(findings)} findings, {dict(statuses)}", file=sys.stderr, flush=True)
+
+    one()
+    return {"cases": run["n"], "seed": seed, "over_bounds": run["over_bounds"],
+            "refused_as_too_large": run["refused_as_too_large"], "server_died": run["dead"],
+            "statuses": dict(sorted(statuses.items())), "findings": findings,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+# ---------------------------------------------------------------- Host and Origin headers
+
+
+HOSTS = ["localhost", "127.0.0.1", "[::1]", "LOCALHOST.", "attacker.example", "127.0.0.1.nip.io", "10.0.0.7",
+         "localhost.attacker.example", "[::ffff:127.0.0.1]", "", "host.docker.internal", "0.0.0.0", "a" * 300,
+         "local host", "127.1", "xn--lcalhost-9za"]
+ORIGINS = [None, "http://localhost:3000", "https://127.0.0.1", "http://[::1]:5173", "null", "http://evil.example",
+           "https://attacker.example:443", "file://", "chrome-extension://abc", "http://localhost.evil.example",
+           "https://editor.example", "javascript:alert(1)", ""]
+
+
+def expected_allowed(host: str, origin: str | None, allowed_hosts: set[str], allowed_origins: set[str]) -> bool:
+    """The rule, written out independently of the guard: loopback names and the allowed ones, any port."""
+    from urllib.parse import urlsplit
+
+    name = host.lower()
+    name = name[1:name.index("]")] if name.startswith("[") and "]" in name else name.rsplit(":", 1)[0]
+    name = name.rstrip(".")
+    if name not in {"localhost", "127.0.0.1", "::1", *allowed_hosts}:
+        return False
+    if origin is None or origin.lower() in allowed_origins:
+        return True
+    parts = urlsplit(origin.lower())
+    return parts.scheme in ("http", "https") and (parts.hostname or "") in {"localhost", "127.0.0.1", "::1",
+                                                                           *allowed_hosts}
+
+
+def fuzz_hosts(base_url: str, cases: int, seed: int = 0, allowed_hosts: tuple[str, ...] = ("host.docker.internal",),
+               allowed_origins: tuple[str, ...] = ("https://editor.example",), progress: bool = False) -> dict[str, Any]:
+    """Host and Origin headers against a server without a key: 403 exactly when the rule says so."""
+    import random
+
+    rng = random.Random(seed)
+    paths = [("GET", "/health"), ("GET", "/docs"), ("GET", "/v1/models"), ("GET", "/v1/cache/stats"),
+             ("GET", "/metrics"), ("POST", "/v1/chat/completions")]
+    statuses: Counter[str] = Counter()
+    findings: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for n in range(cases):
+        host = rng.choice(HOSTS) + rng.choice(["", ":8000", f":{rng.randint(1, 65535)}", ":"])
+        origin = rng.choice(ORIGINS)
+        method, path = rng.choice(paths)
+        headers = {"Host": host} | ({"Origin": origin} if origin is not None else {})
+        body = {"model": "qwen2.5-coder-0.5b-instruct-q4_k_m", "max_tokens": 1, "temperature": 0,
+                "messages": [{"role": "user", "content": "hi"}]} if method == "POST" else None
+        try:
+            r = request(base_url, method, path, json_body=body, headers=headers, timeout=300)
+        except OSError as exc:
+            findings.append({"kind": "transport", "host": host, "origin": origin, "detail": str(exc)})
+            continue
+        statuses[str(r.status_code)] += 1
+        allowed = expected_allowed(host, origin, set(allowed_hosts), set(allowed_origins))
+        if (r.status_code >= 500 and r.status_code != 503) or (r.status_code == 403) == allowed:  # 503: still loading
+            findings.append({"kind": "guard", "host": host, "origin": origin, "path": path, "status": r.status_code,
+                             "expected": "allowed" if allowed else "403", "detail": r.text[:300]})
+        if progress and (n + 1) % 100 == 0:
+            print(f"hosts: {n + 1} cases, {len(findings)} findings", file=sys.stderr, flush=True)
+    return {"cases": cases, "seed": seed, "statuses": dict(sorted(statuses.items())), "findings": findings,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--url", help="fuzz an already running server (default: start one in-process)")
     ap.add_argument("--api-key", default=KEY)
+    ap.add_argument("--schema-cases", type=int, default=400, help="hostile JSON schemas (grammar bounds)")
+    ap.add_argument("--host-cases", type=int, default=600, help="Host/Origin headers against a server without a key")
     ap.add_argument("--out", type=Path, default=Path("docs/reliability/fuzz.json"))
     args = ap.parse_args()
     if args.url:
         result = fuzz(args.url, args.api_key, args.cases, args.seed, progress=True)
+        result["schemas"] = fuzz_schemas(args.url, args.api_key, args.schema_cases, args.seed, progress=True)
     else:
         isolate_home()
         settings = campaign_settings(args.api_key)
         with campaign_server(settings) as srv:
             result = fuzz(srv.base_url, args.api_key, args.cases, args.seed, settings.max_tokens_cap, progress=True)
+            result["schemas"] = fuzz_schemas(srv.base_url, args.api_key, args.schema_cases, args.seed, progress=True)
             result["slots_idle_after"] = wait_until(lambda: slots_idle(srv), timeout=120)
             result["server"] = settings.model_dump(exclude={"api_key"})
+        open_settings = campaign_settings(None, allowed_hosts=["host.docker.internal"],
+                                          allowed_origins=["https://editor.example"])
+        with campaign_server(open_settings) as srv:
+            result["hosts"] = fuzz_hosts(srv.base_url, args.host_cases, args.seed, progress=True)
     result["command"] = " ".join(["python", "scripts/fuzz_endpoint.py", *sys.argv[1:]])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "findings"}, indent=2))
-    print(f"{len(result['findings'])} findings -> {args.out}")
-    return 1 if result["findings"] or result["server_died"] else 0
+    print(json.dumps({k: v for k, v in result.items() if k != "findings"}, indent=2, default=str))
+    findings = len(result["findings"]) + sum(len(result[p]["findings"]) for p in ("schemas", "hosts") if p in result)
+    print(f"{findings} findings -> {args.out}")
+    dead = result["server_died"] or result.get("schemas", {}).get("server_died")
+    return 1 if findings or dead else 0
 
 
 if __name__ == "__main__":

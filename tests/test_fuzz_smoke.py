@@ -91,6 +91,16 @@ def test_schemathesis_smoke_no_5xx_and_schema_conformant(srv):
     assert wait_until(lambda: idle(srv), timeout=120)
 
 
+def test_hostile_schema_smoke_every_answer_a_200_or_a_400(srv):
+    """The campaign's schema phase, small: in-bounds schemas compile (or are unsupported), the rest are refused."""
+    from scripts.fuzz_endpoint import fuzz_schemas
+
+    result = fuzz_schemas(srv.base_url, KEY, cases=30, seed=5, model=SMALL)
+    assert not result["server_died"] and result["findings"] == [], result["findings"][:3]
+    assert result["over_bounds"] > 0 and result["refused_as_too_large"] > 0
+    assert wait_until(lambda: idle(srv), timeout=120)
+
+
 # ---------------------------------------------------------------- hand-written bad input
 
 BAD_BODIES = {

@@ -399,3 +399,13 @@ def test_serve_speaks_tls_with_a_certificate(draft_path, tmp_path, module_home):
         resp = conn.getresponse()
         assert resp.status in (200, 503) and json.loads(resp.read())["status"] in ("ok", "loading")
         conn.close()
+
+
+def test_host_and_origin_fuzz_finds_nothing(loading_app):
+    """The campaign's Host/Origin phase, small: 403 exactly when an independent statement of the rule says so."""
+    from scripts.fuzz_endpoint import fuzz_hosts
+
+    result = fuzz_hosts(loading_app.base_url, cases=300, seed=3, allowed_hosts=("host.docker.internal",),
+                        allowed_origins=("https://editor.example",))
+    assert result["findings"] == [], result["findings"][:5]
+    assert result["statuses"].get("403", 0) > 50  # the run did meet the guard
