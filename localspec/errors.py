@@ -15,6 +15,11 @@ class LocalspecError(Exception):
         return f"{self.cause} Fix: {self.fix}" if self.fix else self.cause
 
 
+class UsageError(LocalspecError):
+    """A command line that cannot run as given (flags that conflict or do not parse): exit status 2,
+    like argparse's own usage errors. Every other LocalspecError is a runtime failure (status 1)."""
+
+
 class ConfigError(LocalspecError):
     """A malformed registry, overlay or settings file."""
 

@@ -137,7 +137,7 @@ def test_readme_option_refuses_missing_markers_before_writing_anything(tmp_path,
         (tmp_path / "docs" / "performance.md").write_text("# Performance\n\nnotes only\n", encoding="utf-8")
     before = {p: p.read_text() for p in tmp_path.rglob("*.md")}
     monkeypatch.chdir(tmp_path)
-    assert _bench("--out", "out", "--readme") == 2
+    assert _bench("--out", "out", "--readme") == 1  # a runtime failure (the file), not a usage error
     err = capsys.readouterr().err
     assert "error:" in err and "fix:" in err
     assert {p: p.read_text() for p in tmp_path.rglob("*.md")} == before and not (tmp_path / "out").exists()

@@ -119,7 +119,7 @@ def test_rewording_is_reproducible_and_keeps_the_request() -> None:
 
 def test_cli_eval_with_the_scorer_and_training_errors(minilm_path: Path, tmp_path: Path, capsys) -> None:
     rc = main(["cache", "eval", "--split", "dev", "--limit", "30", "--embedding-model", str(minilm_path),
-               "--judge", "scorer", "--json"])
+               "--cache-judge", "scorer", "--json"])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert report["judge"]["model"].startswith("pair-scorer:")

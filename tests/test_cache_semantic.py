@@ -91,8 +91,8 @@ def test_silently_evicted_entry_is_not_served(tmp_path: Path, embedder: Embedder
 
 
 def test_cli_eval_on_a_slice(embedder: Embedder, minilm_path: Path, capsys) -> None:
-    rc = main(["cache", "eval", "--split", "dev", "--limit", "24", "--embedding-model", str(minilm_path), "--no-judge",
-               "--json"])
+    rc = main(["cache", "eval", "--split", "dev", "--limit", "24", "--embedding-model", str(minilm_path), "--cache-judge",
+               "rules", "--json"])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert report["pairs"] == 24 and report["mode"] == "semantic" and report["judge"] is None

@@ -92,7 +92,7 @@ def test_profile_referencing_unknown_model_is_a_config_error():
 def test_cli_reports_malformed_overlay_in_one_line():
     path = write_overlay('[[models]]\nid = "b"\nrole = "drafter"\n')
     proc = run_cli("models", "list", "--no-fit")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
     first = proc.stderr.splitlines()[0]
     assert first.startswith(f"error: {path}:2: models[0].role")
 
@@ -211,7 +211,7 @@ def test_profile_pull_skips_unreachable_embedding(tmp_path, tmp_store, monkeypat
     proc = run_cli("models", "rm", "t", env=subprocess_env())
     assert proc.returncode == 0 and not (tmp_store / "t").exists()
     proc = run_cli("models", "rm", "t", env=subprocess_env())
-    assert proc.returncode == 2 and proc.stderr.startswith("error: Model 't' is not installed.")
+    assert proc.returncode == 1 and proc.stderr.startswith("error: Model 't' is not installed.")
 
 
 # ---------------------------------------------------------------- hardening: ids, repo ids, revisions
@@ -232,7 +232,7 @@ def test_malformed_hf_repo_id_is_a_config_error_naming_file_entry_and_fix(repo, 
     assert "Hugging Face repo id like 'owner/name'" in err.value.cause and "\n" not in str(err.value)
     assert err.value.fix == f"Correct models[0].sources[0].repo (model 'badhf') in {path}."
     proc = run_cli("models", "pull", "badhf", env=subprocess_env(HF_ENDPOINT="http://127.0.0.1:9"))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr  # a runtime failure, not usage
     first = next(line for line in proc.stderr.splitlines() if line.strip())  # the progress view may start with a blank
     assert first.startswith(f"error: {path}:2: models[0].sources[0].repo (model 'badhf')")
 
@@ -317,4 +317,4 @@ def test_verify_and_list_say_unpinned_for_a_file_without_a_registry_hash(tmp_pat
     report = mgr.verify_report("loose")
     assert report.status.value == "FAILED" and "sha256 differs from the manifest" in report.detail
     proc = run_cli("models", "verify", "loose", env=env)
-    assert proc.returncode == 2 and "loose: FAILED (loose.gguf's sha256 differs from the manifest's)" in proc.stdout
+    assert proc.returncode == 1 and "loose: FAILED (loose.gguf's sha256 differs from the manifest's)" in proc.stdout

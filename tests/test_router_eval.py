@@ -185,7 +185,7 @@ def test_eval_from_shipped_outcomes_reproduces_a_report(tmp_path, capsys):
 
     assert _shipped_outcomes().is_file()
     out = tmp_path / "report.json"
-    rc = main(["router", "eval", "--from-outcomes", "--no-embedding", "--resamples", "200", "--json", str(out)])
+    rc = main(["router", "eval", "--from-outcomes", "--no-embedding", "--resamples", "200", "--out", str(out)])
     assert rc == 0
     report = json.loads(out.read_text())
     # Default: 5-fold cross-validation, every task scored once by a policy that never saw it.
@@ -199,11 +199,14 @@ def test_eval_from_shipped_outcomes_reproduces_a_report(tmp_path, capsys):
     assert len(learned["apgr"]["ci95"]) == 2 and "goals" in report
     printed = capsys.readouterr().out
     assert "APGR" in printed and "CPT(50%)" in printed
-    # --folds 1: the single 50/50 split, held-out and train halves disjoint.
+    # --folds 1: the single 50/50 split, held-out and train halves disjoint. The old spelling
+    # `--json PATH` still writes the file, with a deprecation note.
+    out.unlink()
     rc = main(["router", "eval", "--from-outcomes", "--no-embedding", "--resamples", "50", "--folds", "1",
                "--json", str(out)])
     single = json.loads(out.read_text())
     assert rc == 0 and single["folds"] == 1
+    assert f"--json {out} is deprecated; use --out {out}" in capsys.readouterr().err
     assert single["held_out_tasks"] + single["train_tasks"] == single["tasks"]
 
 

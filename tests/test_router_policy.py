@@ -320,5 +320,5 @@ def test_cli_train_then_show_uses_the_weights(tmp_path, capsys, target_path, dra
     assert "policy learned" in out and "-> large" in out and '"policy": "learned"' in out
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "x", "label": 2}\n')
-    assert main(["router", "train", str(bad), "--no-embedding"]) == 2
+    assert main(["router", "train", str(bad), "--no-embedding"]) == 1
     assert "label must be 0 or 1" in capsys.readouterr().err

@@ -102,7 +102,29 @@ def _publish(result: dict, out: Path, readme: str | None) -> None:
         print(f"wrote {update.page} and the summary in {update.readme}")
 
 
+def _read_result(path: Path) -> dict:
+    """A bench.json written by an earlier run; a missing or broken file is a one-line error."""
+    from localspec.errors import ConfigError
+
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"Cannot read {path}: {exc.strerror or exc}.",
+                          "Give the bench.json of an earlier `localspec bench` run.") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not JSON: {exc}.", "Give the bench.json of an earlier `localspec bench` run.") from None
+    if not isinstance(result, dict) or "runs" not in result:
+        raise ConfigError(f"{path} is not a bench result (no \"runs\").",
+                          "Give the bench.json of an earlier `localspec bench` run.")
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.readme:
+        current_docs(Path(args.readme))  # a missing README or marker fails now, not after the run
+    if args.from_json:  # before the engine's imports: this only redraws
+        _publish(_read_result(Path(args.from_json)), Path(args.out), args.readme)
+        return 0
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from localspec.bench import anchors, runner
@@ -113,11 +135,6 @@ def run(args: argparse.Namespace) -> int:
     from localspec.models.gguf_info import read_gguf_info
     from localspec.service import calibration_dir
 
-    if args.readme:
-        current_docs(Path(args.readme))  # a missing README or marker fails now, not after the run
-    if args.from_json:
-        _publish(json.loads(Path(args.from_json).read_text()), Path(args.out), args.readme)
-        return 0
     plan = runner.quick_plan(args.threads) if args.quick else runner.full_plan(args.threads)
     if args.suites:
         plan.suites = [s.strip() for s in args.suites.split(",") if s.strip()]

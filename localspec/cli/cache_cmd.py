@@ -8,7 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from localspec.errors import LocalspecError
+from localspec.cli.options import CACHE_JUDGES, add_deprecated_flag, add_deprecated_option
+from localspec.errors import LocalspecError, UsageError
 
 EMBEDDING_MODEL = "all-minilm-l6-v2-f16"
 
@@ -22,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=run_stats)
 
     c = verbs.add_parser("clear", help="remove every cached answer")
+    c.add_argument("--json", action="store_true", help="print how many answers were removed as JSON")
     c.set_defaults(func=run_clear)
 
     e = verbs.add_parser("export", help="write every entry as JSON lines")
@@ -37,10 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--threshold", type=float, help="similarity threshold (default: the cache's default)")
     v.add_argument("--exact-only", action="store_true", help="run without the embedding model")
     v.add_argument("--embedding-model", type=Path, help="a GGUF embedding model file (default: the installed MiniLM)")
-    v.add_argument("--judge", choices=("model", "scorer", "none"), default="model",
-                   help="who confirms semantic hits: the answering model, as the faces do by default; the learned "
-                        "pair scorer (--cache-judge scorer); none: the guard's rules alone (--cache-judge rules)")
-    v.add_argument("--no-judge", dest="judge", action="store_const", const="none", help="the same as --judge none")
+    v.add_argument("--cache-judge", choices=CACHE_JUDGES, default="model",
+                   help="who confirms semantic hits, as on serve and chat: the answering model, "
+                        "the learned pair scorer, or the guard's rules alone")
+    # The older spellings of this verb, where `none` meant `rules`.
+    add_deprecated_option(v, "--judge", dest="cache_judge", replacement="--cache-judge",
+                          values={"model": "model", "scorer": "scorer", "none": "rules"})
+    add_deprecated_flag(v, "--no-judge", dest="cache_judge", const="rules", replacement="--cache-judge rules")
     v.add_argument("--judge-model", help="the judge's model id (default: the profile's target)")
     v.add_argument("--judge-threshold", type=float,
                    help="the judge's threshold: the model's logit margin or the scorer's log-odds (default: theirs)")
@@ -50,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with the judge, time real lookups on the first N pairs (each judgement costs a prefill)")
     v.add_argument("--misses", action="store_true", help="also list the paraphrases that were not served, and why")
     v.add_argument("--json", action="store_true", help="print the full report as JSON")
-    v.add_argument("--save", type=Path, metavar="PATH", help="also write the full report as JSON to PATH")
+    v.add_argument("--out", type=Path, metavar="PATH", help="also write the full report as JSON to PATH")
+    add_deprecated_option(v, "--save", dest="out", replacement="--out", type=Path)
     v.set_defaults(func=run_eval)
 
     t = verbs.add_parser("train-scorer", help="fit the pair scorer (--cache-judge scorer) on labelled pairs",
@@ -138,7 +144,10 @@ def run_clear(args: argparse.Namespace) -> int:
         n = cache.clear()
     finally:
         cache.close()
-    print(f"removed {n} cached answers")
+    if args.json:
+        print(json.dumps({"removed": n}))
+    else:
+        print(f"removed {n} cached answers")
     return 0
 
 
@@ -176,7 +185,7 @@ def run_train_scorer(args: argparse.Namespace) -> int:
         if not f.exists():
             raise LocalspecError(f"{f} does not exist.", "Give JSON-lines files of labelled pairs (a, b, label).")
     if len(files) < 2:
-        raise LocalspecError("train-scorer needs at least two pair files.",
+        raise UsageError("train-scorer needs at least two pair files.",
                              "Give one --file per author: the threshold is chosen on a file the fit did not see.")
     if args.embedding_model and not args.embedding_model.exists():
         raise LocalspecError(f"{args.embedding_model} does not exist.", "Give the path of a GGUF embedding model.")
@@ -242,12 +251,12 @@ def run_eval(args: argparse.Namespace) -> int:
     judge, close_judge = None, None
     latency_sample = args.latency_sample
     try:
-        if args.judge == "model" and embedder is not None:
+        if args.cache_judge == "model" and embedder is not None:
             from localspec.service import open_judge
 
             print("loading the reuse judge...", file=sys.stderr)
             judge, close_judge = open_judge(args.profile, args.judge_model, args.judge_threshold)
-        elif args.judge == "scorer" and embedder is not None:
+        elif args.cache_judge == "scorer" and embedder is not None:
             judge = _scorer_judge(embedder, args.scorer_weights, args.judge_threshold)
             latency_sample = len(pairs)  # milliseconds a pair: time every lookup
         with _JudgeProgress(judge) as progress:
@@ -258,9 +267,9 @@ def run_eval(args: argparse.Namespace) -> int:
             close_judge()
         if embedder is not None:
             embedder.close()
-    if args.save:
-        args.save.parent.mkdir(parents=True, exist_ok=True)
-        args.save.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

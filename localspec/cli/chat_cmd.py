@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localspec.cli.options import add_cache_judge_arguments
-from localspec.engine.config import MODES
+from localspec.cli.options import MODES, add_cache_judge_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:

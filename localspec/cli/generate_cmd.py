@@ -8,12 +8,13 @@ import resource
 import sys
 import time
 
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
-from localspec.engine.config import MODES, GenerationRequest
-from localspec.engine.events import Done, Token
-from localspec.engine.sampling import SamplingParams
-from localspec.errors import RequestError
+from localspec.cli.options import MODES
+
+if TYPE_CHECKING:  # the engine (numpy, pydantic) loads only when a prompt runs, not for every command
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.events import Done
 
 _GREEN = "\x1b[32m"
 _RESET = "\x1b[0m"
@@ -46,6 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _request(args: argparse.Namespace) -> GenerationRequest:
+    from pydantic import ValidationError
+
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.sampling import SamplingParams
+    from localspec.errors import RequestError
+
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
         sampling = SamplingParams(
@@ -83,6 +90,7 @@ def _peak_rss_mb() -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from localspec.engine.events import Done, Token
     from localspec.service import open_engine  # heavy import (llama.cpp) only for this verb
 
     request = _request(args)

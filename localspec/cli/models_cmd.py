@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("id", metavar="ID")
     v.add_argument("--purge-hf-cache", action="store_true",
                    help="also delete its files from the Hugging Face cache")
+    v.add_argument("--json", action="store_true", help="print what was removed as JSON")
     v.set_defaults(func=cmd_rm)
 
     v = verbs.add_parser("info", help="GGUF metadata of a model id or file")
@@ -47,12 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     v = verbs.add_parser("verify", help="re-hash installed files (no ids: all installed); "
                                         "'unpinned' when the registry pins no sha256 to compare with")
     v.add_argument("ids", nargs="*", metavar="ID")
+    v.add_argument("--json", action="store_true", help="print each model's result as JSON")
     v.set_defaults(func=cmd_verify)
 
     v = verbs.add_parser("import", help="copy a local GGUF file into the store")
     v.add_argument("path", metavar="PATH")
     v.add_argument("--id", dest="model_id", help="registry id to install as (default: from the file name)")
-    v.add_argument("--role", default="target", choices=("target", "draft", "embedding"))
+    v.add_argument("--role", default="target", choices=("target", "draft", "embedding"),
+                   help="what the model is for")
+    v.add_argument("--json", action="store_true", help="print the installed model as JSON")
     v.set_defaults(func=cmd_import)
 
     v = verbs.add_parser("du", help="disk space used by models")
@@ -109,19 +113,17 @@ def cmd_list(args: argparse.Namespace) -> int:
             "unpinned": r.unpinned,
         } for r in rows])
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from localspec.cli.output import print_table
 
     table = Table(box=None, pad_edge=False)
     for col in ("id", "role", "quant", "size", "installed", "source", "fit"):
-        table.add_column(col, no_wrap=True)
+        table.add_column(col)
     for r in rows:
         table.add_row(r.id, r.role, r.quant or "", _human(r.size), "yes" if r.installed else "no",
                       r.source or "", r.fit.verdict if r.fit else "")
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=250)  # pipes and logs: never truncate ids
-    console.print(table)
+    print_table(table)  # ids whole at any width
     return 0
 
 
@@ -166,7 +168,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     freed = _manager().remove(args.id, purge_hf_cache=args.purge_hf_cache)
-    print(f"removed {args.id} ({_human(freed)} freed)")
+    if args.json:
+        _print_json({"removed": args.id, "freed_bytes": freed})
+    else:
+        print(f"removed {args.id} ({_human(freed)} freed)")
     return 0
 
 
@@ -220,17 +225,21 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     mgr = _manager()
     ids = args.ids or [m.model_id for m in mgr.store.manifests()]
-    if not ids:
+    if not ids and not args.json:
         print("no models installed")
         return 0
     from localspec.models.manager import VerifyStatus
 
-    bad = []
+    bad, results = [], []
     for mid in ids:
         report = mgr.verify_report(mid)
-        print(f"{mid}: {report.status.value}" + (f" ({report.detail})" if report.detail else ""))
+        results.append({"id": report.model_id, "status": report.status.value, "detail": report.detail})
+        if not args.json:
+            print(f"{mid}: {report.status.value}" + (f" ({report.detail})" if report.detail else ""))
         if report.status is VerifyStatus.FAILED:
             bad.append(report.model_id)
+    if args.json:
+        _print_json(results)
     if bad:
         raise IntegrityError(f"{len(bad)} model(s) failed verification: {', '.join(bad)}.",
                              f"Re-download with `localspec models pull --force {' '.join(bad)}`.")
@@ -239,6 +248,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     rec = _manager().import_file(args.path, model_id=args.model_id, role=args.role)
+    if args.json:
+        _print_json({"id": rec.model_id, "imported": rec.downloaded, "path": str(rec.path), "size": rec.size,
+                     "source": rec.source})
+        return 0
     state = "imported" if rec.downloaded else "already installed from"
     print(f"{rec.model_id}: {state} {args.path}: {rec.path}")
     return 0

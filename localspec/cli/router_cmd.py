@@ -14,7 +14,21 @@ import sys
 import time
 from pathlib import Path
 
+from localspec.cli.options import add_deprecated_option
+from localspec.cli.output import print_json, print_table
 from localspec.errors import ConfigError, LocalspecError
+
+
+class _JsonFlag(argparse.Action):
+    """`--json` prints the report; the old `--json PATH` (which wrote a file) still works as
+    `--out PATH`, with a one-line deprecation note."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if values is True:
+            namespace.json = True
+            return
+        print(f"localspec: --json {values} is deprecated; use --out {values}", file=sys.stderr)
+        namespace.out = Path(values)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,15 +59,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--write-labels", type=Path,
                    help="write the training labels of every task, or of the train half with --folds 1 "
                         "(the `router train` format)")
-    e.add_argument("--json", type=Path, dest="json_path", help="write the full report as JSON")
+    e.add_argument("--out", type=Path, metavar="PATH", help="also write the full report as JSON to PATH")
+    e.add_argument("--json", nargs="?", const=True, default=False, action=_JsonFlag, metavar="",
+                   help="print the full report as JSON instead of the tables")
     e.add_argument("--chart", type=Path, help="write a PNG of quality against large share")
     e.set_defaults(func=run_eval)
 
     t = verbs.add_parser("train", help="fit the learned policy from labelled requests")
     t.add_argument("labels", type=Path, help='JSON lines: {"prompt"|"messages", "label": 0|1, "max_tokens"?, "weight"?}')
     t.add_argument("--profile", help="profile the weights belong to")
-    t.add_argument("--output", type=Path, help="weights file (default: <data dir>/router/<profile>.json)")
+    t.add_argument("--out", type=Path, metavar="PATH", help="weights file (default: <data dir>/router/<profile>.json)")
+    add_deprecated_option(t, "--output", dest="out", replacement="--out", type=Path)
     t.add_argument("--no-embedding", action="store_true", help="features only (no embedding model needed)")
+    t.add_argument("--json", action="store_true", help="print what was trained as one JSON object")
     t.set_defaults(func=run_train)
 
     s = verbs.add_parser("show", help="tiers, policy, and the decision for a prompt")
@@ -61,6 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--profile")
     s.add_argument("--max-tokens", type=int)
     s.add_argument("--hint", help="fast | best | a tier name")
+    s.add_argument("--json", action="store_true", help="print the tiers, the policy and the decision as JSON")
     s.set_defaults(func=run_show)
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
 
@@ -178,19 +197,25 @@ def run_eval(args: argparse.Namespace) -> int:
     report.update(profile=prof_name, max_tokens=args.max_tokens, parallel=args.parallel, tasks=len(tasks),
                   seconds=round(gen_s, 1),
                   source=str(args.from_outcomes) if args.from_outcomes else "generated/cached")
-    _print_report(result, report)
-    if args.json_path:
-        args.json_path.parent.mkdir(parents=True, exist_ok=True)
-        args.json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        print(f"report written to {args.json_path}")
+    report["goals"] = _goals(report)
+    note = sys.stderr if args.json else sys.stdout  # with --json, stdout carries the JSON alone
+    if args.json:
+        print_json(report)
+    else:
+        _print_report(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        print(f"report written to {args.out}", file=note)
     if args.chart:
-        print(f"chart written to {args.chart}" if chart(result, args.chart) else "matplotlib is not installed: no chart")
+        print(f"chart written to {args.chart}" if chart(result, args.chart) else "matplotlib is not installed: no chart",
+              file=note)
     if args.save_weights:
         from localspec.router import weights_path
 
         path = weights_path(prof_name)
         result.learned.save(path)
-        print(f"router weights saved to {path}")
+        print(f"router weights saved to {path}", file=note)
     return 0
 
 
@@ -207,11 +232,20 @@ def _fmt(e: dict) -> str:
     return f"{v:.2f} [{lo:.2f}, {hi:.2f}]" if lo is not None else f"{v:.2f}"
 
 
-def _print_report(result, report: dict) -> None:
-    from rich.console import Console
+def _goals(report: dict) -> dict:
+    """The goals: APGR >= 0.6 with its lower bound above random's, and CPT(50%) <= 40%."""
+    routers = report["routers"]
+    apgr, cpt = routers["learned"]["apgr"], routers["learned"]["cpt50"]
+    return {"apgr_met": (apgr["value"] or 0) >= 0.6 and (apgr["ci95"][0] or 0) > routers["random"]["apgr"]["value"],
+            "cpt50_met": cpt["value"] is not None and cpt["value"] <= 0.4}
+
+
+def _print_report(report: dict) -> None:
     from rich.table import Table
 
-    console = Console()
+    from localspec.cli.output import table_console
+
+    console = table_console()
     tiers = report["tiers"]
     how = (f"{report['folds']}-fold cross-validation, each policy trained on {report['train_tasks']:.0f}"
            if report["folds"] > 1 else f"trained on {report['train_tasks']:.0f}")
@@ -221,7 +255,7 @@ def _print_report(result, report: dict) -> None:
     for name, s in tiers.items():
         t.add_row(name, s["model"], f"{s['quality']:.1%}", f"{s['quality_by_kind'].get('code', 0):.1%}",
                   f"{s['quality_by_kind'].get('math', 0):.1%}", f"{s['mean_latency_s']:.2f}")
-    console.print(t)
+    print_table(t)
     console.print(f"[dim]large = {tiers['large']['note']}[/dim]")
 
     routers = report["routers"]
@@ -236,22 +270,19 @@ def _print_report(result, report: dict) -> None:
             q = r["quality_at_share"][share]
             row += [f"{q:.1%}" if q is not None else "n/a", _fmt(r["pgr_at_share"][share])]
         c.add_row(*row)
-    console.print(c)
+    print_table(c)
 
     m = Table(title="RouteLLM metrics, held-out (95% bootstrap CI)")
     for col in ("router", "APGR", "CPT(50%)"):
         m.add_column(col)
     for name, r in routers.items():
         m.add_row(name, _fmt(r["apgr"]), _fmt(r["cpt50"]))
-    console.print(m)
+    print_table(m)
     boot = routers["learned"]["bootstrap"]
     console.print(f"[dim]{boot['resamples']} resamples of the held-out tasks; {boot['skipped_gap_not_positive']} "
                   f"skipped (large no better than small in the resample). cascade-confidence needs the small "
                   f"answer first (reference only). random's point value is its expectation.[/dim]")
-    learned = routers["learned"]
-    apgr, cpt = learned["apgr"], learned["cpt50"]
-    goal_apgr = (apgr["value"] or 0) >= 0.6 and (apgr["ci95"][0] or 0) > routers["random"]["apgr"]["value"]
-    goal_cpt = cpt["value"] is not None and cpt["value"] <= 0.4
+    goal_apgr, goal_cpt = report["goals"]["apgr_met"], report["goals"]["cpt50_met"]
     console.print(f"goal APGR >= 0.6 with lower bound above random's {routers['random']['apgr']['value']:.2f}: "
                   f"{'met' if goal_apgr else 'NOT met'}; goal CPT(50%) <= 40%: {'met' if goal_cpt else 'NOT met'}")
     at = report["at_threshold"]
@@ -261,7 +292,6 @@ def _print_report(result, report: dict) -> None:
     console.print(f"policy kept by --save-weights: {'embedding + features' if lp['uses_embedding'] else 'features only'}, "
                   f"L2 {lp['l2']}, trained on {lp.get('n')} labelled tasks ({lp.get('positives')} need large), "
                   f"threshold {at['threshold']:.3f}")
-    report["goals"] = {"apgr_met": goal_apgr, "cpt50_met": goal_cpt}
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -279,8 +309,13 @@ def run_train(args: argparse.Namespace) -> int:
         if embedder is not None:
             embedder.close()
     policy.set_share(profile.large_share)
-    out = args.output or weights_path(prof_name)
+    out = args.out or weights_path(prof_name)
     policy.save(out)
+    if args.json:
+        print_json({"profile": prof_name, "examples": len(examples), "positives": policy.meta["positives"],
+                    "uses_embedding": policy.uses_embedding, "l2": policy.l2, "threshold": policy.threshold,
+                    "large_share": profile.large_share, "weights": str(out)})
+        return 0
     print(f"trained on {len(examples)} examples ({policy.meta['positives']} need large); "
           f"{'embedding + features' if policy.uses_embedding else 'features only'}, L2 {policy.l2}; "
           f"threshold {policy.threshold:.3f} for a {profile.large_share:.0%} large share")
@@ -293,6 +328,13 @@ def run_show(args: argparse.Namespace) -> int:
 
     router = Router.from_profile(args.profile)
     try:
+        decision = router.decide(RouteInput(None, args.prompt, args.max_tokens, args.hint)) if args.prompt else None
+        if args.json:
+            print_json({"profile": router.profile, "policy": router.policy.name,
+                        "threshold": router.policy.threshold, "cascade": router.cascade, "note": router.note,
+                        "tiers": [t.as_dict() for t in router.tiers],
+                        "decision": decision.as_dict() if decision else None})
+            return 0
         print(f"profile {router.profile}: policy {router.policy.name}, threshold {router.policy.threshold:.3f}, "
               f"cascade {'on' if router.cascade else 'off'}")
         if router.note:
@@ -300,10 +342,9 @@ def run_show(args: argparse.Namespace) -> int:
         for t in router.tiers:
             where = f"{t.target}" + (f" + draft {t.draft}" if t.draft else "") if t.kind == "local" else f"{t.model} at {t.base_url}"
             print(f"  {t.name:7s} {t.kind:6s} {where}")
-        if args.prompt:
-            d = router.decide(RouteInput(None, args.prompt, args.max_tokens, args.hint))
-            print(d.reason)
-            print(json.dumps(d.as_dict()))
+        if decision:
+            print(decision.reason)
+            print(json.dumps(decision.as_dict()))
     finally:
         router.close()
     return 0

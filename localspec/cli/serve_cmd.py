@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localspec.cli.options import add_cache_judge_arguments
-from localspec.engine.config import MODES
+from localspec.cli.options import MODES, add_cache_judge_arguments
+from localspec.errors import ConfigError, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -87,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
         print("warning: a key given with --api-key is visible to every user of this machine (`ps`); "
               "use --api-key-file PATH or $LOCALSPEC_API_KEY instead", file=sys.stderr)
     settings = settings_from_args(args)
-    settings.check_bind()  # before any download or model load
+    try:
+        settings.check_bind()  # before any download or model load
+    except ConfigError as exc:  # flags that cannot run as given (no key off loopback): a usage error, status 2
+        raise UsageError(exc.cause, exc.fix) from None
     if not args.no_pull:
         from localspec.cli.models_cmd import ensure_models
 

@@ -9,26 +9,20 @@ import io
 import json
 import sys
 import time
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING
 
-from localspec.metrics import (
-    MetricsSettings,
-    Summary,
-    default_db_path,
-    drift_report,
-    fetch_rows,
-    group_rows,
-    load_metrics_settings,
-    open_reader,
-    parse_period,
-    summarize,
-    time_series,
-)
+from localspec.cli.options import add_deprecated_option
+from localspec.cli.output import print_json, print_table
+from localspec.errors import LocalspecError, UsageError
+
+if TYPE_CHECKING:  # the metrics package (numpy, prometheus) loads when the verb runs
+    from rich.table import Table
+
+    from localspec.metrics import MetricsSettings, Summary
 
 _GROUPS = ("model", "mode", "route", "face", "day")
 
@@ -43,44 +37,82 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="compare the recent window with the baseline before it (windows and limits: "
                         "[metrics.drift] in settings.toml)")
     p.add_argument("--plot", action="store_true", help="plot tokens/s, acceptance and cache hit rate over time")
-    p.add_argument("--export", choices=("csv", "json"), help="write the period's raw request rows")
-    p.add_argument("-o", "--output", type=Path, help="file for --export (default standard output)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the summary (and --drift) as one JSON object")
+    out.add_argument("--export", choices=("csv", "json"), help="write the period's raw request rows")
+    p.add_argument("-o", "--out", type=Path, help="file for --export (default standard output)")
+    add_deprecated_option(p, "--output", dest="out", replacement="--out", type=Path)
     p.add_argument("--db", type=Path, help="metrics database (default: metrics.sqlite in the data dir)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from localspec.metrics import default_db_path, drift_report, fetch_rows, group_rows, load_metrics_settings, \
+        open_reader, summarize
+
+    if args.json and args.plot:
+        raise UsageError("--plot draws charts and --json prints data: not both.", "Drop one of them.")
     db = args.db or default_db_path()
     settings = load_metrics_settings()
-    # Piped output keeps whole rows (no terminal width to fit), so scripts can grep them.
-    out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 400)
-    if not db.exists():
-        out.print(f"No requests logged yet ({db}).")
-        return 0
     now = time.time()
-    since = parse_period(args.since, now)
-    until = parse_period(args.until, now) if args.until else now
+    since, until = _period(args.since, now), (_period(args.until, now) if args.until else now)
+    if not db.exists():
+        return _say(args, f"No requests logged yet ({db}).", db, since, until)
     conn = open_reader(db)
     try:
         rows = fetch_rows(conn, since, until)
     finally:
         conn.close()
     if args.export:
-        _export(rows, args.export, args.output)
+        _export(rows, args.export, args.out)
         return 0
     period = f"{_when(since)} to {_when(until)}"
     if not rows and not args.drift:
-        out.print(f"No requests logged from {period} ({db}).")
+        return _say(args, f"No requests logged from {period} ({db}).", db, since, until)
+    groups = group_rows(rows, args.by) if args.by and rows else ({"all": rows} if rows else {})
+    summaries = [summarize(g, settings, k) for k, g in groups.items()]
+    comparisons = drift_report(db, settings.drift, now) if args.drift else None
+    if args.json:
+        print_json(_json_report(db, since, until, args.by, summaries, comparisons))
         return 0
-    if rows:
-        groups = group_rows(rows, args.by) if args.by else {"all": rows}
-        out.print(_summary_table([summarize(g, settings, k) for k, g in groups.items()], settings, period,
-                                 args.by))
+    if summaries:
+        print_table(_summary_table(summaries, settings, period, args.by))
     if args.plot and rows:
         _plot(rows, since, until)
-    if args.drift:
-        _drift(out, db, settings, now)
+    if comparisons is not None:
+        _drift(comparisons, settings)
     return 0
+
+
+def _period(text: str, now: float) -> float:
+    from localspec.metrics import parse_period
+
+    try:
+        return parse_period(text, now)
+    except LocalspecError as exc:  # a flag value that does not parse: a usage error
+        raise UsageError(exc.cause, exc.fix) from None
+
+
+def _say(args: argparse.Namespace, message: str, db: Path, since: float, until: float) -> int:
+    if args.json:
+        print_json(_json_report(db, since, until, args.by, [], [] if args.drift else None))
+    else:
+        print(message)
+    return 0
+
+
+def _json_report(db: Path, since: float, until: float, by: str | None, summaries: list[Summary],
+                 comparisons: list | None) -> dict:
+    report: dict = {"db": str(db), "since": _iso(since), "until": _iso(until), "by": by,
+                    "groups": [s.to_dict() for s in summaries]}
+    if comparisons is not None:
+        report["drift"] = [{**asdict(c), "change": c.change, "enough_data": c.enough_data, "flagged": c.flagged}
+                           for c in comparisons]
+    return report
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
 
 
 def _when(ts: float) -> str:
@@ -92,6 +124,9 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def _summary_table(rows: list[Summary], settings: MetricsSettings, period: str, by: str | None) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+
     t = Table(title=f"localspec requests, {period}", title_justify="left")
     cols = [(by or "period", "left"), ("requests", "right"), ("errors", "right"), ("prompt tok", "right"),
             ("reused", "right"), ("completion tok", "right"), ("tok/s (med)", "right"),
@@ -116,9 +151,11 @@ def _summary_table(rows: list[Summary], settings: MetricsSettings, period: str, 
     return t
 
 
-def _drift(out: Console, db: Path, settings: MetricsSettings, now: float) -> None:
+def _drift(comps: list, settings: MetricsSettings) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     lim = settings.drift
-    comps = drift_report(db, lim, now)
     t = Table(title=f"drift: last {lim.recent_days:g} d vs the {lim.baseline_days:g} d before "
                     f"(min {lim.min_samples} samples each)", title_justify="left")
     for name in ("metric", "baseline", "recent", "change", "limit", "n base", "n recent", "status"):
@@ -130,7 +167,7 @@ def _drift(out: Console, db: Path, settings: MetricsSettings, now: float) -> Non
                   "-" if change is None else (f"{change:+.1%}" if c.relative else f"{change:+.3f}"),
                   f"±{c.limit:.0%}" if c.relative else f"±{c.limit:.3f}", str(c.n_baseline), str(c.n_recent),
                   status)
-    out.print(t)
+    print_table(t)
     flags = [c for c in comps if c.flagged]
     # Plain lines after the table, so scripts can grep them.
     for c in flags:
@@ -141,6 +178,9 @@ def _drift(out: Console, db: Path, settings: MetricsSettings, now: float) -> Non
 
 def _plot(rows: list[dict], since: float, until: float) -> None:
     import plotext as plt
+    from rich.console import Console
+
+    from localspec.metrics import time_series
 
     span = until - max(since, rows[0]["ts"])
     bucket = 3600.0 if span <= 3 * 86400 else 86400.0
