@@ -24,6 +24,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # Each module exposes `register(subparsers)`, which adds its verbs and sets `func` on them.
 _COMMAND_MODULES = (
     "localspec.cli.models_cmd",
+    "localspec.cli.profiles_cmd",
     "localspec.cli.generate_cmd",
     "localspec.cli.chat_cmd",
     "localspec.cli.stats_cmd",

@@ -84,18 +84,25 @@ def estimate_fit(model: Path | str | GGUFInfo, n_ctx: int = 4096, ram: int | Non
     weights = info.file_size
     per_tok = info.kv_bytes_per_token(kv_bytes_per_value) or 0
     kv = n_ctx * per_tok
-    logits = N_UBATCH * (info.vocab_size or 0) * 4
-    compute = max(MIN_COMPUTE, weights // 10) + logits
+    compute = compute_allowance(weights, info.vocab_size or 0)
     if ram is None:
         ram = free_ram()
     probe = "given"
     if vram is None:
         vram, probe = free_vram()
-    total = weights + kv + compute
-    if vram is not None and total <= vram * 0.95:
-        verdict = "fits in VRAM"
-    elif total <= ram * 0.9:
-        verdict = "fits in RAM"
-    else:
-        verdict = "too large"
+    verdict = fit_verdict(weights + kv + compute, ram, vram)
     return FitEstimate(weights, kv, compute, n_ctx, ram, vram, probe, verdict)
+
+
+def compute_allowance(weights: int, vocab_size: int = 0) -> int:
+    """Compute buffers beside the weights: generous, so that "fits" is rarely wrong."""
+    return max(MIN_COMPUTE, weights // 10) + N_UBATCH * vocab_size * 4
+
+
+def fit_verdict(total: int, ram: int, vram: int | None) -> str:
+    """"fits in VRAM", "fits in RAM" or "too large", keeping 5% of VRAM and 10% of RAM spare."""
+    if vram is not None and total <= vram * 0.95:
+        return "fits in VRAM"
+    if total <= ram * 0.9:
+        return "fits in RAM"
+    return "too large"
