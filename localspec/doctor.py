@@ -35,10 +35,13 @@ class Problem:
 @dataclass
 class Report:
     data: dict[str, Any]
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)  # something that does not work: exit status 1
+    # Optional parts that are off (the embedding model): said, with their fix, but the install is healthy.
+    warnings: list[Problem] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **self.data, "problems": [asdict(p) for p in self.problems], "ok": not self.problems}
+        return {"schema": SCHEMA, **self.data, "problems": [asdict(p) for p in self.problems],
+                "warnings": [asdict(w) for w in self.warnings], "ok": not self.problems}
 
 
 # ---------------------------------------------------------------- llama.cpp build
@@ -141,8 +144,9 @@ def parse_nvidia_smi(csv_text: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- models
 
 
-def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem]]:
-    """Installed models with their verification state, and the default profile's fit."""
+def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Problem]]:
+    """Installed models with their verification state, and the default profile's fit; its problems,
+    then its warnings (a missing optional embedding model)."""
     from localspec.models import ModelManager, estimate_fit
 
     mm = ModelManager()
@@ -173,7 +177,7 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem]]:
     except Exception as exc:  # a broken overlay must not hide the rest of the report
         problems.append(Problem(f"The model registry could not be read: {exc}.",
                                 "Fix or remove the overlay `models.toml` in the config directory."))
-        return {"installed": rows, "default_profile": None, "embedding": None}, problems
+        return {"installed": rows, "default_profile": None, "embedding": None}, problems, []
     profile = {"name": name, "target": prof.target, "draft": prof.draft, "embedding": prof.embedding,
                "n_ctx": prof.n_ctx}
     fits = {}
@@ -208,14 +212,15 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem]]:
                           "vram_probe": any_fit.vram_probe, "verdict": verdict,
                           "per_model": {r: f.to_dict() for r, f in fits.items()}}
     embedding = None
+    warnings: list[Problem] = []
     if prof.embedding:
         path = mm.installed_path(prof.embedding)
         embedding = {"id": prof.embedding, "installed": path is not None, "path": str(path) if path else None}
         if path is None:
-            problems.append(Problem(
+            warnings.append(Problem(
                 f"The embedding model {prof.embedding!r} is not installed: /v1/embeddings and the semantic "
                 "cache are off.", f"Run `localspec models pull {prof.embedding}`."))
-    return {"installed": rows, "default_profile": profile, "embedding": embedding}, problems
+    return {"installed": rows, "default_profile": profile, "embedding": embedding}, problems, warnings
 
 
 # ---------------------------------------------------------------- port
@@ -260,7 +265,7 @@ def diagnose(verify: bool = False, host: str = DEFAULT_HOST, port: int = DEFAULT
         "settings_file_exists": paths.settings_file.is_file(), "user_registry": str(paths.user_registry),
         "user_registry_exists": paths.user_registry.is_file(),
     }
-    models, model_problems = models_state(verify)
+    models, model_problems, warnings = models_state(verify)
     problems += model_problems
     free = port_free(host, port)
     if not free:
@@ -277,7 +282,7 @@ def diagnose(verify: bool = False, host: str = DEFAULT_HOST, port: int = DEFAULT
         "embedding": models["embedding"],
         "port": {"host": host, "port": port, "free": free},
     }
-    return Report(data, problems)
+    return Report(data, problems, warnings)
 
 
 def _machine() -> str:
@@ -330,4 +335,6 @@ def render_text(report: Report) -> str:
             lines += [f"  - {prob['cause']}", f"    fix: {prob['fix']}"]
     else:
         lines.append("no problems found")
+    for warning in d["warnings"]:
+        lines += [f"warning (optional): {warning['cause']}", f"    fix: {warning['fix']}"]
     return "\n".join(lines)

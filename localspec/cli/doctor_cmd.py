@@ -1,4 +1,7 @@
-"""`localspec doctor`: the llama.cpp build, GPU, models, paths and port, each problem with its fix."""
+"""`localspec doctor`: the llama.cpp build, GPU, models, paths and port, each problem with its fix.
+
+Exit status 0 when nothing is wrong (a missing optional part, such as the embedding model, is a
+warning), 1 when a problem was found."""
 
 from __future__ import annotations
 
