@@ -7,21 +7,24 @@ into the unit: it reads them from an environment file (mode 0600) in the config 
 from __future__ import annotations
 
 import argparse
+import html
+import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from xml.sax.saxutils import escape
 
-from localspec.errors import LocalspecError
+from localspec.errors import ConfigError, LocalspecError, UsageError
 from localspec.paths import resolve_paths
 
 UNIT_NAME = "localspec.service"
 LAUNCHD_LABEL = "dev.localspec.serve"
 ENV_FILE_NAME = "service.env"
+API_KEY_ENV = "LOCALSPEC_API_KEY"
 _ENV_TEMPLATE = """\
 # Environment for the localspec service (read by the systemd unit / launchd agent).
 # Keep secrets here, not in the unit file. This file is private (mode 0600).
@@ -58,8 +61,12 @@ def localspec_command() -> list[str]:
     return [str(Path(sys.executable).absolute()), "-m", "localspec"]
 
 
+class UnitValueError(LocalspecError):
+    """A value (a path, --host, --profile) that a unit file cannot carry."""
+
+
 def render_systemd(spec: ServiceSpec) -> str:
-    exec_start = " ".join(_systemd_quote(a) for a in spec.argv)
+    exec_start = " ".join(systemd_exec_word(a) for a in spec.argv)
     return (
         "[Unit]\n"
         "Description=localspec OpenAI-compatible endpoint (localspec serve)\n"
@@ -68,7 +75,7 @@ def render_systemd(spec: ServiceSpec) -> str:
         "Type=simple\n"
         f"ExecStart={exec_start}\n"
         # "-": a missing file is not an error; the key, if any, lives only there.
-        f"EnvironmentFile=-{spec.env_file}\n"
+        f"EnvironmentFile=-{systemd_path(spec.env_file)}\n"
         "Restart=on-failure\n"
         "RestartSec=5\n"
         "TimeoutStopSec=30\n\n"
@@ -77,17 +84,66 @@ def render_systemd(spec: ServiceSpec) -> str:
     )
 
 
-def _systemd_quote(arg: str) -> str:
-    if arg and all(c.isalnum() or c in "/._-:=+@," for c in arg):
+# C escapes that systemd's command-line parser knows (systemd.service(5), "Command lines").
+_SYSTEMD_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r", "\a": "\\a",
+                    "\b": "\\b", "\f": "\\f", "\v": "\\v"}
+_SYSTEMD_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-:=+@,")
+
+
+def _check_text(value: str, what: str) -> None:
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise UnitValueError(f"{what} {value!r} is not valid text (undecodable bytes), so no unit file can name it.",
+                             "Use a name or path made of valid UTF-8.")
+
+
+def systemd_exec_word(arg: str) -> str:
+    """One ExecStart= word that systemd reads back as exactly `arg`: double-quoted with C escapes,
+    "%%" for a literal "%" (specifiers) and "$$" for a literal "$" (variable expansion)."""
+    _check_text(arg, "The argument")
+    if arg and all(c in _SYSTEMD_PLAIN for c in arg):
         return arg
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    out = []
+    for c in arg:
+        if c in _SYSTEMD_ESCAPES:
+            out.append(_SYSTEMD_ESCAPES[c])
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\x{ord(c):02x}")
+        elif c in "%$":
+            out.append(c * 2)
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def systemd_path(path: Path) -> str:
+    """A path for EnvironmentFile=, which resolves specifiers ("%%" for "%") but takes the rest of
+    the line as it stands: no quotes, no escapes, so no way to write a line break."""
+    text = str(path)
+    _check_text(text, "The path")
+    if "\n" in text or "\r" in text or text != text.strip():  # a line break would end the setting there
+        raise UnitValueError(f"The path {text!r} holds a line break or an edge space, which a systemd unit cannot "
+                             "carry in EnvironmentFile=.",
+                             "Set LOCALSPEC_HOME (or XDG_CONFIG_HOME) to a plain directory and run this again.")
+    return text.replace("%", "%%")
+
+
+def plist_string(value: str) -> str:
+    """XML text for a plist <string>: &, < and > escaped, a carriage return as a character reference
+    (XML would turn it into a newline); other control characters have no XML form at all."""
+    _check_text(value, "The value")
+    bad = [c for c in value if (ord(c) < 0x20 and c not in "\t\n\r") or ord(c) in (0xFFFE, 0xFFFF)]
+    if bad:
+        raise UnitValueError(f"{value!r} holds a control character that a launchd plist (XML) cannot carry.",
+                             "Use a value without control characters.")
+    return html.escape(value, quote=False).replace("\r", "&#13;")
 
 
 def render_launchd(spec: ServiceSpec) -> str:
     # launchd cannot read an env file, so a POSIX shell sources it and then execs localspec.
     loader = 'set -a; [ -f "$0" ] && . "$0"; set +a; exec "$@"'
     argv = ["/bin/sh", "-c", loader, str(spec.env_file), *spec.argv]
-    items = "\n".join(f"    <string>{escape(a)}</string>" for a in argv)
+    items = "\n".join(f"    <string>{plist_string(a)}</string>" for a in argv)
+    log = plist_string(str(spec.log_dir / "serve.log"))
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         '<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">\n'
@@ -98,8 +154,8 @@ def render_launchd(spec: ServiceSpec) -> str:
         # Restart after a crash, not after a clean exit.
         "  <key>KeepAlive</key>\n  <dict>\n    <key>SuccessfulExit</key>\n    <false/>\n  </dict>\n"
         "  <key>ThrottleInterval</key>\n  <integer>5</integer>\n"
-        f"  <key>StandardOutPath</key>\n  <string>{escape(str(spec.log_dir / 'serve.log'))}</string>\n"
-        f"  <key>StandardErrorPath</key>\n  <string>{escape(str(spec.log_dir / 'serve.log'))}</string>\n"
+        f"  <key>StandardOutPath</key>\n  <string>{log}</string>\n"
+        f"  <key>StandardErrorPath</key>\n  <string>{log}</string>\n"
         "</dict>\n</plist>\n"
     )
 
@@ -144,12 +200,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="service manager (default: launchd on macOS, else systemd)")
         v.add_argument("--dry-run", action="store_true", help="print the file and commands; change nothing")
         if verb == "install":
-            v.add_argument("--host", default="127.0.0.1")
-            v.add_argument("--port", type=int, default=8000)
+            v.add_argument("--host", default="127.0.0.1",
+                           help="address to serve on; any but loopback needs LOCALSPEC_API_KEY in the env file")
+            v.add_argument("--port", type=int, default=8000, help="port to serve on")
             v.add_argument("--profile", help="model profile for the server")
             v.add_argument("--no-start", action="store_true", help="write the unit but do not enable or start it")
         if verb == "uninstall":
             v.add_argument("--no-stop", action="store_true", help="remove the unit file without calling the manager")
+        if verb == "status":
+            v.add_argument("--json", action="store_true", help="print the unit's path and whether it is installed")
         v.set_defaults(func={"install": cmd_install, "uninstall": cmd_uninstall, "status": cmd_status}[verb])
 
 
@@ -177,27 +236,70 @@ def _run(cmds: list[list[str]], dry_run: bool, check: bool = True) -> None:
                                  "See its message above; `localspec service status` shows the unit's state.")
 
 
-def cmd_install(args: argparse.Namespace) -> int:
+def env_file_sets_key(env_file: Path) -> bool:
+    """Whether the environment file gives LOCALSPEC_API_KEY a value (systemd's KEY=VALUE lines)."""
+    if not env_file.is_file():
+        return False
+    for line in env_file.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, sep, value = line.removeprefix("export ").partition("=")
+        if sep and key.strip() == API_KEY_ENV and value.strip().strip("'\"").strip():
+            return True
+    return False
+
+
+def check_env_file_private(env_file: Path) -> None:
+    """Refuse an environment file that other users can read or write: it holds the API key."""
+    if not env_file.exists():
+        return
+    mode = stat.S_IMODE(env_file.stat().st_mode)
+    if mode & 0o077:
+        raise ConfigError(f"{env_file} is open to other users (mode {mode:04o}), and it is where the service's API key lives.",
+                          f"Run `chmod 600 {shlex.quote(str(env_file))}`; change the key if others may have read it.")
+
+
+def _create_env_file(env_file: Path) -> None:
+    if env_file.exists():
+        return
+    env_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(_ENV_TEMPLATE)
+
+
+def _require_key(spec: ServiceSpec, dry_run: bool) -> None:
+    """A unit reachable from the network without a key would only crash-loop: `serve` refuses to
+    listen there without one. Refuse it here, with the fix, instead."""
     from localspec.server.settings import is_loopback
 
+    if is_loopback(spec.host) or env_file_sets_key(spec.env_file):
+        return
+    if not dry_run:
+        _create_env_file(spec.env_file)  # so that the fix is one line in an existing private file
+    where = f"{spec.env_file} ({'create it with' if dry_run else 'created,'} mode 0600)"
+    raise UsageError(f"Refusing a service on {spec.host} without an API key: `localspec serve` would refuse to "
+                     "start there, and restart every 5 s.",
+                     f"Put {API_KEY_ENV}=<a long random key> in {where} and run this again, or use --host 127.0.0.1.")
+
+
+def cmd_install(args: argparse.Namespace) -> int:
     spec = _spec(args)
-    if not is_loopback(spec.host):
-        print(f"note: binding {spec.host} needs LOCALSPEC_API_KEY; put it in {spec.env_file}")
+    # Everything that can refuse comes before anything is written.
     text = render_launchd(spec) if args.manager == "launchd" else render_systemd(spec)
+    check_env_file_private(spec.env_file)
+    _require_key(spec, args.dry_run)
     path = unit_path(args.manager)
     if args.dry_run:
         print(f"# would write {path}:\n{text}")
         print(f"# would create {spec.env_file} (mode 0600) if missing")
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        path.write_text(text, encoding="utf-8")
         spec.log_dir.mkdir(parents=True, exist_ok=True)
-        if not spec.env_file.exists():
-            spec.env_file.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(spec.env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(_ENV_TEMPLATE)
-        print(f"wrote {path}\nsecrets (LOCALSPEC_API_KEY): {spec.env_file}")
+        _create_env_file(spec.env_file)
+        print(f"wrote {path}\nsecrets ({API_KEY_ENV}): {spec.env_file}")
     if not args.no_start:
         _run(_commands(args.manager, "install", path), args.dry_run)
         print(f"serving at http://{spec.host}:{spec.port}/v1 once the models load")
@@ -222,6 +324,9 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     path = unit_path(args.manager)
+    if args.json:
+        print(json.dumps({"manager": args.manager, "unit": str(path), "installed": path.exists()}))
+        return 0 if path.exists() else 1
     print(f"unit: {path} ({'installed' if path.exists() else 'not installed'})")
     if not path.exists():
         return 1
