@@ -1,0 +1,283 @@
+"""Every verb of the command line, as a newcomer meets it: at 80 columns, piped into `head -1`.
+
+The verbs come from the argparse parser itself, so a new verb is covered without editing this file
+(its --help through a real pipe, a wrong option, the defaults in its help) and the test then asks
+for a real invocation of it in CALLS. Each call runs in a subprocess with a temp LOCALSPEC_HOME and,
+unless it needs the real models, an empty model store, so that it finishes in about a second:
+
+- once with its output captured: the exit status (0 success, 1 runtime failure, 2 usage error), no
+  traceback, `--json` output that parses, tables within 80 columns, ids never cut to "…";
+- once through `| head -1` (a real pipe that closes early), each call that prints data: no
+  traceback, and status 0, or 141 when the closed pipe stopped it (as for `yes | head -1`).
+
+Calls that would load models or run for minutes get arguments that make them finish quickly:
+`serve` and `generate` fail early (no key off loopback, a model not installed, a flag that does not
+parse) and `generate --json` runs the 0.5B model for 4 tokens when it is installed; `bench` reads a
+missing result file; `chat` (stdin not a terminal) prints its help; `cache eval` runs exact-match
+on 6 pairs; `router eval` reads the shipped outcomes; `service` runs with --dry-run or fails on a
+missing unit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gguf_factory import make_gguf
+from tests.conftest import DRAFT_ID, REPO, SHARED_STORE
+from localspec.cli import build_parser, main
+from localspec.cli.parsing import leaf_commands, subcommands
+
+PARSER = build_parser()
+LEAVES = leaf_commands(PARSER)
+EXIT_PIPE_CLOSED = 141
+
+
+@dataclass(frozen=True)
+class Call:
+    args: tuple[str, ...]
+    code: int  # the exit status it must end with
+    json: bool = False  # standard output is one JSON document
+    table: bool = False  # a table: every line within 80 columns
+    shows: tuple[str, ...] = ()  # strings (ids) that must appear whole
+    models: bool = False  # needs the real models (the shared store), else an empty store
+
+
+@dataclass
+class Workspace:
+    root: Path
+    port: int
+    registry_ids: tuple[str, ...]
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def env(self, phase: str, models: bool) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("LOCALSPEC_API_KEY", "XDG_CONFIG_HOME", "_ARGCOMPLETE")}
+        env.update(PYTHONPATH=str(REPO), COLUMNS="80", LOCALSPEC_HOME=str(self.root / phase / "home"),
+                   HOME=str(self.root / phase / "user"),
+                   LOCALSPEC_MODELS_DIR=str(SHARED_STORE if models else self.root / phase / "store"))
+        return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _labels(path: Path) -> Path:
+    easy = [f"say hi to {name}" for name in ("ann", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy", "jo")]
+    hard = [f"prove that the sum of the first {n} odd numbers is {n} squared, step by step, then compute "
+            f"{n} * 17 + 3 and explain every step" for n in range(3, 13)]
+    rows = [{"prompt": p, "label": 0} for p in easy] + [{"prompt": p, "label": 1} for p in hard]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Workspace:
+    from localspec.models import ModelManager
+
+    root = tmp_path_factory.mktemp("verbs")
+    files = {"tiny": make_gguf(root / "tiny.gguf"), "labels": _labels(root / "labels.jsonl"),
+             "bad_labels": root / "bad.jsonl", "pairs": root / "pairs.jsonl", "export": root / "export.jsonl",
+             "weights": root / "weights.json", "missing": root / "missing.json"}
+    files["bad_labels"].write_text('{"prompt": "x", "label": 2}\n')
+    files["pairs"].write_text(json.dumps({"a": "x", "b": "y", "label": "hit"}) + "\n")
+    ids = tuple(ModelManager().registry.ids())
+    return Workspace(root, _free_port(), ids, files)
+
+
+def calls(ws: Workspace) -> list[tuple[tuple[str, ...], Call]]:
+    """What each verb runs, in order (import before info, verify and rm)."""
+    f, port = ws.files, str(ws.port)
+    real = (SHARED_STORE / DRAFT_ID).is_dir()
+    out: list[tuple[tuple[str, ...], Call]] = [
+        (("models", "list"), Call((), 0, table=True, shows=ws.registry_ids)),
+        (("models", "list"), Call(("--json",), 0, json=True, shows=ws.registry_ids)),
+        (("models", "pull"), Call(("no-such-model",), 1)),
+        (("models", "import"), Call((str(f["tiny"]), "--id", "cli-tiny", "--json"), 0, json=True)),
+        (("models", "info"), Call(("cli-tiny", "--json"), 0, json=True)),
+        (("models", "verify"), Call(("--json",), 0, json=True, shows=("cli-tiny",))),
+        (("models", "du"), Call((), 0, shows=("cli-tiny",))),
+        (("models", "du"), Call(("--json",), 0, json=True)),
+        (("models", "rm"), Call(("cli-tiny", "--json"), 0, json=True)),
+        (("models", "rm"), Call(("cli-tiny",), 1)),
+        (("profiles",), Call((), 0, shows=ws.registry_ids)),
+        (("profiles",), Call(("--json",), 0, json=True)),
+        (("profiles",), Call(("no-such-profile",), 1)),
+        (("generate",), Call(("--no-pull", "hello"), 1)),
+        (("generate",), Call(("--max-tokens", "many", "hello"), 2)),
+        (("chat",), Call((), 0)),
+        (("serve",), Call(("--host", "0.0.0.0", "--no-pull"), 2)),
+        (("serve",), Call(("--port", "eighty"), 2)),
+        (("bench",), Call(("--from-json", str(f["missing"])), 1)),
+        (("doctor",), Call(("--port", port), 1)),  # the empty store: the default profile is not installed
+        (("doctor",), Call(("--json", "--port", port), 1, json=True)),
+        (("service", "install"), Call(("--dry-run",), 0)),
+        (("service", "install"), Call(("--dry-run", "--host", "0.0.0.0"), 2)),
+        (("service", "status"), Call((), 1)),
+        (("service", "status"), Call(("--json",), 1, json=True)),
+        (("service", "uninstall"), Call(("--no-stop",), 1)),
+        (("cache", "stats"), Call(("--json",), 0, json=True)),
+        (("cache", "clear"), Call(("--json",), 0, json=True)),
+        (("cache", "export"), Call((str(f["export"]),), 0)),
+        (("cache", "eval"), Call(("--exact-only", "--limit", "6", "--json"), 0, json=True)),
+        (("cache", "train-scorer"), Call(("--out", str(f["weights"]), "--file", str(f["pairs"])), 2)),
+        (("router", "eval"), Call(("--from-outcomes", "--no-embedding", "--resamples", "20", "--folds", "2"), 0,
+                                  table=True)),
+        (("router", "eval"), Call(("--from-outcomes", "--no-embedding", "--resamples", "20", "--folds", "2",
+                                   "--json"), 0, json=True)),
+        (("router", "train"), Call((str(f["labels"]), "--no-embedding", "--json"), 0, json=True)),
+        (("router", "train"), Call((str(f["bad_labels"]), "--no-embedding"), 1)),
+        (("stats",), Call(("--since", "last tuesday"), 2)),
+        (("stats",), Call(("--json", "--plot"), 2)),
+    ]
+    if real:  # the real models: one generation, logged, so that `stats` has a row to show
+        out += [
+            (("generate",), Call(("--no-pull", "--model", DRAFT_ID, "--mode", "off", "--max-tokens", "4", "--n-ctx",
+                                  "256", "--threads", "2", "--json", "def add(a, b):"), 0, json=True, models=True)),
+            (("router", "show"), Call(("what is 2+2?", "--json"), 0, json=True, models=True)),
+            (("router", "show"), Call(("what is 2+2?",), 0, models=True, shows=(DRAFT_ID,))),
+            (("stats",), Call(("--since", "1d"), 0, table=True)),
+        ]
+    else:
+        out.append((("router", "show"), Call(("what is 2+2?", "--json"), 1)))  # the small tier is not installed
+    out += [(("stats",), Call(("--json",), 0, json=True)), (("stats",), Call(("--drift",), 0, table=True))]
+    return out
+
+
+@dataclass(frozen=True)
+class Outcome:
+    leaf: tuple[str, ...]
+    call: Call
+    piped: bool
+    code: int
+    out: str
+    err: str
+
+
+def _command(leaf: tuple[str, ...], args: tuple[str, ...], piped: bool) -> list[str]:
+    argv = [sys.executable, "-m", "localspec", *leaf, *args]
+    # A real pipe into `head -1`, which exits after one line; the status is localspec's.
+    return ["bash", "-c", '"$@" | head -1; exit "${PIPESTATUS[0]}"', "localspec", *argv] if piped else argv
+
+
+def _run(ws: Workspace, phase: str, leaf: tuple[str, ...], call: Call, piped: bool) -> Outcome:
+    cwd = ws.root / phase
+    proc = subprocess.run(_command(leaf, call.args, piped), capture_output=True, text=True, timeout=240, cwd=cwd,
+                          env=ws.env(phase, call.models), stdin=subprocess.DEVNULL)
+    return Outcome(leaf, call, piped, proc.returncode, proc.stdout, proc.stderr)
+
+
+def _phase(ws: Workspace, phase: str, piped: bool, todo: list[tuple[tuple[str, ...], Call]]) -> list[Outcome]:
+    (ws.root / phase).mkdir(exist_ok=True)
+    return [_run(ws, phase, leaf, call, piped) for leaf, call in todo]
+
+
+def _problems(o: Outcome) -> Iterator[str]:
+    name = " ".join(("localspec", *o.leaf, *o.call.args)) + (" | head -1" if o.piped else "")
+    codes = {o.call.code, EXIT_PIPE_CLOSED} if o.piped else {o.call.code}
+    if o.code not in codes:
+        yield f"{name}: exit status {o.code}, wanted {sorted(codes)}; stderr: {o.err[-800:]}"
+    if "Traceback" in o.err or "Exception ignored" in o.err:
+        yield f"{name}: a traceback:\n{o.err[-1500:]}"
+    if o.piped:
+        if len(o.out.splitlines()) > 1:
+            yield f"{name}: head -1 let {len(o.out.splitlines())} lines through"
+        return
+    if "…" in o.out:
+        yield f"{name}: output cut with an ellipsis:\n{o.out}"
+    if o.call.json:
+        try:
+            json.loads(o.out)
+        except ValueError as exc:
+            yield f"{name}: --json output does not parse ({exc}):\n{o.out[:800]}"
+    if o.call.table:
+        wide = [line for line in o.out.splitlines() if len(line) > 80]
+        if wide:
+            yield f"{name}: {len(wide)} lines wider than 80 columns, e.g. {wide[0]!r}"
+    words = set(o.out.replace('"', " ").replace(",", " ").split())
+    missing = [s for s in o.call.shows if s not in words]
+    if missing:
+        yield f"{name}: these ids are not shown whole: {missing}\n{o.out}"
+
+
+def _seed_metrics(ws: Workspace, phase: str) -> None:
+    """A week of logged requests in the phase's home, so that `stats` prints its tables."""
+    from tests.test_metrics import _history, _seed
+
+    db = ws.root / phase / "home" / "data" / "metrics.sqlite"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    _seed(db, _history(time.time(), shifted=True, n=3))
+
+
+def test_every_call_is_listed_for_every_verb(ws):
+    """A new verb needs a real invocation here, and a verb with --json one that uses it."""
+    todo = calls(ws)
+    assert sorted({leaf for leaf, _ in todo}) == sorted(LEAVES)
+    parsers = dict(subcommands(PARSER))
+    with_json = {leaf for leaf in LEAVES if any("--json" in a.option_strings for a in parsers[leaf]._actions)}
+    real = (SHARED_STORE / DRAFT_ID).is_dir()
+    covered = {leaf for leaf, c in todo if c.json and "--json" in c.args}
+    assert with_json - covered == (set() if real else {("generate",)})  # generate --json needs a model
+
+
+def test_every_verb_at_80_columns_and_through_head(ws):
+    todo = calls(ws)
+    for phase in ("full", "piped"):
+        _seed_metrics(ws, phase)
+    # Through the pipe, the calls that print data (a failure prints its one line to stderr alone).
+    printing = [(leaf, call) for leaf, call in todo if call.code == 0]
+    with ThreadPoolExecutor(2) as pool:  # the two phases in their own homes, side by side
+        full = pool.submit(_phase, ws, "full", False, todo)
+        piped = pool.submit(_phase, ws, "piped", True, printing)
+        outcomes = full.result() + piped.result()
+    problems = [p for o in outcomes for p in _problems(o)]
+    assert not problems, "\n\n".join(problems)
+
+
+@pytest.mark.parametrize("leaf", LEAVES, ids=" ".join)
+def test_help_through_head_and_a_wrong_option(ws, leaf, capsys):
+    """Every verb, found in the parser: `--help | head -1` is its usage line, and a wrong option is
+    a usage error (status 2) in one line, not a traceback."""
+    (ws.root / "help").mkdir(exist_ok=True)
+    o = _run(ws, "help", leaf, Call(("--help",), 0), piped=True)
+    assert o.code in (0, EXIT_PIPE_CLOSED) and not o.err, o.err
+    assert o.out.startswith(f"usage: localspec {' '.join(leaf)}")
+    with pytest.raises(SystemExit) as exc:
+        main([*leaf, "--no-such-option"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    # argparse's usage error: the usage, then one line naming what is wrong
+    assert err.startswith("usage: localspec") and ": error: " in err.splitlines()[-1] and "Traceback" not in err
+
+
+def _shown_defaults(parser) -> Iterator[tuple[str, str]]:
+    import argparse
+
+    for action in parser._actions:
+        default = action.default
+        if (action.option_strings and action.help != argparse.SUPPRESS and default not in (None, "", [])
+                and not isinstance(default, bool) and default is not argparse.SUPPRESS
+                and not isinstance(action, argparse._StoreConstAction)):
+            yield action.option_strings[-1], str(default)
+
+
+@pytest.mark.parametrize("leaf", LEAVES, ids=" ".join)
+def test_help_shows_every_default(leaf, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    parser = dict(subcommands(PARSER))[leaf]
+    text = " ".join(parser.format_help().split())
+    for option, default in _shown_defaults(parser):
+        assert default in text, f"`localspec {' '.join(leaf)} --help` does not show {option}'s default {default}"
