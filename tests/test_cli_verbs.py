@@ -48,6 +48,7 @@ class Call:
     args: tuple[str, ...]
     code: int  # the exit status it must end with
     json: bool = False  # standard output is one JSON document
+    ndjson: bool = False  # standard output is JSON lines (pull's progress, then its results)
     table: bool = False  # a table: every line within 80 columns
     shows: tuple[str, ...] = ()  # strings (ids) that must appear whole
     models: bool = False  # needs the real models (the shared store), else an empty store
@@ -64,6 +65,7 @@ class Workspace:
         env = {k: v for k, v in os.environ.items()
                if k not in ("LOCALSPEC_API_KEY", "XDG_CONFIG_HOME", "_ARGCOMPLETE")}
         env.update(PYTHONPATH=str(REPO), COLUMNS="80", LOCALSPEC_HOME=str(self.root / phase / "home"),
+                   LOCALSPEC_MODEL_DIRS=str(self.root / "model-dirs"),
                    HOME=str(self.root / phase / "user"),
                    LOCALSPEC_MODELS_DIR=str(SHARED_STORE if models else self.root / phase / "store"))
         return env
@@ -84,15 +86,28 @@ def _labels(path: Path) -> Path:
     return path
 
 
+def _overlay(tiny: Path) -> str:
+    """A registry entry for the tiny GGUF, pinned by size and sha256, so that `models pull cli-tiny`
+    copies it from LOCALSPEC_MODEL_DIRS (no network) and prints its NDJSON progress."""
+    import hashlib
+
+    digest = hashlib.sha256(tiny.read_bytes()).hexdigest()
+    return ('[[models]]\nid = "cli-tiny"\nrole = "target"\n\n  [[models.sources]]\n  kind = "file"\n'
+            f'  files = [{{ name = "cli-tiny.gguf", size = {tiny.stat().st_size}, sha256 = "{digest}" }}]\n')
+
+
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Workspace:
     from localspec.models import ModelManager
 
     root = tmp_path_factory.mktemp("verbs")
-    files = {"tiny": make_gguf(root / "tiny.gguf"), "labels": _labels(root / "labels.jsonl"),
+    (root / "model-dirs").mkdir()
+    tiny = make_gguf(root / "model-dirs" / "cli-tiny.gguf")
+    files = {"tiny": tiny, "overlay": root / "models.toml", "labels": _labels(root / "labels.jsonl"),
              "bad_labels": root / "bad.jsonl", "pairs": root / "pairs.jsonl", "export": root / "export.jsonl",
              "weights": root / "weights.json", "missing": root / "missing.json"}
     files["bad_labels"].write_text('{"prompt": "x", "label": 2}\n')
+    files["overlay"].write_text(_overlay(tiny))
     files["pairs"].write_text(json.dumps({"a": "x", "b": "y", "label": "hit"}) + "\n")
     ids = tuple(ModelManager().registry.ids())
     return Workspace(root, _free_port(), ids, files)
@@ -106,13 +121,14 @@ def calls(ws: Workspace) -> list[tuple[tuple[str, ...], Call]]:
         (("models", "list"), Call((), 0, table=True, shows=ws.registry_ids)),
         (("models", "list"), Call(("--json",), 0, json=True, shows=ws.registry_ids)),
         (("models", "pull"), Call(("no-such-model",), 1)),
-        (("models", "import"), Call((str(f["tiny"]), "--id", "cli-tiny", "--json"), 0, json=True)),
+        (("models", "pull"), Call(("cli-tiny", "--json"), 0, ndjson=True)),
         (("models", "info"), Call(("cli-tiny", "--json"), 0, json=True)),
         (("models", "verify"), Call(("--json",), 0, json=True, shows=("cli-tiny",))),
         (("models", "du"), Call((), 0, shows=("cli-tiny",))),
         (("models", "du"), Call(("--json",), 0, json=True)),
         (("models", "rm"), Call(("cli-tiny", "--json"), 0, json=True)),
         (("models", "rm"), Call(("cli-tiny",), 1)),
+        (("models", "import"), Call((str(f["tiny"]), "--id", "cli-tiny", "--json"), 0, json=True)),
         (("profiles",), Call((), 0, shows=ws.registry_ids)),
         (("profiles",), Call(("--json",), 0, json=True)),
         (("profiles",), Call(("no-such-profile",), 1)),
@@ -198,11 +214,14 @@ def _problems(o: Outcome) -> Iterator[str]:
         return
     if "…" in o.out:
         yield f"{name}: output cut with an ellipsis:\n{o.out}"
-    if o.call.json:
+    documents = [o.out] if o.call.json else [ln for ln in o.out.splitlines() if ln] if o.call.ndjson else []
+    for doc in documents:
         try:
-            json.loads(o.out)
+            json.loads(doc)
         except ValueError as exc:
-            yield f"{name}: --json output does not parse ({exc}):\n{o.out[:800]}"
+            yield f"{name}: --json output does not parse ({exc}):\n{doc[:800]}"
+    if o.call.ndjson and not documents:
+        yield f"{name}: no JSON lines at all"
     if o.call.table:
         wide = [line for line in o.out.splitlines() if len(line) > 80]
         if wide:
@@ -213,13 +232,15 @@ def _problems(o: Outcome) -> Iterator[str]:
         yield f"{name}: these ids are not shown whole: {missing}\n{o.out}"
 
 
-def _seed_metrics(ws: Workspace, phase: str) -> None:
-    """A week of logged requests in the phase's home, so that `stats` prints its tables."""
+def _prepare_home(ws: Workspace, phase: str) -> None:
+    """The registry overlay, and a week of logged requests so that `stats` prints its tables."""
     from tests.test_metrics import _history, _seed
 
-    db = ws.root / phase / "home" / "data" / "metrics.sqlite"
-    db.parent.mkdir(parents=True, exist_ok=True)
-    _seed(db, _history(time.time(), shifted=True, n=3))
+    home = ws.root / phase / "home"
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "models.toml").write_text(ws.files["overlay"].read_text())
+    (home / "data").mkdir()
+    _seed(home / "data" / "metrics.sqlite", _history(time.time(), shifted=True, n=3))
 
 
 def test_every_call_is_listed_for_every_verb(ws):
@@ -229,14 +250,14 @@ def test_every_call_is_listed_for_every_verb(ws):
     parsers = dict(subcommands(PARSER))
     with_json = {leaf for leaf in LEAVES if any("--json" in a.option_strings for a in parsers[leaf]._actions)}
     real = (SHARED_STORE / DRAFT_ID).is_dir()
-    covered = {leaf for leaf, c in todo if c.json and "--json" in c.args}
+    covered = {leaf for leaf, c in todo if (c.json or c.ndjson) and "--json" in c.args}
     assert with_json - covered == (set() if real else {("generate",)})  # generate --json needs a model
 
 
 def test_every_verb_at_80_columns_and_through_head(ws):
     todo = calls(ws)
     for phase in ("full", "piped"):
-        _seed_metrics(ws, phase)
+        _prepare_home(ws, phase)
     # Through the pipe, the calls that print data (a failure prints its one line to stderr alone).
     printing = [(leaf, call) for leaf, call in todo if call.code == 0]
     with ThreadPoolExecutor(2) as pool:  # the two phases in their own homes, side by side
