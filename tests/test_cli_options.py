@@ -37,6 +37,8 @@ def test_a_runtime_failure_is_1_and_a_usage_error_is_2(capsys):
     assert main(["profiles", "no-such-profile"]) == 1
     assert main(["stats", "--since", "last tuesday"]) == 2  # a flag value that does not parse
     assert main(["stats", "--json", "--plot"]) == 2
+    assert main(["models", "pull", "no-such-model", "--profile", "default"]) == 2  # ids or a profile, not both
+    assert main(["generate", "--temperature", "-1", "--no-pull", "hello"]) == 2  # checked before any model loads
     with pytest.raises(SystemExit) as exc:
         main(["models", "list", "--frobnicate"])
     assert exc.value.code == 2

@@ -51,7 +51,7 @@ def _request(args: argparse.Namespace) -> GenerationRequest:
 
     from localspec.engine.config import GenerationRequest
     from localspec.engine.sampling import SamplingParams
-    from localspec.errors import RequestError
+    from localspec.errors import UsageError
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
@@ -73,7 +73,7 @@ def _request(args: argparse.Namespace) -> GenerationRequest:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "request"
-        raise RequestError(f"Invalid {field}: {err['msg']}.", "See `localspec generate --help`.") from exc
+        raise UsageError(f"Invalid {field}: {err['msg']}.", "See `localspec generate --help`.") from exc
 
 
 def _peak_rss_mb() -> float:

@@ -135,9 +135,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
     mgr = _manager()
     if args.ids and args.profile:
-        from localspec.errors import ConfigError
+        from localspec.errors import UsageError
 
-        raise ConfigError("Give model ids or --profile, not both.", "Run one pull per profile.")
+        raise UsageError("Give model ids or --profile, not both.", "Run one pull per profile.")
     view = pull_view(json_lines=args.json)
     try:
         if args.ids:
