@@ -129,7 +129,7 @@ def calls(ws: Workspace) -> list[tuple[tuple[str, ...], Call]]:
         (("models", "rm"), Call(("cli-tiny", "--json"), 0, json=True)),
         (("models", "rm"), Call(("cli-tiny",), 1)),
         (("models", "import"), Call((str(f["tiny"]), "--id", "cli-tiny", "--json"), 0, json=True)),
-        (("profiles",), Call((), 0, shows=ws.registry_ids)),
+        (("profiles",), Call((), 0, table=True, shows=ws.registry_ids)),
         (("profiles",), Call(("--json",), 0, json=True)),
         (("profiles",), Call(("no-such-profile",), 1)),
         (("generate",), Call(("--no-pull", "hello"), 1)),

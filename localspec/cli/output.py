@@ -44,6 +44,13 @@ def _console_class() -> type[Console]:
     return PipeAwareConsole
 
 
+def text_width() -> int:
+    """Columns for plain text: the terminal's, COLUMNS for a pipe, else PIPE_WIDTH (no wrapping)."""
+    import shutil
+
+    return output_width() or shutil.get_terminal_size().columns
+
+
 def table_console() -> Console:
     console_class, width = _console_class(), output_width()
     return console_class() if width is None else console_class(width=width, soft_wrap=False)

@@ -4,9 +4,10 @@ sizes, and whether the profile fits this machine."""
 from __future__ import annotations
 
 import argparse
+import textwrap
 from dataclasses import asdict, dataclass
 
-from localspec.cli.output import print_json
+from localspec.cli.output import print_json, text_width
 
 # Bits per weight of common GGUF quantisations (llama.cpp's figures, rounded): a size estimate for
 # a model that is neither installed nor listed with its file sizes.
@@ -115,12 +116,14 @@ def render(statuses: list[ProfileStatus]) -> str:
     from localspec.models.units import human_bytes
 
     width = max((len(m.id) for s in statuses for m in s.models), default=0)
+    columns = text_width()
     lines: list[str] = []
     for s in statuses:
-        lines.append(f"{s.name}{' (default)' if s.default else ''}: {s.description}".rstrip(": "))
+        header = f"{s.name}{' (default)' if s.default else ''}: {s.description}".rstrip(": ")
+        lines += textwrap.wrap(header, columns, subsequent_indent="    ", break_on_hyphens=False) or [header]
         fit = s.fit
-        need = "" if fit.total_bytes is None else f" (needs ~{human_bytes(fit.total_bytes)}"
-        need += ", estimated before download)" if fit.estimated and need else (")" if need else "")
+        need = "" if fit.total_bytes is None else (
+            f" (needs ~{human_bytes(fit.total_bytes)}{', est.' if fit.estimated else ''})")
         state = "ready" if s.ready else (
             "to download: " + (human_bytes(s.download_bytes) if s.download_bytes is not None else "size unknown"))
         lines.append(f"  n_ctx {s.n_ctx}; {state}; {fit.verdict}{need}")
