@@ -39,6 +39,9 @@ def test_a_runtime_failure_is_1_and_a_usage_error_is_2(capsys):
     assert main(["stats", "--json", "--plot"]) == 2
     assert main(["models", "pull", "no-such-model", "--profile", "default"]) == 2  # ids or a profile, not both
     assert main(["generate", "--temperature", "-1", "--no-pull", "hello"]) == 2  # checked before any model loads
+    assert main(["serve", "--port", "99999", "--no-pull"]) == 2  # a flag value out of range
+    assert main(["serve", "--ssl-certfile", "cert.pem", "--no-pull"]) == 2  # TLS needs the key too
+    assert main(["serve", "--ssl-certfile", "/no/cert.pem", "--ssl-keyfile", "/no/key.pem", "--no-pull"]) == 1
     with pytest.raises(SystemExit) as exc:
         main(["models", "list", "--frobnicate"])
     assert exc.value.code == 2

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from localspec.cli import main
-from localspec.errors import ConfigError
+from localspec.errors import UsageError
 from localspec.server import Backend, ServerSettings, create_app, is_loopback
 from tests.server_harness import ServerThread, request
 
@@ -29,7 +29,7 @@ def loading_server():
 
 
 def test_non_loopback_bind_without_key_is_refused(capsys):
-    with pytest.raises(ConfigError, match="without an API key"):
+    with pytest.raises(UsageError, match="without an API key"):
         ServerSettings(host="0.0.0.0").check_bind()
     ServerSettings(host="0.0.0.0", api_key="k").check_bind()  # with a key it is allowed
     ServerSettings(host="::1").check_bind()

@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from localspec.cli.options import MODES, add_cache_judge_arguments
-from localspec.errors import ConfigError, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def settings_from_args(args: argparse.Namespace):
     from pydantic import ValidationError
 
-    from localspec.errors import ConfigError
+    from localspec.errors import UsageError
     from localspec.server.settings import ServerSettings
 
     try:
@@ -70,7 +69,7 @@ def settings_from_args(args: argparse.Namespace):
         err = exc.errors()[0]
         field = str(err["loc"][0]) if err["loc"] else ""
         flag, dest = _FLAGS.get(field, ("--" + field.replace("_", "-"), field))
-        raise ConfigError(f"Invalid {flag} {getattr(args, dest, err.get('input'))!r}: {err['msg']}.",
+        raise UsageError(f"Invalid {flag} {getattr(args, dest, err.get('input'))!r}: {err['msg']}.",
                           "See `localspec serve --help` for each flag's range.") from None
 
 
@@ -87,10 +86,7 @@ def run(args: argparse.Namespace) -> int:
         print("warning: a key given with --api-key is visible to every user of this machine (`ps`); "
               "use --api-key-file PATH or $LOCALSPEC_API_KEY instead", file=sys.stderr)
     settings = settings_from_args(args)
-    try:
-        settings.check_bind()  # before any download or model load
-    except ConfigError as exc:  # flags that cannot run as given (no key off loopback): a usage error, status 2
-        raise UsageError(exc.cause, exc.fix) from None
+    settings.check_bind()  # before any download or model load
     if not args.no_pull:
         from localspec.cli.models_cmd import ensure_models
 

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localspec.cache.policy import cache_judge_kind
-from localspec.errors import ConfigError
+from localspec.errors import ConfigError, UsageError
 
 API_KEY_ENV = "LOCALSPEC_API_KEY"
 
@@ -77,13 +77,14 @@ class ServerSettings(BaseModel):
     def check_bind(self) -> None:
         """Refuse to expose an unauthenticated model server beyond this machine, or half a TLS setup."""
         keys = self.keys()
+        # Flags that cannot run together are usage errors (exit status 2); a missing file is not.
         if not is_loopback(self.host) and not keys:
-            raise ConfigError(
+            raise UsageError(
                 f"Refusing to listen on {self.host} without an API key: anyone on the network could use it.",
                 f"Pass --api-key-file PATH (or set {API_KEY_ENV}), or bind to 127.0.0.1.",
             )
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise ConfigError("TLS needs both a certificate and its key.", "Pass --ssl-certfile and --ssl-keyfile.")
+            raise UsageError("TLS needs both a certificate and its key.", "Pass --ssl-certfile and --ssl-keyfile.")
         for label, path in (("certificate", self.ssl_certfile), ("key", self.ssl_keyfile)):
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"The TLS {label} {path} does not exist.", "Give the path of a PEM file.")
