@@ -18,6 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Header, Label, ListItem, ListView, LoadingIndicator
 
 from localspec.engine.config import GenerationRequest
@@ -144,7 +145,7 @@ class ChatApp(App):
                 yield VerticalScroll(id="messages")
                 with Horizontal(id="status-bar"):
                     yield LoadingIndicator(id="loading")
-                    yield Label("", id="status")
+                    yield Label("", id="status", markup=False)
                 prompt = PromptInput(id="prompt", soft_wrap=True, show_line_numbers=False)
                 prompt.border_title = "Message"
                 prompt.border_subtitle = "Enter send · Ctrl+J newline · Esc cancel"
@@ -173,6 +174,12 @@ class ChatApp(App):
         self.refresh_metrics()
         self.set_interval(2.0, self._tick)
         self.load_backend(self.active_profile)
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Toasts carry chat titles, model ids and error text: never parsed as markup, whatever the
+        caller asks (Textual's widgets and screens ask for markup by default)."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
 
     def _tick(self) -> None:
         try:
@@ -266,7 +273,7 @@ class ChatApp(App):
         view = self.query_one("#chat-list", ListView)
         await view.clear()
         chats = self.store.list_chats()
-        await view.extend(ListItem(Label(c.title), id=f"chat-{c.id}") for c in chats)
+        await view.extend(ListItem(Label(c.title, markup=False), id=f"chat-{c.id}") for c in chats)
         for i, c in enumerate(chats):
             if c.id == self.chat_id:
                 view.index = i

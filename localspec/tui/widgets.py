@@ -93,9 +93,9 @@ class MessageView(Vertical, can_focus=True):
         if self.role == "assistant":
             yield Static(origin_text(self.segments), classes="origins")
             with Horizontal(classes="reply-footer"):
-                yield Static(self._summary(), classes="stats")
+                yield Static(self._summary(), classes="stats", markup=False)
                 yield Label("cached", classes="badge cached")
-                yield Label(self._route_label(), classes="route")
+                yield Label(self._route_label(), classes="route", markup=False)
 
     def on_mount(self) -> None:
         self._apply_view()
