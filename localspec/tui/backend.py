@@ -60,6 +60,15 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+class BackendFactory(Protocol):
+    """Builds the backend for a profile (None: the active one) on the app's loading thread.
+
+    `on_progress` is the app's: a backend that loads models hands it to the engine, so the app
+    can show the load and the one-time calibration; one that loads nothing may ignore it."""
+
+    def __call__(self, profile: str | None, *, on_progress: ProgressFn) -> Backend: ...
+
+
 def detect_accelerator() -> str:
     """CPU, or the GPU backend llama.cpp was built with."""
     try:
