@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -101,7 +102,8 @@ def test_a_broken_progress_callback_does_not_stop_the_load(draft_path):
 
 
 @pytest.mark.models
-def test_calibration_reports_each_round_and_nothing_once_cached(draft_path, tmp_path):
+def test_calibration_reports_each_round_and_nothing_once_cached(draft_path, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="localspec.engine.calibrate")
     rt = ModelRuntime(draft_path, CONFIG)
     seen: list[LoadProgress] = []
     try:
@@ -114,6 +116,7 @@ def test_calibration_reports_each_round_and_nothing_once_cached(draft_path, tmp_
     assert [round(p.fraction, 3) for p in seen] == [round(i / 6, 3) for i in range(7)]
     assert {(p.stage, p.model) for p in seen} == {(LoadStage.CALIBRATE, DRAFT_ID)}
     assert seen[-1].elapsed_s > 0 and again == []
+    assert [r.message for r in caplog.records if r.message.startswith("calibrated in ")]  # for `serve`'s log
 
 
 @pytest.mark.models

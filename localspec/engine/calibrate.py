@@ -125,7 +125,9 @@ def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int
             logger.warning("ignoring unreadable calibration %s: %s", path, exc)
     logger.info("calibrating speculative costs (one-time per model, build and thread count)")
     progress = StageReporter(on_progress, LoadStage.CALIBRATE, target.path.stem) if on_progress else None
+    t0 = time.perf_counter()
     costs = measure(target, draft, k_max, progress=progress)
+    logger.info("calibrated in %.1f s", time.perf_counter() - t0)  # faces without on_progress (serve) log it
     if path:
         try:
             costs.save(path)
