@@ -21,6 +21,7 @@ from localspec.cache import SemanticCache
 from localspec.cache.judge import DEFAULT_JUDGE_THRESHOLD, ModelJudge
 from localspec.engine.config import EngineConfig
 from localspec.engine.embedder import Embedder
+from localspec.engine.events import ProgressFn
 from localspec.engine.scheduler import Engine
 from localspec.errors import ConfigError, LocalspecError
 from localspec.models import ModelManager
@@ -93,9 +94,11 @@ def calibration_dir() -> str:
 
 
 def open_engine(
-    profile: str | None = None, target: str | None = None, draft: str | None = None, **overrides: Any
+    profile: str | None = None, target: str | None = None, draft: str | None = None, *,
+    on_progress: ProgressFn | None = None, **overrides: Any,
 ) -> Engine:
-    """Load the engine for a profile. `overrides` are EngineConfig fields (None = keep)."""
+    """Load the engine for a profile. `overrides` are EngineConfig fields (None = keep); `on_progress`
+    hears the models' load and the one-time calibration (a face shows it)."""
     mode = overrides.get("mode")
     files, n_ctx = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
     config = engine_config(n_ctx, **overrides)
@@ -105,7 +108,7 @@ def open_engine(
         config = config.model_copy(update={"mode": "lookup"})
     return Engine.load(
         str(files.target), str(files.draft) if files.draft else None, config,
-        calibration_dir=calibration_dir(),
+        calibration_dir=calibration_dir(), on_progress=on_progress,
     )
 
 
@@ -171,9 +174,11 @@ def open_cache(profile: str | None = None, n_threads: int | None = None,
 def open_pipeline(
     profile: str | None = None, target: str | None = None, draft: str | None = None, cache: bool = True,
     route: bool = True, cache_sampled: bool = False, cache_semantic: bool = False, cache_judge: bool | str = "model",
-    **overrides: Any,
+    *, on_progress: ProgressFn | None = None, **overrides: Any,
 ):
     """The shared request pipeline for a profile: the large tier loaded now, the cache, the router.
+
+    `on_progress` hears the large tier's load and calibration; the small tier loads later, quietly.
 
     The router's tiers are checked now (a missing model names its pull command, a bad remote URL
     or unset key fails here, not at the first request); the small tier loads on its first request.
@@ -185,7 +190,7 @@ def open_pipeline(
 
     mode = overrides.get("mode")
     files, _ = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
-    engine = open_engine(profile, target, draft, **overrides)
+    engine = open_engine(profile, target, draft, on_progress=on_progress, **overrides)
     large = LocalTier("large", engine, files.target_id, files.draft_id, file_fingerprint(files.target))
     semantic = open_cache(profile, engine.config.n_threads, semantic=cache_semantic) if cache else None
     router = None

@@ -168,7 +168,7 @@ async def test_the_chat_app_routes_auto_and_shows_the_route(engines, tmp_path):
 
     pipe = _pipeline(engines)
     small, large = engines
-    app = ChatApp(lambda _p: LocalBackend(large, profile="default", target=TARGET_ID, owns_engine=False, pipeline=pipe),
+    app = ChatApp(lambda _p, **_: LocalBackend(large, profile="default", target=TARGET_ID, owns_engine=False, pipeline=pipe),
                   store=ChatStore(tmp_path / "chats.sqlite"),
                   new_chat_params=ChatParams(temperature=0.0, max_tokens=8, route="auto"))
     async with app.run_test(size=(120, 36)) as pilot:

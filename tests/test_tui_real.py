@@ -61,7 +61,7 @@ class _Recorded:
 
 
 def _app(engine, tmp_path, backends: list | None = None) -> ChatApp:
-    def factory(_profile):
+    def factory(_profile, **_):
         backend = Recorder(engine)
         if backends is not None:
             backends.append(backend)
@@ -191,7 +191,7 @@ async def test_connect_to_a_running_server(engine, tmp_path):
     with ServerThread(create_app(settings, load=load)) as srv:
         backends: list = []
 
-        def factory(_profile):
+        def factory(_profile, **_):
             backend = RemoteBackend(srv.base_url)  # asks the server for its model, like --connect does
             backends.append(backend)
             return backend
@@ -217,7 +217,7 @@ async def test_a_repeated_question_shows_the_cached_badge_and_f3_evicts_it(engin
     cache = SemanticCache(directory=tmp_path / "cache")  # exact-match mode: no embedder needed here
     backends: list = []
 
-    def factory(_profile):
+    def factory(_profile, **_):
         backend = LocalBackend(engine, profile="default", target=TARGET_ID, draft=DRAFT_ID, owns_engine=False,
                                cache=cache, fingerprint=TARGET_ID)
         backends.append(backend)
@@ -237,3 +237,52 @@ async def test_a_repeated_question_shows_the_cached_badge_and_f3_evicts_it(engin
         await wait_for(pilot, lambda: cache.stats()["false_hits"] == 1, 30, "the eviction")
         assert cache.stats()["entries"] == 0
         assert not app.store.messages(app.chat_id)[-1].meta["cache_entry"]
+
+
+async def test_a_message_sent_while_the_models_load_gets_its_answer(tmp_path, monkeypatch):
+    """`localspec chat`'s own loading path (LocalBackend.open: the profile's models, mode auto, a
+    first-time calibration), held back until the message is typed; the answer comes once it is done."""
+    import threading
+
+    from localspec.engine.events import LoadStage
+    from tests.conftest import DRAFT_ID
+
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION_DIR", str(tmp_path / "calibration"))  # calibrates afresh
+    typed = threading.Event()
+    seen: list = []
+
+    def factory(profile, *, on_progress):
+        def record(progress):
+            seen.append(progress)
+            on_progress(progress)
+
+        if not typed.wait(120):
+            raise RuntimeError("the test never typed its message")
+        return LocalBackend.open(profile, mode="auto", n_ctx=1024, n_threads=TEST_THREADS, on_progress=record)
+
+    app = ChatApp(factory, store=ChatStore(tmp_path / "chats.sqlite"),
+                  new_chat_params=ChatParams(temperature=0.0, max_tokens=10))
+    notices: list[str] = []  # toasts expire; keep what was said
+    shown = app.notify
+    monkeypatch.setattr(app, "notify", lambda message, **kw: (notices.append(message), shown(message, **kw)))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.click("#prompt")
+            await pilot.press(*"Say hello.")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.generating, 30, "the queued message")
+            assert app.backend is None and [m.role for m in app.store.messages(app.chat_id)] == ["user"]
+            typed.set()
+            await wait_for(pilot, lambda: _finished_replies(app) and not app.generating, TIMEOUT, "the answer")
+            answer = _finished_replies(app)[-1]
+            assert answer.content and answer.meta["finish_reason"] in ("stop", "length")
+            assert answer.meta["stats"]["mode"] == "auto"
+            loaded = {p.model for p in seen if p.stage is LoadStage.LOAD_MODEL and p.finished}
+            assert loaded == {TARGET_ID, DRAFT_ID}
+            calibrated = [p for p in seen if p.stage is LoadStage.CALIBRATE and p.finished]
+            assert len(calibrated) == 1 and calibrated[0].elapsed_s > 0
+            fractions = [p.fraction for p in seen if p.stage is LoadStage.LOAD_MODEL and p.model == TARGET_ID]
+            assert fractions == sorted(fractions) and len(fractions) > 2
+            assert any(n.startswith(f"Calibrated speculative costs in {calibrated[0].elapsed_s:.1f} s") for n in notices)
+    finally:
+        typed.set()

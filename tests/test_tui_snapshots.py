@@ -16,7 +16,7 @@ SIZE = (130, 40)
 
 
 def _app(tmp_path) -> ChatApp:
-    return ChatApp(lambda _p: demo_backend(), store=ChatStore(tmp_path / "chats.sqlite"),
+    return ChatApp(lambda _p, **_: demo_backend(), store=ChatStore(tmp_path / "chats.sqlite"),
                    memory_probe=lambda: DEMO_RSS, model_rows=fixed_model_rows, export_dir=tmp_path)
 
 

@@ -45,7 +45,7 @@ def _colours(style) -> tuple:
 
 
 def _app(tmp_path: Path, backend, **kw) -> ChatApp:
-    factory = backend if callable(backend) and not isinstance(backend, ReplayBackend) else (lambda _p: backend)
+    factory = backend if callable(backend) and not isinstance(backend, ReplayBackend) else (lambda _p, **_: backend)
     return ChatApp(factory, store=ChatStore(tmp_path / "chats.sqlite"), memory_probe=lambda: DEMO_RSS,
                    model_rows=fixed_model_rows, export_dir=tmp_path / "exports", **kw)
 
@@ -307,7 +307,7 @@ async def test_the_metrics_timer_survives_the_widgets_going_away(tmp_path):
 
 
 async def test_missing_models_offer_a_pull(tmp_path):
-    def factory(_profile):
+    def factory(_profile, **_):
         raise ModelNotFoundError("Model 'x' is not installed.", "Run `localspec models pull x`.")
 
     app = _app(tmp_path, factory)

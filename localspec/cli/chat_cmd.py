@@ -54,15 +54,15 @@ def make_app(args: argparse.Namespace):
     if connect:
         from localspec.tui import RemoteBackend
 
-        def factory(_profile: str | None):
+        def factory(_profile: str | None, *, on_progress):  # nothing to load: no progress to show
             return RemoteBackend(connect, model=args.model, api_key=args.api_key)
     else:
         from localspec.tui import LocalBackend
 
-        def factory(profile: str | None):
+        def factory(profile: str | None, *, on_progress):
             return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
                                      cache_semantic=getattr(args, "cache_semantic", False),
-                                     cache_judge=getattr(args, "cache_judge", "model"))
+                                     cache_judge=getattr(args, "cache_judge", "model"), on_progress=on_progress)
 
     from localspec.metrics import Metrics
     from localspec.tui import SessionMetrics

@@ -98,11 +98,14 @@ def run(args: argparse.Namespace) -> int:
         from localspec.cli.models_cmd import ensure_models
 
         ensure_models(args.profile, [args.model, args.draft_model] if args.model else None)
+    from localspec.cli.load_progress import LoadProgressDisplay
+
     t0 = time.perf_counter()
-    engine = open_engine(
-        profile=args.profile, target=args.model, draft=args.draft_model,
-        mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
-    )
+    with LoadProgressDisplay(sys.stderr) as show_progress:  # stderr only: --json keeps stdout clean
+        engine = open_engine(
+            profile=args.profile, target=args.model, draft=args.draft_model,
+            mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads, on_progress=show_progress,
+        )
     load_s = time.perf_counter() - t0
     colour = args.show_draft and sys.stdout.isatty()
     out = sys.stdout

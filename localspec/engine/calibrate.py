@@ -16,6 +16,7 @@ from pathlib import Path
 import llama_cpp
 
 from localspec.engine.controller import Costs
+from localspec.engine.events import LoadStage, ProgressFn, StageReporter
 from localspec.engine.runtime import ModelRuntime, Row
 
 logger = logging.getLogger(__name__)
@@ -58,22 +59,39 @@ def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
     return out
 
 
-def measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, seq: int = 0, repeats: int = 2) -> Costs:
+def measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, seq: int = 0, repeats: int = 2, *,
+            progress: StageReporter | None = None) -> Costs:
     """Time target batches up to k_max+1 rows and a draft step. Uses (and clears) sequence `seq`.
 
     A few batch sizes are measured and the rest interpolated: cost grows piecewise-linearly with
-    rows, and a short calibration matters more than the last percent of accuracy.
+    rows, and a short calibration matters more than the last percent of accuracy. `progress`
+    hears the fraction of measuring rounds done (one per target batch size, two for the draft).
     """
-    _prime(target, seq)
     sizes = sorted({1, 2, 3, 5, k_max + 1} & set(range(1, k_max + 2)))
-    measured = {n: _batch_cost(target, seq, n, repeats, warm_up=(n == sizes[0])) for n in sizes}
+    rounds, done = len(sizes) + (2 if draft is not None else 0), 0
+
+    def round_done() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress.report(done / rounds)
+
+    if progress is not None:
+        progress.report(0.0)
+    _prime(target, seq)
+    measured = {}
+    for n in sizes:
+        measured[n] = _batch_cost(target, seq, n, repeats, warm_up=(n == sizes[0]))
+        round_done()
     verify = _interpolate(measured, k_max + 1)
     target.seq_rm(seq, 0, -1)
     draft_step, draft_row = 0.0, 0.0
     if draft is not None:
         _prime(draft, seq)
         draft_step = _batch_cost(draft, seq, 1, repeats)
+        round_done()
         batch16 = _batch_cost(draft, seq, 16, repeats, warm_up=False)
+        round_done()
         draft_row = max((batch16 - draft_step) / 15, 0.0)
         draft.seq_rm(seq, 0, -1)
     return Costs(verify=verify, draft_step=draft_step, draft_row=draft_row)
@@ -96,7 +114,9 @@ def cache_key(target: ModelRuntime, draft: ModelRuntime | None, k_max: int) -> s
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, cache_dir: Path | None) -> Costs:
+def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, cache_dir: Path | None, *,
+                    on_progress: ProgressFn | None = None) -> Costs:
+    """The cached costs for this machine, or a measurement (reported to `on_progress`) saved for next time."""
     path = cache_dir / f"calibration-{cache_key(target, draft, k_max)}.json" if cache_dir else None
     if path and path.exists():
         try:
@@ -104,7 +124,10 @@ def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int
         except (ValueError, KeyError, TypeError) as exc:
             logger.warning("ignoring unreadable calibration %s: %s", path, exc)
     logger.info("calibrating speculative costs (one-time per model, build and thread count)")
-    costs = measure(target, draft, k_max)
+    progress = StageReporter(on_progress, LoadStage.CALIBRATE, target.path.stem) if on_progress else None
+    t0 = time.perf_counter()
+    costs = measure(target, draft, k_max, progress=progress)
+    logger.info("calibrated in %.1f s", time.perf_counter() - t0)  # faces without on_progress (serve) log it
     if path:
         try:
             costs.save(path)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import enum
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -92,3 +96,65 @@ class Done:
 
 
 Event = Token | Done
+
+
+# ---------------------------------------------------------------------- loading
+
+
+class LoadStage(enum.Enum):
+    """The set-up work before the first reply."""
+
+    LOAD_MODEL = "load model"  # llama.cpp reading one model's weights
+    CALIBRATE = "calibrate"  # the one-time measurement of verify and draft costs (mode auto)
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """How far one stage has come: `fraction` 0..1, `elapsed_s` since the stage began."""
+
+    stage: LoadStage
+    model: str  # the model file's name without .gguf (the store names files by model id)
+    fraction: float
+    elapsed_s: float
+
+    @property
+    def finished(self) -> bool:
+        return self.fraction >= 1.0
+
+
+ProgressFn = Callable[[LoadProgress], None]
+
+_MIN_STEP = 0.01  # a fraction moves at least this much between reports (llama.cpp reports per tensor)
+
+
+class StageReporter:
+    """Reports one stage to a face's callback: timed from the stage's start, throttled, never raising.
+
+    llama.cpp calls its progress callback from inside the model load; an exception there would
+    abort the load, so a failing face callback is logged once and ignored.
+    """
+
+    def __init__(self, on_progress: ProgressFn | None, stage: LoadStage, model: str,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._on_progress = on_progress
+        self.stage = stage
+        self.model = model
+        self._clock = clock
+        self._started = clock()
+        self._last = -1.0
+        self._failed = False
+
+    def report(self, fraction: float) -> None:
+        if self._on_progress is None or self._failed:
+            return
+        fraction = min(max(float(fraction), 0.0), 1.0)
+        if fraction < 1.0 and fraction - self._last < _MIN_STEP:
+            return
+        if fraction >= 1.0 and self._last >= 1.0:
+            return  # the end is reported once
+        self._last = fraction
+        try:
+            self._on_progress(LoadProgress(self.stage, self.model, fraction, self._clock() - self._started))
+        except Exception:
+            self._failed = True
+            logging.getLogger(__name__).exception("a load-progress callback failed; no more progress is shown")

@@ -20,6 +20,7 @@ import llama_cpp
 import numpy as np
 
 from localspec.engine import llama_log
+from localspec.engine.events import LoadStage, ProgressFn, StageReporter
 from localspec.errors import LocalspecError
 
 logger = logging.getLogger(__name__)
@@ -69,10 +70,37 @@ _FLASH = {
 }
 
 
+class _LoadCallback:
+    """llama.cpp's model-load progress callback around a StageReporter.
+
+    The ctypes function is kept on this object for as long as the load runs (ctypes does not keep
+    it alive). Returning True continues the load; an interrupt (Ctrl+C) raised while Python runs
+    the callback is kept, the load is stopped, and `raise_interrupt` re-raises it afterwards.
+    """
+
+    def __init__(self, reporter: StageReporter) -> None:
+        self.reporter = reporter
+        self.interrupt: BaseException | None = None
+        self.c_callback = llama_cpp.llama_progress_callback(self._called)
+
+    def _called(self, fraction: float, _user_data: ctypes.c_void_p) -> bool:  # pragma: no cover - from C
+        try:
+            self.reporter.report(fraction)  # never raises an Exception
+            return True
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: stop the load cleanly
+            self.interrupt = exc
+            return False
+
+    def raise_interrupt(self) -> None:
+        if self.interrupt is not None:
+            raise self.interrupt
+
+
 class ModelRuntime:
     """A loaded GGUF model with one context holding `n_seq_max` sequences."""
 
-    def __init__(self, path: str | os.PathLike, config: RuntimeConfig = RuntimeConfig()) -> None:
+    def __init__(self, path: str | os.PathLike, config: RuntimeConfig = RuntimeConfig(), *,
+                 on_progress: ProgressFn | None = None) -> None:
         global _backend_ready
         llama_log.install()
         if not _backend_ready:
@@ -89,7 +117,13 @@ class ModelRuntime:
         mparams.n_gpu_layers = config.n_gpu_layers if llama_cpp.llama_supports_gpu_offload() else 0
         mparams.use_extra_bufts = config.repack_weights
         mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if config.mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
+        progress = None
+        if on_progress is not None:
+            progress = _LoadCallback(StageReporter(on_progress, LoadStage.LOAD_MODEL, self.path.stem))
+            mparams.progress_callback = progress.c_callback
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if progress is not None:
+            progress.raise_interrupt()  # Ctrl+C during the load stopped it: hand the interrupt on
         if not self._model:
             raise LocalspecError(
                 f"llama.cpp could not load {self.path} (corrupt file or unsupported architecture).",

@@ -33,7 +33,7 @@ from localspec.engine.chat import render_chat
 from localspec.engine.config import EngineConfig, GenerationRequest
 from localspec.engine.controller import AcceptanceBook, Choice, Controller, Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
-from localspec.engine.events import Done, Event, Stats, Token, TokenLogprob
+from localspec.engine.events import Done, Event, ProgressFn, Stats, Token, TokenLogprob
 from localspec.engine.grammar import Grammar
 from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
 from localspec.engine.sampling import distribution, greedy_token, penalize
@@ -164,6 +164,7 @@ class Engine:
         draft_path: str | None = None,
         config: EngineConfig | None = None,
         calibration_dir: str | None = None,
+        *, on_progress: ProgressFn | None = None,  # hears each model's load and the calibration
     ) -> Engine:
         config = config or EngineConfig()
         k_rows = max(config.draft_k, config.lookup_k, config.auto_k_max) + 1
@@ -181,18 +182,19 @@ class Engine:
             repack_weights=config.repack_weights,
             mmap=config.mmap,
         )
-        target = ModelRuntime(target_path, rc)
+        target = ModelRuntime(target_path, rc, on_progress=on_progress)
         draft = None
         if draft_path:
             try:
-                draft = ModelRuntime(draft_path, RuntimeConfig(**{**rc.__dict__, "lora_path": None, "pinned_cells": 0}))
+                draft = ModelRuntime(draft_path, RuntimeConfig(**{**rc.__dict__, "lora_path": None, "pinned_cells": 0}),
+                                     on_progress=on_progress)
             except BaseException:
                 target.close()
                 raise
         try:
             engine = cls(target, draft, config, calibration_dir)
             if config.mode == "auto":
-                engine.calibrate()
+                engine.calibrate(on_progress=on_progress)
             return engine
         except BaseException:
             target.close()
@@ -200,7 +202,7 @@ class Engine:
                 draft.close()
             raise
 
-    def calibrate(self) -> Costs:
+    def calibrate(self, *, on_progress: ProgressFn | None = None) -> Costs:
         """Measure (or load cached) verify and draft costs; needs an idle engine."""
         if self.costs is None:
             if any(s.active for s in self.slots):
@@ -210,7 +212,8 @@ class Engine:
             cache = Path(self.calibration_dir) if self.calibration_dir else None
             for slot in self.slots[:1]:
                 self._reset_kv(slot)
-            self.costs = calibrate.load_or_measure(self.target, self.draft, self.config.auto_k_max, cache)
+            self.costs = calibrate.load_or_measure(self.target, self.draft, self.config.auto_k_max, cache,
+                                                   on_progress=on_progress)
         return self.costs
 
     def close(self) -> None:

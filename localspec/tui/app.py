@@ -18,24 +18,24 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Header, Label, ListItem, ListView, LoadingIndicator
 
 from localspec.engine.config import GenerationRequest
-from localspec.engine.events import Done, Token
+from localspec.engine.events import Done, LoadProgress, LoadStage, Token
 from localspec.engine.sampling import SamplingParams
 from localspec.errors import LocalspecError, ModelNotFoundError
 from localspec.models import ModelRow
 from localspec.paths import resolve_paths
-from localspec.tui.backend import Backend, Generation
+from localspec.tui.backend import Backend, BackendFactory, Generation
 from localspec.tui.dialogs import ChatSettingsDialog, ConfirmDialog, ErrorDialog, HelpScreen, TextPrompt
+from localspec.tui.loading import LoadProgressed, calibrated_notice, loading_status
 from localspec.tui.models_screen import ModelsChanged, ModelsScreen
 from localspec.tui.session_metrics import SessionMetrics
-from localspec.tui.store import ChatParams, ChatStore, export_chat
+from localspec.tui.store import ChatParams, ChatStore, PartialReply, export_chat, interrupted_meta
 from localspec.tui.widgets import NEWLINE_KEYS, MessageView, MetricsPane, PromptInput, code_blocks
 
 logger = logging.getLogger(__name__)
-
-BackendFactory = Callable[[str | None], Backend]
 
 # (key, action, footer label, description, show in footer). Help screen and palette read this too.
 KEYS: list[tuple[str, str, str, str, bool]] = [
@@ -70,6 +70,7 @@ CSS = """
 .message.user { border-left: thick $secondary; }
 .message.assistant { border-left: thick $primary; }
 .message .role { text-style: bold; color: $text-muted; }
+.message.interrupted .stats { color: $warning; }
 .message Markdown { margin: 0; padding: 0; }
 .message .origins { padding: 0 0 1 0; }
 .reply-footer { height: auto; color: $text-muted; }
@@ -130,7 +131,11 @@ class ChatApp(App):
         self.generating = False
         self.show_origins = False
         self.loading = False
-        self._after_load: Callable[[], None] | None = None
+        self._load_number = 0  # which load LoadProgressed messages must belong to
+        self._load_profile: str | None = None
+        self._load_progress: LoadProgress | None = None
+        self._queued: MessageView | None = None  # a reply waiting for the models to load
+        self._partial: PartialReply | None = None  # the streaming reply's row, kept up to date
 
     # ------------------------------------------------------------------ layout
 
@@ -144,7 +149,7 @@ class ChatApp(App):
                 yield VerticalScroll(id="messages")
                 with Horizontal(id="status-bar"):
                     yield LoadingIndicator(id="loading")
-                    yield Label("", id="status")
+                    yield Label("", id="status", markup=False)
                 prompt = PromptInput(id="prompt", soft_wrap=True, show_line_numbers=False)
                 prompt.border_title = "Message"
                 prompt.border_subtitle = "Enter send · Ctrl+J newline · Esc cancel"
@@ -174,6 +179,12 @@ class ChatApp(App):
         self.set_interval(2.0, self._tick)
         self.load_backend(self.active_profile)
 
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Toasts carry chat titles, model ids and error text: never parsed as markup, whatever the
+        caller asks (Textual's widgets and screens ask for markup by default)."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     def _tick(self) -> None:
         try:
             if self.query_one("#metrics").has_class("-visible"):
@@ -189,16 +200,35 @@ class ChatApp(App):
 
     def load_backend(self, profile: str | None) -> None:
         self.loading = True
-        self._set_status(f"Loading models ({profile or 'default profile'})…", loading=True)
-        self._load_worker(profile)
+        self._load_number += 1
+        self._load_profile, self._load_progress = profile, None
+        self._show_loading()
+        self._load_worker(profile, self._load_number)
+
+    def _show_loading(self) -> None:
+        self._set_status(loading_status(self._load_profile, self._load_progress, self._queued is not None), True)
+
+    def on_load_progressed(self, message: LoadProgressed) -> None:
+        if message.load != self._load_number or not self.loading:
+            return  # from a load that was replaced
+        self._load_progress = message.progress
+        self._show_loading()
+        if message.progress.stage is LoadStage.CALIBRATE and message.progress.finished:
+            self.notify(calibrated_notice(message.progress), title="One-time set-up", timeout=8)
 
     @work(thread=True, group="load", exclusive=True)
-    def _load_worker(self, profile: str | None) -> None:
+    def _load_worker(self, profile: str | None, load: int) -> None:
+        def on_progress(progress: LoadProgress) -> None:  # on the loading thread, inside llama.cpp's load
+            try:
+                self.post_message(LoadProgressed(progress, load))
+            except RuntimeError:  # the app closed while the models loaded
+                pass
+
         old, self.backend = self.backend, None
         try:
             if old is not None:
                 old.close()
-            backend = self.backend_factory(profile)
+            backend = self.backend_factory(profile, on_progress=on_progress)
         except ModelNotFoundError as exc:
             self._from_thread(self._models_missing, profile, exc)
             return
@@ -209,7 +239,7 @@ class ChatApp(App):
             logger.exception("loading the backend failed")
             self._from_thread(self._load_failed, LocalspecError(f"Loading the models failed: {exc}."))
             return
-        if not self._from_thread(self._backend_ready, backend):
+        if not self._from_thread(self._backend_ready, backend, load):
             backend.close()  # the app closed while the models loaded
 
     def _from_thread(self, fn, *args, **kwargs) -> bool:
@@ -219,7 +249,10 @@ class ChatApp(App):
         except RuntimeError:  # the app closed meanwhile
             return False
 
-    def _backend_ready(self, backend: Backend) -> None:
+    def _backend_ready(self, backend: Backend, load: int) -> None:
+        if load != self._load_number:  # a later load replaced this one
+            backend.close()
+            return
         self.backend = backend
         self.loading = False
         info = backend.info
@@ -227,17 +260,31 @@ class ChatApp(App):
         self._set_status(f"{info.target}" + (f" + draft {info.draft}" if info.draft else "") + f" · {where}")
         self.sub_title = info.target
         self.refresh_metrics()
-        then, self._after_load = self._after_load, None
-        if then:
-            then()
+        if self._queued is not None:
+            self.call_later(self._start_queued)
+
+    async def _start_queued(self) -> None:
+        if self._queued is not None:  # still waiting (Esc may have cancelled it meanwhile)
+            await self.start_reply(self._queued)
+
+    def _drop_queued(self) -> None:
+        """Loading failed: the waiting message stays in the chat, unanswered, and the app is free again."""
+        view, self._queued = self._queued, None
+        if view is not None:
+            self.generating = False
+            view.remove()
+            self.notify("Your message was not sent: the models did not load. It stays in the chat; "
+                        "Ctrl+R answers it once they are loaded.", severity="warning", timeout=10)
 
     def _load_failed(self, exc: LocalspecError) -> None:
         self.loading = False
+        self._drop_queued()
         self._set_status(f"Not loaded: {exc.cause}")
         self.push_screen(ErrorDialog(exc.cause, exc.fix))
 
     def _models_missing(self, profile: str | None, exc: ModelNotFoundError) -> None:
         self.loading = False
+        self._drop_queued()
         self._set_status("No models installed for this profile. Ctrl+L opens the models screen.")
         name = profile or "default"
 
@@ -266,7 +313,7 @@ class ChatApp(App):
         view = self.query_one("#chat-list", ListView)
         await view.clear()
         chats = self.store.list_chats()
-        await view.extend(ListItem(Label(c.title), id=f"chat-{c.id}") for c in chats)
+        await view.extend(ListItem(Label(c.title, markup=False), id=f"chat-{c.id}") for c in chats)
         for i, c in enumerate(chats):
             if c.id == self.chat_id:
                 view.index = i
@@ -374,11 +421,11 @@ class ChatApp(App):
         if not text:
             return
         if self.generating:
-            self.notify("A reply is still running (Esc cancels it).", severity="warning")
+            self.notify("Your last message is still waiting for the models (Esc cancels it)." if self._queued
+                        else "A reply is still running (Esc cancels it).", severity="warning")
             return
-        if self.backend is None:
-            self.notify("The models are not loaded yet." if self.loading else "No models loaded: Ctrl+L opens the models screen.",
-                        severity="warning")
+        if self.backend is None and not self.loading:
+            self.notify("No models loaded: Ctrl+L opens the models screen.", severity="warning")
             return
         chat = self.store.get_chat(self.chat_id)
         message = self.store.add_message(chat.id, "user", text)
@@ -399,30 +446,46 @@ class ChatApp(App):
         chat = self.store.get_chat(self.chat_id)
         p = chat.params
         messages = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
-        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(chat.id)]
+        # An empty reply (interrupted before its first token) says nothing to the model.
+        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(chat.id)
+                     if m.content or m.role != "assistant"]
         return GenerationRequest(
             messages=messages, max_tokens=p.max_tokens, sampling=SamplingParams(temperature=p.temperature),
             mode=p.mode, k=p.draft_k, truncate=True,
         )
 
-    async def start_reply(self) -> None:
+    async def start_reply(self, view: MessageView | None = None) -> None:
+        """Answer the chat's last message now, or once the models are loaded (`view`: the waiting reply)."""
+        self._queued = None
         backend = self.backend
         wanted = self._wanted_profile()
         if (backend is not None and backend.info.kind == "in-process" and wanted
                 and wanted != (backend.info.profile or self._default_profile())):
             self.notify(f"Loading profile '{wanted}' for this chat…")
-            self._after_load = lambda: self.call_later(self.start_reply)
             self.load_backend(wanted)
+            backend = None
+        self.generating = True  # set before any await: the reply is under way from here on
+        if view is None:
+            view = MessageView("assistant", "", None, None, self.show_origins)
+            await self.query_one("#messages").mount(view)
+            self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
+        if backend is None:  # the models are loading: the reply waits for them
+            self._queued = view
+            view.set_waiting(True)
+            self._show_loading()
             return
+        view.set_waiting(False)
         try:
             request = self._request()
         except ValueError as exc:  # pydantic: parameters out of range
+            self.generating = False
+            await view.remove()
             self.push_screen(ErrorDialog(f"Invalid chat parameters: {exc}.", "Fix them in chat settings (Ctrl+S)."))
             return
-        view = MessageView("assistant", "", None, None, self.show_origins)
-        await self.query_one("#messages").mount(view)
-        self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
-        self.generating = True
+        # The reply has a row from its start, marked interrupted until it finishes: a killed app
+        # reopens with what had streamed so far, marked, instead of a question without an answer.
+        view.message_id = self.store.add_message(self.chat_id, "assistant", "", interrupted_meta([])).id
+        self._partial = PartialReply(self.store, view.message_id)
         route = self.store.get_chat(self.chat_id).params.route  # the store belongs to this thread
         self._generate(backend, request, view, self.chat_id, route)
 
@@ -458,7 +521,7 @@ class ChatApp(App):
         try:
             for event in generation:
                 if isinstance(event, Token):
-                    self._from_thread(view.add_token, event)
+                    self._from_thread(self._add_token, view, event)
                 elif isinstance(event, Done):
                     self._from_thread(self._reply_done, view, event, generation, chat_id, started)
         except Exception as exc:  # a backend that breaks mid-stream ends this reply only
@@ -468,9 +531,21 @@ class ChatApp(App):
             failed = Done("error", Stats(), view.content, str(exc))
             self._from_thread(self._reply_done, view, failed, generation, chat_id, started)
 
+    async def _add_token(self, view: MessageView, token: Token) -> None:
+        await view.add_token(token)
+        if self._partial is not None and token.text:
+            self._partial.grew(view.content, view.segments)
+
+    def _forget_reply_row(self, view: MessageView) -> None:
+        self._partial = None
+        if view.message_id is not None:
+            self.store.delete_message(view.message_id)
+            view.message_id = None
+
     async def _reply_refused(self, view: MessageView, exc: LocalspecError) -> None:
         self.generating = False
         self.generation = None
+        self._forget_reply_row(view)
         await view.remove()
         self.push_screen(ErrorDialog(exc.cause, exc.fix))
 
@@ -486,9 +561,11 @@ class ChatApp(App):
             draft=info.draft if info else None, e2e_ms=(time.perf_counter() - started) * 1000,
         )
         if done.text or done.finish_reason != "cancelled":
-            msg = self.store.add_message(chat_id, "assistant", view.content, view.meta)
-            view.message_id = msg.id
+            self._partial = None
+            self.store.update_message(view.message_id, view.content, view.meta)
+            self.store.touch(chat_id)
         else:
+            self._forget_reply_row(view)
             await view.remove()
         if done.finish_reason == "error":
             self.notify(f"Generation failed: {done.error}", title="Error", severity="error", timeout=10)
@@ -496,8 +573,14 @@ class ChatApp(App):
             self.notify("Reply cancelled.")
         self.refresh_metrics()
 
-    def action_cancel(self) -> None:
-        if self.generation is not None:
+    async def action_cancel(self) -> None:
+        if self._queued is not None:
+            view, self._queued = self._queued, None
+            self.generating = False
+            await view.remove()
+            self._show_loading()
+            self.notify("Not sent: your message stays in the chat; Ctrl+R answers it once the models are loaded.")
+        elif self.generation is not None:
             self.generation.cancel()
 
     # ------------------------------------------------------------------ regenerate, edit
@@ -621,6 +704,9 @@ class ChatApp(App):
     async def on_unmount(self) -> None:
         if self.generation is not None:
             self.generation.cancel()
+        partial, self._partial = self._partial, None  # no writes after the store closes
+        if partial is not None:  # closing mid-reply: keep all that streamed, still marked interrupted
+            partial.flush()
         self.workers.cancel_all()
         if self.backend is not None:
             self.backend.close()

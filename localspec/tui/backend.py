@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from localspec.engine.config import GenerationRequest
-from localspec.engine.events import Done, Event, Stats, Token
+from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
 from localspec.errors import LocalspecError
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,15 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class BackendFactory(Protocol):
+    """Builds the backend for a profile (None: the active one) on the app's loading thread.
+
+    `on_progress` is the app's: a backend that loads models hands it to the engine, so the app
+    can show the load and the one-time calibration; one that loads nothing may ignore it."""
+
+    def __call__(self, profile: str | None, *, on_progress: ProgressFn) -> Backend: ...
 
 
 def detect_accelerator() -> str:
@@ -133,12 +142,14 @@ class LocalBackend:
 
     @classmethod
     def open(cls, profile: str | None = None, cache: bool = True, cache_semantic: bool = False,
-             cache_judge: bool | str = "model", **overrides) -> LocalBackend:
-        """Resolve the profile, load its models, the cache and the router, start the step thread."""
+             cache_judge: bool | str = "model", *, on_progress: ProgressFn | None = None,
+             **overrides) -> LocalBackend:
+        """Resolve the profile, load its models, the cache and the router, start the step thread.
+        `on_progress` hears the models' load and the one-time calibration."""
         from localspec.service import open_pipeline
 
         pipeline, files = open_pipeline(profile, cache=cache, cache_semantic=cache_semantic,
-                                        cache_judge=cache_judge, **overrides)
+                                        cache_judge=cache_judge, on_progress=on_progress, **overrides)
         large = pipeline.tiers[pipeline.default_tier]
         return cls(large.engine, profile=profile, target=files.target_id, draft=files.draft_id, pipeline=pipeline)
 

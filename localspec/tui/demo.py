@@ -112,7 +112,7 @@ def save_screenshot(out: Path, size: tuple[int, int] = (130, 40)) -> Path:
 
     async def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            app = ChatApp(lambda _p: demo_backend(), store=ChatStore(Path(tmp) / "chats.sqlite"),
+            app = ChatApp(lambda _p, **_: demo_backend(), store=ChatStore(Path(tmp) / "chats.sqlite"),
                           memory_probe=lambda: DEMO_RSS, model_rows=fixed_model_rows)
             async with app.run_test(size=size) as pilot:
                 await drive_demo(app, pilot, show_metrics=True, show_origins=True)

@@ -1,9 +1,14 @@
-"""Modal dialogs: confirm, one-line text, chat settings, key-binding help, errors."""
+"""Modal dialogs: confirm, one-line text, chat settings, key-binding help, errors.
+
+What they show (chat titles, error text, model ids, profile descriptions) is never parsed as
+markup: `markup=False` on text widgets, `Text` objects for options and table cells.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -29,7 +34,7 @@ class ConfirmDialog(_Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.question, classes="question")
+            yield Static(self.question, classes="question", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button(self.yes, variant="primary", id="yes")
                 yield Button(self.no, id="no")
@@ -48,9 +53,9 @@ class ErrorDialog(_Dialog):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog error"):
             yield Label("Error", classes="dialog-title")
-            yield Static(self.cause, classes="question")
+            yield Static(self.cause, classes="question", markup=False)
             if self.fix:
-                yield Static(f"Fix: {self.fix}", classes="fix")
+                yield Static(f"Fix: {self.fix}", classes="fix", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("OK", variant="primary", id="ok")
 
@@ -65,7 +70,7 @@ class TextPrompt(_Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.title_text, classes="dialog-title")
+            yield Label(self.title_text, classes="dialog-title", markup=False)
             yield Input(self.value, id="value")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -81,8 +86,9 @@ class ChoiceDialog(_Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.title_text, classes="dialog-title")
-            yield Select(self.options, value=self.value if self.value else Select.NULL, id="choice")
+            yield Label(self.title_text, classes="dialog-title", markup=False)
+            options = [(Text(label), value) for label, value in self.options]
+            yield Select(options, value=self.value if self.value else Select.NULL, id="choice")
             with Horizontal(classes="buttons"):
                 yield Button("OK", variant="primary", id="ok")
                 yield Button("Cancel", id="cancel")
@@ -109,7 +115,7 @@ class ChatSettingsDialog(_Dialog):
             yield Label("System prompt")
             yield TextArea(self.system_prompt, id="system")
             yield Label("Profile (models)")
-            yield Select([(name, name) for name in self.profiles], value=p.profile or Select.NULL,
+            yield Select([(Text(name), name) for name in self.profiles], value=p.profile or Select.NULL,
                          id="profile", prompt="active profile")
             yield Label("Temperature (0 = greedy)")
             yield Input(str(p.temperature), id="temperature")
@@ -121,7 +127,7 @@ class ChatSettingsDialog(_Dialog):
             yield Select([(m, m) for m in MODES], value=p.mode or Select.NULL, id="mode", prompt="engine default")
             yield Label("Draft k (most tokens drafted per step; empty = default)")
             yield Input("" if p.draft_k is None else str(p.draft_k), id="draft_k")
-            yield Static("", id="settings-error", classes="fix")
+            yield Static("", id="settings-error", classes="fix", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
                 yield Button("Cancel", id="cancel")
@@ -172,4 +178,4 @@ class HelpScreen(_Dialog):
         table = self.query_one("#keys", DataTable)
         table.add_columns("key", "action")
         for key, action in self.keys:
-            table.add_row(key, action)
+            table.add_row(key, action)  # the app's own key table, not untrusted text

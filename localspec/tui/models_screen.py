@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -52,9 +53,9 @@ class ModelsScreen(Screen):
     def compose(self) -> ComposeResult:
         with Vertical(id="models-body"):
             yield Label("Models", classes="pane-title")
-            yield Static("", id="profile-line")
+            yield Static("", id="profile-line", markup=False)  # registry text and error causes: plain
             yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
-            yield Static("", id="pull-status")
+            yield Static("", id="pull-status", markup=False)
             yield ProgressBar(id="pull-progress", show_eta=False)
         yield Footer()
 
@@ -80,8 +81,8 @@ class ModelsScreen(Screen):
         table = self.query_one("#models-table", DataTable)
         table.clear()
         for r in self.rows:
-            table.add_row(r.id, r.role, r.quant or "", human_bytes(r.size), "yes" if r.installed else "no",
-                          fit_label(r), key=r.id)
+            cells = (r.id, r.role, r.quant or "", human_bytes(r.size), "yes" if r.installed else "no", fit_label(r))
+            table.add_row(*(Text(c) for c in cells), key=r.id)
         self.query_one("#profile-line", Static).update(self._profile_line())
 
     def _selected(self) -> ModelRow | None:

@@ -175,6 +175,15 @@ class ChatStore:
         self._db.execute("UPDATE messages SET meta = ? WHERE id = ?", (json.dumps(meta), message_id))
         self._db.commit()
 
+    def update_message(self, message_id: int, content: str, meta: dict[str, Any]) -> None:
+        self._db.execute("UPDATE messages SET content = ?, meta = ? WHERE id = ?",
+                         (content, json.dumps(meta), message_id))
+        self._db.commit()
+
+    def delete_message(self, message_id: int) -> None:
+        self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+        self._db.commit()
+
     def delete_from(self, chat_id: int, message_id: int) -> None:
         """Drop a message and everything after it (regenerate, edit and resend)."""
         self._db.execute("DELETE FROM messages WHERE chat_id = ? AND id >= ?", (chat_id, message_id))
@@ -189,6 +198,39 @@ class ChatStore:
     def set_pref(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO prefs (key, value) VALUES (?, ?)", (key, value))
         self._db.commit()
+
+
+# ---------------------------------------------------------------------- replies in flight
+
+SAVE_PARTIAL_EVERY_S = 0.5  # a killed app loses at most this much of a streaming reply
+
+
+def interrupted_meta(segments: list[list[str]]) -> dict[str, Any]:
+    """What a reply's row holds while it streams: if the app dies now, it reopens marked interrupted."""
+    return {"interrupted": True, "segments": segments}
+
+
+class PartialReply:
+    """Writes a streaming reply into its row as it grows: the first token at once, then at most every
+    `every_s` (not per token), and a last time on `flush` when the app closes mid-reply."""
+
+    def __init__(self, store: ChatStore, message_id: int, every_s: float = SAVE_PARTIAL_EVERY_S,
+                 clock=time.monotonic) -> None:
+        self.store, self.message_id, self.every_s, self._clock = store, message_id, every_s, clock
+        self._saved_at: float | None = None
+        self._content, self._segments = "", []
+
+    def grew(self, content: str, segments: list[list[str]]) -> bool:
+        """The reply is now `content`; save it if due. Returns whether it saved."""
+        self._content, self._segments = content, segments
+        if self._saved_at is not None and self._clock() - self._saved_at < self.every_s:
+            return False
+        self.flush()
+        return True
+
+    def flush(self) -> None:
+        self._saved_at = self._clock()
+        self.store.update_message(self.message_id, self._content, interrupted_meta(self._segments))
 
 
 def _chat(row: sqlite3.Row) -> Chat:

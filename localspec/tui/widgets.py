@@ -86,6 +86,14 @@ class MessageView(Vertical, can_focus=True):
         self.show_origins = show_origins
         self._stream = None
         self.finished = role != "assistant" or bool(self.meta)
+        self.waiting = False  # queued until the models are loaded
+        if self.interrupted:
+            self.add_class("interrupted")
+
+    @property
+    def interrupted(self) -> bool:
+        """A stored reply the app never finished (it was closed or killed while the reply streamed)."""
+        return bool(self.meta.get("interrupted"))
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
@@ -93,9 +101,9 @@ class MessageView(Vertical, can_focus=True):
         if self.role == "assistant":
             yield Static(origin_text(self.segments), classes="origins")
             with Horizontal(classes="reply-footer"):
-                yield Static(self._summary(), classes="stats")
+                yield Static(self._summary(), classes="stats", markup=False)
                 yield Label("cached", classes="badge cached")
-                yield Label(self._route_label(), classes="route")
+                yield Label(self._route_label(), classes="route", markup=False)
 
     def on_mount(self) -> None:
         self._apply_view()
@@ -126,10 +134,16 @@ class MessageView(Vertical, can_focus=True):
             "cached": cached, "route": route, "error": done.error, "cache_entry": cache_entry,
         }
         self.finished = True
+        self.remove_class("interrupted")
         self.query_one(".stats", Static).update(self._summary())
         self.query_one(".cached").display = bool(cached)
         self.query_one(".route", Label).update(self._route_label())
         self.query_one(".origins", Static).update(origin_text(self.segments))
+
+    def set_waiting(self, waiting: bool) -> None:
+        self.waiting = waiting
+        if self.is_mounted:
+            self.query_one(".stats", Static).update(self._summary())
 
     # ------------------------------------------------------------------ views
 
@@ -152,8 +166,10 @@ class MessageView(Vertical, can_focus=True):
 
     def _summary(self) -> str:
         stats = self.stats()
+        if stats is None and self.interrupted:
+            return "interrupted: the app closed before this reply finished (Ctrl+R regenerates it)"
         if stats is None:
-            return "generating…"
+            return "queued: it is sent when the models are loaded" if self.waiting else "generating…"
         text = reply_summary(stats)
         reason = self.meta.get("finish_reason")
         if reason in ("cancelled", "error", "length"):
