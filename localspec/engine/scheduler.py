@@ -24,97 +24,30 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
 from localspec.engine import calibrate
 from localspec.engine.chat import render_chat
 from localspec.engine.config import EngineConfig, GenerationRequest
-from localspec.engine.controller import AcceptanceBook, Choice, Controller, Costs
+from localspec.engine.controller import AcceptanceBook, Controller, Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
-from localspec.engine.events import Done, Event, ProgressFn, Stats, Token, TokenLogprob
+from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
 from localspec.engine.grammar import Grammar
 from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
-from localspec.engine.sampling import distribution, greedy_token, penalize
-from localspec.engine.text import StopMatcher, Utf8Stream
+from localspec.engine.picking import grammar_tokens, pick, target_rows, target_tokens
+from localspec.engine.slots import Active, Handle, Slot, token_logprob
+from localspec.engine.text import StopMatcher
 from localspec.engine.verify import Draft, PositionRng, verify, verify_greedy
 from localspec.errors import ContextOverflowError, IncompatibleDraftError, RequestError
+
+__all__ = ["Engine", "Handle"]
 
 logger = logging.getLogger(__name__)
 
 # llama.cpp accepts a draft whose vocabulary differs from the target's by up to this many tokens.
 MAX_VOCAB_DIFFERENCE = 128
-_GRAMMAR_REDRAW = 3  # PositionRng purpose of the redraw after the grammar refused a sample
-
-
-def _logprob(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
-    """Log-softmax of the raw logits: the model's own probabilities, as OpenAI reports them."""
-    z = row.astype(np.float64)
-    z = z - z.max()
-    logp = z - np.log(np.exp(z).sum())
-    top: tuple[tuple[int, float], ...] = ()
-    if n_top > 0:
-        ids = np.argpartition(-logp, n_top - 1)[:n_top]
-        ids = ids[np.argsort(-logp[ids], kind="stable")]
-        top = tuple((int(t), float(logp[t])) for t in ids)
-    return TokenLogprob(token=int(token), logprob=float(logp[token]), top=top)
-
-
-class Handle:
-    """The caller's side of a submitted request: an event queue and a cancel switch."""
-
-    def __init__(self, request_id: int) -> None:
-        self.id = request_id
-        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self._cancel = threading.Event()
-        self.done = threading.Event()
-        self.result: Done | None = None
-        self.grammar: Grammar | None = None  # compiled by submit; the engine thread owns it after
-        self.pin_len = 0  # leading prompt tokens to keep pinned (GenerationRequest.pin_prefix)
-
-    def cancel(self) -> None:
-        """Safe from any thread; the engine stops the request at its next step."""
-        self._cancel.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-
-@dataclass
-class _Slot:
-    seq: int
-    kv: list[int] = field(default_factory=list)  # tokens held in the target KV cache, in order
-    active: _Active | None = None
-
-
-@dataclass
-class _Active:
-    handle: Handle
-    request: GenerationRequest
-    tokens: list[int]  # prompt + generated so far
-    n_prompt: int
-    mode: str
-    k: int
-    rng: PositionRng
-    stats: Stats
-    t_submit: float
-    t_admit: float = 0.0
-    t_first: float = 0.0
-    t_last: float = 0.0
-    decoding: bool = False
-    utf8: Utf8Stream = field(default_factory=Utf8Stream)
-    stop: StopMatcher | None = None
-    text: list[str] = field(default_factory=list)
-    grammar: Grammar | None = None
-    controller: Controller | None = None  # mode auto only
-    choice: Choice | None = None  # what auto chose for the step in flight
-    lookup_match: int = 0
-
-    @property
-    def generated(self) -> int:
-        return len(self.tokens) - self.n_prompt
 
 
 class Engine:
@@ -142,7 +75,7 @@ class Engine:
             self.drafter = DraftModelDrafter(draft, target.n_vocab, self.config.draft_p_min)
         self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
         self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
-        self.slots = [_Slot(seq=i) for i in range(self.config.parallel)]
+        self.slots = [Slot(seq=i) for i in range(self.config.parallel)]
         # One prompt prefix that many requests share (the cache judge's instructions and examples)
         # lives in a sequence of its own, past the slots: a slot used since for other work gets it
         # back by a zero-copy seq_cp instead of a prefill of hundreds of tokens.
@@ -315,68 +248,118 @@ class Engine:
     # ------------------------------------------------------------------ the step
 
     def step(self) -> bool:
-        """Advance every active request by one target pass. Returns False when idle."""
+        """Advance every active request by one target pass. Returns False when idle.
+
+        A fault in one slot's part of the step (admitting, drafting, building rows, verifying)
+        fails that slot's request once, with finish_reason "error", and frees the slot; the other
+        slots go on. A failed target decode fails every slot in its batch: their KV state is unknown.
+        """
         self._admit()
         for slot in self.slots:
             if slot.active and slot.active.handle.cancelled:
-                self._finish(slot, "cancelled")
+                self._guarded(slot, self._finish, slot, "cancelled")
         running = [s for s in self.slots if s.active]
         if not running:
             return False
-        decoding = [s for s in running if s.active.decoding]
-        prefilling = [s for s in running if not s.active.decoding]
+        drafts = self._draft([s for s in running if s.active.decoding])
+        rows: list[Row] = []
+        plan: list[tuple[Slot, Draft | None, int]] = []  # (slot, its draft or None for prefill, logits rows)
+        for slot in running:
+            if slot.active is not None and slot.active.decoding:
+                part = self._guarded(slot, self._verify_rows, slot, drafts[slot.seq])
+                if part is not None:
+                    rows.extend(part)
+                    plan.append((slot, drafts[slot.seq], len(part)))
+        budget = self.config.prefill_budget
+        for slot in running:
+            if slot.active is not None and not slot.active.decoding and budget > 0:
+                part = self._guarded(slot, self._prefill_rows, slot, budget)
+                if part is not None:
+                    rows.extend(part)
+                    plan.append((slot, None, sum(r.logits for r in part)))
+                    budget -= len(part)
+        if not plan:
+            return True
         try:
-            drafts = self._draft(decoding)
-            rows: list[Row] = []
-            plan: list[tuple[_Slot, Draft | None, bool]] = []  # (slot, draft or None for prefill, wants logits)
-            for slot in decoding:
-                a, d = slot.active, drafts[slot.seq]
-                base = len(a.tokens) - 1
-                rows.append(Row(a.tokens[-1], base, slot.seq, logits=True))
-                rows.extend(Row(t, base + 1 + i, slot.seq, logits=True) for i, t in enumerate(d.tokens))
-                slot.kv.extend([a.tokens[-1], *d.tokens])
-                plan.append((slot, d, True))
-            budget = self.config.prefill_budget
-            for slot in prefilling:
-                if budget <= 0:
-                    break
-                a = slot.active
-                start = len(slot.kv)
-                chunk = a.tokens[start : min(a.n_prompt, start + budget)]
-                last = start + len(chunk) == a.n_prompt
-                rows.extend(
-                    Row(t, start + i, slot.seq, logits=last and i == len(chunk) - 1) for i, t in enumerate(chunk)
-                )
-                slot.kv.extend(chunk)
-                plan.append((slot, None, last))
-                budget -= len(chunk)
-                if self.drafter is not None and self._wants_draft_prefill(a):
-                    self.drafter.sync(slot.seq, a.tokens[: a.n_prompt], budget=len(chunk))
             t0 = time.perf_counter()
             logits = self.target.decode(rows)
             if self.costs is not None and len(plan) == 1 and plan[0][1] is not None:
                 self.costs.observe_verify(len(rows), time.perf_counter() - t0)  # clean single-sequence timing
-        except Exception as exc:  # a failed decode leaves the KV state unknown: reset those slots
-            logger.exception("engine step failed")
-            for slot in running:
-                self._reset_kv(slot)
-                self._finish(slot, "error", error=f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            for i, (slot, _, _) in enumerate(plan):
+                self._fail(slot, exc, log=i == 0)
             return True
         self.steps += 1
         self.last_step_sequences = len(plan)
         self.max_step_sequences = max(self.max_step_sequences, len(plan))
         off = 0
         now = time.perf_counter()
-        for slot, d, wants in plan:
-            if d is None:
-                if wants:
-                    self._first_token(slot, logits[off], now)
-                    off += 1
-                continue
-            n = len(d) + 1
-            self._accept(slot, d, logits[off : off + n], now)
+        for slot, d, n in plan:
+            if d is not None:
+                self._guarded(slot, self._accept, slot, d, logits[off : off + n], now)
+            elif n:
+                self._guarded(slot, self._first_token, slot, logits[off], now)
             off += n
         return True
+
+    def _verify_rows(self, slot: Slot, d: Draft) -> list[Row]:
+        """[last token, d1..dk] with logits: the target's verdict on a slot's draft."""
+        a = slot.active
+        base = len(a.tokens) - 1
+        rows = [Row(t, base + i, slot.seq, logits=True) for i, t in enumerate([a.tokens[-1], *d.tokens])]
+        slot.kv.extend(r.token for r in rows)
+        return rows
+
+    def _prefill_rows(self, slot: Slot, budget: int) -> list[Row]:
+        """The next chunk of a slot's prompt; logits only on the prompt's last token."""
+        a = slot.active
+        start = len(slot.kv)
+        chunk = a.tokens[start : min(a.n_prompt, start + budget)]
+        last = start + len(chunk) == a.n_prompt
+        rows = [Row(t, start + i, slot.seq, logits=last and i == len(chunk) - 1) for i, t in enumerate(chunk)]
+        slot.kv.extend(chunk)
+        if self.drafter is not None and self._wants_draft_prefill(a):
+            self.drafter.sync(slot.seq, a.tokens[: a.n_prompt], budget=len(chunk))
+        return rows
+
+    def _guarded(self, slot: Slot, fn, *args):
+        """Run one slot's part of the step; a fault fails that slot's request and nothing else."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._fail(slot, exc)
+            return None
+
+    def _fail(self, slot: Slot, exc: BaseException, log: bool = True) -> None:
+        """End a slot's request with finish_reason "error" (once) and free the slot and its KV cells."""
+        a = slot.active
+        if a is None:
+            return
+        error = f"{type(exc).__name__}: {exc}"
+        if log:
+            logger.error("request %d failed in the engine: %s", a.handle.id, error, exc_info=exc)
+        try:
+            self._reset_kv(slot)  # the cells may be half-written: drop them all
+        except Exception:  # noqa: BLE001 - an unknown KV state: the slot's next request resets it again
+            slot.kv = [-1]
+        if a.grammar is not None:
+            try:
+                a.grammar.close()
+            except Exception:  # noqa: BLE001 - the request is over either way
+                pass
+        if a.t_first:
+            a.stats.decode_ms = (a.t_last - a.t_first) * 1000
+        slot.active = None
+        a.handle.finish(Done(finish_reason="error", stats=a.stats, text="".join(a.text), error=error))
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Fail every running and queued request (the step loop hit a fault it cannot place)."""
+        for slot in self.slots:
+            self._fail(slot, exc, log=False)
+        with self._lock:
+            pending, self._pending = list(self._pending), deque()
+        for handle, *_ in pending:
+            handle.finish(Done(finish_reason="error", stats=Stats(), text="", error=f"{type(exc).__name__}: {exc}"))
 
     def _admit(self) -> None:
         """Move queued requests into free slots, preferring the slot whose KV shares the most prefix."""
@@ -387,65 +370,91 @@ class Engine:
                     return
                 handle, request, tokens, t_submit = self._pending.popleft()
                 slot = max(free, key=lambda s: common_prefix(s.kv, tokens))
-                # Keep at least the last prompt token to decode: its logits give the first token.
-                keep = min(common_prefix(slot.kv, tokens), len(tokens) - 1)
-                pinned = len(self._pinned)
-                if keep < pinned <= handle.pin_len and tokens[:pinned] == self._pinned:
-                    self._reset_kv(slot)  # the pinned prefix replaces the slot's shorter match
-                    self.target.seq_cp(self._pin_seq, slot.seq)
-                    slot.kv = list(self._pinned)
-                    keep = pinned
-                else:
-                    self._truncate(slot, keep)
-                mode = request.mode or self.config.mode
-                if mode == "auto" and self.costs is None:
-                    mode = "off"  # not calibrated yet (engine was busy): plain decoding is never wrong
-                k = request.k if request.k is not None else (
-                    self.config.draft_k if mode == "draft" else self.config.lookup_k if mode == "lookup"
-                    else self.config.auto_k_max if mode == "auto" else 0
-                )
-                if handle.grammar is not None and not request.sampling.greedy:
-                    mode = "off"  # sampled grammar requests do not speculate yet (greedy ones do)
-                seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
-                stats = Stats(mode=mode, prompt_tokens=len(tokens), reused_prefix_tokens=keep)
-                slot.active = _Active(
-                    handle=handle, request=request, tokens=list(tokens), n_prompt=len(tokens), mode=mode,
-                    k=k if mode != "off" else 0, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
-                    t_admit=time.perf_counter(), stop=StopMatcher(request.stop), grammar=handle.grammar,
-                )
-                if mode == "auto":
-                    slot.active.controller = Controller(
-                        self.costs, k_max=k, has_draft_model=self.drafter is not None, book=self.acceptance
-                    )
+                try:
+                    self._admit_into(slot, handle, request, tokens, t_submit)
+                except Exception as exc:
+                    if slot.active is None:  # failed before it held the slot
+                        slot.active = Active(handle=handle, request=request, tokens=list(tokens),
+                                             n_prompt=len(tokens), mode="off", k=0, rng=PositionRng(0),
+                                             stats=Stats(prompt_tokens=len(tokens)), t_submit=t_submit)
+                    self._fail(slot, exc)
 
-    def _draft(self, decoding: list[_Slot]) -> dict[int, Draft]:
+    def _admit_into(self, slot: Slot, handle: Handle, request: GenerationRequest, tokens: list[int],
+                    t_submit: float) -> None:
+        # Keep at least the last prompt token to decode: its logits give the first token.
+        keep = min(common_prefix(slot.kv, tokens), len(tokens) - 1)
+        pinned = len(self._pinned)
+        if keep < pinned <= handle.pin_len and tokens[:pinned] == self._pinned:
+            self._reset_kv(slot)  # the pinned prefix replaces the slot's shorter match
+            self.target.seq_cp(self._pin_seq, slot.seq)
+            slot.kv = list(self._pinned)
+            keep = pinned
+        else:
+            self._truncate(slot, keep)
+        mode = request.mode or self.config.mode
+        if mode == "auto" and self.costs is None:
+            mode = "off"  # not calibrated yet (engine was busy): plain decoding is never wrong
+        k = request.k if request.k is not None else (
+            self.config.draft_k if mode == "draft" else self.config.lookup_k if mode == "lookup"
+            else self.config.auto_k_max if mode == "auto" else 0
+        )
+        if handle.grammar is not None and not request.sampling.greedy:
+            mode = "off"  # sampled grammar requests do not speculate yet (greedy ones do)
+        seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
+        stats = Stats(mode=mode, prompt_tokens=len(tokens), reused_prefix_tokens=keep)
+        active = Active(
+            handle=handle, request=request, tokens=list(tokens), n_prompt=len(tokens), mode=mode,
+            k=k if mode != "off" else 0, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
+            t_admit=time.perf_counter(), stop=StopMatcher(request.stop), grammar=handle.grammar,
+        )
+        if mode == "auto":
+            active.controller = Controller(self.costs, k_max=k, has_draft_model=self.drafter is not None,
+                                           book=self.acceptance)
+        slot.active = active
+
+    def _draft(self, decoding: list[Slot]) -> dict[int, Draft]:
+        """Each decoding slot's proposal; the draft model's are one batch across slots."""
         drafts: dict[int, Draft] = {}
-        jobs: list[DraftJob] = []
+        jobs: list[tuple[Slot, DraftJob]] = []
         for slot in decoding:
-            a = slot.active
-            # No point drafting past max_tokens or the end of the context.
-            k = min(a.k, a.request.max_tokens - a.generated - 1, self.config.n_ctx - len(a.tokens))
-            mode, lookup = a.mode, None
-            if mode == "auto" and k > 0:
-                mode, k, lookup = self._auto_choice(slot, k)
-            if k <= 0 or mode == "off":
-                drafts[slot.seq] = Draft(())
-            elif mode == "lookup":
-                lookup = lookup or self.lookup.propose(a.tokens, k)
-                drafts[slot.seq] = replace(lookup, tokens=lookup.tokens[:k])
-            else:
-                jobs.append(DraftJob(slot.seq, list(a.tokens), k, a.request.sampling, a.rng))
-        if jobs:
-            t0 = time.perf_counter()
-            calls = self.drafter.decode_calls
-            for job, d in zip(jobs, self.drafter.propose_many(jobs)):
-                drafts[job.seq] = d
-            if self.costs is not None and len(jobs) == 1 and self.drafter.decode_calls > calls:
-                # Includes the catch-up call; close enough for a smoothed per-step estimate.
-                self.costs.observe_draft_step((time.perf_counter() - t0) / (self.drafter.decode_calls - calls))
+            job = self._guarded(slot, self._plan_draft, slot, drafts)
+            if job is not None:
+                jobs.append((slot, job))
+        if not jobs:
+            return drafts
+        t0 = time.perf_counter()
+        calls = self.drafter.decode_calls
+        try:
+            proposals = self.drafter.propose_many([job for _, job in jobs])
+        except Exception as exc:  # the draft KV of every slot in the batch is unknown
+            for i, (slot, _) in enumerate(jobs):
+                self._fail(slot, exc, log=i == 0)
+            return drafts
+        for (_, job), d in zip(jobs, proposals):
+            drafts[job.seq] = d
+        if self.costs is not None and len(jobs) == 1 and self.drafter.decode_calls > calls:
+            # Includes the catch-up call; close enough for a smoothed per-step estimate.
+            self.costs.observe_draft_step((time.perf_counter() - t0) / (self.drafter.decode_calls - calls))
         return drafts
 
-    def _auto_choice(self, slot: _Slot, k_cap: int) -> tuple[str, int, Draft]:
+    def _plan_draft(self, slot: Slot, drafts: dict[int, Draft]) -> DraftJob | None:
+        """A slot's drafter and k for this step: a lookup (or no) draft now, or a job for the draft model."""
+        a = slot.active
+        # No point drafting past max_tokens or the end of the context.
+        k = min(a.k, a.request.max_tokens - a.generated - 1, self.config.n_ctx - len(a.tokens))
+        mode, lookup = a.mode, None
+        if mode == "auto" and k > 0:
+            mode, k, lookup = self._auto_choice(slot, k)
+        if k <= 0 or mode == "off":
+            drafts[slot.seq] = Draft(())
+        elif mode == "lookup":
+            lookup = lookup or self.lookup.propose(a.tokens, k)
+            drafts[slot.seq] = replace(lookup, tokens=lookup.tokens[:k])
+        else:
+            return DraftJob(slot.seq, list(a.tokens), k, a.request.sampling, a.rng)
+        return None
+
+    def _auto_choice(self, slot: Slot, k_cap: int) -> tuple[str, int, Draft]:
         """Ask the controller which drafter and k pay most; also return the lookup proposal it weighed."""
         a = slot.active
         lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
@@ -454,7 +463,7 @@ class Engine:
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap)
         return a.choice.drafter, a.choice.k, proposal
 
-    def _wants_draft_prefill(self, a: _Active) -> bool:
+    def _wants_draft_prefill(self, a: Active) -> bool:
         if a.mode == "draft":
             return True
         # auto: read the prompt into the draft only if drafting is expected to pay once caught up.
@@ -462,83 +471,21 @@ class Engine:
 
     # ------------------------------------------------------------------ outcomes
 
-    def _target_rows(self, a: _Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list[np.ndarray]:
-        """Sampled requests: the target's distribution per verify row, with the history up to it."""
-        params = a.request.sampling
-        return [
-            distribution(row, params, a.tokens + list(drafted[:i]) if params.has_penalties else a.tokens)
-            for i, row in enumerate(rows)
-        ]
-
-    def _target_tokens(self, a: _Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list[int]:
-        """Greedy requests: the target's argmax per verify row, with the history up to it."""
-        params = a.request.sampling
-        if not params.has_penalties:
-            return np.argmax(rows, axis=1).tolist()
-        return [greedy_token(row, params, a.tokens + list(drafted[:i])) for i, row in enumerate(rows)]
-
-    def _first_token(self, slot: _Slot, row: np.ndarray, now: float) -> None:
+    def _first_token(self, slot: Slot, row: np.ndarray, now: float) -> None:
         a = slot.active
         a.stats.prefill_ms = (now - a.t_admit) * 1000
         a.decoding = True
-        self._emit(slot, [self._pick(a, row)], "target", now, rows=row[None, :])
+        self._emit(slot, [pick(a, row)], "target", now, rows=row[None, :])
 
-    def _pick(self, a: _Active, row: np.ndarray) -> int:
-        """The target's own token for the next position (no draft involved)."""
-        params = a.request.sampling
-        pos = len(a.tokens)
-        if params.greedy:
-            if a.grammar is not None:
-                return a.grammar.best(penalize(row, params, a.tokens))
-            return greedy_token(row, params, a.tokens)
-        p = distribution(row, params, a.tokens)
-        token = a.rng.choice(p, pos)
-        if a.grammar is None or a.grammar.allows(token):
-            return token
-        # Refused: redraw from p restricted to the allowed tokens; see grammar.py for why it is exact.
-        allowed = np.isfinite(a.grammar.mask(row))
-        if not allowed.any():
-            return a.grammar.eos
-        restricted = np.where(allowed, p, 0.0)
-        if restricted.sum() <= 0.0:  # truncation (top-p/k) left no allowed token: use the full allowed set
-            restricted = distribution(np.where(allowed, row, -np.inf), params, a.tokens)
-        return a.rng.choice(restricted, pos, purpose=_GRAMMAR_REDRAW)
-
-    def _grammar_tokens(self, a: _Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list[int]:
-        """The target's token per verify row under the request's grammar.
-
-        Sampled requests come here only in mode off (one row). Greedy ones may carry a draft: row i
-        is the allowed argmax after drafted[:i], so a draft token the grammar refuses is rejected.
-        """
-        if not drafted:
-            return [self._pick(a, rows[0])]
-        params = a.request.sampling
-        g = a.grammar.clone()
-        out: list[int] = []
-        try:
-            for i, row in enumerate(rows):
-                best = g.best(penalize(row, params, a.tokens + list(drafted[:i])))
-                out.append(best)
-                if i < len(drafted):
-                    if drafted[i] != best or self.target.is_eog(best):
-                        # Past a mismatch or an end of generation the grammar has no state: repeat the
-                        # token, so an accepted end of generation is followed by itself.
-                        out.extend([best] * (len(rows) - i - 1))
-                        break
-                    g.accept(best)
-        finally:
-            g.close()
-        return out
-
-    def _accept(self, slot: _Slot, d: Draft, rows: np.ndarray, now: float) -> None:
+    def _accept(self, slot: Slot, d: Draft, rows: np.ndarray, now: float) -> None:
         a = slot.active
         # Greedy and grammar-constrained rows are point masses: the same rule, without the vectors.
         if a.grammar is not None:
-            verdict = verify_greedy(self._grammar_tokens(a, rows, d.tokens), d)
+            verdict = verify_greedy(grammar_tokens(a, rows, d.tokens, self.target.is_eog), d)
         elif a.request.sampling.greedy:
-            verdict = verify_greedy(self._target_tokens(a, rows, d.tokens), d)
+            verdict = verify_greedy(target_tokens(a, rows, d.tokens), d)
         else:
-            verdict = verify(self._target_rows(a, rows, d.tokens), d, a.rng, start_pos=len(a.tokens))
+            verdict = verify(target_rows(a, rows, d.tokens), d, a.rng, start_pos=len(a.tokens))
         a.stats.target_passes += 1
         if a.choice is not None:
             a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match)
@@ -559,7 +506,7 @@ class Engine:
             self.drafter.rollback(slot.seq, a.tokens)
 
     def _emit(
-        self, slot: _Slot, tokens: list[int], origin: str, now: float, rows: np.ndarray | None = None
+        self, slot: Slot, tokens: list[int], origin: str, now: float, rows: np.ndarray | None = None
     ) -> None:
         """`rows`: the target logits each token was chosen from, for logprobs."""
         a = slot.active
@@ -580,7 +527,7 @@ class Engine:
                 a.text.append(text)
             lp = None
             if a.request.logprobs is not None and rows is not None and i < len(rows):
-                lp = _logprob(rows[i], token, a.request.logprobs)
+                lp = token_logprob(rows[i], token, a.request.logprobs)
             a.handle.events.put(Token(text=text, ids=(token,), origin=origin, logprob=lp))
             if stopped:
                 self._finish(slot, "stop", flush=False)
@@ -589,7 +536,7 @@ class Engine:
                 self._finish(slot, "length")
                 return
 
-    def _finish(self, slot: _Slot, reason: str, error: str | None = None, flush: bool = True) -> None:
+    def _finish(self, slot: Slot, reason: str, error: str | None = None, flush: bool = True) -> None:
         a = slot.active
         if flush and reason != "error":
             tail = a.stop.feed(a.utf8.flush())[0] + a.stop.flush()
@@ -608,15 +555,12 @@ class Engine:
             self.drafter.rollback(slot.seq, a.tokens[: a.n_prompt] if reason == "cancelled" else a.tokens)
         if a.grammar is not None:
             a.grammar.close()
-        done = Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error)
-        a.handle.result = done
-        a.handle.events.put(done)
-        a.handle.done.set()
         slot.active = None
+        a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error))
 
     # ------------------------------------------------------------------ KV bookkeeping
 
-    def _pin(self, slot: _Slot, a: _Active, computed: int) -> None:
+    def _pin(self, slot: Slot, a: Active, computed: int) -> None:
         """Keep the shared prefix of a pin_prefix request once its slot has computed it."""
         n = a.handle.pin_len
         if n and computed >= n and a.tokens[:n] != self._pinned:
@@ -624,12 +568,12 @@ class Engine:
             self.target.seq_cp(slot.seq, self._pin_seq, 0, n)
             self._pinned = a.tokens[:n]
 
-    def _truncate(self, slot: _Slot, n: int) -> None:
+    def _truncate(self, slot: Slot, n: int) -> None:
         if n < len(slot.kv):
             self.target.seq_rm(slot.seq, n, -1)
             del slot.kv[n:]
 
-    def _reset_kv(self, slot: _Slot) -> None:
+    def _reset_kv(self, slot: Slot) -> None:
         self.target.seq_rm(slot.seq, 0, -1)
         slot.kv.clear()
         if self.drafter is not None:

@@ -45,8 +45,11 @@ class EngineWorker:
                 continue
             try:
                 self.engine.step()
-            except Exception:  # the step already failed its requests; keep serving the rest
-                logger.exception("engine step raised")
+            except Exception as exc:
+                # The step fails a faulty slot's request itself; a fault it could not place would
+                # recur on every step, so it ends every request once instead of looping on them.
+                logger.exception("engine step raised; failing its requests")
+                self.engine.fail_all(exc)
 
     def stop(self, drain: bool = False, timeout: float = 30.0) -> None:
         """Stop the loop. With drain, running requests finish first; otherwise they are cancelled."""

@@ -1,0 +1,91 @@
+"""What the engine keeps per request and per sequence slot, and the caller's handle on a request."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localspec.engine.config import GenerationRequest
+from localspec.engine.controller import Choice, Controller
+from localspec.engine.events import Done, Event, Stats, TokenLogprob
+from localspec.engine.grammar import Grammar
+from localspec.engine.text import StopMatcher, Utf8Stream
+from localspec.engine.verify import PositionRng
+
+
+def token_logprob(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
+    """Log-softmax of the raw logits: the model's own probabilities, as OpenAI reports them."""
+    z = row.astype(np.float64)
+    z = z - z.max()
+    logp = z - np.log(np.exp(z).sum())
+    top: tuple[tuple[int, float], ...] = ()
+    if n_top > 0:
+        ids = np.argpartition(-logp, n_top - 1)[:n_top]
+        ids = ids[np.argsort(-logp[ids], kind="stable")]
+        top = tuple((int(t), float(logp[t])) for t in ids)
+    return TokenLogprob(token=int(token), logprob=float(logp[token]), top=top)
+
+
+class Handle:
+    """The caller's side of a submitted request: an event queue and a cancel switch."""
+
+    def __init__(self, request_id: int) -> None:
+        self.id = request_id
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._cancel = threading.Event()
+        self.done = threading.Event()
+        self.result: Done | None = None
+        self.grammar: Grammar | None = None  # compiled by submit; the engine thread owns it after
+        self.pin_len = 0  # leading prompt tokens to keep pinned (GenerationRequest.pin_prefix)
+
+    def finish(self, done: Done) -> None:
+        """Deliver the request's last event; the engine calls this exactly once per request."""
+        self.result = done
+        self.events.put(done)
+        self.done.set()
+
+    def cancel(self) -> None:
+        """Safe from any thread; the engine stops the request at its next step."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+
+@dataclass
+class Slot:
+    seq: int
+    kv: list[int] = field(default_factory=list)  # tokens held in the target KV cache, in order
+    active: Active | None = None
+
+
+@dataclass
+class Active:
+    handle: Handle
+    request: GenerationRequest
+    tokens: list[int]  # prompt + generated so far
+    n_prompt: int
+    mode: str
+    k: int
+    rng: PositionRng
+    stats: Stats
+    t_submit: float
+    t_admit: float = 0.0
+    t_first: float = 0.0
+    t_last: float = 0.0
+    decoding: bool = False
+    utf8: Utf8Stream = field(default_factory=Utf8Stream)
+    stop: StopMatcher | None = None
+    text: list[str] = field(default_factory=list)
+    grammar: Grammar | None = None
+    controller: Controller | None = None  # mode auto only
+    choice: Choice | None = None  # what auto chose for the step in flight
+    lookup_match: int = 0
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
