@@ -9,6 +9,10 @@ are within NEAR_TIE of each other. Anything else fails.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -17,14 +21,14 @@ from pydantic import ValidationError
 from scipy import stats as sps
 
 from localspec.engine.chat import ChatMessage
-from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.config import MAX_DRAFT_K, EngineConfig, GenerationRequest
 from localspec.engine.drafters import common_prefix
 from localspec.engine.events import Done, Token
-from localspec.engine.runtime import Row
+from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
 from localspec.engine.sampling import SamplingParams, distribution
 from localspec.engine.scheduler import Engine
 from localspec.errors import ContextOverflowError, IncompatibleDraftError, LocalspecError
-from tests.conftest import TEST_THREADS
+from tests.conftest import REPO, TEST_THREADS
 
 # Logit units. On this CPU build the same history decoded as one batch or token by token gives
 # logits that differ by up to ~0.6 (mean ~0.09); see test_kv_cache_consistent_... for the control.
@@ -118,6 +122,82 @@ def test_greedy_draft_and_lookup_match_target_only(engine):
     assert min(compared.values()) >= MIN_COMPARED_SHARE * total, (compared, total)
     # The real pair agrees on code most of the time; the brief's bar is 0.8 on code prompts.
     assert drafted > 0 and accepted / drafted >= 0.8, f"acceptance {accepted}/{drafted}"
+
+
+# Text that repeats: prompt lookup finds long matches in it, so it proposes drafts of many tokens.
+REPEATING = ("Repeat the following paragraph exactly, twice:\n\n" + "The quick brown fox jumps over the lazy dog "
+             "while the careful engineer checks every row of the output buffer before the batch is decoded. " * 3)
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("k", [16, MAX_DRAFT_K])
+def test_long_lookup_drafts_are_served_and_match_target_only(engine, k):
+    """A draft of k tokens needs k + 1 logits rows in one verification; the context serves them (the
+    issue: `generate --mode lookup -k 16` failed mid-answer with 17 rows against 16)."""
+    req = GenerationRequest(prompt=REPEATING, max_tokens=96, mode="lookup", k=k)
+    prompt_ids, _ = engine.prompt_tokens(req)
+    ref, done_ref, _ = run(engine, req.model_copy(update={"mode": "off", "k": None}))
+    got, done, _ = run(engine, req)
+    assert done.finish_reason in ("stop", "length") and done.error is None
+    assert len(done.stats.drafted_by_position) >= 16, "no long draft was proposed: the test lost its power"
+    assert_same_or_near_tie(engine, prompt_ids, ref, got, f"lookup k={k}")
+
+
+@pytest.mark.models
+def test_a_step_with_more_logits_rows_than_the_context_serves_is_split(draft_path):
+    """The runtime splits a batch at n_outputs_max logits rows (slots together may ask for more than
+    one verification's worth); the parts give exactly the rows of the same batches decoded by hand."""
+    rt = ModelRuntime(draft_path, RuntimeConfig(n_ctx=256, n_batch=64, n_ubatch=64, n_outputs_max=4,
+                                                n_threads=TEST_THREADS))
+    try:
+        tokens = rt.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n    return")
+        rows = [Row(t, i, 0, logits=True) for i, t in enumerate(tokens)]
+        assert len(rows) > 2 * rt.config.n_outputs_max
+        got = rt.decode(rows)
+        rt.seq_rm(0, 0, -1)
+        by_hand = np.concatenate([rt.decode(rows[i : i + 4]) for i in range(0, len(rows), 4)])
+        rt.seq_rm(0, 0, -1)
+        assert got.shape == (len(rows), rt.n_vocab)
+        assert np.array_equal(got, by_hand)
+    finally:
+        rt.close()
+
+
+@pytest.mark.models
+def test_generate_cli_lookup_k16_succeeds(target_path, draft_path, isolated_home):
+    """The issue's command: `localspec generate --mode lookup -k 16` answers (it exited 1 with
+    finish_reason "error"), and as mode off does."""
+    def generate(*mode: str) -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-m", "localspec", "generate", REPEATING, "--json", "--no-pull", "--max-tokens", "64",
+             "--threads", str(TEST_THREADS), "--n-ctx", "1024", *mode],
+            cwd=REPO, env=dict(os.environ, LOCALSPEC_HOME=str(isolated_home)), capture_output=True, text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)
+
+    spec = generate("--mode", "lookup", "-k", "16")
+    assert spec["finish_reason"] in ("stop", "length")
+    assert len(spec["stats"]["drafted_by_position"]) >= 16
+    off = generate("--mode", "off")
+    assert off["finish_reason"] in ("stop", "length")
+
+
+def test_a_draft_longer_than_the_maximum_is_refused_before_anything_runs(isolated_home):
+    with pytest.raises(ValidationError):
+        GenerationRequest(prompt="x", k=MAX_DRAFT_K + 1)
+    with pytest.raises(ValidationError):
+        EngineConfig(lookup_k=MAX_DRAFT_K + 1)
+    proc = subprocess.run(  # no model is loaded: the request is checked first
+        [sys.executable, "-m", "localspec", "generate", "x", "--no-pull", "--mode", "lookup", "-k",
+         str(MAX_DRAFT_K + 1), "--model", "no-such-model"],
+        cwd=REPO, env=dict(os.environ, LOCALSPEC_HOME=str(isolated_home)), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and "no-such-model" not in proc.stderr
+    first = proc.stderr.strip().splitlines()[0]
+    assert "k" in first and str(MAX_DRAFT_K) in first
 
 
 @pytest.mark.models

@@ -11,6 +11,10 @@ from localspec.engine.sampling import SamplingParams
 
 Mode = Literal["auto", "off", "draft", "lookup"]
 MODES: tuple[str, ...] = ("auto", "off", "draft", "lookup")
+# The longest draft any request or setting may ask for. The target context is sized so that one
+# sequence can verify MAX_DRAFT_K + 1 rows in one pass (Engine.load); the runtime splits a step
+# holding more rows than that, so every accepted k is served.
+MAX_DRAFT_K = 64
 
 
 class EngineConfig(BaseModel):
@@ -30,7 +34,7 @@ class EngineConfig(BaseModel):
     auto_k_max: int = Field(8, ge=1, le=32, description="longest draft auto considers")
     draft_k: int = Field(6, ge=0, le=32, description="most tokens the draft model proposes per step")
     draft_p_min: float = Field(0.5, ge=0.0, le=1.0, description="greedy drafting stops below this top-1 probability")
-    lookup_k: int = Field(8, ge=0, le=64)
+    lookup_k: int = Field(8, ge=0, le=MAX_DRAFT_K)
     lookup_n_min: int = Field(2, ge=1)
     lookup_n_max: int = Field(16, ge=1, description="longest suffix n-gram matched (longer matches are surer bets)")
     lora_path: str | None = None
@@ -51,7 +55,7 @@ class GenerationRequest(BaseModel):
     sampling: SamplingParams = SamplingParams()
     stop: list[str] = Field(default_factory=list)
     mode: Mode | None = None  # None: the engine's configured mode
-    k: int | None = Field(None, ge=0, le=64, description="draft length; None: the mode's default")
+    k: int | None = Field(None, ge=0, le=MAX_DRAFT_K, description="draft length; None: the mode's default")
     truncate: bool = Field(False, description="chat only: drop the oldest turns (never the system prompt) to fit")
     grammar: str | None = Field(None, description="GBNF (root rule 'root') the output must match")
     logprobs: int | None = Field(None, ge=0, le=20, description="report each token's logprob and this many alternatives")

@@ -266,12 +266,12 @@ class ModelRuntime:
     def decode(self, rows: list[Row]) -> np.ndarray:
         """Run one batch; return the logits of the rows that asked for them, in row order.
 
-        Batches larger than n_batch are split; each part is checked before llama.cpp sees it.
+        A batch with more than n_batch rows, or more than n_outputs_max rows asking for logits, is
+        split into consecutive parts (later rows see the KV cells earlier parts wrote); each part is
+        checked before llama.cpp sees it.
         """
         outputs: list[np.ndarray] = []
-        step = self.config.n_batch
-        for start in range(0, len(rows), step):
-            part = rows[start : start + step]
+        for part in self._parts(rows):
             n_out = self._fill_batch(part)
             rc = llama_cpp.llama_decode(self._ctx, self._batch)
             if rc != 0:
@@ -284,6 +284,20 @@ class ModelRuntime:
         if not outputs:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         return outputs[0] if len(outputs) == 1 else np.concatenate(outputs)
+
+    def _parts(self, rows: list[Row]) -> list[list[Row]]:
+        parts: list[list[Row]] = []
+        part: list[Row] = []
+        n_out = 0
+        for r in rows:
+            if len(part) == self.config.n_batch or (r.logits and n_out == self.config.n_outputs_max):
+                parts.append(part)
+                part, n_out = [], 0
+            part.append(r)
+            n_out += 1 if r.logits else 0
+        if part:
+            parts.append(part)
+        return parts
 
     def _fill_batch(self, rows: list[Row]) -> int:
         if not rows:

@@ -30,7 +30,7 @@ import numpy as np
 
 from localspec.engine import calibrate
 from localspec.engine.chat import render_chat
-from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.config import MAX_DRAFT_K, EngineConfig, GenerationRequest
 from localspec.engine.controller import AcceptanceBook, Controller, Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
 from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
@@ -48,6 +48,15 @@ logger = logging.getLogger(__name__)
 
 # llama.cpp accepts a draft whose vocabulary differs from the target's by up to this many tokens.
 MAX_VOCAB_DIFFERENCE = 128
+
+
+def output_rows(config: EngineConfig) -> int:
+    """Logits rows the target context serves in one llama_decode: one sequence's longest possible
+    verification (MAX_DRAFT_K + 1 rows) or every slot at its configured k, whichever is more.
+    llama.cpp reserves n_vocab floats per row (0.6 MB for Qwen) in its compute buffer; a step that
+    needs more rows is split by the runtime rather than refused."""
+    configured = max(config.draft_k, config.lookup_k, config.auto_k_max) + 1
+    return min(config.n_batch, max(config.parallel * configured, MAX_DRAFT_K + 1))
 
 
 class Engine:
@@ -100,14 +109,13 @@ class Engine:
         *, on_progress: ProgressFn | None = None,  # hears each model's load and the calibration
     ) -> Engine:
         config = config or EngineConfig()
-        k_rows = max(config.draft_k, config.lookup_k, config.auto_k_max) + 1
         rc = RuntimeConfig(
             n_ctx=config.n_ctx,
             n_seq_max=config.parallel,
             pinned_cells=config.pinned_prefix_cells,
             n_batch=config.n_batch,
             n_ubatch=config.n_batch,
-            n_outputs_max=max(config.parallel * (k_rows + 1), 16),
+            n_outputs_max=output_rows(config),
             n_threads=config.n_threads,
             n_gpu_layers=config.n_gpu_layers,
             flash_attn=config.flash_attn,
@@ -119,7 +127,9 @@ class Engine:
         draft = None
         if draft_path:
             try:
-                draft = ModelRuntime(draft_path, RuntimeConfig(**{**rc.__dict__, "lora_path": None, "pinned_cells": 0}),
+                # The draft asks for one logits row per sequence and step (16 when calibrating).
+                draft = ModelRuntime(draft_path, replace(rc, lora_path=None, pinned_cells=0,
+                                                         n_outputs_max=max(config.parallel, 16)),
                                      on_progress=on_progress)
             except BaseException:
                 target.close()
