@@ -201,6 +201,12 @@ def test_a_draft_longer_than_the_maximum_is_refused_before_anything_runs(isolate
 
 
 @pytest.mark.models
+def test_the_real_chat_template_passes_the_load_probe(engine):
+    verdict = engine.chat_check.verdict()
+    assert verdict.ok, verdict.reason
+
+
+@pytest.mark.models
 def test_sampled_verify_token_matches_target_distribution(engine):
     """At T=1 the second token (the first one verification produces) is distributed as p."""
     params = dict(temperature=1.0, top_k=40)

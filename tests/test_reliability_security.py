@@ -1,4 +1,5 @@
-"""Security properties that need no model: traversal, the template sandbox, no pickle, constant-time keys.
+"""Security properties that need no model: traversal, the template sandbox and its budgets, the load-time
+template probe, no pickle, constant-time keys.
 
 The endpoint's own defaults (loopback, key required off loopback, 401 shape) are in
 tests/test_server_security.py; secrets in logs and the metrics DB are checked against a real
@@ -9,17 +10,25 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
+import jinja2
 import pytest
 
-from localspec.engine.chat import ChatMessage, render_chat
+from localspec.engine import chat as chat_module
+from localspec.engine.chat import ChatMessage, check_jinja, probe_template, render_chat
+from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.scheduler import Engine
 from localspec.errors import ConfigError, LocalspecError, RequestError
 from localspec.models import ModelManager
 from localspec.models.registry import FileSpec, check_model_id
 from localspec.tui.store import Chat, ChatParams, export_chat, safe_filename
 from tests.conftest import REPO
+from tests.fake_runtime import FakeRuntime, logits_fn
 from tests.gguf_factory import make_gguf
 from tests.models_helpers import tmp_store  # noqa: F401  (fixture: imports never touch the shared store)
 
@@ -123,6 +132,152 @@ def test_hostile_chat_templates_are_refused(name):
 def test_a_normal_template_still_renders():
     out = render_chat(None, [ChatMessage(role="user", content="hi")])
     assert out.endswith("<|im_start|>assistant\n") and "hi" in out
+
+
+# Templates that stay inside the sandbox but would run for hours or fill memory. The render budgets
+# (engine/template_sandbox.py) stop each of them, quickly and with the reason.
+_COPIES = ", ".join(["s"] * 100)
+_DIGITS = ", ".join(str(i) for i in range(10))
+TEMPLATE_BOMBS = {
+    "nested_ranges": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "huge_range": "{% for i in range(10**9) %}x{% endfor %}",
+    "nested_literal_loops": "".join(f"{{% for v{i} in [{_DIGITS}] %}}" for i in range(7)) + "{% endfor %}" * 7,
+    "loops_over_a_message": "{% for m in messages %}{% for a in m.content %}{% for b in m.content %}"
+                            "{% endfor %}{% endfor %}{% endfor %}",
+    "string_repeat": "{{ 'a' * 10**9 }}",
+    "list_repeat": "{{ [1] * 10**9 }}",
+    "power": "{{ 10 ** 1000000000 }}",  # jinja's ** is left-associative: 10 ** 10 ** 9 is only 10 ** 90
+    "doubling": "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    "concat_of_copies": "{% set s = 'a' * 3000000 %}{{ [" + _COPIES + "] ~ '' }}",
+    "center": "{{ 'a'|center(10**9) }}",
+    "ljust": "{{ 'a'.ljust(10**9) }}",
+    "format_width": "{{ '{:>1000000000}'.format('x') }}",
+    "percent_width": "{{ '%1000000000d' % 1 }}",
+    "percent_star": "{{ '%*d' % (10**9, 1) }}",
+    "indent": "{{ ('a\n' * 1000)|indent(10000) }}",
+    "replace": "{{ ('a' * 100000)|replace('a', 'b' * 10000) }}",
+    "join_of_copies": "{% set ns = namespace(s='a' * 100000) %}{{ ([ns.s] * 10000)|join }}",
+    "macro_recursion": "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
+    "output_flood": "{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}",
+    "reserved_name": "{% set _localspec_loop = dict %}{% for i in range(3) %}{% endfor %}",
+}
+LONG_MESSAGE = [ChatMessage(role="user", content="x" * 2000)]
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATE_BOMBS))
+def test_template_loop_and_size_bombs_are_stopped_with_the_reason(name):
+    with pytest.raises(RequestError) as err:
+        render_chat(TEMPLATE_BOMBS[name], LONG_MESSAGE)
+    assert "safety limit" in str(err.value) or "unsafe" in str(err.value)
+    assert "Fix:" in str(err.value)
+
+
+def test_the_render_limits_leave_real_templates_alone():
+    messages = [ChatMessage(role="system", content="Be brief. " * 50)] + [
+        ChatMessage(role="user" if i % 2 == 0 else "assistant", content=f"Turn {i}: " + "word " * 400)
+        for i in range(200)]
+    out = render_chat(LLAMA_STYLE, messages, bos_token="<s>", tools=[TOOL])
+    assert out.startswith("<s>") and "get_weather" in out and "Turn 199" in out and len(out) > 400_000
+
+
+# Written for these tests in the shape of common chat templates: tools, a system prompt, loop state.
+LLAMA_STYLE = (
+    "{{ bos_token }}{% if tools %}<|system|>You may call these tools:\n{% for t in tools %}"
+    "{{ t | tojson(indent=2) }}\n{% endfor %}<|end|>{% endif %}"
+    "{% for m in messages %}{% if loop.first and m.role == 'system' %}<|system|>{{ m.content | trim }}<|end|>"
+    "{% else %}{{ '<|' ~ m.role ~ '|>' ~ (m.content | trim) ~ '<|end|>' }}{% endif %}"
+    "{% if loop.last and add_generation_prompt %}<|assistant|>{% endif %}{% endfor %}"
+)
+NO_SYSTEM = ("{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+             "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+SLOW_COMPARE = ("{% set l = range(100000)|list %}{% set m = range(100000)|list %}"
+                "{% for i in range(100000) %}{% if l == m %}{% endif %}{% endfor %}")
+MEMORY_HOG = ("{% set s = '\U0001F600' * 2000000 %}{% set l = [" + ", ".join(f"s ~ '{i}'" for i in range(20)) + "] %}"
+              "{{ l|length }}")
+
+
+@pytest.mark.parametrize("template,reason", [
+    (SLOW_COMPARE, "longer than"),  # little work per step, each step a long comparison
+    (MEMORY_HOG, "out of memory"),  # 170 MB of strings, within the render's data budget
+    (TEMPLATE_BOMBS["nested_literal_loops"], "steps"),
+    (HOSTILE_TEMPLATES["cycler_globals"], "unsafe"),
+])
+def test_the_load_probe_refuses_a_template_with_the_reason(template, reason):
+    verdict = probe_template(template, "<s>", "</s>")
+    assert not verdict.ok and reason in verdict.reason
+
+
+def test_the_load_probe_accepts_real_templates_once_per_text(monkeypatch):
+    for template in (LLAMA_STYLE, NO_SYSTEM, chat_module.CHATML):  # NO_SYSTEM: its own error is not a reason
+        assert probe_template(template, "<s>", "</s>").ok
+    assert probe_template(None).ok  # no template: the built-in ChatML, nothing to probe
+
+    def no_second_run(*_a, **_k):
+        raise AssertionError("the verdict should come from the cache")
+
+    monkeypatch.setattr(chat_module.subprocess, "run", no_second_run)
+    assert probe_template(LLAMA_STYLE, "<s>", "</s>").ok
+
+
+def test_the_standalone_app_probes_templates_with_its_own_executable(monkeypatch):
+    """A frozen app has no interpreter to run template_sandbox.py with: it runs itself with an
+    internal flag, which its entry point (packaging/standalone_entry.py) answers like the script."""
+    monkeypatch.setattr(chat_module.sys, "frozen", True, raising=False)
+    assert chat_module.probe_command() == [chat_module.sys.executable, "--template-probe"]
+    monkeypatch.delattr(chat_module.sys, "frozen")
+    entry = [chat_module.sys.executable, str(REPO / "packaging" / "standalone_entry.py"), "--template-probe"]
+    answers = [subprocess.run(entry, input=json.dumps({"template": t}), capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+               for t in (HOSTILE_TEMPLATES["mro"], LLAMA_STYLE)]
+    assert [json.loads(a)["ok"] for a in answers] == [False, True]
+
+
+class _TemplatedRuntime(FakeRuntime):
+    def __init__(self, template: str) -> None:
+        super().__init__(logits_fn(4, [1], [1.0]), n_normal=4)
+        self.template = template
+
+    @property
+    def chat_template(self) -> str:
+        return self.template
+
+
+def test_a_model_with_a_refused_template_cannot_chat_but_serves_raw_prompts(caplog):
+    engine = Engine(_TemplatedRuntime(TEMPLATE_BOMBS["nested_ranges"]), None, EngineConfig())
+    with pytest.raises(RequestError) as err:
+        engine.submit(GenerationRequest(messages=[ChatMessage(role="user", content="hi")], max_tokens=2))
+    assert "refused when the model loaded" in err.value.cause and "steps" in err.value.cause
+    assert "raw prompt" in err.value.fix
+    assert [r.levelname for r in caplog.records if "was refused" in r.getMessage()] == ["WARNING"]
+    events = list(engine.generate(GenerationRequest(prompt="0 1 2", max_tokens=3, mode="off")))
+    assert events[-1].finish_reason == "length"
+
+
+@pytest.mark.parametrize("version,ok", [("3.1.5", False), ("3.0.3", False), ("2.11.3", False), ("3.1.6", True),
+                                        ("3.2.0", True), ("4.0.0", True)])
+def test_a_jinja2_with_a_known_sandbox_escape_is_refused(version, ok):
+    if ok:
+        check_jinja(version)
+        return
+    with pytest.raises(LocalspecError) as err:
+        check_jinja(version)
+    assert "CVE-2025-27516" in err.value.cause and "jinja2>=3.1.6" in err.value.fix
+
+
+def test_an_old_jinja2_stops_chat_rendering_and_the_engine_opening(monkeypatch):
+    monkeypatch.setattr(jinja2, "__version__", "3.1.5")
+    with pytest.raises(LocalspecError, match="3.1.5"):
+        render_chat(None, [ChatMessage(role="user", content="hi")])
+    with pytest.raises(LocalspecError, match="CVE-2025-27516"):
+        Engine(_TemplatedRuntime(chat_module.CHATML), None, EngineConfig())
+
+
+def test_the_package_requires_a_jinja2_without_the_sandbox_escape():
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert [d for d in deps if d.startswith("jinja2")] == ["jinja2>=3.1.6"]
 
 
 def _sources() -> list[tuple[Path, str]]:

@@ -29,7 +29,7 @@ from dataclasses import replace
 import numpy as np
 
 from localspec.engine import calibrate
-from localspec.engine.chat import render_chat
+from localspec.engine.chat import TemplateCheck, check_jinja, render_chat
 from localspec.engine.config import MAX_DRAFT_K, EngineConfig, GenerationRequest
 from localspec.engine.controller import AcceptanceBook, Controller, Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
@@ -50,6 +50,11 @@ logger = logging.getLogger(__name__)
 MAX_VOCAB_DIFFERENCE = 128
 
 
+def target_name(target: ModelRuntime) -> str:
+    path = getattr(target, "path", None)
+    return path.name if path is not None else "the target model"
+
+
 def output_rows(config: EngineConfig) -> int:
     """Logits rows the target context serves in one llama_decode: one sequence's longest possible
     verification (MAX_DRAFT_K + 1 rows) or every slot at its configured k, whichever is more.
@@ -67,6 +72,7 @@ class Engine:
         config: EngineConfig | None = None,
         calibration_dir: str | None = None,
     ) -> None:
+        check_jinja()  # chat templates are untrusted code: refuse a sandbox known to leak
         self.config = config or EngineConfig()
         self.calibration_dir = calibration_dir
         self.costs: Costs | None = None  # measured lazily, for mode auto
@@ -82,6 +88,9 @@ class Engine:
                     "Use a draft model of the target's family with the same tokenizer.",
                 )
             self.drafter = DraftModelDrafter(draft, target.n_vocab, self.config.draft_p_min)
+        # The chat template is probed in a child process while the engine warms up; chat waits for it.
+        self.chat_check = TemplateCheck(target.chat_template, self._special_text(target.bos),
+                                        self._special_text(target.eos), model=target_name(target))
         self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
         self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
         self.slots = [Slot(seq=i) for i in range(self.config.parallel)]
@@ -199,9 +208,12 @@ class Engine:
         fits = len(prefix) <= self.target.config.pinned_cells and len(prefix) < len(tokens)
         return len(prefix) if fits and tokens[: len(prefix)] == prefix else 0
 
+    def _special_text(self, token: int) -> str:
+        return self.target.token_text(token) if token >= 0 else ""
+
     def _render(self, messages, tools: list[dict] | None = None, add_generation_prompt: bool = True) -> list[int]:
-        bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
-        eos = self.target.token_text(self.target.eos) if self.target.eos >= 0 else ""
+        self.chat_check.require()
+        bos, eos = self._special_text(self.target.bos), self._special_text(self.target.eos)
         text = render_chat(self.target.chat_template, messages, bos_token=bos, eos_token=eos, tools=tools,
                            add_generation_prompt=add_generation_prompt)
         # A template that writes the BOS itself must not get a second one from the tokenizer.
