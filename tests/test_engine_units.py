@@ -111,3 +111,11 @@ def test_stats_positions_and_mean_accepted_length():
     s.record_position(4, 1)
     assert s.drafted_by_position == [2, 2, 2, 2] and s.accepted_by_position == [2, 1, 1, 1]
     assert s.mean_accepted_length == 4.0
+
+
+def test_the_target_context_serves_the_longest_draft_in_one_pass():
+    from localspec.engine.config import MAX_DRAFT_K, EngineConfig, output_rows
+
+    assert output_rows(EngineConfig()) == MAX_DRAFT_K + 1  # one sequence at the longest k
+    assert output_rows(EngineConfig(parallel=8)) == 8 * (8 + 1)  # every slot at its configured k
+    assert output_rows(EngineConfig(n_batch=32)) == 32  # never more than a batch holds (the runtime splits)

@@ -76,3 +76,12 @@ class GenerationRequest(BaseModel):
         if self.truncate and self.messages is None:
             raise ValueError("'truncate' applies to chat messages only")
         return self
+
+
+def output_rows(config: EngineConfig) -> int:
+    """Logits rows the target context serves in one llama_decode: one sequence's longest possible
+    verification (MAX_DRAFT_K + 1 rows) or every slot at its configured k, whichever is more.
+    llama.cpp reserves n_vocab floats per row (0.6 MB for Qwen) in its compute buffer; a step that
+    needs more rows is split by the runtime rather than refused."""
+    configured = max(config.draft_k, config.lookup_k, config.auto_k_max) + 1
+    return min(config.n_batch, max(config.parallel * configured, MAX_DRAFT_K + 1))

@@ -25,12 +25,13 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
 from localspec.engine import calibrate
 from localspec.engine.chat import TemplateCheck, check_jinja, render_chat
-from localspec.engine.config import MAX_DRAFT_K, EngineConfig, GenerationRequest
+from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.controller import AcceptanceBook, Controller, Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
 from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
@@ -48,20 +49,6 @@ logger = logging.getLogger(__name__)
 
 # llama.cpp accepts a draft whose vocabulary differs from the target's by up to this many tokens.
 MAX_VOCAB_DIFFERENCE = 128
-
-
-def target_name(target: ModelRuntime) -> str:
-    path = getattr(target, "path", None)
-    return path.name if path is not None else "the target model"
-
-
-def output_rows(config: EngineConfig) -> int:
-    """Logits rows the target context serves in one llama_decode: one sequence's longest possible
-    verification (MAX_DRAFT_K + 1 rows) or every slot at its configured k, whichever is more.
-    llama.cpp reserves n_vocab floats per row (0.6 MB for Qwen) in its compute buffer; a step that
-    needs more rows is split by the runtime rather than refused."""
-    configured = max(config.draft_k, config.lookup_k, config.auto_k_max) + 1
-    return min(config.n_batch, max(config.parallel * configured, MAX_DRAFT_K + 1))
 
 
 class Engine:
@@ -90,7 +77,8 @@ class Engine:
             self.drafter = DraftModelDrafter(draft, target.n_vocab, self.config.draft_p_min)
         # The chat template is probed in a child process while the engine warms up; chat waits for it.
         self.chat_check = TemplateCheck(target.chat_template, self._special_text(target.bos),
-                                        self._special_text(target.eos), model=target_name(target))
+                                        self._special_text(target.eos),
+                                        model=getattr(target, "path", Path("the target model")).name)
         self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
         self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
         self.slots = [Slot(seq=i) for i in range(self.config.parallel)]
@@ -159,8 +147,6 @@ class Engine:
         if self.costs is None:
             if any(s.active for s in self.slots):
                 raise RuntimeError("calibration needs an idle engine")
-            from pathlib import Path
-
             cache = Path(self.calibration_dir) if self.calibration_dir else None
             for slot in self.slots[:1]:
                 self._reset_kv(slot)
@@ -380,7 +366,7 @@ class Engine:
             self._fail(slot, exc, log=False)
         with self._lock:
             pending, self._pending = list(self._pending), deque()
-        for handle, *_ in pending:
+        for handle, *_ in pending:  # their grammars (if any) free themselves when collected
             handle.finish(Done(finish_reason="error", stats=Stats(), text="", error=f"{type(exc).__name__}: {exc}"))
 
     def _admit(self) -> None:
@@ -395,10 +381,11 @@ class Engine:
                 try:
                     self._admit_into(slot, handle, request, tokens, t_submit)
                 except Exception as exc:
-                    if slot.active is None:  # failed before it held the slot
+                    if slot.active is None:  # failed before it held the slot: _fail still ends it
                         slot.active = Active(handle=handle, request=request, tokens=list(tokens),
                                              n_prompt=len(tokens), mode="off", k=0, rng=PositionRng(0),
-                                             stats=Stats(prompt_tokens=len(tokens)), t_submit=t_submit)
+                                             stats=Stats(prompt_tokens=len(tokens)), t_submit=t_submit,
+                                             grammar=handle.grammar)
                     self._fail(slot, exc)
 
     def _admit_into(self, slot: Slot, handle: Handle, request: GenerationRequest, tokens: list[int],
