@@ -330,12 +330,13 @@ def test_every_diskcache_uses_the_json_only_disk():
 
 
 def test_api_key_is_compared_in_constant_time():
-    from localspec.server import app as app_module
+    from localspec.server import guards
 
-    src = inspect.getsource(app_module._Auth)
+    src = inspect.getsource(guards.Auth)
     assert "hmac.compare_digest" in src
-    # No short-circuiting comparison of the key anywhere in the middleware.
-    assert not re.search(r"(==|!=)\s*self\.key|self\.key\s*(==|!=)", src)
+    # No short-circuiting comparison of a key anywhere in the middleware, and no early exit on a match.
+    assert not re.search(r"(==|!=)\s*(self\.)?keys?\b|\bkeys?\s*(==|!=)", src)
+    assert "break" not in src
 
 
 def test_gguf_named_like_a_path_imports_under_a_safe_id(tmp_path, tmp_store):  # noqa: F811
