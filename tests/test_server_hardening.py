@@ -82,8 +82,8 @@ BOUNDS = {
                         "pattern", "32"),
     "maxItems": (chat_with_schema({"type": "array", "items": {"type": "integer"}, "maxItems": 5000}), "maxItems", "256"),
     "minItems": (chat_with_schema({"type": "array", "items": {"type": "string"}, "minItems": 100000}), "minItems", "256"),
-    "deep_nesting": (chat_with_schema(json.loads('{"type":"array","items":' * 40 + '{"type":"string"}' + "}" * 40)),
-                     "nesting depth", "32"),
+    "deep_nesting": (chat_with_schema(json.loads('{"type":"array","items":' * 200 + '{"type":"string"}' + "}" * 200)),
+                     "nesting depth", "128"),
     "many_properties": (chat_with_schema({"type": "object", "properties": {f"p{i}": {"type": "integer"}
                                                                               for i in range(900)}}),
                         "properties", "256"),

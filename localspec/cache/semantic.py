@@ -427,7 +427,8 @@ class SemanticCache:
                 removed = self._store.delete(entry_id)
                 if self._index is not None:
                     removed = self._index.remove(entry_id) or removed
-                self._counts["false_hits"] += 1
+                if removed:  # an entry already gone was not served wrongly again
+                    self._counts["false_hits"] += 1
                 self._maybe_flush(force=True)
                 return removed
         except Exception as exc:

@@ -23,7 +23,7 @@ from localspec.errors import RequestError
 
 @dataclass(frozen=True)
 class GrammarLimits:
-    max_depth: int = 32  # nested objects/arrays/combinators in a schema
+    max_depth: int = 128  # nested objects/arrays/combinators in a schema (each level is a rule, not a nested group)
     max_nodes: int = 4096  # subschemas in one schema, all levels together
     max_properties: int = 256  # properties of one object
     max_string_length: int = 1000  # maxLength / minLength: each repeat is one nested group
@@ -32,6 +32,7 @@ class GrammarLimits:
     max_pattern_length: int = 1000  # characters of one `pattern`
     max_pattern_repeat: int = 1000  # m and n of one `{m,n}` in a pattern
     max_pattern_expansion: int = 4096  # nested `{m,n}` counts multiplied together
+    max_pattern_depth: int = 32  # nested groups in a pattern: each is a nested group in the grammar
     max_grammar_bytes: int = 512 << 10  # the GBNF text
     max_grammar_rules: int = 8192
     max_grammar_depth: int = 2000  # nested groups in the GBNF (max_string_length plus the JSON around it)
@@ -115,8 +116,8 @@ def check_pattern(pattern: str, field: str, limits: GrammarLimits = LIMITS) -> N
                 raise GrammarTooLarge(field, "the pattern's nested repetition", expansion, limits.max_pattern_expansion)
             widest[-1] = max(widest[-1], expansion)
         i += 1
-    if max_depth > limits.max_depth:
-        raise GrammarTooLarge(field, "the pattern's group nesting", max_depth, limits.max_depth)
+    if max_depth > limits.max_pattern_depth:
+        raise GrammarTooLarge(field, "the pattern's group nesting", max_depth, limits.max_pattern_depth)
 
 
 def _repeat(m: re.Match[str], field: str, limits: GrammarLimits) -> int:
