@@ -163,8 +163,9 @@ def _schema_strategy():
                          around(LIMITS.max_properties), inner)
         return st.one_of(array, obj, wide, st.builds(lambda xs: {"anyOf": xs}, st.lists(inner, min_size=1, max_size=4)))
 
+    # Depth up to 4x the bound: deeper JSON would hit Python's own recursion limit in json.loads first.
     deep = st.builds(lambda d: json.loads('{"type":"array","items":' * d + '{"type":"string"}' + "}" * d),
-                     around(LIMITS.max_depth))
+                     st.one_of(st.integers(1, 16), st.integers(LIMITS.max_depth - 2, 4 * LIMITS.max_depth)))
     return st.one_of(st.recursive(scalar, extend, max_leaves=12), deep)
 
 
