@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from gguf_factory import make_gguf
-from tests.conftest import DRAFT_ID, REPO, SHARED_STORE
+from tests.gguf_factory import make_gguf
+from tests.common import DRAFT_ID, REPO, SHARED_STORE
 from localspec.cli import build_parser, main
 from localspec.cli.parsing import leaf_commands, subcommands
 

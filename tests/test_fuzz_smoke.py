@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.server import ServerSettings, create_app
 from scripts.fuzz_endpoint import fuzz
-from tests.conftest import DRAFT_ID, SHARED_STORE, TEST_THREADS
+from tests.common import DRAFT_ID, SHARED_STORE, TEST_THREADS
 from tests.server_harness import OpenStream, ServerThread, request, wait_until
 
 KEY = "fuzz-smoke-key"

@@ -18,7 +18,7 @@ from localspec.engine.config import EngineConfig, GenerationRequest
 from localspec.engine.events import Done
 from localspec.engine.scheduler import Engine
 from localspec.metrics import Metrics, RequestRecord, fetch_rows, open_reader
-from tests.conftest import DRAFT_ID, REPO, TARGET_ID, TEST_THREADS
+from tests.common import DRAFT_ID, REPO, TARGET_ID, TEST_THREADS
 
 pytestmark = pytest.mark.models
 

@@ -14,9 +14,9 @@ import venv
 from pathlib import Path
 
 import pytest
-from fake_pypi_index import FakeIndex
-from gguf_factory import make_gguf
-from models_helpers import make_wheel, run_cli, sha256, subprocess_env, tmp_store, toml_list, write_overlay  # noqa: F401
+from tests.fake_pypi_index import FakeIndex
+from tests.gguf_factory import make_gguf
+from tests.models_helpers import make_wheel, run_cli, sha256, subprocess_env, tmp_store, toml_list, write_overlay  # noqa: F401
 
 PIP_23 = (23, 2, 1)
 

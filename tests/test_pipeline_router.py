@@ -16,7 +16,7 @@ from localspec.engine.scheduler import Engine
 from localspec.pipeline import LocalTier, Pipeline, RemoteRunner
 from localspec.router import CircuitBreaker, HeuristicPolicy, RemoteTier, RouteInput, Router, TierSpec
 from localspec.server import Backend, ServerSettings, create_app
-from tests.conftest import DRAFT_ID, TARGET_ID, TEST_THREADS
+from tests.common import DRAFT_ID, TARGET_ID, TEST_THREADS
 from tests.server_harness import ServerThread, request, wait_until
 
 pytestmark = pytest.mark.models

@@ -238,7 +238,7 @@ def _open_small(draft_path):
     """The small tier's engine as run_tier opens it: target alone, two slots."""
     from localspec.engine.config import EngineConfig
     from localspec.engine.scheduler import Engine
-    from tests.conftest import TEST_THREADS
+    from tests.common import TEST_THREADS
 
     config = EngineConfig(n_ctx=1024, n_threads=TEST_THREADS, mode="off", parallel=2)
     return Engine.load(str(draft_path), None, config)
@@ -250,7 +250,7 @@ def test_generate_answers_and_run_tier_with_the_small_model(draft_path, tmp_path
     run_tier caches what it generated, so a second run opens no engine."""
     from localspec.engine.sampling import SamplingParams
     from localspec.router.outcomes import OutcomeCache, generate_answers, run_tier
-    from tests.conftest import DRAFT_ID
+    from tests.common import DRAFT_ID
 
     tasks = [t for t in load_tasks(DEFAULT_TASKS) if t.id.startswith(("code-001", "math-001", "code-002"))]
     assert len(tasks) == 3
@@ -294,7 +294,7 @@ def test_a_larger_cap_regenerates_only_the_answers_that_were_cut_off(draft_path,
     """run_tier under a larger --max-tokens reuses the answers that stopped on their own, and those
     are the very texts a fresh run under the larger cap produces (greedy: the cap only ends it)."""
     from localspec.router.outcomes import OutcomeCache, run_tier
-    from tests.conftest import DRAFT_ID
+    from tests.common import DRAFT_ID
 
     tasks = [t for t in load_tasks(DEFAULT_TASKS) if t.id.startswith(("code-001", "math-001"))]
 

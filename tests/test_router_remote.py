@@ -10,7 +10,7 @@ import pytest
 from localspec.errors import ConfigError
 from localspec.router import CircuitBreaker, RemoteTier, RemoteUnavailable, TierSpec
 from localspec.server import ServerSettings, create_app
-from tests.conftest import DRAFT_ID, TEST_THREADS
+from tests.common import DRAFT_ID, TEST_THREADS
 from tests.server_harness import ServerThread, request, wait_until
 
 KEY = "remote-tier-key"

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.server import Backend, ServerSettings, create_app
-from tests.conftest import DRAFT_ID, TARGET_ID, TEST_THREADS
+from tests.common import DRAFT_ID, TARGET_ID, TEST_THREADS
 from tests.server_harness import OpenStream, ServerThread, request, wait_until
 
 KEY = "test-key-123"

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from localspec.server import ServerSettings, create_app
-from tests.conftest import DRAFT_ID, TEST_THREADS
+from tests.common import DRAFT_ID, TEST_THREADS
 from tests.server_harness import ServerThread, request, wait_until
 
 pytestmark = pytest.mark.models

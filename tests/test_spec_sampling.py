@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from fake_runtime import FakeRuntime, logits_fn
+from tests.fake_runtime import FakeRuntime, logits_fn
 from localspec.engine import scheduler as scheduler_module
 from localspec.engine.config import EngineConfig, GenerationRequest
 from localspec.engine.events import Done, Token
