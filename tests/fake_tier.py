@@ -38,8 +38,12 @@ from localspec.engine.scheduler import Engine
 
 EOS = 256  # end of text
 SEP = 257  # end of prompt: appended by tokenize(add_special=True)
-N_VOCAB = 258
+# Fill-in-the-middle markers are single tokens, as in Qwen's vocabulary, so /v1/completions' suffix works.
+SPECIAL = {"<|fim_prefix|>": 258, "<|fim_suffix|>": 259, "<|fim_middle|>": 260}
+N_VOCAB = 261
 EOS_TEXT = "<|endoftext|>"
+_SPECIAL_TEXT = {EOS: EOS_TEXT, SEP: "<|sep|>", **{i: t for t, i in SPECIAL.items()}}
+_SPECIAL_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL) + ")")
 
 
 @dataclass(frozen=True)
@@ -118,14 +122,21 @@ class ScriptedRuntime:
         return token == EOS
 
     def token_text(self, token: int) -> str:
-        return {EOS: EOS_TEXT, SEP: "<|sep|>"}.get(token) or self.piece(token).decode("utf-8", errors="replace")
+        return _SPECIAL_TEXT.get(token) or self.piece(token).decode("utf-8", errors="replace")
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return [*text.encode("utf-8"), *([SEP] if add_special else [])]
+        ids: list[int] = []
+        for part in _SPECIAL_SPLIT.split(text) if parse_special else [text]:
+            ids.extend([SPECIAL[part]] if part in SPECIAL else part.encode("utf-8"))
+        return [*ids, *([SEP] if add_special else [])]
 
     def piece(self, token: int) -> bytes:
         assert 0 <= token < N_VOCAB, token
-        return bytes([token]) if token < 256 else b""
+        return bytes([token]) if token < 256 else _SPECIAL_TEXT[token].encode() if token in SPECIAL.values() else b""
+
+    def text(self, tokens: Iterable[int]) -> str:
+        """A prompt as the script reads it: special tokens spelled out."""
+        return b"".join(bytes([t]) if t < 256 else _SPECIAL_TEXT[t].encode() for t in tokens).decode("utf-8", "replace")
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
@@ -159,7 +170,7 @@ class ScriptedRuntime:
         """The script's answer to a prompt (token ids up to its SEP), asked once per prompt."""
         got = self._replies.get(prompt)
         if got is None:
-            answer = self.script(bytes(prompt).decode("utf-8", errors="replace"))
+            answer = self.script(self.text(prompt))
             got = answer if isinstance(answer, Reply) else Reply(answer)
             self._replies[prompt] = got
         return got
@@ -286,10 +297,14 @@ def scripted_pipeline(*, tiers: Iterable | None = None, default_tier: str | None
 
 
 def scripted_backend(*, pipeline=None, routes: Mapping[str, str] | None = None, target_names: Iterable[str] = (),
-                     **backend_kw):
+                     embedder: ScriptedEmbedder | None = None, embedding_id: str = "scripted-embedder", **backend_kw):
     """A real server `Backend` around a pipeline: the default tier's model id and every route name
-    are the model names a request may use."""
+    are the model names a request may use; `embedder` serves /v1/embeddings as `embedding_id`."""
     from localspec.server import Backend
+
+    if embedder is not None:
+        backend_kw.update(embedding_id=embedding_id, embedding_names={embedding_id},
+                          embedding_path=embedder.model_path, _shared_embedder=embedder)
 
     pipeline = pipeline or scripted_pipeline()
     default = pipeline.tiers[pipeline.default_tier]
@@ -301,7 +316,8 @@ def scripted_backend(*, pipeline=None, routes: Mapping[str, str] | None = None, 
                    routes=routes, **backend_kw)
 
 
-def scripted_app(*, pipeline=None, settings=None, gate: threading.Event | None = None, backend=None, **app_kw):
+def scripted_app(*, pipeline=None, settings=None, gate: threading.Event | None = None, backend=None,
+                 embedder: ScriptedEmbedder | None = None, **app_kw):
     """The real FastAPI app, its backend built from `pipeline` (or given) instead of loaded from model
     files. `gate`: the load waits for it, so a test can see the loading state first."""
     from localspec.server import ServerSettings, create_app
@@ -309,6 +325,6 @@ def scripted_app(*, pipeline=None, settings=None, gate: threading.Event | None =
     def load(_settings):
         if gate is not None:
             gate.wait()
-        return backend or scripted_backend(pipeline=pipeline)
+        return backend or scripted_backend(pipeline=pipeline, embedder=embedder)
 
     return create_app(settings=settings or ServerSettings(), load=load, **app_kw)
