@@ -255,6 +255,7 @@ def test_every_call_is_listed_for_every_verb(ws):
     assert with_json - covered == (set() if real else {("generate",)})  # generate --json needs a model
 
 
+@pytest.mark.slow  # every verb in a subprocess, twice: a campaign, not a unit test (stage 2)
 def test_every_verb_at_80_columns_and_through_head(ws):
     todo = calls(ws)
     for phase in ("full", "piped"):

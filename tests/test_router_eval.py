@@ -79,7 +79,10 @@ def test_code_checker_runs_the_tests():
     assert not check(CODE, "I cannot do that.").passed
 
 
-def test_code_checker_times_out_and_is_isolated():
+def test_code_checker_times_out_and_is_isolated(monkeypatch):
+    from localspec.router import checker
+
+    monkeypatch.setattr(checker, "TIMEOUT_S", 2.0)  # the rule, not its length: a 10 s wait proves nothing more
     loop = "```python\ndef second_largest(nums):\n    while True:\n        pass\n```"
     r = check(CODE, loop)
     assert not r.passed and ("timed out" in r.detail or "exit status" in r.detail)
