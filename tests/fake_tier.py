@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,11 +54,14 @@ class Reply:
     `confidence`: the answer's logit margin over every other token; at 30 each token's logprob is
     ~0 (a sure model), at 1 it is about -4.6 (an unsure one, for the cascade's escalation rule).
     `fail`: the decode of any row after this prompt raises, as a failed `llama_decode` does.
+    `pace_s`: each decode holding a row of this answer takes at least this long, so the answer is
+    still streaming when a test acts on it (a client going away, a queue filling up).
     """
 
     text: str
     confidence: float = 30.0
     fail: str | None = None
+    pace_s: float = 0.0
 
 
 Script = Callable[[str], "Reply | str"]
@@ -111,6 +115,7 @@ class ScriptedRuntime:
         self.running = threading.Event()
         self.running.set()
         self._replies: dict[tuple[int, ...], Reply] = {}
+        self._pace = 0.0  # the longest pace_s among the current batch's answers
 
     # ------------------------------------------------------------------ metadata / text
 
@@ -185,6 +190,7 @@ class ScriptedRuntime:
             out[EOS] = 30.0
             return out
         reply = self.reply(history[:cut])
+        self._pace = max(self._pace, reply.pace_s)
         if reply.fail:
             raise RuntimeError(f"llama_decode failed with code -1 ({reply.fail})")
         said, answer = history[cut + 1:], reply.text.encode("utf-8")
@@ -200,6 +206,7 @@ class ScriptedRuntime:
         self.decode_calls += 1
         self.rows_decoded += len(rows)
         out: list[np.ndarray] = []
+        self._pace = 0.0
         for r in rows:
             assert 0 <= r.seq < self.config.n_seq_max, f"sequence id {r.seq} outside 0..{self.config.n_seq_max - 1}"
             assert 0 <= r.token < N_VOCAB, f"token id {r.token} outside the vocabulary"
@@ -212,6 +219,8 @@ class ScriptedRuntime:
             kv[r.pos] = r.token
             if r.logits:
                 out.append(self.logits(tuple(kv[i] for i in range(r.pos + 1))))
+        if self._pace:
+            time.sleep(self._pace)
         return np.stack(out) if out else np.empty((0, N_VOCAB), dtype=np.float32)
 
 
