@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from typing import Any
 
 from localspec.engine.events import Done, Token
@@ -11,6 +14,8 @@ from localspec.server.backend import Backend
 from localspec.server.errors import APIError, error_json
 from localspec.server.schemas import (ChoiceLogprobs, CompletionLogprobs, Extension, TokenLogprobOut, TopLogprob,
                                       Usage)
+from localspec.server.state import ServerState
+from localspec.server.streaming import SSE_DONE, SSE_KEEPALIVE, Piece, Waiting, pieces
 from localspec.server.translate import Plan
 
 
@@ -90,3 +95,49 @@ def engine_failed(done: Done) -> None:
 def sse_engine_error(done: Done) -> bytes:
     """The same failure inside a stream that has already sent its 200."""
     return b"data: " + json.dumps(error_json(500, f"Generation failed: {done.error}", "engine_error")).encode() + b"\n\n"
+
+
+class StreamedReply(ABC):
+    """One answer streamed as SSE: the parts every stream shares (keep-alives while waiting, the
+    metrics record, an engine failure as an error event, [DONE]) around the route's own chunks."""
+
+    hold_text = False  # True: the text is parsed whole at the end (tool calls)
+
+    def __init__(self, state: ServerState, b: Backend, plan: Plan, job: Job, who: str, t0: float) -> None:
+        self.state, self.b, self.plan, self.job, self.who, self.t0 = state, b, plan, job, who, t0
+        self.created = int(time.time())
+
+    id: str
+
+    def head(self) -> list[bytes]:
+        """Chunks before the first token."""
+        return []
+
+    @abstractmethod
+    def piece(self, piece: Piece) -> bytes | None:
+        """A chunk for text that became certain (None: nothing to send yet)."""
+
+    @abstractmethod
+    def tail(self, done: Done) -> list[bytes]:
+        """The last chunks of a finished answer: finish reason, the localspec extension, usage."""
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        for chunk in self.head():
+            yield chunk
+        done: Done | None = None
+        async for item in pieces(self.job, self.state.metrics, hold_text=self.hold_text):
+            if isinstance(item, Waiting):
+                yield SSE_KEEPALIVE
+            elif isinstance(item, Done):
+                done = item
+            elif (chunk := self.piece(item)) is not None:
+                yield chunk
+        if done is None:
+            return
+        self.state.record(self.b, self.job, done, t0=self.t0, request_id=self.id)
+        if done.finish_reason == "error":
+            yield sse_engine_error(done)
+        else:
+            for chunk in self.tail(done):
+                yield chunk
+        yield SSE_DONE

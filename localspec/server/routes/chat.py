@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -14,13 +13,12 @@ from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES
-from localspec.server.replies import chat_logprobs, engine_failed, extension, sse_engine_error, usage
+from localspec.server.replies import StreamedReply, chat_logprobs, engine_failed, extension, usage
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
                                       ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCallDelta)
 from localspec.server.state import Principal, ServerState, State, check_model
-from localspec.server.streaming import (SSE_DONE, SSE_KEEPALIVE, EventStream, Waiting, collect, pieces, sse,
-                                        unless_disconnected)
+from localspec.server.streaming import EventStream, Piece, collect, sse, unless_disconnected
 
 router = APIRouter()
 
@@ -58,41 +56,33 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     )
 
 
-class ChatReply:
-    """One chat answer's identity and its SSE stream."""
+class ChatReply(StreamedReply):
+    """One chat answer: its id, and its chunks when streamed."""
 
     def __init__(self, state: ServerState, b: Backend, body: ChatCompletionRequest, plan_: translate.Plan, job: Job,
                  who: str, t0: float) -> None:
-        self.state, self.b, self.body, self.plan, self.job, self.who, self.t0 = state, b, body, plan_, job, who, t0
+        super().__init__(state, b, plan_, job, who, t0)
+        self.body = body
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
+        self.hold_text = bool(plan_.tool_mode)
+        self.unreported: list[Token] = []  # logprob tokens behind no text yet: they go on the last chunk
 
     def chunk(self, delta: ChatDelta, **kw) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.body.model,
                                    choices=[ChatChunkChoice(delta=delta, **kw)])
 
-    async def stream(self) -> AsyncIterator[bytes]:
-        yield sse(self.chunk(ChatDelta(role="assistant", content="")))
-        unreported: list[Token] = []
-        done: Done | None = None
-        # Tool answers are parsed whole, at the end: hold their text.
-        async for item in pieces(self.job, self.state.metrics, hold_text=bool(self.plan.tool_mode)):
-            if isinstance(item, Waiting):
-                yield SSE_KEEPALIVE
-            elif isinstance(item, Done):
-                done = item
-            elif not item.text:
-                unreported = item.tokens
-            else:
-                lp = chat_logprobs(self.b, item.tokens) if self.body.logprobs else None
-                yield sse(self.chunk(ChatDelta(content=item.text), logprobs=lp))
-        if done is None:
-            return
-        self.state.record(self.b, self.job, done, t0=self.t0, request_id=self.id)
-        if done.finish_reason == "error":
-            yield sse_engine_error(done)
-            yield SSE_DONE
-            return
+    def head(self) -> list[bytes]:
+        return [sse(self.chunk(ChatDelta(role="assistant", content="")))]
+
+    def piece(self, piece: Piece) -> bytes | None:
+        if not piece.text:
+            self.unreported = piece.tokens
+            return None
+        lp = chat_logprobs(self.b, piece.tokens) if self.body.logprobs else None
+        return sse(self.chunk(ChatDelta(content=piece.text), logprobs=lp))
+
+    def tail(self, done: Done) -> list[bytes]:
+        out = []
         reason = done.finish_reason
         if self.plan.tool_mode:
             content, calls = translate.parse_tool_calls(done.text, self.plan.tool_mode == "forced")
@@ -100,14 +90,14 @@ class ChatReply:
                 reason = "tool_calls"
                 deltas = [ToolCallDelta(index=i, id=c.id, type="function", function=c.function)
                           for i, c in enumerate(calls)]
-                yield sse(self.chunk(ChatDelta(tool_calls=deltas)))
+                out.append(sse(self.chunk(ChatDelta(tool_calls=deltas))))
             if content:
-                yield sse(self.chunk(ChatDelta(content=content)))
-        lp = chat_logprobs(self.b, unreported) if self.body.logprobs and unreported else None
+                out.append(sse(self.chunk(ChatDelta(content=content))))
+        lp = chat_logprobs(self.b, self.unreported) if self.body.logprobs and self.unreported else None
         final = self.chunk(ChatDelta(), finish_reason=reason, logprobs=lp)
         final.localspec = extension(self.b, done, self.plan, self.job, self.who)
-        yield sse(final)
+        out.append(sse(final))
         if self.body.stream_options and self.body.stream_options.include_usage:
-            yield sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.body.model, choices=[],
-                                          usage=usage(done)))
-        yield SSE_DONE
+            out.append(sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.body.model, choices=[],
+                                               usage=usage(done))))
+        return out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -14,12 +13,11 @@ from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES
-from localspec.server.replies import completion_logprobs, engine_failed, extension, sse_engine_error, usage
+from localspec.server.replies import StreamedReply, completion_logprobs, engine_failed, extension, usage
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import Completion, CompletionChoice, CompletionRequest
 from localspec.server.state import Principal, ServerState, State, check_model
-from localspec.server.streaming import (SSE_DONE, SSE_KEEPALIVE, EventStream, Waiting, collect, pieces, sse,
-                                        unless_disconnected)
+from localspec.server.streaming import EventStream, Piece, collect, sse, unless_disconnected
 
 router = APIRouter()
 
@@ -64,43 +62,34 @@ def fim_supported(b: Backend) -> bool:
     return True
 
 
-class CompletionReply:
-    """One completion's identity and its SSE stream."""
+class CompletionReply(StreamedReply):
+    """One completion: its id, and its chunks when streamed."""
 
     def __init__(self, state: ServerState, b: Backend, body: CompletionRequest, plan_: translate.Plan, job: Job,
                  who: str, t0: float, echo: str) -> None:
-        self.state, self.b, self.body, self.plan, self.job, self.who, self.t0 = state, b, body, plan_, job, who, t0
+        super().__init__(state, b, plan_, job, who, t0)
+        self.body = body
         self.echo = echo
         self.id = f"cmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
 
     def chunk(self, text: str, **kw) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.body.model,
                           choices=[CompletionChoice(text=text, **kw)])
 
-    async def stream(self) -> AsyncIterator[bytes]:
-        if self.echo:
-            yield sse(self.chunk(self.echo, finish_reason=None))
-        done: Done | None = None
-        async for item in pieces(self.job, self.state.metrics):
-            if isinstance(item, Waiting):
-                yield SSE_KEEPALIVE
-            elif isinstance(item, Done):
-                done = item
-            elif item.text:
-                lp = completion_logprobs(self.b, item.tokens) if self.body.logprobs is not None else None
-                yield sse(self.chunk(item.text, finish_reason=None, logprobs=lp))
-        if done is None:
-            return
-        self.state.record(self.b, self.job, done, t0=self.t0, request_id=self.id)
-        if done.finish_reason == "error":
-            yield sse_engine_error(done)
-            yield SSE_DONE
-            return
+    def head(self) -> list[bytes]:
+        return [sse(self.chunk(self.echo, finish_reason=None))] if self.echo else []
+
+    def piece(self, piece: Piece) -> bytes | None:
+        if not piece.text:
+            return None
+        lp = completion_logprobs(self.b, piece.tokens) if self.body.logprobs is not None else None
+        return sse(self.chunk(piece.text, finish_reason=None, logprobs=lp))
+
+    def tail(self, done: Done) -> list[bytes]:
         final = self.chunk("", finish_reason=done.finish_reason)
         final.localspec = extension(self.b, done, self.plan, self.job, self.who)
-        yield sse(final)
+        out = [sse(final)]
         if self.body.stream_options and self.body.stream_options.include_usage:
-            yield sse(Completion(id=self.id, created=self.created, model=self.body.model, choices=[],
-                                 usage=usage(done)))
-        yield SSE_DONE
+            out.append(sse(Completion(id=self.id, created=self.created, model=self.body.model, choices=[],
+                                      usage=usage(done))))
+        return out
