@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -79,6 +81,8 @@ class Job:
     (`cache`, `route`, `tier`) and `cancel()`."""
 
     def __init__(self, request: GenerationRequest, tier: TierName, route: Route | None = None) -> None:
+        self.id = uuid.uuid4().hex  # the response's id and the metrics record's
+        self.t_submit = time.perf_counter()
         self.request = request
         self.tier = tier
         self.route = route

@@ -372,8 +372,7 @@ class Pipeline:
             completion_tokens=len(hit.token_ids) or int(hit.stats.get("completion_tokens", 0)),
             ttft_ms=lookup_ms,
         )
-        job.finish(Done(hit.stats.get("finish_reason", "stop"), stats, hit.answer))
-        self._finished(job)
+        self._finish(job, Done(hit.stats.get("finish_reason", "stop"), stats, hit.answer))
 
     def _generate(self, job: Job, tier: LocalTier | RemoteRunner, request: GenerationRequest, *, forward: bool,
                   then: Then) -> None:
@@ -399,8 +398,7 @@ class Pipeline:
         except Exception as exc:
             logger.exception("finishing request failed")
             if not job.done.is_set():
-                job.finish(Done("error", done.stats, done.text, error=f"{type(exc).__name__}: {exc}"))
-                self._finished(job)
+                self._finish(job, Done("error", done.stats, done.text, error=f"{type(exc).__name__}: {exc}"))
 
     def _after_small_tier(self, job: Job, key: CacheKey | None, done: Done, held: list[Token]) -> None:
         """The cascade: keep the small tier's answer unless the escalation rule says it is unsure."""
@@ -439,8 +437,7 @@ class Pipeline:
             self._generate(job, self.tier(local), job.request, forward=True,
                            then=functools.partial(self._complete, job, None))
         except Exception as err:
-            job.finish(Done("error", Stats(), "", error=str(err)))
-            self._finished(job)
+            self._finish(job, Done("error", Stats(), "", error=str(err)))
 
     def _complete(self, job: Job, key: CacheKey | None, done: Done, tokens: list[Token]) -> None:
         """Store a finished answer (before the face sees Done, so a repeat right after hits), then finish."""
@@ -452,12 +449,15 @@ class Pipeline:
             stats = {"prompt_tokens": done.stats.prompt_tokens, "completion_tokens": done.stats.completion_tokens,
                      "finish_reason": done.finish_reason, "tier": str(job.tier)}
             self.cache.store(key.scope, key.prompt, done.text, ids, stats)  # never raises
-        job.finish(done)
-        self._finished(job)
+        self._finish(job, done)
 
-    def _finished(self, job: Job) -> None:
+    def _finish(self, job: Job, done: Done) -> None:
+        """The face's completion hook (its metrics record) runs before the face sees Done, so what
+        a client reads right after its answer already counts it."""
+        job.result = done
         if self.on_finish is not None:
             try:
                 self.on_finish(job)
             except Exception:  # a metrics failure never fails the request
                 logger.exception("recording a finished request failed")
+        job.finish(done)

@@ -34,6 +34,7 @@ def create_app(settings: ServerSettings | None = None, load: Callable[[ServerSet
 
         metrics = Metrics.from_settings(registry=CollectorRegistry())
     state = ServerState(s, Loader(s, load), Admission(s.parallel + s.max_queue, s.retry_after_s), metrics)
+    state.loader.on_ready = state.attach
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -103,8 +103,8 @@ class StreamedReply(ABC):
 
     hold_text = False  # True: the text is parsed whole at the end (tool calls)
 
-    def __init__(self, state: ServerState, b: Backend, plan: Plan, job: Job, who: str, t0: float) -> None:
-        self.state, self.b, self.plan, self.job, self.who, self.t0 = state, b, plan, job, who, t0
+    def __init__(self, state: ServerState, b: Backend, plan: Plan, job: Job, who: str) -> None:
+        self.state, self.b, self.plan, self.job, self.who = state, b, plan, job, who
         self.created = int(time.time())
 
     id: str
@@ -134,7 +134,6 @@ class StreamedReply(ABC):
                 yield chunk
         if done is None:
             return
-        self.state.record(self.b, self.job, done, t0=self.t0, request_id=self.id)
         if done.finish_reason == "error":
             yield sse_engine_error(done)
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from localspec.engine.events import Done
 from localspec.errors import ContextOverflowError, LocalspecError
 from localspec.jobs import CacheStatus, Job
 from localspec.server.backend import Backend, Loader
@@ -23,6 +23,9 @@ from localspec.server.translate import Plan
 
 if TYPE_CHECKING:
     from localspec.metrics import Metrics
+
+
+_ID_PREFIX = {False: "chatcmpl-", True: "cmpl-"}  # by whether the request was a raw prompt
 
 
 class Admission:
@@ -95,14 +98,22 @@ class ServerState:
         self.metrics.set_queue_depth(self.queue_depth(b))
         return job
 
-    def record(self, b: Backend, job: Job, done: Done, *, t0: float, request_id: str) -> None:
-        """One finished request in the metrics (the SQLite log and Prometheus)."""
+    def attach(self, b: Backend) -> None:
+        """Every request the pipeline finishes is recorded through its one completion hook."""
+        b.pipeline.on_finish = functools.partial(self.record, b)
+
+    def record(self, b: Backend, job: Job) -> None:
+        """One finished request in the metrics (the SQLite log and Prometheus); on the completion thread."""
         from localspec.metrics import RequestRecord
 
+        done = job.result
+        if done is None:
+            return
         self.metrics.set_queue_depth(self.queue_depth(b))
         self.metrics.record(RequestRecord.from_stats(
             done.stats, face="api", profile=b.profile, target_model=b.target_id, draft_model=b.draft_id,
-            finish_reason=done.finish_reason, e2e_ms=(time.perf_counter() - t0) * 1000, request_id=request_id,
+            finish_reason=done.finish_reason, e2e_ms=(time.perf_counter() - job.t_submit) * 1000,
+            request_id=f"{_ID_PREFIX[job.request.messages is None]}{job.id}",
             error_class="engine" if done.finish_reason == "error" else None,
             cache=str(job.cache.status) if job.cache and job.cache.status is not CacheStatus.BYPASS else None,
             cache_similarity=job.cache.similarity if job.cache else None,

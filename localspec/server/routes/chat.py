@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -31,16 +29,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     b = state.backend()
     check_model(body.model, b.target_names)
     plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
-    t0 = time.perf_counter()
     job = await state.submit(b, plan_, model=body.model, owner=who)
-    reply = ChatReply(state, b, body, plan_, job, who, t0)
+    reply = ChatReply(state, b, body, plan_, job, who)
     if body.stream:
         return EventStream(reply.stream())
     collected = await unless_disconnected(request, collect(job, state.metrics))
     if collected is None:  # the client went away; its request was cancelled
         return Response(status_code=499)
     tokens, done = collected
-    state.record(b, job, done, t0=t0, request_id=reply.id)
     engine_failed(done)
     content, calls = done.text, []
     if plan_.tool_mode:
@@ -60,10 +56,10 @@ class ChatReply(StreamedReply):
     """One chat answer: its id, and its chunks when streamed."""
 
     def __init__(self, state: ServerState, b: Backend, body: ChatCompletionRequest, plan_: translate.Plan, job: Job,
-                 who: str, t0: float) -> None:
-        super().__init__(state, b, plan_, job, who, t0)
+                 who: str) -> None:
+        super().__init__(state, b, plan_, job, who)
         self.body = body
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.id = f"chatcmpl-{job.id}"
         self.hold_text = bool(plan_.tool_mode)
         self.unreported: list[Token] = []  # logprob tokens behind no text yet: they go on the last chunk
 

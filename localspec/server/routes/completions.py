@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -30,17 +28,15 @@ async def completions(body: CompletionRequest, request: Request, state: State, w
     b = state.backend()
     check_model(body.model, b.target_names)
     plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
-    t0 = time.perf_counter()
     job = await state.submit(b, plan_, model=body.model, owner=who)
     echo = body.prompt if (body.echo and body.suffix is None and isinstance(body.prompt, str)) else ""
-    reply = CompletionReply(state, b, body, plan_, job, who, t0, echo)
+    reply = CompletionReply(state, b, body, plan_, job, who, echo)
     if body.stream:
         return EventStream(reply.stream())
     collected = await unless_disconnected(request, collect(job, state.metrics))
     if collected is None:
         return Response(status_code=499)
     tokens, done = collected
-    state.record(b, job, done, t0=t0, request_id=reply.id)
     engine_failed(done)
     return Completion(
         id=reply.id, created=reply.created, model=body.model, usage=usage(done),
@@ -66,11 +62,11 @@ class CompletionReply(StreamedReply):
     """One completion: its id, and its chunks when streamed."""
 
     def __init__(self, state: ServerState, b: Backend, body: CompletionRequest, plan_: translate.Plan, job: Job,
-                 who: str, t0: float, echo: str) -> None:
-        super().__init__(state, b, plan_, job, who, t0)
+                 who: str, echo: str) -> None:
+        super().__init__(state, b, plan_, job, who)
         self.body = body
         self.echo = echo
-        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.id = f"cmpl-{job.id}"
 
     def chunk(self, text: str, **kw) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.body.model,
