@@ -181,4 +181,5 @@ def test_a_client_gone_while_decoding_frees_its_slot_within_a_step(one_slot_serv
     # The step in flight when the cancel lands may finish; the next one ends the request before it decodes.
     # (Read with the test's own polling, so one step of slack.)
     assert eng.steps - steps_at_cancel <= 2, (steps_at_cancel, eng.steps)
+    assert wait_until(job.done.is_set, timeout=30)  # the Done reaches the job from the completion thread
     assert job.result is not None and job.result.finish_reason == "cancelled"
