@@ -67,8 +67,8 @@ def test_auto_routes_by_the_policy_and_records_why(engines):
             assert decision.tier == want, decision
             job = pipe.submit(_ask(text), route="auto")
             routed = _answer(job)
-            assert job.tier == want and job.route["tier"] == want and job.route["policy"] == "heuristic"
-            assert job.route["reason"] and 0.0 <= job.route["score"] <= 1.0 and job.route["features"]
+            assert job.tier == want and job.route.tier == want and job.route.policy == "heuristic"
+            assert job.route.reason and 0.0 <= job.route.decision.score <= 1.0 and job.route.decision.features
             assert routed == _answer(pipe.submit(_ask(text), route=want))  # greedy: the tier's own answer
     finally:
         pipe.close()
@@ -79,7 +79,7 @@ def test_an_explicit_tier_bypasses_the_router(engines):
     try:
         job = pipe.submit(_ask(HARD), route="small")  # the router would pick large
         _answer(job)
-        assert job.tier == "small" and job.route["policy"] == "explicit"
+        assert job.tier == "small" and job.route.policy == "explicit"
     finally:
         pipe.close()
 
@@ -90,8 +90,8 @@ def test_cascade_escalates_on_a_forced_low_confidence_answer(engines):
     try:
         job = pipe.submit(_ask(EASY), route="auto")
         text = _answer(job)
-        assert job.route["cascade"] and job.route["escalated"] is True and "low confidence" in job.route["escalation_reason"]
-        assert job.tier == "large" and job.route["tier"] == "large"
+        assert job.route.decision.cascade and job.route.escalated is True and "low confidence" in job.route.escalation_reason
+        assert job.tier == "large" and job.route.tier == "large"
         assert text == _answer(pipe.submit(_ask(EASY), route="large"))  # the user sees only the large answer
     finally:
         pipe.close()
@@ -100,7 +100,7 @@ def test_cascade_escalates_on_a_forced_low_confidence_answer(engines):
     try:
         job = pipe.submit(_ask(EASY), route="auto")
         text = _answer(job)
-        assert job.route["escalated"] is False and job.tier == "small"
+        assert job.route.escalated is False and job.tier == "small"
         assert text == _answer(pipe.submit(_ask(EASY), route="small"))
     finally:
         pipe.close()
@@ -118,15 +118,15 @@ def test_remote_tier_then_fallback_then_the_circuit_opens(engines, draft_path):
         router = Router([*SPECS, spec], HeuristicPolicy())
         pipe = _pipeline(engines, router, {"remote": runner})
         job = pipe.submit(_ask(EASY), route="remote")
-        assert _answer(job) and job.tier == "remote" and "fallback" not in job.route
+        assert _answer(job) and job.tier == "remote" and job.route.fallback is None
     # The remote server is gone.
     try:
         reasons = []
         for _ in range(3):
             job = pipe.submit(_ask(EASY), route="remote")
             assert _answer(job), "the fallback answers"
-            assert job.tier == "large" and job.route["tier"] == "large"
-            reasons.append(job.route["fallback"])
+            assert job.tier == "large" and job.route.tier == "large"
+            reasons.append(job.route.fallback)
         assert all("remote unavailable" in r for r in reasons), reasons
         assert "connection failed" in reasons[0] and "circuit open" in reasons[-1], reasons
         assert breaker.state == "open"
