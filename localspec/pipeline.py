@@ -1,14 +1,19 @@
 """The request pipeline every long-running face shares: route, cache lookup, generate, cache store.
 
 A face (the endpoint, the TUI) turns its input into a `GenerationRequest` and calls
-`Pipeline.submit`, which returns a `Job`. A job has the engine `Handle`'s shape (an event queue,
-a `done` flag, `cancel()`), so a face reads a cached answer, a local generation and a remote one
-the same way. What the pipeline decided travels on the job: `job.cache` (hit, miss or bypass,
-with the similarity and the matched prompt) and `job.route` (the tier, the scores and why).
+`Pipeline.submit`, which returns a `Job` (localspec.jobs): a face reads a cached answer, a local
+generation and a remote one the same way, awaiting `job.subscribe()` or iterating the job. What
+the pipeline decided travels on it: `job.cache` (hit, miss or bypass, with the similarity and the
+matched prompt) and `job.route` (the tier, the scores and why).
 
-    pipeline = Pipeline(tiers={"large": tier}, default_tier="large", cache=SemanticCache(...))
+    pipeline = Pipeline(tiers={TierName.LARGE: tier}, default_tier=TierName.LARGE, cache=SemanticCache(...))
     job = pipeline.submit(request, route="auto")
     for event in job: ...            # Token..., then Done
+
+Every tier answers through one `Tier.start(request, sink=...)`: its events reach the pipeline's
+sink on the thread that makes them (the engine's, or the remote stream's). Tokens go straight on
+the job; the Done goes to one completion thread, which stores the answer in the cache, runs the
+cascade's escalation or the remote fallback, and finishes the job.
 
 Stages, in order:
 1. route: `route="auto"` asks the router for a tier; a tier name is explicit and bypasses it;
@@ -26,24 +31,30 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from localspec.cache import CacheScope, SemanticCache, cacheable
-from localspec.cache.scope import LOCAL_OWNER
+from localspec.cache import SemanticCache, cacheable
 from localspec.cache.judge import ModelJudge
 from localspec.cache.policy import cache_judge_kind
+from localspec.cache.scope import LOCAL_OWNER
 from localspec.cache.scorer import PairScorer, ScorerJudge
+from localspec.cache import CacheScope
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Event, Stats, Token
 from localspec.engine.scheduler import Engine
+from localspec.engine.slots import EventSink, Lane
 from localspec.engine.worker import EngineWorker
-from localspec.router import RemoteTier, RemoteUnavailable, RouteDecision, RouteInput, Router
+from localspec.jobs import CacheInfo, CacheKey, CacheStatus, Job, Route
+from localspec.router import RemoteTier, RemoteUnavailable, RouteDecision, RouteInput, Router, TierName
+
+__all__ = ["CacheInfo", "CacheKey", "Job", "LocalTier", "Pipeline", "PipelineSettings", "RemoteRunner", "Route",
+           "Started", "Tier", "TierName"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +64,35 @@ _PIECE = re.compile(r"\s*\S+\s*|\s+")  # a cached answer streams word by word, l
 # ---------------------------------------------------------------- tiers
 
 
+@dataclass(frozen=True)
+class Started:
+    """A tier's answer in progress, as the pipeline holds it."""
+
+    cancel: Callable[[], None]
+    dropped_messages: int = 0  # old turns the engine left out to fit its context
+
+
+class Tier(Protocol):
+    """Something that answers requests: an engine in this process, or a remote server."""
+
+    name: TierName
+    model_id: str
+    fingerprint: str  # what a cached answer is keyed by: another model never sees it
+
+    def start(self, request: GenerationRequest, *, sink: EventSink) -> Started:
+        """Begin answering; events go to `sink` (Tokens, then one Done).
+        Raises RequestError subclasses for bad input, before anything runs."""
+        ...
+
+    def close(self, drain: bool = False) -> None: ...
+
+
 class LocalTier:
     """An engine in this process, stepped by its own worker thread."""
 
-    def __init__(self, name: str, engine: Engine, model_id: str, draft_id: str | None, fingerprint: str,
+    def __init__(self, name: TierName | str, engine: Engine, model_id: str, draft_id: str | None, fingerprint: str,
                  owns_engine: bool = True) -> None:
-        self.name = name
+        self.name = TierName(name)
         self.engine = engine
         self.model_id = model_id
         self.draft_id = draft_id
@@ -66,14 +100,20 @@ class LocalTier:
         self.owns_engine = owns_engine
         self.worker = EngineWorker(engine).start()
 
-    def submit(self, request: GenerationRequest):
-        """Validate and queue on the engine; raises RequestError subclasses for bad input."""
-        return self.worker.submit(request)
+    def start(self, request: GenerationRequest, *, sink: EventSink) -> Started:
+        handle = self.worker.submit(request, sink=sink)
+        return Started(functools.partial(self.worker.cancel, handle), handle.dropped_messages)
+
+    def submit(self, request: GenerationRequest, *, lane: Lane = Lane.GENERATION):
+        """Queue on the engine and read the handle's own queue (the reuse judge, scripts)."""
+        return self.worker.submit(request, lane=lane)
 
     @functools.cached_property
     def judge(self) -> ModelJudge:
-        """This tier's model as the cache's reuse judge: whether a cached answer serves a new request."""
-        return ModelJudge(self.submit, lambda w: self.engine.target.tokenize(w, add_special=False), name=self.model_id)
+        """This tier's model as the cache's reuse judge, in the engine's judge lane: a lookup is
+        admitted before queued generations, so it never waits behind them for a slot."""
+        return ModelJudge(functools.partial(self.submit, lane=Lane.JUDGE),
+                          lambda w: self.engine.target.tokenize(w, add_special=False), name=self.model_id)
 
     def close(self, drain: bool = False) -> None:
         self.worker.stop(drain=drain)
@@ -82,22 +122,42 @@ class LocalTier:
 
 
 class RemoteRunner:
-    """The remote tier (an OpenAI-compatible server) as the pipeline drives it."""
+    """The remote tier (an OpenAI-compatible server): a stream read on a thread of its own."""
 
     def __init__(self, remote: RemoteTier) -> None:
         self.remote = remote
-        self.name = remote.spec.name
+        self.name = TierName(remote.spec.name)
         self.model_id = remote.spec.model or ""
         self.fingerprint = f"remote:{remote.spec.base_url}#{remote.spec.model}"
 
-    def stream(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[str]:
-        """Text deltas; raises RemoteUnavailable before the first one when the tier cannot start."""
+    def start(self, request: GenerationRequest, *, sink: EventSink) -> Started:
+        cancel = threading.Event()
+        threading.Thread(target=self._stream, args=(request, sink, cancel), name="localspec-remote",
+                         daemon=True).start()
+        return Started(cancel.set)
+
+    def _stream(self, request: GenerationRequest, sink: EventSink, cancel: threading.Event) -> None:
+        """Deltas as Tokens, then a Done; an unavailable server ends it with a RemoteUnavailableDone."""
+        stats = Stats(mode="remote")
+        t0 = time.perf_counter()
+        text: list[str] = []
         if request.messages is not None:
             messages = [m.model_dump(include={"role", "content"}) for m in request.messages]
         else:
             messages = [{"role": "user", "content": request.prompt or ""}]
-        return self.remote.stream_chat(messages, request.max_tokens, request.sampling.temperature,
-                                       request.sampling.seed, request.stop or None, cancel)
+        try:
+            for piece in self.remote.stream_chat(messages, request.max_tokens, request.sampling.temperature,
+                                                 request.sampling.seed, request.stop or None, cancel):
+                if not text:
+                    stats.ttft_ms = (time.perf_counter() - t0) * 1000
+                text.append(piece)
+                sink(Token(text=piece, ids=(), origin="target"))
+        except RemoteUnavailable as exc:
+            sink(RemoteUnavailableDone("error", stats, "".join(text), error=exc.cause, before_first_token=not text))
+            return
+        stats.completion_tokens = len(text)
+        stats.decode_ms = (time.perf_counter() - t0) * 1000 - stats.ttft_ms
+        sink(Done("cancelled" if cancel.is_set() else "stop", stats, "".join(text)))
 
     def close(self, drain: bool = False) -> None:
         client = self.remote._client
@@ -105,92 +165,11 @@ class RemoteRunner:
             client.close()
 
 
-# ---------------------------------------------------------------- what travels on a job
-
-
 @dataclass(frozen=True)
-class CacheInfo:
-    status: str  # "hit" | "miss" | "bypass"
-    kind: str | None = None  # "exact" | "semantic" on a hit
-    similarity: float | None = None
-    matched_prompt: str | None = None
-    entry_id: str | None = None
-    judge: float | None = None  # the reuse judge's score on a judged semantic hit
-    reason: str | None = None  # why the cache was bypassed
-    remembered: bool | None = None  # True: a judged hit whose verdict for this prompt was remembered
-    judged_by: str | None = None  # the judge that confirmed a semantic hit (model file or pair scorer)
+class RemoteUnavailableDone(Done):
+    """The remote tier could not answer; before its first token the pipeline answers locally instead."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-
-@dataclass
-class CacheKey:
-    scope: CacheScope
-    prompt: str
-
-
-class Job:
-    """One request as a face sees it. `events` and `done` mirror the engine's Handle."""
-
-    def __init__(self, request: GenerationRequest, tier: str) -> None:
-        self.request = request
-        self.tier = tier
-        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self.done = threading.Event()
-        self.result: Done | None = None
-        self.cache: CacheInfo | None = None
-        self.route: dict[str, Any] | None = None
-        self.dropped_messages = 0
-        self._cancel = threading.Event()
-        self._handle = None  # the engine handle currently answering, if any
-        self._worker: EngineWorker | None = None
-        self._lock = threading.Lock()
-
-    # the face's side
-
-    def __iter__(self) -> Iterator[Event]:
-        while True:
-            event = self.events.get()
-            yield event
-            if isinstance(event, Done):
-                return
-
-    def cancel(self) -> None:
-        self._cancel.set()
-        with self._lock:
-            if self._handle is not None and self._worker is not None:
-                self._worker.cancel(self._handle)
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    @property
-    def cancel_event(self) -> threading.Event:
-        return self._cancel
-
-    @property
-    def cached(self) -> bool:
-        return self.cache is not None and self.cache.status == "hit"
-
-    # the pipeline's side
-
-    def attach(self, worker: EngineWorker, handle) -> None:
-        """The engine handle now answering; a cancel that came first reaches it."""
-        with self._lock:
-            self._worker, self._handle = worker, handle
-            self.dropped_messages = int(getattr(handle, "dropped_messages", 0))
-        if self._cancel.is_set():
-            worker.cancel(handle)
-
-    def emit(self, event: Event) -> None:
-        self.events.put(event)
-
-    def finish(self, done: Done) -> None:
-        self.result = done
-        self.events.put(done)
-        self.done.set()
+    before_first_token: bool = False
 
 
 # ---------------------------------------------------------------- the pipeline
@@ -210,18 +189,27 @@ class PipelineSettings:
         self.cache_judge = cache_judge_kind(self.cache_judge)
 
 
+# What the completion thread does with a finished answer: its Done and the tokens behind it.
+Then = Callable[[Done, list[Token]], None]
+
+
 @dataclass
 class Pipeline:
-    tiers: dict[str, LocalTier | RemoteRunner]
-    default_tier: str
+    tiers: dict[TierName, LocalTier | RemoteRunner]
+    default_tier: TierName
     cache: SemanticCache | None = None
     settings: PipelineSettings = field(default_factory=PipelineSettings)
     on_finish: Callable[[Job], None] | None = None  # e.g. the face's metrics record
     router: Router | None = None
-    load_tier: Callable[[str], LocalTier | RemoteRunner] | None = None  # tiers not loaded up front
+    load_tier: Callable[[TierName], LocalTier | RemoteRunner] | None = None  # tiers not loaded up front
     _load_lock: threading.Lock = field(default_factory=threading.Lock)
+    # One thread finishes every job (cache store, escalation, fallback): never the engine's thread.
+    _completion: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-complete"))
 
     def __post_init__(self) -> None:
+        self.tiers = {TierName(k): v for k, v in self.tiers.items()}
+        self.default_tier = TierName(self.default_tier)
         # The judge's instructions and examples take one long prefill (seconds on a CPU), then stay
         # pinned in the engine: do it now, in the background, not on the first semantic lookup.
         judging = self.tiers.get(self.default_tier)
@@ -231,52 +219,33 @@ class Pipeline:
         if self.settings.cache_judge == "scorer":
             _ = self._scorer_judge  # load the weights now: a mismatch is reported at start-up
 
-    def submit(self, request: GenerationRequest, route: str | None = None, has_response_format: bool = False,
-               use_cache: bool = True, *, owner: str = LOCAL_OWNER) -> Job:
-        """Route, answer from the cache or queue on a tier. Raises RequestError subclasses for bad input.
+    def submit(self, request: GenerationRequest, *, route: str | None = None, grammar_enforced: bool = False,
+               use_cache: bool = True, owner: str = LOCAL_OWNER) -> Job:
+        """Route, answer from the cache or start a tier. Raises RequestError subclasses for bad input.
 
         `route`: "auto" asks the router; a tier name ("small", "large", "remote") is explicit; None
         is the default tier. `owner`: whose cache entries this request may see and make (an API key's).
         """
-        decision = self._decide(request, route)
-        name = decision.tier if decision else (route if route and route != "auto" else self.default_tier)
-        answering = self.tier(name)
-        job = Job(request, name)
-        if decision is not None:
-            job.route = decision.as_dict()
-        elif route and route != "auto":
-            job.route = {"tier": name, "policy": "explicit", "reason": f"the request named the {name} tier"}
-        key = None
-        if use_cache:
-            key, bypass = self.cache_key(request, answering, has_response_format, owner=owner)
-            if key is None:
-                job.cache = CacheInfo("bypass", reason=bypass)
-            else:
-                t0 = time.perf_counter()
-                hit = self._lookup(key)
-                if hit is not None:
-                    job.cache = CacheInfo("hit", hit.kind, hit.similarity, hit.matched_prompt, hit.entry_id, hit.judge,
-                                          remembered=hit.remembered, judged_by=hit.judged_by)
-                    self._replay(job, hit, (time.perf_counter() - t0) * 1000)
-                    return job
-                job.cache = CacheInfo("miss")
-        else:
-            job.cache = CacheInfo("bypass", reason="disabled for this request")
-        if isinstance(answering, RemoteRunner):
-            self._start(self._run_remote, job, answering, key)
+        decided = self._route(request, route)
+        job = Job(request, decided.tier if decided else self.default_tier, route=decided)
+        answering = self.tier(job.tier)
+        key = self._cache_key_for(job, answering, grammar_enforced=grammar_enforced, owner=owner) if use_cache else None
+        if not use_cache:
+            job.cache = CacheInfo(CacheStatus.BYPASS, reason="disabled for this request")
+        if key is not None and self._answer_from_cache(job, key):
             return job
-        cascade = decision is not None and decision.cascade
-        first = request.model_copy(update={"logprobs": request.logprobs or 0}) if cascade else request
-        handle = answering.submit(first)  # raises for bad input before anything runs
-        job.attach(answering.worker, handle)
-        if cascade:
-            self._start(self._run_cascade, job, handle, key, decision)
+        if decided is not None and decided.decision is not None and decided.decision.cascade:
+            # The small tier answers first, unseen, with logprobs for the escalation rule.
+            first = request.model_copy(update={"logprobs": request.logprobs or 0})
+            self._generate(job, answering, first, forward=False,
+                           then=functools.partial(self._after_small_tier, job, key))
         else:
-            self._start(self._run_local, job, handle, key)
+            self._generate(job, answering, request, forward=True, then=functools.partial(self._complete, job, key))
         return job
 
-    def tier(self, name: str) -> LocalTier | RemoteRunner:
+    def tier(self, name: TierName | str) -> LocalTier | RemoteRunner:
         """A tier by name, loading it on first use."""
+        name = TierName(name)
         with self._load_lock:
             if name not in self.tiers:
                 if self.load_tier is None:
@@ -284,12 +253,22 @@ class Pipeline:
                 self.tiers[name] = self.load_tier(name)
             return self.tiers[name]
 
-    def _decide(self, request: GenerationRequest, route: str | None) -> RouteDecision | None:
-        if route != "auto" or self.router is None:
-            return None
-        return self.router.decide(RouteInput.from_request(request))
+    def _route(self, request: GenerationRequest, route: str | None) -> Route | None:
+        if route == "auto" and self.router is not None:
+            decision = self.router.decide(RouteInput.from_request(request))
+            return Route(decision.tier, decision.reason, decision)
+        if route and route != "auto":
+            name = TierName(route)
+            return Route(name, f"the request named the {name} tier")
+        return None
 
-    def cache_key(self, request: GenerationRequest, tier: LocalTier, has_response_format: bool = False, *,
+    def _cache_key_for(self, job: Job, tier: LocalTier | RemoteRunner, *, grammar_enforced: bool,
+                       owner: str) -> CacheKey | None:
+        key, bypass = self.cache_key(job.request, tier, grammar_enforced=grammar_enforced, owner=owner)
+        job.cache = CacheInfo(CacheStatus.BYPASS, reason=bypass) if key is None else None
+        return key
+
+    def cache_key(self, request: GenerationRequest, tier: LocalTier | RemoteRunner, *, grammar_enforced: bool = False,
                   owner: str = LOCAL_OWNER) -> tuple[CacheKey | None, str | None]:
         """The scope and prompt this request is cached under, or None and the reason it is not cached."""
         if self.cache is None or not self.settings.cache:
@@ -312,13 +291,24 @@ class Pipeline:
             system = "\n".join(m.content or "" for m in request.messages if m.role == "system")
             earlier = [m.model_dump(exclude_none=True) for m in request.messages[:-1] if m.role != "system"]
             scope = CacheScope.from_request(
-                tier.fingerprint, system, earlier, sampling, bool(request.tools), has_response_format, kind="chat",
+                tier.fingerprint, system, earlier, sampling, bool(request.tools), grammar_enforced, kind="chat",
                 owner=owner,
             )
             return CacheKey(scope, last.content or ""), None
-        scope = CacheScope.from_request(tier.fingerprint, None, (), sampling, False, has_response_format,
+        scope = CacheScope.from_request(tier.fingerprint, None, (), sampling, False, grammar_enforced,
                                         kind="completion", owner=owner)
         return CacheKey(scope, request.prompt or ""), None
+
+    def _answer_from_cache(self, job: Job, key: CacheKey) -> bool:
+        t0 = time.perf_counter()
+        hit = self._lookup(key)
+        if hit is None:
+            job.cache = CacheInfo(CacheStatus.MISS)
+            return False
+        job.cache = CacheInfo(CacheStatus.HIT, hit.kind, hit.similarity, hit.matched_prompt, hit.entry_id, hit.judge,
+                              remembered=hit.remembered, judged_by=hit.judged_by)
+        self._replay(job, hit, (time.perf_counter() - t0) * 1000)
+        return True
 
     def _lookup(self, key: CacheKey):
         if self.cache is None:
@@ -367,10 +357,11 @@ class Pipeline:
     def close(self, drain: bool = False) -> None:
         for t in self.tiers.values():
             t.close(drain=drain)
+        self._completion.shutdown(wait=True)
         if self.cache is not None:
             self.cache.close()
 
-    # ------------------------------------------------------------ internals
+    # ------------------------------------------------------------ answering
 
     def _replay(self, job: Job, hit, lookup_ms: float) -> None:
         """Stream a cached answer like a generation, then a Done whose stats say it came from the cache."""
@@ -381,108 +372,92 @@ class Pipeline:
             completion_tokens=len(hit.token_ids) or int(hit.stats.get("completion_tokens", 0)),
             ttft_ms=lookup_ms,
         )
-        job.finish(Done(hit.stats.get("finish_reason", "stop"), stats, hit.answer))
-        self._finished(job)
+        self._finish(job, Done(hit.stats.get("finish_reason", "stop"), stats, hit.answer))
 
-    @staticmethod
-    def _start(target, *args) -> None:
-        threading.Thread(target=target, args=args, name="localspec-job", daemon=True).start()
+    def _generate(self, job: Job, tier: LocalTier | RemoteRunner, request: GenerationRequest, *, forward: bool,
+                  then: Then) -> None:
+        """Start `tier` on `request`. Its tokens go on the job as they come (`forward`) or are held;
+        its Done, with every token, goes to `then` on the completion thread."""
+        tokens: list[Token] = []
 
-    @staticmethod
-    def _collect(handle, sink: Callable[[Token], None]) -> tuple[Done, list[int]]:
-        """Hand the engine's tokens to `sink` until its Done; returns the Done and the token ids."""
-        ids: list[int] = []
-        while True:
-            event = handle.events.get()
+        def sink(event: Event) -> None:  # on the tier's thread: quick, never blocking
             if isinstance(event, Done):
-                return event, ids
-            ids.extend(event.ids)
-            sink(event)
+                self._completion.submit(self._guard, job, then, event, tokens)
+                return
+            tokens.append(event)
+            if forward:
+                job.emit(event)
 
-    def _run_local(self, job: Job, handle, key: CacheKey | None) -> None:
-        done, ids = self._collect(handle, job.emit)
-        self._complete(job, done, ids, key)
+        started = tier.start(request, sink=sink)  # raises for bad input before anything runs
+        job.attach(started.cancel, dropped_messages=started.dropped_messages)
 
-    def _run_cascade(self, job: Job, handle, key: CacheKey | None, decision: RouteDecision) -> None:
-        """The small tier answers first, unseen; keep it unless the escalation rule says it is unsure."""
-        held: list[Token] = []
-        done, ids = self._collect(handle, held.append)
-        if done.finish_reason in ("stop", "length") and not job.cancelled:
+    def _guard(self, job: Job, then: Then, done: Done, tokens: list[Token]) -> None:
+        """A bug after the answer must still end the request, or its client waits for ever."""
+        try:
+            then(done, tokens)
+        except Exception as exc:
+            logger.exception("finishing request failed")
+            if not job.done.is_set():
+                self._finish(job, Done("error", done.stats, done.text, error=f"{type(exc).__name__}: {exc}"))
+
+    def _after_small_tier(self, job: Job, key: CacheKey | None, done: Done, held: list[Token]) -> None:
+        """The cascade: keep the small tier's answer unless the escalation rule says it is unsure."""
+        if isinstance(done, RemoteUnavailableDone) and done.before_first_token:
+            self._fall_back(job, done)
+            return
+        route, router = job.route, self.router
+        if done.finish_reason in ("stop", "length") and not job.cancelled and route and router:
             lps = [t.logprob.logprob for t in held if t.logprob is not None]
             mean = sum(lps) / len(lps) if lps else None
-            up, why = self.router.should_escalate(mean, done.text, RouteInput.from_request(job.request))
-            job.route = {**(job.route or {}), "escalated": up, "escalation_reason": why,
-                         "mean_logprob": None if mean is None else round(mean, 4)}
-            if up:
-                target = self.router.escalation_tier(decision).name
-                job.route["tier"], job.tier = target, target
-                answering = self.tier(target)
-                if isinstance(answering, RemoteRunner):
-                    self._run_remote(job, answering, None)
+            up, why = router.should_escalate(mean, done.text, RouteInput.from_request(job.request))
+            route.escalated, route.escalation_reason = up, why
+            route.mean_logprob = None if mean is None else round(mean, 4)
+            if up and route.decision is not None:
+                target = router.escalation_tier(route.decision).name
+                route.tier = job.tier = target
+                try:  # the cache key named the small tier: the larger one's answer is not stored under it
+                    self._generate(job, self.tier(target), job.request, forward=True,
+                                   then=functools.partial(self._complete, job, None))
                     return
-                try:
-                    handle = answering.submit(job.request)
-                except Exception as exc:  # e.g. the larger tier's context is smaller: answer with the small one
-                    job.route["escalation_reason"] += f"; escalation failed ({exc}), kept the small answer"
-                else:
-                    job.attach(answering.worker, handle)
-                    self._run_local(job, handle, None)  # the cache key named the small tier
-                    return
+                except Exception as exc:  # e.g. the larger tier's context is smaller: keep the small answer
+                    route.escalation_reason = f"{why}; escalation failed ({exc}), kept the small answer"
         for token in held:
             job.emit(token if job.request.logprobs is not None else dataclasses.replace(token, logprob=None))
-        self._complete(job, done, ids, key)
+        self._complete(job, key, done, held)
 
-    def _run_remote(self, job: Job, runner: RemoteRunner, key: CacheKey | None) -> None:
-        """Stream from the remote tier; when it cannot start, fall back to the best local tier."""
-        stats = Stats(mode="remote")
-        t0 = time.perf_counter()
-        text: list[str] = []
-        try:
-            deltas = runner.stream(job.request, job.cancel_event)
-            for piece in deltas:
-                if not text:
-                    stats.ttft_ms = (time.perf_counter() - t0) * 1000
-                text.append(piece)
-                job.emit(Token(text=piece, ids=(), origin="target"))
-        except RemoteUnavailable as exc:
-            if text:  # it broke mid-answer: the user has seen part of it, so say so
-                job.finish(Done("error", stats, "".join(text), error=exc.cause))
-                self._finished(job)
-                return
-            self._fall_back(job, exc)
-            return
-        stats.completion_tokens = len(text)
-        stats.decode_ms = (time.perf_counter() - t0) * 1000 - stats.ttft_ms
-        reason = "cancelled" if job.cancelled else "stop"
-        self._complete(job, Done(reason, stats, "".join(text)), [], key)
-
-    def _fall_back(self, job: Job, exc: RemoteUnavailable) -> None:
+    def _fall_back(self, job: Job, done: Done) -> None:
+        """The remote tier could not start: the best local tier answers instead."""
         local = self.router.best_local().name if self.router else self.default_tier
-        job.route = {**(job.route or {}), "tier": local, "fallback": f"{job.tier} unavailable: {exc.cause}"}
-        job.tier = local
-        logger.warning("remote tier unavailable, answering with %s: %s", local, exc.cause)
-        answering = self.tier(local)
+        if job.route is None:
+            job.route = Route(job.tier, "the default tier")
+        job.route.fallback = f"{job.tier} unavailable: {done.error}"
+        job.route.tier = job.tier = local
+        logger.warning("remote tier unavailable, answering with %s: %s", local, done.error)
         try:
-            handle = answering.submit(job.request)
+            self._generate(job, self.tier(local), job.request, forward=True,
+                           then=functools.partial(self._complete, job, None))
         except Exception as err:
-            job.finish(Done("error", Stats(), "", error=str(err)))
-            self._finished(job)
-            return
-        job.attach(answering.worker, handle)
-        self._run_local(job, handle, None)
+            self._finish(job, Done("error", Stats(), "", error=str(err)))
 
-    def _complete(self, job: Job, done: Done, ids: list[int], key: CacheKey | None) -> None:
+    def _complete(self, job: Job, key: CacheKey | None, done: Done, tokens: list[Token]) -> None:
         """Store a finished answer (before the face sees Done, so a repeat right after hits), then finish."""
+        if isinstance(done, RemoteUnavailableDone) and done.before_first_token:
+            self._fall_back(job, done)
+            return
         if key is not None and self.cache is not None and done.finish_reason in ("stop", "length"):
+            ids = [i for t in tokens for i in t.ids]
             stats = {"prompt_tokens": done.stats.prompt_tokens, "completion_tokens": done.stats.completion_tokens,
-                     "finish_reason": done.finish_reason, "tier": job.tier}
+                     "finish_reason": done.finish_reason, "tier": str(job.tier)}
             self.cache.store(key.scope, key.prompt, done.text, ids, stats)  # never raises
-        job.finish(done)
-        self._finished(job)
+        self._finish(job, done)
 
-    def _finished(self, job: Job) -> None:
+    def _finish(self, job: Job, done: Done) -> None:
+        """The face's completion hook (its metrics record) runs before the face sees Done, so what
+        a client reads right after its answer already counts it."""
+        job.result = done
         if self.on_finish is not None:
             try:
                 self.on_finish(job)
             except Exception:  # a metrics failure never fails the request
                 logger.exception("recording a finished request failed")
+        job.finish(done)

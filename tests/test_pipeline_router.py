@@ -56,8 +56,8 @@ def test_auto_routes_by_the_policy_and_records_why():
             assert decision.tier == want, decision
             job = pipe.submit(_ask(text), route="auto")
             routed = _answer(job)
-            assert job.tier == want and job.route["tier"] == want and job.route["policy"] == "heuristic"
-            assert job.route["reason"] and 0.0 <= job.route["score"] <= 1.0 and job.route["features"]
+            assert job.tier == want and job.route.tier == want and job.route.policy == "heuristic"
+            assert job.route.reason and 0.0 <= job.route.decision.score <= 1.0 and job.route.decision.features
             assert routed == (SMALL_SAYS if want == "small" else LARGE_SAYS)
             assert routed == _answer(pipe.submit(_ask(text), route=want))  # the tier's own answer
     finally:
@@ -69,7 +69,7 @@ def test_an_explicit_tier_bypasses_the_router():
     try:
         job = pipe.submit(_ask(HARD), route="small")  # the router would pick large
         assert _answer(job) == SMALL_SAYS
-        assert job.tier == "small" and job.route["policy"] == "explicit"
+        assert job.tier == "small" and job.route.policy == "explicit"
     finally:
         pipe.close()
 
@@ -80,8 +80,8 @@ def test_cascade_escalates_on_a_forced_low_confidence_answer():
     try:
         job = pipe.submit(_ask(EASY), route="auto")
         text = _answer(job)
-        assert job.route["cascade"] and job.route["escalated"] is True and "low confidence" in job.route["escalation_reason"]
-        assert job.tier == "large" and job.route["tier"] == "large"
+        assert job.route.decision.cascade and job.route.escalated is True and "low confidence" in job.route.escalation_reason
+        assert job.tier == "large" and job.route.tier == "large"
         assert text == LARGE_SAYS == _answer(pipe.submit(_ask(EASY), route="large"))  # the user sees only the large answer
     finally:
         pipe.close()
@@ -90,7 +90,7 @@ def test_cascade_escalates_on_a_forced_low_confidence_answer():
     try:
         job = pipe.submit(_ask(EASY), route="auto")
         text = _answer(job)
-        assert job.route["escalated"] is False and job.tier == "small"
+        assert job.route.escalated is False and job.tier == "small"
         assert text == SMALL_SAYS == _answer(pipe.submit(_ask(EASY), route="small"))
     finally:
         pipe.close()
@@ -104,8 +104,8 @@ def test_cascade_keeps_a_sure_small_answer_and_escalates_an_unsure_one(confident
     try:
         job = pipe.submit(_ask(EASY), route="auto")
         text = _answer(job)
-        assert job.route["escalated"] is (not confident), job.route
-        assert (job.route["mean_logprob"] < -0.5) is (not confident)
+        assert job.route.escalated is (not confident), job.route
+        assert (job.route.mean_logprob < -0.5) is (not confident)
         assert text == (SMALL_SAYS if confident else LARGE_SAYS) and job.tier == ("small" if confident else "large")
     finally:
         pipe.close()
@@ -118,7 +118,7 @@ def test_an_escalation_the_large_tier_cannot_take_keeps_the_small_answer():
     try:
         job = pipe.submit(_ask(long_question), route="auto")
         assert _answer(job) == SMALL_SAYS and job.tier == "large"
-        assert "escalation failed" in job.route["escalation_reason"] and "kept the small answer" in job.route["escalation_reason"]
+        assert "escalation failed" in job.route.escalation_reason and "kept the small answer" in job.route.escalation_reason
     finally:
         pipe.close()
 
@@ -150,15 +150,15 @@ def test_remote_tier_then_fallback_then_the_circuit_opens():
         router = Router([*SPECS, spec], HeuristicPolicy())
         pipe = _pipeline(router, {"remote": runner})
         job = pipe.submit(_ask(EASY), route="remote")
-        assert _answer(job) == remote_says and job.tier == "remote" and "fallback" not in job.route
+        assert _answer(job) == remote_says and job.tier == "remote" and job.route.fallback is None
     # The remote server is gone.
     try:
         reasons = []
         for _ in range(3):
             job = pipe.submit(_ask(EASY), route="remote")
             assert _answer(job) == LARGE_SAYS, "the best local tier answers"
-            assert job.tier == "large" and job.route["tier"] == "large"
-            reasons.append(job.route["fallback"])
+            assert job.tier == "large" and job.route.tier == "large"
+            reasons.append(job.route.fallback)
         assert all("remote unavailable" in r for r in reasons), reasons
         assert "connection failed" in reasons[0] and "circuit open" in reasons[-1], reasons
         assert breaker.state == "open"

@@ -1,12 +1,16 @@
 """The engine: a multi-sequence stepper over one target context (and one draft context).
 
-`submit(request) -> Handle` queues a request; each `step()` then does, for every active slot:
+`submit(request, sink=...) -> Handle` queues a request; each `step()` then goes
 
-1. prefill: the next chunk of its prompt, within a per-step token budget shared by all slots,
-   so a long prompt neither stalls other streams nor blocks cancellation;
-2. draft: proposals from its drafter (draft-model steps are batched across slots);
-3. verify: one target `llama_decode` holding the prefill chunks and every slot's
-   [last token, d1..dk] rows, then `verify()` per slot and a KV rollback of what was rejected.
+1. admit: queued requests into free slots (the judge's lane first; a request cancelled while
+   queued ends here, without waiting for a slot);
+2. draft: each decoding slot's proposal (draft-model steps are batched across slots);
+3. build the batch: every decoding slot's [last token, d1..dk] rows, then prefill chunks of new
+   prompts within a per-step token budget, so a long prompt neither stalls other streams nor
+   blocks cancellation;
+4. decode: one target `llama_decode` for the whole batch;
+5. accept: `verify()` per slot on its own logits, its tokens to its sink, and a KV rollback of
+   what was rejected.
 
 Each slot keeps the list of tokens its target KV cache holds. That list is the whole of the KV
 bookkeeping: a rollback truncates it (and `llama_memory_seq_rm`s the cells), and a new request
@@ -30,20 +34,22 @@ from pathlib import Path
 import numpy as np
 
 from localspec.engine import calibrate
-from localspec.engine.chat import TemplateCheck, check_jinja, render_chat
+from localspec.engine.chat import check_jinja
 from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.controller import AcceptanceBook, Controller, Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
 from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
 from localspec.engine.grammar import Grammar
 from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
+from localspec.engine.prompt import Prompter
 from localspec.engine.picking import grammar_tokens, pick, target_rows, target_tokens
-from localspec.engine.slots import Active, Handle, Slot, token_logprob
+from localspec.engine.batch import Batch
+from localspec.engine.slots import Active, EventSink, Handle, Lane, Pending, Slot, token_logprob
 from localspec.engine.text import StopMatcher
 from localspec.engine.verify import Draft, PositionRng, verify, verify_greedy
-from localspec.errors import ContextOverflowError, IncompatibleDraftError, RequestError
+from localspec.errors import IncompatibleDraftError, RequestError
 
-__all__ = ["Engine", "Handle"]
+__all__ = ["Engine", "Handle", "Lane"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +81,6 @@ class Engine:
                     "Use a draft model of the target's family with the same tokenizer.",
                 )
             self.drafter = DraftModelDrafter(draft, target.n_vocab, self.config.draft_p_min)
-        # The chat template is probed in a child process while the engine warms up; chat waits for it.
-        self.chat_check = TemplateCheck(target.chat_template, self._special_text(target.bos),
-                                        self._special_text(target.eos),
-                                        model=getattr(target, "path", Path("the target model")).name)
         self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
         self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
         self.slots = [Slot(seq=i) for i in range(self.config.parallel)]
@@ -86,8 +88,11 @@ class Engine:
         # lives in a sequence of its own, past the slots: a slot used since for other work gets it
         # back by a zero-copy seq_cp instead of a prefill of hundreds of tokens.
         self._pin_seq = self.config.parallel if target.config.pinned_cells else None
+        self.prompter = Prompter(target, n_ctx=self.config.n_ctx,
+                                 pinned_cells=target.config.pinned_cells if self._pin_seq is not None else 0)
+        self.chat_check = self.prompter.chat_check
         self._pinned: list[int] = []
-        self._pending: deque[tuple[Handle, GenerationRequest, list[int], float]] = deque()
+        self._pending: deque[Pending] = deque()
         self._lock = threading.Lock()
         self._next_id = 0
         self.steps = 0
@@ -163,51 +168,14 @@ class Engine:
 
     def prompt_tokens(self, request: GenerationRequest) -> tuple[list[int], int]:
         """Tokenize a request; returns (tokens, messages dropped by the truncate policy)."""
-        if request.prompt is not None:
-            tokens = self.target.tokenize(request.prompt, add_special=True, parse_special=True)
-            dropped = 0
-        else:
-            messages = list(request.messages or [])
-            dropped = 0
-            while True:
-                tokens = self._render(messages, request.tools)
-                if len(tokens) < self.config.n_ctx or not request.truncate:
-                    break
-                # Drop the oldest turn that is not the system prompt, keeping the last message.
-                idx = next((i for i, m in enumerate(messages[:-1]) if m.role != "system"), None)
-                if idx is None:
-                    break
-                del messages[idx]
-                dropped += 1
-        if len(tokens) >= self.config.n_ctx:
-            raise ContextOverflowError(len(tokens), self.config.n_ctx)
-        if not tokens:
-            raise RequestError("The prompt produced no tokens.", "Send a non-empty prompt.")
-        return tokens, dropped
+        return self.prompter.tokens(request)
 
-    def _pin_length(self, request: GenerationRequest, tokens: list[int]) -> int:
-        """How many leading tokens of a pin_prefix request are its shared prefix (all messages but the
-        last), or 0 when it has none that fits the pinned cells."""
-        if not request.pin_prefix or self._pin_seq is None or not request.messages or len(request.messages) < 2:
-            return 0
-        prefix = self._render(request.messages[:-1], request.tools, add_generation_prompt=False)
-        fits = len(prefix) <= self.target.config.pinned_cells and len(prefix) < len(tokens)
-        return len(prefix) if fits and tokens[: len(prefix)] == prefix else 0
+    def submit(self, request: GenerationRequest, *, sink: EventSink | None = None,
+               lane: Lane = Lane.GENERATION) -> Handle:
+        """Validate and queue a request. Raises RequestError subclasses for bad input.
 
-    def _special_text(self, token: int) -> str:
-        return self.target.token_text(token) if token >= 0 else ""
-
-    def _render(self, messages, tools: list[dict] | None = None, add_generation_prompt: bool = True) -> list[int]:
-        self.chat_check.require()
-        bos, eos = self._special_text(self.target.bos), self._special_text(self.target.eos)
-        text = render_chat(self.target.chat_template, messages, bos_token=bos, eos_token=eos, tools=tools,
-                           add_generation_prompt=add_generation_prompt)
-        # A template that writes the BOS itself must not get a second one from the tokenizer.
-        add_special = not (bos and text.startswith(bos))
-        return self.target.tokenize(text, add_special=add_special, parse_special=True)
-
-    def submit(self, request: GenerationRequest) -> Handle:
-        """Validate and queue a request. Raises RequestError subclasses for bad input."""
+        `sink` receives its events on the engine's thread (else they wait in `handle.events`);
+        `lane` JUDGE is admitted before queued generations."""
         mode = request.mode or self.config.mode
         if mode == "draft" and self.drafter is None:
             raise RequestError("Mode 'draft' needs a draft model and none is loaded.", "Load one, or use --mode lookup/off.")
@@ -219,14 +187,19 @@ class Engine:
             Grammar.compile(self.target._vocab, self.target.n_vocab, request.grammar, self.target.eos)
             if request.grammar else None
         )
-        pin_len = self._pin_length(request, tokens)  # renders the shared messages: outside the lock
+        pin_len = self.prompter.pin_length(request, tokens)  # renders the shared messages: outside the lock
         with self._lock:
-            handle = Handle(self._next_id)
+            handle = Handle(self._next_id, sink=sink, lane=lane)
             handle.grammar = grammar
             handle.pin_len = pin_len
+            handle.dropped_messages = dropped
             self._next_id += 1
-            self._pending.append((handle, request, tokens, time.perf_counter()))
-        handle.dropped_messages = dropped
+            entry = Pending(handle, request, tokens, time.perf_counter())
+            if lane is Lane.JUDGE:  # behind earlier judgements, ahead of every generation
+                ahead = sum(1 for p in self._pending if p.handle.lane is Lane.JUDGE)
+                self._pending.insert(ahead, entry)
+            else:
+                self._pending.append(entry)
         return handle
 
     def generate(self, request: GenerationRequest) -> Iterator[Event]:
@@ -258,57 +231,67 @@ class Engine:
     def step(self) -> bool:
         """Advance every active request by one target pass. Returns False when idle.
 
-        A fault in one slot's part of the step (admitting, drafting, building rows, verifying)
-        fails that slot's request once, with finish_reason "error", and frees the slot; the other
-        slots go on. A failed target decode fails every slot in its batch: their KV state is unknown.
+        admit → draft → build the batch → decode → accept. A fault in one slot's part (admitting,
+        drafting, building rows, verifying) fails that slot's request once, with finish_reason
+        "error", and frees the slot; the other slots go on.
         """
         self._admit()
-        for slot in self.slots:
-            if slot.active and slot.active.handle.cancelled:
-                self._guarded(slot, self._finish, slot, "cancelled")
+        self._end_cancelled()
         running = [s for s in self.slots if s.active]
         if not running:
             return False
         drafts = self._draft([s for s in running if s.active.decoding])
-        rows: list[Row] = []
-        plan: list[tuple[Slot, Draft | None, int]] = []  # (slot, its draft or None for prefill, logits rows)
+        batch = self._build_batch(running, drafts)
+        if not batch.parts:
+            return True
+        logits = self._decode(batch)
+        if logits is None:
+            return True
+        now = time.perf_counter()
+        for part, rows in batch.split(logits):
+            if part.draft is not None:
+                self._guarded(part.slot, self._accept, part.slot, part.draft, rows, now)
+            elif part.n_logits:  # the prompt's last chunk: its last row gives the first token
+                self._guarded(part.slot, self._first_token, part.slot, rows[0], now)
+        return True
+
+    def _end_cancelled(self) -> None:
+        for slot in self.slots:
+            if slot.active and slot.active.handle.cancelled:
+                self._guarded(slot, self._finish, slot, "cancelled")
+
+    def _build_batch(self, running: list[Slot], drafts: dict[int, Draft]) -> Batch:
+        """Verify rows of every decoding slot first, then prompt chunks within the prefill budget."""
+        batch = Batch()
         for slot in running:
             if slot.active is not None and slot.active.decoding:
-                part = self._guarded(slot, self._verify_rows, slot, drafts[slot.seq])
-                if part is not None:
-                    rows.extend(part)
-                    plan.append((slot, drafts[slot.seq], len(part)))
+                rows = self._guarded(slot, self._verify_rows, slot, drafts[slot.seq])
+                if rows is not None:
+                    batch.add(slot, rows, drafts[slot.seq])
         budget = self.config.prefill_budget
         for slot in running:
             if slot.active is not None and not slot.active.decoding and budget > 0:
-                part = self._guarded(slot, self._prefill_rows, slot, budget)
-                if part is not None:
-                    rows.extend(part)
-                    plan.append((slot, None, sum(r.logits for r in part)))
-                    budget -= len(part)
-        if not plan:
-            return True
+                rows = self._guarded(slot, self._prefill_rows, slot, budget)
+                if rows is not None:
+                    batch.add(slot, rows, None)
+                    budget -= len(rows)
+        return batch
+
+    def _decode(self, batch: Batch) -> np.ndarray | None:
+        """The step's one target pass. A failed decode fails every slot in it: their KV state is unknown."""
         try:
             t0 = time.perf_counter()
-            logits = self.target.decode(rows)
-            if self.costs is not None and len(plan) == 1 and plan[0][1] is not None:
-                self.costs.observe_verify(len(rows), time.perf_counter() - t0)  # clean single-sequence timing
+            logits = self.target.decode(batch.rows)
+            if self.costs is not None and batch.one_verify:
+                self.costs.observe_verify(len(batch.rows), time.perf_counter() - t0)
         except Exception as exc:
-            for i, (slot, _, _) in enumerate(plan):
-                self._fail(slot, exc, log=i == 0)
-            return True
+            for i, part in enumerate(batch.parts):
+                self._fail(part.slot, exc, log=i == 0)
+            return None
         self.steps += 1
-        self.last_step_sequences = len(plan)
-        self.max_step_sequences = max(self.max_step_sequences, len(plan))
-        off = 0
-        now = time.perf_counter()
-        for slot, d, n in plan:
-            if d is not None:
-                self._guarded(slot, self._accept, slot, d, logits[off : off + n], now)
-            elif n:
-                self._guarded(slot, self._first_token, slot, logits[off], now)
-            off += n
-        return True
+        self.last_step_sequences = len(batch.parts)
+        self.max_step_sequences = max(self.max_step_sequences, len(batch.parts))
+        return logits
 
     def _verify_rows(self, slot: Slot, d: Draft) -> list[Row]:
         """[last token, d1..dk] with logits: the target's verdict on a slot's draft."""
@@ -366,17 +349,22 @@ class Engine:
             self._fail(slot, exc, log=False)
         with self._lock:
             pending, self._pending = list(self._pending), deque()
-        for handle, *_ in pending:  # their grammars (if any) free themselves when collected
-            handle.finish(Done(finish_reason="error", stats=Stats(), text="", error=f"{type(exc).__name__}: {exc}"))
+        for p in pending:  # their grammars (if any) free themselves when collected
+            p.handle.finish(Done(finish_reason="error", stats=Stats(), text="", error=f"{type(exc).__name__}: {exc}"))
 
     def _admit(self) -> None:
-        """Move queued requests into free slots, preferring the slot whose KV shares the most prefix."""
+        """Move queued requests into free slots, preferring the slot whose KV shares the most prefix.
+        A request cancelled while it waited ends now: its client is gone and a slot may be far off."""
         with self._lock:
+            gone = [p for p in self._pending if p.handle.cancelled]
+            if gone:
+                self._pending = deque(p for p in self._pending if not p.handle.cancelled)
             while self._pending:
                 free = [s for s in self.slots if s.active is None]
                 if not free:
-                    return
-                handle, request, tokens, t_submit = self._pending.popleft()
+                    break
+                p = self._pending.popleft()
+                handle, request, tokens, t_submit = p.handle, p.request, p.tokens, p.t_submit
                 slot = max(free, key=lambda s: common_prefix(s.kv, tokens))
                 try:
                     self._admit_into(slot, handle, request, tokens, t_submit)
@@ -387,6 +375,8 @@ class Engine:
                                              stats=Stats(prompt_tokens=len(tokens)), t_submit=t_submit,
                                              grammar=handle.grammar)
                     self._fail(slot, exc)
+        for p in gone:
+            p.handle.finish(Done(finish_reason="cancelled", stats=Stats(prompt_tokens=len(p.tokens)), text=""))
 
     def _admit_into(self, slot: Slot, handle: Handle, request: GenerationRequest, tokens: list[int],
                     t_submit: float) -> None:
@@ -537,7 +527,7 @@ class Engine:
             lp = None
             if a.request.logprobs is not None and rows is not None and i < len(rows):
                 lp = token_logprob(rows[i], token, a.request.logprobs)
-            a.handle.events.put(Token(text=text, ids=(token,), origin=origin, logprob=lp))
+            a.handle.deliver(Token(text=text, ids=(token,), origin=origin, logprob=lp))
             if stopped:
                 self._finish(slot, "stop", flush=False)
                 return
@@ -551,7 +541,7 @@ class Engine:
             tail = a.stop.feed(a.utf8.flush())[0] + a.stop.flush()
             if tail:
                 a.text.append(tail)
-                a.handle.events.put(Token(text=tail, ids=(), origin="target"))
+                a.handle.deliver(Token(text=tail, ids=(), origin="target"))
         if a.t_first:
             a.stats.decode_ms = (a.t_last - a.t_first) * 1000
         # Keep only KV cells that match the final history, for the next request's prefix reuse.

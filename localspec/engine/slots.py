@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
@@ -14,6 +17,20 @@ from localspec.engine.events import Done, Event, Stats, TokenLogprob
 from localspec.engine.grammar import Grammar
 from localspec.engine.text import StopMatcher, Utf8Stream
 from localspec.engine.verify import PositionRng
+
+logger = logging.getLogger(__name__)
+
+# Where a request's events go, called on the engine's thread. It must be quick and must not
+# block: a face hands the event to its own loop (call_soon_threadsafe) or keeps it.
+EventSink = Callable[[Event], None]
+
+
+class Lane(StrEnum):
+    """Which queue a request waits in. The cache's reuse judge asks one short question while a
+    user waits on the answer: its requests are admitted before any queued generation."""
+
+    GENERATION = "generation"
+    JUDGE = "judge"
 
 
 def token_logprob(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
@@ -30,21 +47,37 @@ def token_logprob(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
 
 
 class Handle:
-    """The caller's side of a submitted request: an event queue and a cancel switch."""
+    """The caller's side of a submitted request: its events and a cancel switch.
 
-    def __init__(self, request_id: int) -> None:
+    Events go to `sink` when one was given (on the engine's thread, as they happen), else to the
+    `events` queue for a caller that reads them itself."""
+
+    def __init__(self, request_id: int, *, sink: EventSink | None = None, lane: Lane = Lane.GENERATION) -> None:
         self.id = request_id
+        self.lane = lane
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._sink = sink
         self._cancel = threading.Event()
         self.done = threading.Event()
         self.result: Done | None = None
         self.grammar: Grammar | None = None  # compiled by submit; the engine thread owns it after
         self.pin_len = 0  # leading prompt tokens to keep pinned (GenerationRequest.pin_prefix)
+        self.dropped_messages = 0  # old turns left out to fit the context
+
+    def deliver(self, event: Event) -> None:
+        """Hand one event to the caller. A faulty sink is the face's bug: it never stops the engine."""
+        if self._sink is None:
+            self.events.put(event)
+            return
+        try:
+            self._sink(event)
+        except Exception:
+            logger.exception("request %d: its event sink raised; the event is dropped", self.id)
 
     def finish(self, done: Done) -> None:
         """Deliver the request's last event; the engine calls this exactly once per request."""
         self.result = done
-        self.events.put(done)
+        self.deliver(done)
         self.done.set()
 
     def cancel(self) -> None:
@@ -54,6 +87,16 @@ class Handle:
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A submitted request waiting for a slot."""
+
+    handle: Handle
+    request: GenerationRequest
+    tokens: list[int]
+    t_submit: float
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Run the engine's step loop on a background thread, for faces that serve many callers.
 
 The engine itself is single-threaded: only this thread calls `step()`. Other threads submit
-requests (queued under the engine's lock), read events from their handle's queue, and cancel
-through the handle.
+requests (queued under the engine's lock) with a sink that receives their events on this thread,
+or read them from the handle's queue, and cancel through the handle.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import threading
 
 from localspec.engine.config import GenerationRequest
 from localspec.engine.scheduler import Engine, Handle
+from localspec.engine.slots import EventSink, Lane
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +28,10 @@ class EngineWorker:
         self._thread.start()
         return self
 
-    def submit(self, request: GenerationRequest) -> Handle:
+    def submit(self, request: GenerationRequest, *, sink: EventSink | None = None,
+               lane: Lane = Lane.GENERATION) -> Handle:
         """Validate and queue; raises RequestError subclasses synchronously for bad input."""
-        handle = self.engine.submit(request)
+        handle = self.engine.submit(request, sink=sink, lane=lane)
         self._wake.set()
         return handle
 
@@ -59,8 +61,8 @@ class EngineWorker:
                     slot.active.handle.cancel()
             with self.engine._lock:
                 pending = list(self.engine._pending)
-            for handle, *_ in pending:
-                handle.cancel()
+            for p in pending:
+                p.handle.cancel()
         deadline = threading.Event()
         waited = 0.0
         while self.engine.busy and waited < timeout:

@@ -7,10 +7,10 @@ from localspec.router.features import FEATURE_NAMES, extract_features, request_t
 from localspec.router.policy import HeuristicPolicy, LogisticPolicy, train_policy
 from localspec.router.remote import RemoteTier, RemoteUnavailable
 from localspec.router.router import RouteDecision, RouteInput, Router, weights_path
-from localspec.router.tiers import TierSpec, tiers_from_profile
+from localspec.router.tiers import TierName, TierSpec, tiers_from_profile
 
 __all__ = [
     "DEFAULT_MIN_MEAN_LOGPROB", "FEATURE_NAMES", "CircuitBreaker", "HeuristicPolicy", "LogisticPolicy",
-    "RemoteTier", "RemoteUnavailable", "RouteDecision", "RouteInput", "Router", "TierSpec", "extract_features",
+    "RemoteTier", "RemoteUnavailable", "RouteDecision", "RouteInput", "Router", "TierName", "TierSpec", "extract_features",
     "request_text", "tiers_from_profile", "train_policy", "weights_path",
 ]

@@ -19,7 +19,7 @@ from localspec.router.cascade import DEFAULT_MIN_MEAN_LOGPROB
 from localspec.router.cascade import should_escalate as _should_escalate
 from localspec.router.features import LARGE_HINTS, SMALL_HINTS, extract_features, request_text
 from localspec.router.policy import HeuristicPolicy, LogisticPolicy
-from localspec.router.tiers import TierSpec, check_local_installed, check_remote_spec, tiers_from_profile
+from localspec.router.tiers import TierName, TierSpec, check_local_installed, check_remote_spec, tiers_from_profile
 
 if TYPE_CHECKING:
     from localspec.engine.config import GenerationRequest
@@ -50,7 +50,7 @@ class RouteInput:
 
 @dataclass(frozen=True)
 class RouteDecision:
-    tier: str
+    tier: TierName
     score: float  # P(needs the larger tier)
     threshold: float
     reason: str
@@ -119,7 +119,7 @@ class Router:
 
     # ---------------------------------------------------------------- decisions
 
-    def tier(self, name: str) -> TierSpec:
+    def tier(self, name: TierName | str) -> TierSpec:
         for t in self.tiers:
             if t.name == name:
                 return t
@@ -162,7 +162,7 @@ class Router:
             reason += f", escalating to {self.escalation_tier_name()} if unsure"
         return RouteDecision(chosen.name, score, threshold, reason, self.policy.name, features, cascade)
 
-    def escalation_tier_name(self) -> str:
+    def escalation_tier_name(self) -> TierName:
         return self.strongest.name
 
     def should_escalate(self, mean_logprob: float | None, text: str,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 from urllib.parse import urlparse
 
@@ -20,9 +21,17 @@ from localspec.errors import ConfigError, ModelNotFoundError
 TierKind = Literal["local", "remote"]
 
 
+class TierName(StrEnum):
+    """The tiers a request can be answered by, cheapest first. A StrEnum: it is its own JSON."""
+
+    SMALL = "small"
+    LARGE = "large"
+    REMOTE = "remote"
+
+
 @dataclass(frozen=True)
 class TierSpec:
-    name: str
+    name: TierName
     kind: TierKind
     target: str | None = None  # local: the model id that answers
     draft: str | None = None  # local: the draft model id for speculative decoding
@@ -39,11 +48,11 @@ def tiers_from_profile(profile) -> list[TierSpec]:
     """Tiers of a `localspec.models.Profile`, cheapest first."""
     tiers: list[TierSpec] = []
     if profile.small and profile.small != profile.target:
-        tiers.append(TierSpec("small", "local", target=profile.small))
-    tiers.append(TierSpec("large", "local", target=profile.target, draft=profile.draft))
+        tiers.append(TierSpec(TierName.SMALL, "local", target=profile.small))
+    tiers.append(TierSpec(TierName.LARGE, "local", target=profile.target, draft=profile.draft))
     if profile.remote is not None:
         r = profile.remote
-        tiers.append(TierSpec("remote", "remote", base_url=r.base_url, model=r.model,
+        tiers.append(TierSpec(TierName.REMOTE, "remote", base_url=r.base_url, model=r.model,
                               api_key_env=r.api_key_env, timeout_s=r.timeout_s))
     return tiers
 

@@ -128,6 +128,7 @@ class Loader:
         self._load = load or Backend.load
         self.backend: Backend | None = None
         self.error: str | None = None
+        self.on_ready: Callable[[Backend], None] | None = None  # hears the backend once it is loaded
         self._thread = threading.Thread(target=self._run, name="localspec-load", daemon=True)
         self._closed = False
 
@@ -144,6 +145,8 @@ class Loader:
         if self._closed:
             backend.close()
             return
+        if self.on_ready is not None:
+            self.on_ready(backend)
         self.backend = backend
 
     @property

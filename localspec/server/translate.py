@@ -37,7 +37,7 @@ class Plan:
     """The engine request plus what the response needs to know about how it was built."""
 
     request: GenerationRequest
-    grammar: bool = False
+    grammar_enforced: bool = False  # a grammar constrains the output (response_format or forced tools)
     tool_mode: str | None = None  # None | "auto" | "forced"
     fallback: str | None = None
     cache: bool = True  # False: the request asked to bypass the semantic cache
@@ -167,7 +167,7 @@ def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
     request = GenerationRequest(
         messages=_messages(body), grammar=grammar, logprobs=logprobs, tools=tools, **common
     )
-    return Plan(request, grammar=grammar is not None, tool_mode=tool_mode, fallback=_fallback(request),
+    return Plan(request, grammar_enforced=grammar is not None, tool_mode=tool_mode, fallback=_fallback(request),
                 cache=_use_cache(body))
 
 

@@ -108,7 +108,7 @@ class _LocalGeneration:
     @property
     def route(self) -> str | None:
         route = self._job.route
-        return f"{route['tier']} ({route['reason']})" if route else None
+        return f"{route.tier} ({route.reason})" if route else None
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self._job)

@@ -1,0 +1,67 @@
+"""How a request becomes the target's tokens: a raw prompt, or messages through the model's chat
+template (untrusted code: sandboxed, and probed in a child process while the engine warms up),
+with the truncate policy and the shared prefix a request may pin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localspec.engine.chat import TemplateCheck, render_chat
+from localspec.engine.config import GenerationRequest
+from localspec.engine.runtime import ModelRuntime
+from localspec.errors import ContextOverflowError, RequestError
+
+
+class Prompter:
+    def __init__(self, target: ModelRuntime, *, n_ctx: int, pinned_cells: int) -> None:
+        self.target = target
+        self.n_ctx = n_ctx
+        self.pinned_cells = pinned_cells  # 0: the engine keeps no pinned prefix
+        self.bos_text = self._special_text(target.bos)
+        self.eos_text = self._special_text(target.eos)
+        # Chat waits for the probe's verdict; a raw prompt does not.
+        self.chat_check = TemplateCheck(target.chat_template, self.bos_text, self.eos_text,
+                                        model=getattr(target, "path", Path("the target model")).name)
+
+    def tokens(self, request: GenerationRequest) -> tuple[list[int], int]:
+        """The request's tokens and how many messages the truncate policy dropped to fit."""
+        dropped = 0
+        if request.prompt is not None:
+            tokens = self.target.tokenize(request.prompt, add_special=True, parse_special=True)
+        else:
+            messages = list(request.messages or [])
+            while True:
+                tokens = self.render(messages, request.tools)
+                if len(tokens) < self.n_ctx or not request.truncate:
+                    break
+                # Drop the oldest turn that is not the system prompt, keeping the last message.
+                idx = next((i for i, m in enumerate(messages[:-1]) if m.role != "system"), None)
+                if idx is None:
+                    break
+                del messages[idx]
+                dropped += 1
+        if len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(len(tokens), self.n_ctx)
+        if not tokens:
+            raise RequestError("The prompt produced no tokens.", "Send a non-empty prompt.")
+        return tokens, dropped
+
+    def pin_length(self, request: GenerationRequest, tokens: list[int]) -> int:
+        """How many leading tokens of a pin_prefix request are its shared prefix (all messages but the
+        last), or 0 when it has none that fits the pinned cells."""
+        if not request.pin_prefix or not self.pinned_cells or not request.messages or len(request.messages) < 2:
+            return 0
+        prefix = self.render(request.messages[:-1], request.tools, add_generation_prompt=False)
+        fits = len(prefix) <= self.pinned_cells and len(prefix) < len(tokens)
+        return len(prefix) if fits and tokens[: len(prefix)] == prefix else 0
+
+    def render(self, messages, tools: list[dict] | None = None, add_generation_prompt: bool = True) -> list[int]:
+        self.chat_check.require()
+        text = render_chat(self.target.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
+                           tools=tools, add_generation_prompt=add_generation_prompt)
+        # A template that writes the BOS itself must not get a second one from the tokenizer.
+        add_special = not (self.bos_text and text.startswith(self.bos_text))
+        return self.target.tokenize(text, add_special=add_special, parse_special=True)
+
+    def _special_text(self, token: int) -> str:
+        return self.target.token_text(token) if token >= 0 else ""

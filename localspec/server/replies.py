@@ -1,0 +1,142 @@
+"""The parts of a response the routes share: usage, the `localspec` extension, logprobs, errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from typing import Any
+
+from localspec.engine.events import Done, Token
+from localspec.jobs import Job
+from localspec.server.backend import Backend
+from localspec.server.errors import APIError, error_json
+from localspec.server.schemas import (ChoiceLogprobs, CompletionLogprobs, Extension, TokenLogprobOut, TopLogprob,
+                                      Usage)
+from localspec.server.state import ServerState
+from localspec.server.streaming import SSE_DONE, SSE_KEEPALIVE, Piece, Waiting, pieces
+from localspec.server.translate import Plan
+
+
+def usage(done: Done) -> Usage:
+    st = done.stats
+    return Usage(prompt_tokens=st.prompt_tokens, completion_tokens=st.completion_tokens,
+                 total_tokens=st.prompt_tokens + st.completion_tokens)
+
+
+def cache_info(b: Backend, job: Job, who: str) -> dict[str, Any] | None:
+    """The cache's part of the response; a hit carries the token that lets its owner mark it wrong."""
+    if job.cache is None:
+        return None
+    info = job.cache.as_dict()
+    if job.cache.entry_id and b.pipeline.cache is not None:
+        info["verdict_token"] = b.pipeline.cache.verdict_token(job.cache.entry_id, who)
+    return info
+
+
+def extension(b: Backend, done: Done, plan: Plan, job: Job, who: str) -> Extension:
+    st = done.stats
+    return Extension(
+        mode=st.mode, k=plan.request.k, grammar="enforced" if plan.grammar_enforced else "none",
+        fallback=plan.fallback, drafted=st.drafted, accepted=st.accepted,
+        acceptance_rate=round(st.acceptance_rate, 4),
+        drafted_by_position=st.drafted_by_position, accepted_by_position=st.accepted_by_position,
+        prompt_tokens=st.prompt_tokens, reused_prefix_tokens=st.reused_prefix_tokens,
+        timings={
+            "prefill_ms": round(st.prefill_ms, 2), "ttft_ms": round(st.ttft_ms, 2),
+            "decode_ms": round(st.decode_ms, 2), "tokens_per_second": round(st.tokens_per_second, 2),
+        },
+        cache=cache_info(b, job, who),
+        route=job.route.as_dict() if job.route else None,
+    )
+
+
+def _piece(b: Backend, token: int) -> tuple[str, list[int]]:
+    raw = b.engine.target.piece(token)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprobs(b: Backend, tokens: list[Token]) -> ChoiceLogprobs:
+    out = []
+    for t in tokens:
+        lp = t.logprob
+        assert lp is not None  # only logprob-carrying tokens are collected
+        text, raw = _piece(b, lp.token)
+        top = [TopLogprob(token=_piece(b, i)[0], logprob=v, bytes=_piece(b, i)[1]) for i, v in lp.top]
+        out.append(TokenLogprobOut(token=text, logprob=lp.logprob, bytes=raw, top_logprobs=top))
+    return ChoiceLogprobs(content=out)
+
+
+def completion_logprobs(b: Backend, tokens: list[Token]) -> CompletionLogprobs:
+    texts: list[str] = []
+    lps: list[float] = []
+    tops: list[dict[str, float]] = []
+    offsets: list[int] = []
+    off = 0
+    for t in tokens:
+        lp = t.logprob
+        assert lp is not None
+        text = _piece(b, lp.token)[0]
+        texts.append(text)
+        lps.append(lp.logprob)
+        tops.append({_piece(b, i)[0]: v for i, v in lp.top})
+        offsets.append(off)
+        off += len(text)
+    return CompletionLogprobs(tokens=texts, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
+
+
+def engine_failed(done: Done) -> None:
+    """A generation that failed in the engine is a 500 naming the cause (the server goes on)."""
+    if done.finish_reason == "error":
+        raise APIError(500, f"Generation failed: {done.error}", "engine_error")
+
+
+def sse_engine_error(done: Done) -> bytes:
+    """The same failure inside a stream that has already sent its 200."""
+    return b"data: " + json.dumps(error_json(500, f"Generation failed: {done.error}", "engine_error")).encode() + b"\n\n"
+
+
+class StreamedReply(ABC):
+    """One answer streamed as SSE: the parts every stream shares (keep-alives while waiting, the
+    metrics record, an engine failure as an error event, [DONE]) around the route's own chunks."""
+
+    hold_text = False  # True: the text is parsed whole at the end (tool calls)
+
+    def __init__(self, state: ServerState, b: Backend, plan: Plan, job: Job, who: str) -> None:
+        self.state, self.b, self.plan, self.job, self.who = state, b, plan, job, who
+        self.created = int(time.time())
+
+    id: str
+
+    def head(self) -> list[bytes]:
+        """Chunks before the first token."""
+        return []
+
+    @abstractmethod
+    def piece(self, piece: Piece) -> bytes | None:
+        """A chunk for text that became certain (None: nothing to send yet)."""
+
+    @abstractmethod
+    def tail(self, done: Done) -> list[bytes]:
+        """The last chunks of a finished answer: finish reason, the localspec extension, usage."""
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        for chunk in self.head():
+            yield chunk
+        done: Done | None = None
+        async for item in pieces(self.job, self.state.metrics, hold_text=self.hold_text):
+            if isinstance(item, Waiting):
+                yield SSE_KEEPALIVE
+            elif isinstance(item, Done):
+                done = item
+            elif (chunk := self.piece(item)) is not None:
+                yield chunk
+        if done is None:
+            return
+        if done.finish_reason == "error":
+            yield sse_engine_error(done)
+        else:
+            for chunk in self.tail(done):
+                yield chunk
+        yield SSE_DONE

@@ -1,0 +1,5 @@
+"""The endpoint's routes, one module per resource; `create_app` includes them all."""
+
+from localspec.server.routes import cache, chat, completions, embeddings, health, models
+
+ROUTERS = (health.router, models.router, chat.router, completions.router, embeddings.router, cache.router)

@@ -1,0 +1,99 @@
+"""POST /v1/chat/completions: a whole answer, or SSE chunks."""
+
+from __future__ import annotations
+
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from localspec.engine.events import Done, Token
+from localspec.jobs import Job
+from localspec.server import translate
+from localspec.server.backend import Backend
+from localspec.server.errors import ERROR_RESPONSES
+from localspec.server.replies import StreamedReply, chat_logprobs, engine_failed, extension, usage
+from localspec.server.routes.plans import SSE_CONTENT, plan
+from localspec.server.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
+                                      ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCallDelta)
+from localspec.server.state import Principal, ServerState, State, check_model
+from localspec.server.streaming import EventStream, Piece, collect, sse, unless_disconnected
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/chat/completions", response_model=ChatCompletion,
+    responses={**ERROR_RESPONSES, 200: {"content": SSE_CONTENT, "description": "JSON, or SSE chunks when stream=true"}},
+)
+async def chat_completions(body: ChatCompletionRequest, request: Request, state: State, who: Principal):
+    b = state.backend()
+    check_model(body.model, b.target_names)
+    plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
+    job = await state.submit(b, plan_, model=body.model, owner=who)
+    reply = ChatReply(state, b, body, plan_, job, who)
+    if body.stream:
+        return EventStream(reply.stream())
+    collected = await unless_disconnected(request, collect(job, state.metrics))
+    if collected is None:  # the client went away; its request was cancelled
+        return Response(status_code=499)
+    tokens, done = collected
+    engine_failed(done)
+    content, calls = done.text, []
+    if plan_.tool_mode:
+        content, calls = translate.parse_tool_calls(done.text, plan_.tool_mode == "forced")
+    return ChatCompletion(
+        id=reply.id, created=reply.created, model=body.model, usage=usage(done),
+        localspec=extension(b, done, plan_, job, who),
+        choices=[ChatChoice(
+            message=ChatMessageOut(content=content, tool_calls=calls or None),
+            finish_reason="tool_calls" if calls else done.finish_reason,
+            logprobs=chat_logprobs(b, tokens) if body.logprobs else None,
+        )],
+    )
+
+
+class ChatReply(StreamedReply):
+    """One chat answer: its id, and its chunks when streamed."""
+
+    def __init__(self, state: ServerState, b: Backend, body: ChatCompletionRequest, plan_: translate.Plan, job: Job,
+                 who: str) -> None:
+        super().__init__(state, b, plan_, job, who)
+        self.body = body
+        self.id = f"chatcmpl-{job.id}"
+        self.hold_text = bool(plan_.tool_mode)
+        self.unreported: list[Token] = []  # logprob tokens behind no text yet: they go on the last chunk
+
+    def chunk(self, delta: ChatDelta, **kw) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.body.model,
+                                   choices=[ChatChunkChoice(delta=delta, **kw)])
+
+    def head(self) -> list[bytes]:
+        return [sse(self.chunk(ChatDelta(role="assistant", content="")))]
+
+    def piece(self, piece: Piece) -> bytes | None:
+        if not piece.text:
+            self.unreported = piece.tokens
+            return None
+        lp = chat_logprobs(self.b, piece.tokens) if self.body.logprobs else None
+        return sse(self.chunk(ChatDelta(content=piece.text), logprobs=lp))
+
+    def tail(self, done: Done) -> list[bytes]:
+        out = []
+        reason = done.finish_reason
+        if self.plan.tool_mode:
+            content, calls = translate.parse_tool_calls(done.text, self.plan.tool_mode == "forced")
+            if calls:
+                reason = "tool_calls"
+                deltas = [ToolCallDelta(index=i, id=c.id, type="function", function=c.function)
+                          for i, c in enumerate(calls)]
+                out.append(sse(self.chunk(ChatDelta(tool_calls=deltas))))
+            if content:
+                out.append(sse(self.chunk(ChatDelta(content=content))))
+        lp = chat_logprobs(self.b, self.unreported) if self.body.logprobs and self.unreported else None
+        final = self.chunk(ChatDelta(), finish_reason=reason, logprobs=lp)
+        final.localspec = extension(self.b, done, self.plan, self.job, self.who)
+        out.append(sse(final))
+        if self.body.stream_options and self.body.stream_options.include_usage:
+            out.append(sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.body.model, choices=[],
+                                               usage=usage(done))))
+        return out

@@ -1,0 +1,91 @@
+"""POST /v1/completions: raw prompts and fill-in-the-middle, whole or as SSE chunks."""
+
+from __future__ import annotations
+
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from localspec.engine.events import Done
+from localspec.jobs import Job
+from localspec.server import translate
+from localspec.server.backend import Backend
+from localspec.server.errors import ERROR_RESPONSES
+from localspec.server.replies import StreamedReply, completion_logprobs, engine_failed, extension, usage
+from localspec.server.routes.plans import SSE_CONTENT, plan
+from localspec.server.schemas import Completion, CompletionChoice, CompletionRequest
+from localspec.server.state import Principal, ServerState, State, check_model
+from localspec.server.streaming import EventStream, Piece, collect, sse, unless_disconnected
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/completions", response_model=Completion,
+    responses={**ERROR_RESPONSES, 200: {"content": SSE_CONTENT, "description": "JSON, or SSE chunks when stream=true"}},
+)
+async def completions(body: CompletionRequest, request: Request, state: State, who: Principal):
+    b = state.backend()
+    check_model(body.model, b.target_names)
+    plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
+    job = await state.submit(b, plan_, model=body.model, owner=who)
+    echo = body.prompt if (body.echo and body.suffix is None and isinstance(body.prompt, str)) else ""
+    reply = CompletionReply(state, b, body, plan_, job, who, echo)
+    if body.stream:
+        return EventStream(reply.stream())
+    collected = await unless_disconnected(request, collect(job, state.metrics))
+    if collected is None:
+        return Response(status_code=499)
+    tokens, done = collected
+    engine_failed(done)
+    return Completion(
+        id=reply.id, created=reply.created, model=body.model, usage=usage(done),
+        localspec=extension(b, done, plan_, job, who),
+        choices=[CompletionChoice(
+            text=echo + done.text, finish_reason=done.finish_reason,
+            logprobs=completion_logprobs(b, tokens) if body.logprobs is not None else None,
+        )],
+    )
+
+
+def fim_supported(b: Backend) -> bool:
+    """Whether the target's vocabulary has the fill-in-the-middle markers as single tokens."""
+    rt = b.engine.target
+    for marker in (translate.FIM_PREFIX, translate.FIM_SUFFIX, translate.FIM_MIDDLE):
+        ids = rt.tokenize(marker, add_special=False, parse_special=True)
+        if len(ids) != 1 or rt.token_text(ids[0]) != marker:
+            return False
+    return True
+
+
+class CompletionReply(StreamedReply):
+    """One completion: its id, and its chunks when streamed."""
+
+    def __init__(self, state: ServerState, b: Backend, body: CompletionRequest, plan_: translate.Plan, job: Job,
+                 who: str, echo: str) -> None:
+        super().__init__(state, b, plan_, job, who)
+        self.body = body
+        self.echo = echo
+        self.id = f"cmpl-{job.id}"
+
+    def chunk(self, text: str, **kw) -> Completion:
+        return Completion(id=self.id, created=self.created, model=self.body.model,
+                          choices=[CompletionChoice(text=text, **kw)])
+
+    def head(self) -> list[bytes]:
+        return [sse(self.chunk(self.echo, finish_reason=None))] if self.echo else []
+
+    def piece(self, piece: Piece) -> bytes | None:
+        if not piece.text:
+            return None
+        lp = completion_logprobs(self.b, piece.tokens) if self.body.logprobs is not None else None
+        return sse(self.chunk(piece.text, finish_reason=None, logprobs=lp))
+
+    def tail(self, done: Done) -> list[bytes]:
+        final = self.chunk("", finish_reason=done.finish_reason)
+        final.localspec = extension(self.b, done, self.plan, self.job, self.who)
+        out = [sse(final)]
+        if self.body.stream_options and self.body.stream_options.include_usage:
+            out.append(sse(Completion(id=self.id, created=self.created, model=self.body.model, choices=[],
+                                      usage=usage(done))))
+        return out

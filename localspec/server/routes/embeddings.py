@@ -1,0 +1,46 @@
+"""POST /v1/embeddings: the embedding model, loaded on first use, within the server's capacity."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter
+
+from localspec.errors import LocalspecError, RequestError
+from localspec.server.embeddings import encode
+from localspec.server.errors import ERROR_RESPONSES, APIError
+from localspec.server.redact import redact_paths
+from localspec.server.schemas import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
+from localspec.server.state import State, check_model
+
+router = APIRouter()
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingList, responses=ERROR_RESPONSES)
+async def embeddings(body: EmbeddingRequest, state: State) -> EmbeddingList:
+    b = state.backend()
+    check_model(body.model, b.embedding_names)
+    s = state.settings
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise APIError(400, "input must be a string or a non-empty list of strings (token ids are not supported).",
+                       "invalid_value", "input")
+    if len(texts) > s.max_embedding_inputs:
+        raise APIError(400, f"input has {len(texts)} texts; this server embeds at most {s.max_embedding_inputs} "
+                       "per request. Send them in several requests.", "too_many_inputs", "input")
+    if body.dimensions is not None:
+        raise APIError(400, "dimensions is not supported by this embedding model.", "unsupported_value", "dimensions")
+    with state.admission.hold():  # embeddings share the server's capacity with generations
+        try:
+            model = await asyncio.to_thread(b.embedder)
+        except (LocalspecError, ValueError) as exc:  # a broken embedding file: the server is fine, this model is not
+            raise APIError(503, f"The embedding model cannot be loaded: {redact_paths(str(exc))}",
+                           "model_unusable") from exc
+        if model is None:
+            raise APIError(404, "This server has no embedding model.", "model_not_found", "model")
+        try:
+            vectors, n = await asyncio.to_thread(model.embed, texts, max_tokens=s.max_embedding_tokens)
+        except RequestError as exc:
+            raise APIError(400, str(exc), "invalid_value", "input") from exc
+    data = [Embedding(index=i, embedding=encode(v, body.encoding_format)) for i, v in enumerate(vectors)]
+    return EmbeddingList(data=data, model=body.model, usage=EmbeddingUsage(prompt_tokens=n, total_tokens=n))

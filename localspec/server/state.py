@@ -1,0 +1,143 @@
+"""What every route shares: the loader, admission (429s), metrics, and the way into the pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Request
+
+from localspec.errors import ContextOverflowError, LocalspecError
+from localspec.jobs import CacheStatus, Job
+from localspec.server.backend import Backend, Loader
+from localspec.server.errors import APIError
+from localspec.server.guards import LOCAL_PRINCIPAL, PRINCIPAL_KEY
+from localspec.server.redact import redact_paths
+from localspec.server.settings import ServerSettings
+from localspec.server.translate import Plan
+
+if TYPE_CHECKING:
+    from localspec.metrics import Metrics
+
+
+_ID_PREFIX = {False: "chatcmpl-", True: "cmpl-"}  # by whether the request was a raw prompt
+
+
+class Admission:
+    """Counts unfinished requests; beyond slots + queue the next one gets a 429."""
+
+    def __init__(self, capacity: int, retry_after_s: int) -> None:
+        self.capacity = capacity
+        self.retry_after_s = retry_after_s
+        self.jobs: set[Job] = set()
+        self.held = 0  # work admitted outside the engine (embeddings), counted against the same capacity
+
+    def unfinished(self) -> int:
+        self.jobs = {j for j in self.jobs if not j.done.is_set()}
+        return len(self.jobs) + self.held
+
+    def check(self) -> None:
+        if self.unfinished() >= self.capacity:
+            raise APIError(429, f"The server is busy ({self.capacity} requests running or queued). Retry shortly.",
+                           "queue_full", headers={"Retry-After": str(self.retry_after_s)})
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Admit one piece of work that is not an engine job, for as long as the block runs."""
+        self.check()
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+
+
+@dataclass
+class ServerState:
+    settings: ServerSettings
+    loader: Loader
+    admission: Admission
+    metrics: Metrics
+
+    def backend(self) -> Backend:
+        """The loaded models, or a 503 that says whether they are loading or failed."""
+        if self.loader.backend is None:
+            if self.loader.error:
+                raise APIError(503, f"Loading the models failed: {redact_paths(self.loader.error)}",
+                               "model_load_failed")
+            raise APIError(503, "The models are still loading; retry in a few seconds.", "model_loading",
+                           headers={"Retry-After": str(self.settings.retry_after_s)})
+        return self.loader.backend
+
+    def queue_depth(self, b: Backend) -> int:
+        """Admitted requests that are not in a slot yet."""
+        return max(0, self.admission.unfinished() - sum(slot.active is not None for slot in b.engine.slots))
+
+    async def submit(self, b: Backend, plan: Plan, *, model: str, owner: str) -> Job:
+        """Admit (else 429) and hand the request to the pipeline, off the event loop (it tokenizes)."""
+        self.admission.check()
+        try:
+            job = await asyncio.to_thread(
+                b.pipeline.submit, plan.request, route=b.route_for(model), grammar_enforced=plan.grammar_enforced,
+                use_cache=plan.cache, owner=owner,
+            )
+        except ContextOverflowError as exc:
+            raise APIError(
+                400, f"This prompt has {exc.prompt_tokens} tokens but the model's context holds {exc.n_ctx} tokens "
+                f"per request (prompt_tokens={exc.prompt_tokens}, n_ctx={exc.n_ctx}).",
+                "context_length_exceeded", "messages",
+            ) from exc
+        except LocalspecError as exc:
+            raise APIError(400, str(exc), "invalid_request") from exc
+        self.admission.jobs.add(job)
+        self.metrics.set_queue_depth(self.queue_depth(b))
+        return job
+
+    def attach(self, b: Backend) -> None:
+        """Every request the pipeline finishes is recorded through its one completion hook."""
+        b.pipeline.on_finish = functools.partial(self.record, b)
+
+    def record(self, b: Backend, job: Job) -> None:
+        """One finished request in the metrics (the SQLite log and Prometheus); on the completion thread."""
+        from localspec.metrics import RequestRecord
+
+        done = job.result
+        if done is None:
+            return
+        self.metrics.set_queue_depth(self.queue_depth(b))
+        self.metrics.record(RequestRecord.from_stats(
+            done.stats, face="api", profile=b.profile, target_model=b.target_id, draft_model=b.draft_id,
+            finish_reason=done.finish_reason, e2e_ms=(time.perf_counter() - job.t_submit) * 1000,
+            request_id=f"{_ID_PREFIX[job.request.messages is None]}{job.id}",
+            error_class="engine" if done.finish_reason == "error" else None,
+            cache=str(job.cache.status) if job.cache and job.cache.status is not CacheStatus.BYPASS else None,
+            cache_similarity=job.cache.similarity if job.cache else None,
+            route=str(job.route.tier) if job.route else str(job.tier),
+            route_reason=job.route.reason if job.route else None,
+        ))
+
+
+def server_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.server
+    return state
+
+
+def principal(request: Request) -> str:
+    """Who is asking: the API key's owner, or the local user when the server has no keys."""
+    return str(request.scope.get(PRINCIPAL_KEY, LOCAL_PRINCIPAL))
+
+
+def check_model(name: str, names: set[str]) -> None:
+    if name not in names:
+        served = ", ".join(sorted(names)) or "none"
+        raise APIError(404, f"The model '{name}' does not exist on this server (serving: {served}).",
+                       "model_not_found", "model")
+
+
+State = Annotated[ServerState, Depends(server_state)]
+Principal = Annotated[str, Depends(principal)]

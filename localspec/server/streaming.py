@@ -1,0 +1,147 @@
+"""A job's events as the endpoint reads them: awaited, never polled, with keep-alives while a
+request waits, and the client's disconnect awaited alongside so a request whose client is gone is
+cancelled at once, queued or decoding."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+import anyio
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
+
+from localspec.engine.events import Done, Event, Token
+from localspec.jobs import Job
+
+if TYPE_CHECKING:
+    from localspec.metrics import Metrics
+
+T = TypeVar("T")
+
+KEEPALIVE_S = 10.0  # an SSE comment this often while nothing else is sent: proxies keep the stream open
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Nothing happened for KEEPALIVE_S (queued, or a long prefill): time for a keep-alive."""
+
+
+async def job_events(job: Job, metrics: Metrics, *, keepalive_s: float | None = None) -> AsyncIterator[Event | Waiting]:
+    """The job's events as they come; cancels the request when the reader stops early."""
+    events = job.subscribe()
+    last: float | None = None
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), keepalive_s)
+            except TimeoutError:
+                yield Waiting()
+                continue
+            if isinstance(event, Token) and event.ids:
+                now = time.perf_counter()
+                if last is not None:
+                    metrics.observe_inter_token(now - last)
+                last = now
+            yield event
+            if isinstance(event, Done):
+                return
+    finally:
+        if not job.done.is_set():
+            job.cancel()
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Streamed text as it becomes certain, with the logprob-carrying tokens behind it."""
+
+    text: str
+    tokens: list[Token]
+
+
+async def pieces(job: Job, metrics: Metrics, *, hold_text: bool = False) -> AsyncIterator[Piece | Done | Waiting]:
+    """A streamed answer in Pieces, then its Done. Tokens not yet reported come as one Piece with no
+    text before the Done; with `hold_text` (a tool call, parsed whole) that is every token."""
+    pending: list[Token] = []
+    async for event in job_events(job, metrics, keepalive_s=KEEPALIVE_S):
+        if isinstance(event, Waiting):
+            yield event
+        elif isinstance(event, Done):
+            if pending:
+                yield Piece("", pending)
+            yield event
+            return
+        else:
+            if event.logprob is not None:
+                pending.append(event)
+            if event.text and not hold_text:
+                yield Piece(event.text, pending)
+                pending = []
+
+
+async def collect(job: Job, metrics: Metrics) -> tuple[list[Token], Done]:
+    """A whole answer: its tokens that carry logprobs, and the Done."""
+    tokens: list[Token] = []
+    async for event in job_events(job, metrics):
+        if isinstance(event, Done):
+            return tokens, event
+        if isinstance(event, Token) and event.logprob is not None:
+            tokens.append(event)
+    raise RuntimeError("a job's events ended without a Done")
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None as soon as the client disconnects (which cancels `work`)."""
+    result: list[T] = []
+
+    async def run() -> None:
+        result.append(await work)
+        tg.cancel_scope.cancel()
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        tg.start_soon(watch)
+    return result[0] if result else None
+
+
+def sse(obj: BaseModel) -> bytes:
+    return b"data: " + obj.model_dump_json(exclude_none=True).encode() + b"\n\n"
+
+
+SSE_KEEPALIVE = b": waiting\n\n"  # an SSE comment: clients ignore it
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class EventStream(StreamingResponse):
+    """An SSE response whose body and the client's disconnect are awaited together: whichever
+    ends first ends the other, so a client gone while its request is queued cancels it at once
+    (Starlette leaves the disconnect to a failed send under ASGI 2.4, and a queued stream sends nothing)."""
+
+    def __init__(self, body: AsyncIterator[bytes]) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tg:
+            async def stream() -> None:
+                await self.stream_response(send)
+                tg.cancel_scope.cancel()
+
+            async def disconnect() -> None:
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stream)
+            tg.start_soon(disconnect)
+        if self.background is not None:
+            await self.background()

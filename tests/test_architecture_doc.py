@@ -1,0 +1,36 @@
+"""docs/architecture.md's request path names real code: every `Class.method` on it exists, and
+every function it names is defined in the file it points at."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _request_path() -> str:
+    text = (REPO / "docs/architecture.md").read_text(encoding="utf-8")
+    section = text.split("## The request path, hop by hop", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_the_request_path_fits_in_fifteen_lines():
+    lines = [ln for ln in _request_path().splitlines() if ln.strip()]
+    assert 0 < len(lines) <= 15, len(lines)
+
+
+def test_every_hop_on_the_request_path_exists():
+    block = _request_path()
+    sources = {p.as_posix(): p.read_text(encoding="utf-8") for p in (REPO / "localspec").rglob("*.py")}
+    everything = "\n".join(sources.values())
+    missing = []
+    for cls, method in re.findall(r"\b([A-Z]\w+)\.(\w+)\(", block):
+        if not re.search(rf"class {cls}\b[\s\S]*?def {method}\(", everything):
+            missing.append(f"{cls}.{method}")
+    for name in re.findall(r"(?<![.\w])(_?[a-z]\w+)\(", block):
+        if not re.search(rf"def {name}\(", everything):
+            missing.append(name)
+    for path in re.findall(r"\b([\w/]+\.py)\b", block):
+        assert (REPO / "localspec" / path).exists() or any((REPO / "localspec").rglob(path)), path
+    assert not missing, missing

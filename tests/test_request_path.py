@@ -1,0 +1,185 @@
+"""The request path from the endpoint to the engine: events are delivered, not polled, and a client
+that goes away, queued or decoding, costs the engine nothing past the next step.
+
+Engine-level rules run on the fake runtime (control flow); the endpoint's run on a real server on
+loopback with the real target (one slot, so requests queue).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from fake_runtime import FakeRuntime, logits_fn
+from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.events import Done, Event, Token
+from localspec.engine.scheduler import Engine, Lane
+from localspec.server import Backend, ServerSettings, create_app
+from tests.conftest import TARGET_ID, TEST_THREADS
+from tests.server_harness import OpenStream, ServerThread, request, wait_until
+
+NV = 4
+TARGET = logits_fn(NV, salts=(21,), scales=(1.2,), step_bonus=1.0)
+KEY = "request-path-key"
+
+
+def one_slot_engine() -> Engine:
+    return Engine(FakeRuntime(TARGET, NV, n_seq_max=1), None, EngineConfig(parallel=1))
+
+
+def ask(prompt: str = "0 1 2 3", max_tokens: int = 8) -> GenerationRequest:
+    return GenerationRequest(prompt=prompt, max_tokens=max_tokens, mode="off")
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def test_a_sink_receives_every_event_in_order_on_the_stepping_thread():
+    eng = one_slot_engine()
+    got: list[tuple[Event, str]] = []
+    h = eng.submit(ask(), sink=lambda ev: got.append((ev, threading.current_thread().name)))
+    while not h.done.is_set():
+        eng.step()
+    assert h.events.empty()  # the sink took them all
+    assert isinstance(got[-1][0], Done) and all(isinstance(e, Token) for e, _ in got[:-1])
+    assert sum(len(e.ids) for e, _ in got[:-1]) == got[-1][0].stats.completion_tokens == 8
+    assert {name for _, name in got} == {threading.current_thread().name}
+
+
+def test_a_faulty_sink_does_not_stop_the_engine():
+    eng = one_slot_engine()
+
+    def broken(ev: Event) -> None:
+        raise ValueError("a face's bug")
+
+    bad = eng.submit(ask(max_tokens=4), sink=broken)
+    good = eng.submit(ask("3 2 1 0", max_tokens=4))
+    while not (bad.done.is_set() and good.done.is_set()):
+        eng.step()
+    assert bad.result.finish_reason == "length" and good.result.finish_reason == "length"
+
+
+def test_a_request_cancelled_while_queued_ends_at_the_next_step_without_a_slot():
+    eng = one_slot_engine()
+    running = eng.submit(ask(max_tokens=50))
+    eng.step()  # admitted: the only slot is taken
+    queued = eng.submit(ask("1 1 1 1"))
+    eng.step()
+    assert not queued.done.is_set()
+    queued.cancel()
+    eng.step()
+    assert queued.done.is_set() and queued.result.finish_reason == "cancelled"
+    assert not running.done.is_set()  # it did not wait for the slot, and took nothing from the running one
+
+
+def test_the_judge_lane_is_admitted_before_queued_generations():
+    eng = one_slot_engine()
+    first = eng.submit(ask(max_tokens=3))
+    eng.step()
+    waiting = [eng.submit(ask(f"{i} 0 0 0", max_tokens=3)) for i in range(3)]
+    judge = eng.submit(ask("2 2 2 2", max_tokens=1), lane=Lane.JUDGE)
+    order: list[int] = []
+    handles = [first, *waiting, judge]
+    while not all(h.done.is_set() for h in handles):
+        eng.step()
+        for h in handles:
+            if h.done.is_set() and h.id not in order:
+                order.append(h.id)
+    assert order[:2] == [first.id, judge.id]
+
+
+# ---------------------------------------------------------------- the endpoint
+
+
+@pytest.fixture(scope="module")
+def one_slot_server(target_path, module_home):
+    settings = ServerSettings(api_key=KEY, parallel=1, max_queue=32, n_ctx=512, n_threads=TEST_THREADS, mode="off",
+                              cache=False, router=False)
+    app = create_app(settings, load=Backend.load)
+    with ServerThread(app) as srv:
+        srv.app = app
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health", KEY).status_code == 200, timeout=300)
+        yield srv
+
+
+def _engine(srv) -> Engine:
+    return srv.app.state.loader.backend.engine
+
+
+def _unfinished(srv) -> int:
+    return srv.app.state.admission.unfinished()
+
+
+def _stream(srv, i: int, max_tokens: int = 400) -> OpenStream:
+    body = {"model": TARGET_ID, "messages": [{"role": "user", "content": f"Tell a long story about robot {i}."}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    s = OpenStream(srv.base_url, "/v1/chat/completions", KEY, body)
+    assert s.status_code == 200
+    return s
+
+
+def _idle(srv) -> bool:
+    return _unfinished(srv) == 0 and all(s.active is None for s in _engine(srv).slots)
+
+
+@pytest.mark.models
+def test_waiting_requests_add_no_threads(one_slot_server):
+    srv = one_slot_server
+    assert wait_until(lambda: _idle(srv), timeout=120)
+    streams = [_stream(srv, 0)]  # holds the only slot
+    try:
+        streams += [_stream(srv, i) for i in range(1, 9)]
+        assert wait_until(lambda: _unfinished(srv) == 9, timeout=60)
+        with_8 = threading.active_count()
+        streams += [_stream(srv, i) for i in range(9, 25)]
+        assert wait_until(lambda: _unfinished(srv) == 25, timeout=60)
+        with_24 = threading.active_count()
+        # 16 more waiting requests: no thread per request (a relay thread each would add 16).
+        assert with_24 - with_8 <= 1, (with_8, with_24, sorted(t.name for t in threading.enumerate()))
+    finally:
+        for s in streams:
+            s.close()
+    assert wait_until(lambda: _idle(srv), timeout=120)
+
+
+@pytest.mark.models
+def test_a_client_gone_while_queued_ends_its_request_without_waiting_for_a_slot(one_slot_server):
+    srv = one_slot_server
+    assert wait_until(lambda: _idle(srv), timeout=120)
+    running = _stream(srv, 100)
+    try:
+        queued = _stream(srv, 101)
+        assert wait_until(lambda: _unfinished(srv) == 2, timeout=60)
+        queued.close()
+        # It ends while the first request still holds the slot: nobody waited for a slot to free.
+        assert wait_until(lambda: _unfinished(srv) == 1, timeout=30)
+        assert _engine(srv).slots[0].active is not None
+        assert not _engine(srv)._pending
+    finally:
+        running.close()
+    assert wait_until(lambda: _idle(srv), timeout=120)
+
+
+@pytest.mark.models
+def test_a_client_gone_while_decoding_frees_its_slot_within_a_step(one_slot_server):
+    srv = one_slot_server
+    assert wait_until(lambda: _idle(srv), timeout=120)
+    stream = _stream(srv, 200)
+    seen = 0
+    for line in stream.lines():
+        if line.startswith("data: ") and '"content"' in line:
+            seen += 1
+            if seen >= 3:
+                break
+    eng = _engine(srv)
+    (job,) = list(srv.app.state.admission.jobs)
+    stream.close()
+    assert wait_until(lambda: job.cancelled, timeout=30, interval=0.001)
+    steps_at_cancel = eng.steps
+    assert wait_until(lambda: eng.slots[0].active is None, timeout=30, interval=0.001)
+    # The step in flight when the cancel lands may finish; the next one ends the request before it decodes.
+    # (Read with the test's own polling, so one step of slack.)
+    assert eng.steps - steps_at_cancel <= 2, (steps_at_cancel, eng.steps)
+    assert wait_until(job.done.is_set, timeout=30)  # the Done reaches the job from the completion thread
+    assert job.result is not None and job.result.finish_reason == "cancelled"
