@@ -99,8 +99,10 @@ class ServerState:
         return job
 
     def attach(self, b: Backend) -> None:
-        """Every request the pipeline finishes is recorded through its one completion hook."""
-        b.pipeline.on_finish = functools.partial(self.record, b)
+        """Every request the pipeline finishes is recorded through its one completion hook.
+        (A `load` that returns something else, as tests of the routes alone do, records nothing.)"""
+        if isinstance(b, Backend):
+            b.pipeline.on_finish = functools.partial(self.record, b)
 
     def record(self, b: Backend, job: Job) -> None:
         """One finished request in the metrics (the SQLite log and Prometheus); on the completion thread."""
