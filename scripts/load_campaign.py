@@ -28,7 +28,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from localspec.server.loadtest import PROMPTS  # noqa: E402
+from scripts.loadtest import PROMPTS  # noqa: E402
 from scripts.campaign_server import campaign_server, campaign_settings, isolate_home, slots_idle  # noqa: E402
 from tests.server_harness import OpenStream, request, wait_until  # noqa: E402
 

@@ -18,7 +18,7 @@ bootstrap 95% intervals), escalating the tasks with the highest score first:
 It also reports the APGR of a perfect detector of the small tier's failures: the most that any
 signal that predicts "the small answer is wrong" can reach on this task set.
 
-The large tier's verdicts are the shipped outcomes (`localspec/router/tasks/outcomes.json`). The
+The large tier's verdicts are the shipped outcomes (`evals/router/outcomes.json`). The
 small tier is generated here (greedy like `router eval`, plus the samples) and kept in --work, so a
 rerun only analyses. About 45 minutes on a 2-core CPU with --samples 2.
 
@@ -44,7 +44,7 @@ from localspec.router.checker import check
 from localspec.router.curve import evaluate_router, routing_curve
 from localspec.router.outcomes import OutcomeCache, generate_answers
 from localspec.logistic import fit_logistic
-from localspec.router.tasks import DEFAULT_TASKS, TASKS_DIR, Task, kfold, load_tasks
+from localspec.router.tasks import Task, kfold, load_tasks, shipped_outcomes
 
 SIGNATURE = re.compile(r"`(\w+)\(")
 
@@ -220,8 +220,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    tasks = load_tasks(DEFAULT_TASKS)
-    shipped = OutcomeCache(TASKS_DIR / "outcomes.json")
+    tasks = load_tasks()
+    shipped = OutcomeCache(shipped_outcomes())
     large = {t.id: shipped.find(t, "large", args.max_tokens) for t in tasks}
     small_shipped = {t.id: shipped.find(t, "small", args.max_tokens) for t in tasks}
     rows = generate(args.work, tasks, args.samples, args.max_tokens, args.parallel, args.threads)

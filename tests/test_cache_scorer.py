@@ -16,7 +16,7 @@ from localspec.cache.scorer import (
 )
 from localspec.cli import main
 from localspec.engine.embedder import Embedder
-from tests.conftest import plain_scope
+from tests.common import plain_scope
 
 # Rewordings the shipped weights must serve, and traps they must refuse even where the guard's
 # facts-only rules let them through (none of these texts is in the pair sets).

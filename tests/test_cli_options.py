@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from rich.table import Table
 
-from tests.conftest import DRAFT_ID, REPO, SHARED_STORE, TARGET_ID
+from tests.common import DRAFT_ID, REPO, SHARED_STORE, TARGET_ID
 from localspec.cli import build_parser, main
 from localspec.cli.options import CACHE_JUDGES, MODES
 from localspec.cli.output import stacked

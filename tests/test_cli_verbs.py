@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from gguf_factory import make_gguf
-from tests.conftest import DRAFT_ID, REPO, SHARED_STORE
+from tests.gguf_factory import make_gguf
+from tests.common import DRAFT_ID, REPO, SHARED_STORE
 from localspec.cli import build_parser, main
 from localspec.cli.parsing import leaf_commands, subcommands
 
@@ -255,6 +255,7 @@ def test_every_call_is_listed_for_every_verb(ws):
     assert with_json - covered == (set() if real else {("generate",)})  # generate --json needs a model
 
 
+@pytest.mark.slow  # every verb in a subprocess, twice: a campaign, not a unit test (stage 2)
 def test_every_verb_at_80_columns_and_through_head(ws):
     todo = calls(ws)
     for phase in ("full", "piped"):

@@ -134,7 +134,7 @@ def Choice_lookup(k: int):
 def test_draft_lag_counts_everything_after_the_shared_prefix():
     """A slot's draft KV may hold an earlier request: its catch-up is all that differs, not the
     length difference (which once made `auto` pick the draft model and pay a whole re-read)."""
-    from fake_runtime import FakeRuntime, logits_fn
+    from tests.fake_runtime import FakeRuntime, logits_fn
 
     from localspec.engine.drafters import DraftModelDrafter
 

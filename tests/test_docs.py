@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import DRAFT_ID, TEST_THREADS
+from tests.common import DRAFT_ID, TEST_THREADS
 from tests.doc_blocks import DOC_ADDRESS, DOC_MODEL, TEST_MODEL, Kind, answer_in, blocks_of, parse_blocks
 from tests.serve_process import ServeProcess
 from tests.server_harness import request

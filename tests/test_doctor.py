@@ -14,7 +14,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from tests.conftest import SHARED_STORE
+from tests.common import SHARED_STORE
 from localspec.doctor import SCHEMA, compiled_backends, diagnose, parse_nvidia_smi
 
 

@@ -13,12 +13,12 @@ import threading
 import openai
 import pytest
 
-from fake_runtime import FakeRuntime, logits_fn
+from tests.fake_runtime import FakeRuntime, logits_fn
 from localspec.engine.config import EngineConfig, GenerationRequest
 from localspec.engine.events import Done, Token
 from localspec.engine.scheduler import Engine
 from localspec.engine.worker import EngineWorker
-from tests.conftest import TARGET_ID, TEST_THREADS
+from tests.common import TARGET_ID, TEST_THREADS
 from tests.server_harness import ServerThread, request, wait_until
 
 NV = 4

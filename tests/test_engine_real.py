@@ -28,7 +28,7 @@ from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
 from localspec.engine.sampling import SamplingParams, distribution
 from localspec.engine.scheduler import Engine
 from localspec.errors import ContextOverflowError, IncompatibleDraftError, LocalspecError
-from tests.conftest import REPO, TEST_THREADS
+from tests.common import REPO, TEST_THREADS
 
 # Logit units. On this CPU build the same history decoded as one batch or token by token gives
 # logits that differ by up to ~0.6 (mean ~0.09); see test_kv_cache_consistent_... for the control.

@@ -1,7 +1,9 @@
 """The endpoint under bad input: a schemathesis smoke run from /openapi.json plus hand-written cases.
 
-One real server for the module: the 0.5B model, no speculation, 2 slots, n_ctx 1024. Every case
-must get a clean 4xx (or a 200), never a 5xx, and the server must still answer /health after it.
+One real server for the module, 2 slots, n_ctx 1024, answering from a scripted model and scripted
+embeddings (tests/fake_tier.py): bad input is the endpoint's control flow. What compiles a grammar
+(the generated cases, hostile schemas) goes to a second server with the real 0.5B (stage 2). Every
+case must get a clean 4xx (or a 200), never a 5xx, and the server must still answer /health after it.
 The dedicated 1,000-case run is `scripts/fuzz_endpoint.py`.
 """
 
@@ -16,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.server import ServerSettings, create_app
 from scripts.fuzz_endpoint import fuzz
-from tests.conftest import DRAFT_ID, SHARED_STORE, TEST_THREADS
+from tests.common import DRAFT_ID, SHARED_STORE, TEST_THREADS
+from tests.fake_tier import ScriptedEmbedder, scripted, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
 from tests.server_harness import OpenStream, ServerThread, request, wait_until
 
 KEY = "fuzz-smoke-key"
@@ -25,10 +28,12 @@ EMBED = "all-minilm-l6-v2-f16"
 N_CTX = 1024
 CAP = 64
 BODY_LIMIT = 64 * 1024
+# Long answers where a test needs a stream that runs for a while; "Hi." to the rest.
+SCRIPT = scripted({"Count from 1 to 100": " ".join(str(i) for i in range(1, 101)),
+                   "Write a story": "Once upon a time " * 20}, default="Hi.")
 
 
-@pytest.fixture(scope="module")
-def srv(draft_path, tmp_path_factory):
+def _serve(tmp_path_factory, app_for):
     settings = ServerSettings(
         api_key=KEY, target=SMALL, mode="off", parallel=2, max_queue=4, n_ctx=N_CTX, n_threads=TEST_THREADS,
         max_tokens_cap=CAP, max_body_bytes=BODY_LIMIT,
@@ -37,12 +42,30 @@ def srv(draft_path, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALSPEC_HOME", str(tmp_path_factory.mktemp("fuzz-home")))
         mp.setenv("LOCALSPEC_MODELS_DIR", str(SHARED_STORE))
-        app = create_app(settings)
+        app = app_for(settings)
         with ServerThread(app) as server:
             server.app = app
             assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=600), (
                 request(server.base_url, "GET", "/health").text)
             yield server
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    """The control flow: a scripted model (tests/fake_tier.py) with SMALL's name, 2 slots, n_ctx 1024."""
+    def app_for(settings):
+        tier = scripted_tier(model_id=SMALL, script=SCRIPT, parallel=2, n_ctx=N_CTX)
+        return scripted_app(backend=scripted_backend(pipeline=scripted_pipeline(tiers=[tier]),
+                                                     embedder=ScriptedEmbedder(), embedding_id=EMBED),
+                            settings=settings)
+
+    yield from _serve(tmp_path_factory, app_for)
+
+
+@pytest.fixture(scope="module")
+def model_srv(draft_path, tmp_path_factory):
+    """The real 0.5B, for what compiles a grammar against its vocabulary or embeds with MiniLM."""
+    yield from _serve(tmp_path_factory, create_app)
 
 
 def engine(srv):
@@ -81,7 +104,8 @@ def assert_alive(srv) -> None:
 # ---------------------------------------------------------------- generated
 
 
-def test_schemathesis_smoke_no_5xx_and_schema_conformant(srv):
+def test_schemathesis_smoke_no_5xx_and_schema_conformant(model_srv):
+    srv = model_srv  # generated response formats compile grammars against the real vocabulary
     result = fuzz(srv.base_url, KEY, cases=80, seed=11, cap=8)
     assert not result["server_died"]
     assert result["server_errors_5xx"] == 0, result["findings"]
@@ -91,8 +115,9 @@ def test_schemathesis_smoke_no_5xx_and_schema_conformant(srv):
     assert wait_until(lambda: idle(srv), timeout=120)
 
 
-def test_hostile_schema_smoke_every_answer_a_200_or_a_400(srv):
+def test_hostile_schema_smoke_every_answer_a_200_or_a_400(model_srv):
     """The campaign's schema phase, small: in-bounds schemas compile (or are unsupported), the rest are refused."""
+    srv = model_srv
     from scripts.fuzz_endpoint import fuzz_schemas
 
     result = fuzz_schemas(srv.base_url, KEY, cases=30, seed=5, model=SMALL)
@@ -183,11 +208,22 @@ BAD_REQUESTS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(BAD_REQUESTS))
-def test_bad_requests_get_a_clear_400(srv, name, request):
+# Compiled against a real vocabulary (llama.cpp's grammar sampler): the real model's server.
+GRAMMAR_CASES = {"tool_name_breaks_grammar", "deep_but_valid_response_schema"}
+
+
+@pytest.mark.parametrize("name", sorted(set(BAD_REQUESTS) - GRAMMAR_CASES))
+def test_bad_requests_get_a_clear_400(srv, name):
+    _clear_400(srv, name)
+
+
+@pytest.mark.parametrize("name", sorted(set(BAD_REQUESTS) & GRAMMAR_CASES))
+def test_bad_grammar_requests_get_a_clear_400(model_srv, name):
+    _clear_400(model_srv, name)
+
+
+def _clear_400(srv, name: str) -> None:
     path, body, code = BAD_REQUESTS[name]
-    if path == "/v1/embeddings":
-        request.getfixturevalue("minilm_path")  # served only when the embedding model is installed
     status, text = send(srv, path, json.dumps(body).encode())
     assert status == 400, (name, status, text)
     err = json.loads(text)["error"]
@@ -216,8 +252,17 @@ ACCEPTED = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(ACCEPTED))
+@pytest.mark.parametrize("name", sorted(set(ACCEPTED) - GRAMMAR_CASES))
 def test_odd_but_valid_requests_are_answered(srv, name):
+    _answered(srv, name)
+
+
+@pytest.mark.parametrize("name", sorted(set(ACCEPTED) & GRAMMAR_CASES))
+def test_odd_but_valid_grammar_requests_are_answered(model_srv, name):
+    _answered(model_srv, name)
+
+
+def _answered(srv, name: str) -> None:
     status, text = send(srv, "/v1/chat/completions", json.dumps(ACCEPTED[name]).encode())
     assert status == 200, (name, status, text)
     assert json.loads(text)["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")

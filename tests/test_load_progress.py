@@ -16,7 +16,7 @@ from localspec.cli.load_progress import LoadProgressDisplay
 from localspec.engine import calibrate
 from localspec.engine.events import LoadProgress, LoadStage, StageReporter
 from localspec.engine.runtime import ModelRuntime, RuntimeConfig
-from tests.conftest import DRAFT_ID, REPO, TARGET_ID, TEST_THREADS
+from tests.common import DRAFT_ID, REPO, TARGET_ID, TEST_THREADS
 
 CONFIG = RuntimeConfig(n_ctx=256, n_threads=TEST_THREADS)
 

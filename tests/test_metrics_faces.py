@@ -1,5 +1,6 @@
-"""Each face's path into the metrics log, with the real models: TUI and API (engine in-process,
-as those faces drive it) and CLI (`localspec generate` in a subprocess)."""
+"""Each face's path into the metrics log: TUI and API (engine in-process, as those faces drive it,
+over a scripted model pair from tests/fake_tier.py) and CLI (`localspec generate` in a subprocess,
+with the real models)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,19 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.cli import main
-from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done
 from localspec.engine.scheduler import Engine
 from localspec.metrics import Metrics, RequestRecord, fetch_rows, open_reader
-from tests.conftest import DRAFT_ID, REPO, TARGET_ID, TEST_THREADS
+from tests.common import DRAFT_ID, REPO, TARGET_ID, TEST_THREADS
+from tests.fake_tier import scripted, scripted_engine
 
-pytestmark = pytest.mark.models
+SAYS = scripted(default="    return a + b\n\nprint(add(1, 2))\n")
 
 
 @pytest.fixture(scope="module")
-def engine(target_path, draft_path):
-    eng = Engine.load(str(target_path), str(draft_path), EngineConfig(n_ctx=1024, n_threads=TEST_THREADS, mode="draft"))
+def engine():
+    eng = scripted_engine(script=SAYS, draft_script=SAYS, mode="draft", parallel=1)
     yield eng
     eng.close()
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 from gguf import GGUFReader, TokenType
-from gguf_factory import BASE_TOKENS, make_gguf, n_params
-from models_helpers import run_cli
+from tests.gguf_factory import BASE_TOKENS, make_gguf, n_params
+from tests.models_helpers import run_cli
 
 from localspec.errors import IncompatibleDraftError, IntegrityError
 from localspec.models import check_draft_compat, estimate_fit, read_gguf_info, validate_gguf

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from gguf_factory import (
+from tests.gguf_factory import (
     F32_4x4,
     LLAMA_KV,
     crafted_gguf,
@@ -26,7 +26,7 @@ from gguf_factory import (
     g_tensor,
     make_gguf,
 )
-from models_helpers import make_wheel, overlay_path, pypi_source_toml, sha256, tmp_store, write_overlay  # noqa: F401
+from tests.models_helpers import make_wheel, overlay_path, pypi_source_toml, sha256, tmp_store, write_overlay  # noqa: F401
 
 from localspec.cli import main
 from localspec.errors import IntegrityError

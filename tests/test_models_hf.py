@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_hf_server import FakeHub
-from gguf_factory import make_gguf
-from models_helpers import (
+from tests.fake_hf_server import FakeHub
+from tests.gguf_factory import make_gguf
+from tests.models_helpers import (
     PULL_SCRIPT,
     REPO,
     make_wheel,

@@ -7,8 +7,8 @@ import io
 import json
 
 import pytest
-from gguf_factory import make_gguf
-from models_helpers import run_cli, sha256, subprocess_env, tmp_store, write_overlay  # noqa: F401
+from tests.gguf_factory import make_gguf
+from tests.models_helpers import run_cli, sha256, subprocess_env, tmp_store, write_overlay  # noqa: F401
 
 from localspec.errors import DownloadError
 from localspec.models import ModelManager

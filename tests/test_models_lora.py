@@ -9,11 +9,11 @@ from __future__ import annotations
 import struct
 
 import pytest
-from conftest import TARGET_ID
+from tests.common import TARGET_ID
 from gguf import GGUFValueType
-from gguf_factory import LLAMA_KV, crafted_gguf, g_kv, g_kv_str, g_kv_u32, g_nested_arrays, g_tensor, make_gguf, \
+from tests.gguf_factory import LLAMA_KV, crafted_gguf, g_kv, g_kv_str, g_kv_u32, g_nested_arrays, g_tensor, make_gguf, \
     make_lora_gguf
-from models_helpers import tmp_store  # noqa: F401
+from tests.models_helpers import tmp_store  # noqa: F401
 
 from localspec.errors import IncompatibleAdapterError, IntegrityError
 from localspec.models import ModelManager, check_lora, read_gguf_info

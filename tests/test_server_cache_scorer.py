@@ -12,7 +12,7 @@ import pytest
 
 from localspec.cache.scorer import PairScorer
 from localspec.server import ServerSettings, create_app
-from tests.conftest import DRAFT_ID, TEST_THREADS
+from tests.common import DRAFT_ID, TEST_THREADS
 from tests.server_harness import ServerThread, request, wait_until
 
 

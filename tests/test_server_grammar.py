@@ -13,7 +13,7 @@ from localspec.engine.grammar import Grammar
 from localspec.engine.runtime import ModelRuntime, RuntimeConfig
 from localspec.engine.slots import token_logprob as _logprob
 from localspec.errors import RequestError
-from tests.conftest import TEST_THREADS
+from tests.common import TEST_THREADS
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from localspec.server import ServerSettings, create_app
-from tests.conftest import DRAFT_ID, REPO, SHARED_STORE
+from tests.common import DRAFT_ID, REPO, SHARED_STORE
 from tests.server_harness import ServerThread, request, wait_until
 
 CRASHER = {"type": "string", "maxLength": 20000}  # the 188-byte request of the issue

@@ -15,6 +15,8 @@ merged. Seeds are fixed, so the outcome is deterministic; the significance level
 corrected over all statistical tests in this file (overall alpha = 1e-3). The `test_power_*`
 tests run the same harnesses, at the same sample sizes, against deliberately wrong samplers
 and assert that the harness rejects them, so a real bug of those kinds cannot pass unnoticed.
+The statistical tests are marked `slow` (two minutes here, and their sample sizes are their
+power, so they are not cut): they run in stage 2 (`-m models`); part 3 runs in the fast suite.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from fake_runtime import FakeRuntime, logits_fn
+from tests.fake_runtime import FakeRuntime, logits_fn
 from localspec.engine import scheduler as scheduler_module
 from localspec.engine.config import EngineConfig, GenerationRequest
 from localspec.engine.events import Done, Token
@@ -33,7 +35,6 @@ from localspec.engine.sampling import SamplingParams, distribution
 from localspec.engine.scheduler import Engine
 from localspec.engine.verify import RESIDUAL_EPS, Draft, PositionRng, Verdict, verify, verify_greedy
 
-pytestmark = pytest.mark.slow
 
 # Chi-square tests that must accept the engine (each parametrised case counts once):
 #   verify marginal: 5 dirichlet + disjoint + equal + 2 near-empty residual + one-token residual
@@ -178,6 +179,7 @@ def draw_position0(p: np.ndarray, q: np.ndarray | None, n: int, seed: int, verif
     return toks, acc
 
 
+@pytest.mark.slow  # chi-square at full power: stage 2
 @pytest.mark.parametrize("case", list(CASES))
 def test_verify_marginal_is_p(case):
     p, q = CASES[case]
@@ -189,6 +191,7 @@ def test_verify_marginal_is_p(case):
     assert abs(acc.mean() - expect) < 5 * sd + 1e-9, (acc.mean(), expect)
 
 
+@pytest.mark.slow  # chi-square at full power: stage 2
 @pytest.mark.parametrize("point", ["argmax", "p_zero", "mid"])
 def test_verify_point_mass_marginal_is_p(point):
     """q = None: the drafter proposes d deterministically; accept with p(d), else p without d."""
@@ -199,6 +202,7 @@ def test_verify_point_mass_marginal_is_p(point):
     assert abs(acc.mean() - p[d]) < 5 * np.sqrt(p[d] * (1 - p[d]) / N_MARGINAL) + 1e-9
 
 
+@pytest.mark.slow  # chi-square at full power: stage 2
 @pytest.mark.parametrize("case", ["dirichlet1", "dirichlet3", "q_covers_p_zeros"])
 def test_verify_replacement_is_residual(case):
     """Given a rejection, the replacement is distributed as norm(max(0, p - q))."""
@@ -263,6 +267,7 @@ def loop_expected(k: int) -> np.ndarray:
     return joint.ravel()
 
 
+@pytest.mark.slow  # chi-square at full power: stage 2
 @pytest.mark.parametrize("k,point_mass", [(2, False), (3, False), (3, True)])
 def test_verify_loop_joint(k, point_mass):
     counts = loop_joint(k, N_LOOP, seed=900 + 10 * k + point_mass, point_mass=point_mass)
@@ -282,6 +287,7 @@ def test_verify_loop_joint(k, point_mass):
         ("residual_from_p", "loop"),
     ],
 )
+@pytest.mark.slow  # chi-square at full power: stage 2
 def test_power_verify_harness_rejects_wrong_sampler(bug, harness):
     wrong = make_wrong_verify(bug)
     if harness == "marginal":
@@ -399,6 +405,7 @@ def run_engine_case(name: str, n: int = N_ENGINE) -> tuple[np.ndarray, np.ndarra
     return counts, exact_joint(PROMPT, params(0), max_tokens), drafted, acc
 
 
+@pytest.mark.slow  # chi-square at full power: stage 2
 @pytest.mark.parametrize("name", list(ENGINE_CASES))
 def test_engine_output_is_target_distribution(name):
     counts, expected, drafted, acc = run_engine_case(name)
@@ -408,6 +415,7 @@ def test_engine_output_is_target_distribution(name):
     assert_fits(counts, expected, f"engine, {name}")
 
 
+@pytest.mark.slow  # chi-square at full power: stage 2
 def test_engine_parallel_interleaved_requests_are_exact():
     """Two slots, one drafting and one in lookup mode, prefills interleaved with decode steps."""
     engine = make_engine(parallel=2, prefill_budget=3)
@@ -436,6 +444,7 @@ def test_engine_parallel_interleaved_requests_are_exact():
     assert_fits(counts["b"], exact_joint(PROMPT_B, params(0), length), "engine parallel, request b (lookup)")
 
 
+@pytest.mark.slow  # chi-square at full power: stage 2
 @pytest.mark.parametrize("bug", ["residual_from_p", "bonus_wrong_row"])
 def test_power_engine_harness_rejects_wrong_verify(bug, monkeypatch):
     """Even a third of the samples of the draft_k3 case exposes these bugs (p ~ 1e-96 and 0)."""

@@ -19,7 +19,6 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -44,9 +43,11 @@ SPLITS = {"dev": ("dev", "dev_blind"), "test": ("test",), "all": ("dev", "dev_bl
 
 
 def pair_files(split: str) -> list[Path]:
-    """The committed pair files of a split (see SPLITS)."""
-    root = resources.files("localspec.cache.eval")
-    return [Path(str(root.joinpath(f"pairs_{name}.jsonl"))) for name in SPLITS[split]]
+    """The committed pair files of a split (see SPLITS), from the evals folder (localspec.evals);
+    raises EvalDataMissing when they are not on this machine."""
+    from localspec.evals import eval_file
+
+    return [eval_file("cache", f"pairs_{name}.jsonl") for name in SPLITS[split]]
 
 
 def load_pairs(path: Path, limit: int | None = None) -> list[dict[str, Any]]:

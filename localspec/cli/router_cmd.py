@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--parallel", type=int, default=1,
                    help="sequences decoded together (faster on a busy CPU; latencies then include the sharing)")
     e.add_argument("--outcomes", type=Path, help="outcome cache file (default: in the cache dir)")
-    e.add_argument("--from-outcomes", type=Path, nargs="?", const=_shipped_outcomes(), metavar="PATH",
+    e.add_argument("--from-outcomes", type=Path, nargs="?", const=_SHIPPED, metavar="PATH",
                    help="generate nothing: read every outcome from PATH (default: the shipped file)")
     e.add_argument("--fresh", action="store_true", help="regenerate every answer, ignoring the cache")
     e.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the 95%% CIs")
@@ -84,8 +84,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
 
 
-def _shipped_outcomes() -> Path:
-    return Path(__file__).resolve().parents[1] / "router" / "tasks" / "outcomes.json"
+# `--from-outcomes` without a PATH: the committed outcomes, located when the command runs (they are
+# evaluation data outside the package: localspec.evals).
+# Not a str, so argparse hands it over as it is instead of through `type`.
+_SHIPPED = object()
 
 
 def _profile(name: str | None):
@@ -133,11 +135,13 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from localspec.paths import resolve_paths
     from localspec.router.outcomes import OutcomeCache, run_tier
-    from localspec.router.tasks import DEFAULT_TASKS, kfold, load_tasks, split
+    from localspec.router.tasks import kfold, load_tasks, shipped_outcomes, split
 
     console = Console(stderr=True)
     mm, prof_name, profile = _profile(args.profile)
-    tasks = _limit(load_tasks(args.tasks or DEFAULT_TASKS), args.limit)
+    tasks = _limit(load_tasks(args.tasks), args.limit)
+    if args.from_outcomes is _SHIPPED:
+        args.from_outcomes = shipped_outcomes()
     splits = [split(tasks)] if args.folds == 1 else kfold(tasks, args.folds)
     tier_models = {"small": profile.small, "large": profile.target}
     if not profile.small:

@@ -1,6 +1,6 @@
 """The evaluation task set: coding functions with unit tests, and arithmetic word problems.
 
-The shipped set lives in `localspec/router/tasks/tasks.jsonl`, one JSON object a line:
+The set lives in `evals/router/tasks.jsonl` (found by localspec.evals), one JSON object a line:
 `{"id", "kind": "code"|"math", "prompt", "tests": [assert lines]}` or `{..., "answer": number}`.
 """
 
@@ -14,8 +14,20 @@ from pathlib import Path
 
 from localspec.errors import ConfigError
 
-TASKS_DIR = Path(__file__).resolve().parent / "tasks"
-DEFAULT_TASKS = TASKS_DIR / "tasks.jsonl"
+
+
+def default_tasks() -> Path:
+    """The committed task set; raises EvalDataMissing when the evals folder is not on this machine."""
+    from localspec.evals import eval_file
+
+    return eval_file("router", "tasks.jsonl")
+
+
+def shipped_outcomes() -> Path:
+    """The committed outcomes of both tiers on the task set (what `router eval` replays)."""
+    from localspec.evals import eval_file
+
+    return eval_file("router", "outcomes.json")
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,8 @@ def jsonl_rows(path: Path, what: str, fix: str) -> Iterator[tuple[int, object]]:
             raise ConfigError(f"{path}:{n}: not a valid {what} ({exc}).", fix) from None
 
 
-def load_tasks(path: Path = DEFAULT_TASKS) -> list[Task]:
+def load_tasks(path: Path | None = None) -> list[Task]:
+    path = path or default_tasks()
     tasks: list[Task] = []
     seen: set[str] = set()
     fix = "Each line needs id, kind (code|math), prompt, and tests or answer."

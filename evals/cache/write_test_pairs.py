@@ -6,7 +6,7 @@ cached answer would be wrong or incomplete). The script expands the groups into 
 validates them, and drops every pair with a text that also occurs in the dev pairs (dev and
 dev_blind), so no tuned-on question is scored again. Never tune on this file.
 
-Run from the repo root: python -m localspec.cache.eval.write_test_pairs
+Run from the repo root: python evals/cache/write_test_pairs.py
 """
 import collections
 import json

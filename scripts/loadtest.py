@@ -1,6 +1,6 @@
 """Aggregate throughput of the endpoint under 1, 4 and 8 concurrent streaming clients vs sequential.
 
-    python -m localspec.server.loadtest --parallel 8 --max-tokens 64 --mode off --threads 2
+    python scripts/loadtest.py --parallel 8 --max-tokens 64 --mode off --threads 2
 
 Starts `localspec serve`'s app in-process on a free loopback port (or uses --url), then for each
 concurrency c sends the same c requests twice: all at once (c streaming clients) and one after

@@ -9,7 +9,7 @@ tuned on it, together with pairs_dev_blind.jsonl (the first blind set, read duri
 test half (pairs_test.jsonl, written by write_test_pairs.py) is by another author, blind to the
 rules and never tuned on, so it measures how the cache does on unseen wording.
 
-Run from the repo root: python -m localspec.cache.eval.generate_pairs
+Run from the repo root: python evals/cache/generate_pairs.py
 """
 
 from __future__ import annotations

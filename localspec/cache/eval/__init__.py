@@ -1,1 +1,0 @@
-"""The committed labelled pair set for `localspec cache eval` (see generate_pairs.py)."""
