@@ -47,8 +47,8 @@ of" = remove), so a paraphrase's other wording is not mistaken for a difference.
 synonyms are those whose difference changes the answer (remove/hide, sum/mean).
 
 `compare` returns the first disagreement, or None when the prompts agree. It is deliberately
-strict: a rejected paraphrase costs one generation, a served trap is a wrong answer.
-"""
+strict: a rejected paraphrase costs one generation, a served trap is a wrong answer. The word
+tables the rules read are in localspec.cache.guard_lexicon."""
 
 from __future__ import annotations
 
@@ -58,23 +58,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from localspec.cache.guard_lexicon import (
+    ABBREVIATIONS, ACTIONS, BRANDS, CHANGING_ACTIONS, CONVERT, CONVERT_FILLER, DIRECTIONS, IMPLIES, MULTIPLES,
+    NEGATION, NOT_COUNTING, NOT_ENTITIES, OPPOSITE_ACTIONS, ORDINALS, PAIRED_ONLY, QUALIFIERS, RELATION_WORDS,
+    SCALES, TECH_ALIASES, TECH_CAPITAL_ONLY, TENS, UNITS, UNIT_WORDS
+)
 from localspec.cache.normalize import FUNCTION_WORDS, canonical, raw_words, words
 
 # ---------------------------------------------------------------- numbers
 
-_UNITS = {
-    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
-    "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
-    "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "dozen": 12,
-}
-_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
-_SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000, "billion": 1_000_000_000}
-_ORDINALS = {
-    "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8, "ninth": 9,
-    "tenth": 10, "hundredth": 100, "thousandth": 1000,
-}
-_MULTIPLES = {"twice": 2, "triple": 3, "half": 0.5, "quarter": 0.25}
-_NOT_COUNTING = {"which", "this", "that", "the", "each", "any", "every", "no", "some", "another", "one", "a", "only"}
 # A sign only where a number starts ("2024-03-15" and "1-5" hold no negative numbers). Digits may
 # follow a name ("SHA256" = "SHA-256", "JUnit5" = "JUnit 5") and carry a short unit ("2kg" = "2 kg");
 # digits inside a word ("k8s", "i18n", "log4j") are part of it, not a number.
@@ -137,28 +129,28 @@ def _numbers(text: str) -> tuple[str, ...]:
                 out.append(_num_str(float(digits)))
             except ValueError:
                 out.append(digits)
-        elif low in _UNITS:
-            if low == "one" and (prev in _NOT_COUNTING or text[m.end():m.end() + 1] == "-"):
+        elif low in UNITS:
+            if low == "one" and (prev in NOT_COUNTING or text[m.end():m.end() + 1] == "-"):
                 flush()  # "which one", "one-liner": not a count
             elif acc is not None and ((acc % 10 == 0 and acc % 100 >= 20) or (acc >= 100 and acc % 100 == 0)):
-                acc += _UNITS[low]
+                acc += UNITS[low]
             else:
                 flush()
-                acc = _UNITS[low]
-        elif low in _TENS:
+                acc = UNITS[low]
+        elif low in TENS:
             if acc is not None and acc % 100 != 0:
                 flush()
-            acc = (acc or 0) + _TENS[low]
-        elif low in _SCALES and acc is not None:
-            acc *= _SCALES[low]
-        elif low in _SCALES:
-            acc = _SCALES[low]
-        elif low in _ORDINALS and not (low == "second" and prev in ("per", "a", "one", "each", "every")):
+            acc = (acc or 0) + TENS[low]
+        elif low in SCALES and acc is not None:
+            acc *= SCALES[low]
+        elif low in SCALES:
+            acc = SCALES[low]
+        elif low in ORDINALS and not (low == "second" and prev in ("per", "a", "one", "each", "every")):
             flush()
-            out.append(_num_str(_ORDINALS[low]))
-        elif low in _MULTIPLES:
+            out.append(_num_str(ORDINALS[low]))
+        elif low in MULTIPLES:
             flush()
-            out.append(_num_str(_MULTIPLES[low]))
+            out.append(_num_str(MULTIPLES[low]))
         elif low == "and" and acc is not None and acc >= 100:
             continue  # "one hundred and five"
         else:
@@ -174,13 +166,6 @@ _QUOTED = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|`([^`\n]+)`|‘([^’\n]+)�
 _DOTTED = re.compile(r"(?<![\w.])[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+(?:\(\))?")
 _FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
 _FILE_EXT = re.compile(r"(?<![\w])\.[a-z0-9]{1,5}\b")
-
-
-# CamelCase words that are names rather than identifiers.
-_BRANDS = {"dataframe", "iphone", "ipad", "youtube", "github", "gitlab", "linkedin", "powershell", "macos",
-           "javascript", "typescript", "postgresql", "mongodb", "pytorch", "numpy", "fastapi", "openai", "chatgpt",
-           "mysql", "graphql", "jquery", "webassembly", "wordpress", "paypal", "playstation", "mcdonald",
-           "mcdonald's", "ebay", "whatsapp", "tiktok", "bigquery", "dynamodb", "nodejs", "nextjs", "vscode"}
 
 
 def quoted(text: str) -> frozenset[str]:
@@ -202,17 +187,17 @@ def identifiers(text: str) -> frozenset[str]:
     found: set[str] = set()
     for m in _DOTTED.finditer(text):
         name = m.group(0).rstrip(".")
-        if name.lower() in _TECH_ALIASES or name.lower().endswith(".js"):
+        if name.lower() in TECH_ALIASES or name.lower().endswith(".js"):
             continue  # Node.js, Vue.js: technologies, compared as such
         if not re.fullmatch(r"[A-Z][a-z]+\.[A-Z][a-z]+", name):  # "Hello.World" sentence break
             found.add(name.removesuffix("()"))
     for m in re.finditer(r"[A-Za-z_][\w]*(?:\(\))?", text):
         w = m.group(0)
-        if w.lower() in _TECH_ALIASES or w.lower() in _BRANDS:
+        if w.lower() in TECH_ALIASES or w.lower() in BRANDS:
             continue  # JavaScript, DataFrame: names, compared case-insensitively elsewhere
         if _is_code_word(w):
             found.add(w.removesuffix("()"))
-    found.update(m.group(0) for m in _FLAG.finditer(text) if not re.fullmatch(r"-\w+", m.group(0)) or len(m.group(0)) <= 3)
+    found.update(f for m in _FLAG.finditer(text) if not re.fullmatch(r"-\w+", f := m.group(0)) or len(f) <= 3)
     found.update(m.group(0) for m in _FILE_EXT.finditer(text))
     # A dotted name also contributes its parts; keep only the full names.
     return frozenset(found)
@@ -220,161 +205,17 @@ def identifiers(text: str) -> frozenset[str]:
 
 # ---------------------------------------------------------------- negation
 
-_NEGATION = re.compile(
-    r"\b(?:not|no|never|without|none|nothing|nobody|nowhere|neither|nor|cannot|except(?! (?:clause|block|statement|keyword|handler))|excluding|exclude|"
-    r"excludes|excluded|avoid|avoiding|prevent|preventing|ignore|ignoring|ignored|skip|skipping|unless|"
-    r"lack|lacking|omit|omitting|isn't|aren't|wasn't|weren't|don't|doesn't|didn't|can't|won't|shouldn't|"
-    r"wouldn't|couldn't|mustn't|haven't|hasn't|hadn't|non|un-|aside from|other than|instead of|rather than)\b",
-    re.IGNORECASE,
-)
-
-
 def negated(text: str) -> bool:
-    return bool(_NEGATION.search(text.replace("’", "'")))
+    return bool(NEGATION.search(text.replace("’", "'")))
 
 
 # ---------------------------------------------------------------- directions
-
-# Each group lists its poles; a prompt's poles per group must match the other's exactly.
-_ITEMS = r"(?= (?:numbers?|integers?|ints?|indices|indexes|index|positions?|rows?|length|digits?|values?|elements?|entries|lines|items?))"
-_DIRECTIONS: dict[str, dict[str, str]] = {
-    "order": {
-        "up": r"ascending|ascend|asc|increasing order|smallest to (?:the )?largest|lowest to (?:the )?highest|"
-              r"low to high|a-z|a to z|oldest to (?:the )?newest|shortest to (?:the )?longest|alphabetical(?:ly)?",
-        "down": r"descending|descend|desc|decreasing order|largest to (?:the )?smallest|highest to (?:the )?lowest|"
-                r"high to low|z-a|z to a|newest to (?:the )?oldest|longest to (?:the )?shortest|"
-                r"reverse(?:d)? alphabetical(?:ly)?",
-    },
-    "extreme": {
-        "max": r"max|maximum|maximal|maximi[sz]e|largest|biggest|highest|greatest|longest|tallest|oldest|heaviest|"
-               r"richest|fastest|deepest|farthest|furthest|hottest|upper bound|most (?:frequent|common|popular|used|often)",
-        "min": r"min|minimum|minimal|minimi[sz]e|smallest|lowest|shortest|fewest|shallowest|youngest|lightest|"
-               r"poorest|slowest|nearest|closest|coldest|cheapest|lower bound|least (?:frequent|common|popular|used|often)",
-    },
-    "compare": {
-        "more": r"more than|greater than|larger than|bigger than|higher than|above|exceeds?|exceeding|at least|"
-                r"older than|longer than",
-        "less": r"less than|fewer than|smaller than|lower than|below|at most|younger than|shorter than",
-    },
-    "sequence": {"before": r"before|earlier than|prior to", "after": r"after|later than"},
-    "position": {
-        "first": r"first|beginning|starts? with|starting with|(?:the )?start of|prefix|leading|head|front|earliest",
-        "last": r"last|ending|ends? with|ending with|suffix|trailing|tail|latest|final|most recent",
-    },
-    "letters": {"upper": r"upper ?case|uppercase|capitali[sz]e|capital letters|all caps",
-             "lower": r"lower ?case|lowercase|small letters"},
-    "side": {"left": r"left|lstrip|ljust", "right": r"right(?:-| )?(?:side|join|align(?:ed)?|shift|pad|most)|"
-             r"to the right|rstrip|rjust"},
-    "rounding": {"up": r"round(?:ing|ed)? up|ceil|ceiling", "down": r"round(?:ing|ed)? down|floor"},
-    "parity": {"even": rf"even{_ITEMS}|is even|evens", "odd": rf"odd{_ITEMS}|is odd|odds"},
-    "axis": {"row": r"rows?|row-wise", "column": r"columns?|cols?|column-wise"},
-    "orientation": {"horizontal": r"horizontal(?:ly)?", "vertical": r"vertical(?:ly)?"},
-    "truth": {"true": r"true|truthy", "false": r"false|falsy"},
-    "compass": {"north": r"north(?:ern)?", "south": r"south(?:ern)?", "east": r"east(?:ern)?", "west": r"west(?:ern)?"},
-    "temporal": {"past": r"yesterday|last (?:week|month|year)|ago", "future": r"tomorrow|next (?:week|month|year)|from now"},
-    "sync": {"sync": r"synchronous(?:ly)?|sync|blocking", "async": r"asynchronous(?:ly)?|async|non-blocking"},
-    "inout": {"in": r"inner|input|incoming|inbound", "out": r"outer|output|outgoing|outbound"},
-    "global": {"global": r"global(?:ly)?", "local": r"local(?:ly)?"},
-    "sign": {"positive": r"positive", "negative": r"negative"},
-    "gain": {"profit": r"profit", "loss": r"loss"},
-    "case": {"best": r"best[- ]case", "worst": r"worst(?:[- ]case)?"},
-    # evaluative and physical antonyms: "is coffee good/bad for you", "a soft/hard yolk"
-    "polarity": {"good": r"good for|healthy|beneficial|benefits?|advantages?|pros|safe|safely|safer|helpful",
-                 "bad": r"bad for|unhealthy|harmful|risks?|disadvantages?|cons|dangerous|unsafe|harmful|drawbacks?"},
-    "hardness": {"soft": r"soft|softer|runny", "hard": r"hard-boiled|hard|harder|firm"},
-    "heat": {"hot": r"hot|hotter|warm|warmer|heat", "cold": r"cold|colder|cool|cooler|chill(?:ed)?"},
-    "brightness": {"light": r"light mode|light theme|bright", "dark": r"dark mode|dark theme|dark"},
-    "client": {"client": r"client(?:-side)?", "server": r"server(?:-side)?"},
-    "frontback": {"frontend": r"front-?end", "backend": r"back-?end"},
-}
-
-# Groups where only two different poles conflict: a pole named on one side only is a qualifier the
-# answer covers ("push to the remote" / "push local changes to the remote", "order the rows").
-_PAIRED_ONLY = {"axis", "inout", "global", "polarity", "brightness", "client", "frontback"}
-
-# Verb pairs whose two sides are opposite actions: the "change" group above is a single bag of verbs,
-# so instead each verb maps to a canonical action and the actions must agree.
-_ACTIONS: dict[str, str] = {}
-for _pole, _words in {
-    "add": "add adding adds added insert inserting inserts append appending appends push pushing include including",
-    "remove": "remove removing removes removed clean cleaning delete deleting deletes deleted drop dropping pop popping "
-              "strip stripping erase erasing discard discarding",
-    "increase": "increase increasing increases increment incrementing raise raising grow growing enlarge expand "
-                "expanding upscale improve improving boost boosting",
-    "decrease": "decrease decreasing decreases decrement decrementing lower lowering reduce reducing shrink "
-                "shrinking downscale",
-    "install": "install installing installs installed", "uninstall": "uninstall uninstalling uninstalls",
-    "enable": "enable enabling enables enabled turn-on activate activating allow allowing whitelist", "disable": "disable disabling disables disabled block blocking deny forbid blacklist "
-              "turn-off deactivate deactivating",
-    "show": "show showing shows display displaying unhide reveal", "hide": "hide hiding hides conceal",
-    "lock": "lock locking locks", "unlock": "unlock unlocking unlocks",
-    "join": "join joining joins merge merging concatenate concatenating combine combining",
-    "split": "split splitting splits separate separating divide",
-    "mount": "mount mounting", "unmount": "unmount unmounting",
-    "open": "open opening opens", "close": "close closing closes",
-    "start": "start starting starts started launch launching begin began begins", "stop": "stop stopping stops kill killing terminate halt",
-    "subscribe": "subscribe subscribing", "unsubscribe": "unsubscribe unsubscribing",
-    "encrypt": "encrypt encrypting encrypts encryption", "decrypt": "decrypt decrypting decrypts decryption",
-    "encode": "encode encoding encodes encoder", "decode": "decode decoding decodes decoder",
-    "compress": "compress compressing compression zip zipping gzip", "decompress": "decompress decompressing "
-                "decompression unzip unzipping extract extracting gunzip untar",
-    "serialize": "serialize serialise serializing serialising serialization dump dumps dumping stringify",
-    "deserialize": "deserialize deserialise deserializing deserialising deserialization parse parsing load loads loading",
-    "upload": "upload uploading uploads", "download": "download downloading downloads",
-    "import": "import importing imports", "export": "export exporting exports",
-    "read": "read reading reads", "write": "write writing writes save saving",
-    "send": "send sending sends", "receive": "receive receiving receives",
-    "push": "push pushing", "pull": "pull pulling fetch fetching",
-    "connect": "connect connecting connects", "disconnect": "disconnect disconnecting",
-    "freeze": "freeze freezing", "unfreeze": "unfreeze unfreezing thaw",
-    "wrap": "wrap wrapping", "unwrap": "unwrap unwrapping", "set": "set setting", "unset": "unset unsetting",
-    "escape": "escape escaping", "unescape": "unescape unescaping",
-    "buy": "buy buying purchase", "sell": "sell selling",
-    "create": "create creating creates created generate generating build building",
-    "query": "find finding finds search searching locate count counting check checking select selecting "
-             "lookup detect identify",
-    "end": "end ends ended finish finishes finished",
-    "win": "win winning won", "lose": "lose losing lost",
-}.items():
-    for _w in _words.split():
-        _ACTIONS[_w] = _pole
-# Actions that are each other's opposite; only these can conflict.
-_OPPOSITE_ACTIONS = {
-    frozenset(p) for p in [
-        ("add", "remove"), ("increase", "decrease"), ("install", "uninstall"), ("enable", "disable"),
-        ("show", "hide"), ("lock", "unlock"), ("join", "split"), ("mount", "unmount"), ("open", "close"),
-        ("start", "stop"), ("subscribe", "unsubscribe"), ("encrypt", "decrypt"), ("encode", "decode"),
-        ("compress", "decompress"), ("serialize", "deserialize"), ("upload", "download"),
-        ("import", "export"), ("read", "write"), ("send", "receive"), ("push", "pull"),
-        ("connect", "disconnect"), ("freeze", "unfreeze"), ("wrap", "unwrap"), ("escape", "unescape"), ("set", "unset"),
-        ("buy", "sell"), ("win", "lose"), ("create", "remove"), ("query", "remove"), ("query", "create"),
-        ("query", "add"), ("start", "end"),
-    ]
-}
-
-
-# Actions that change their object; named on one side only, the prompts ask for different things
-# ("remove the first character" / "get the first character"). Creating, writing, sending and
-# querying verbs are often implied ("a function that ..." / "write a function that ...").
-_CHANGING_ACTIONS = {"remove", "add", "install", "uninstall", "enable", "disable", "hide", "increase", "decrease",
-                     "encrypt", "decrypt", "compress", "decompress", "upload", "download", "import", "export",
-                     "lock", "unlock", "subscribe", "unsubscribe", "mount", "unmount", "buy", "sell", "connect",
-                     "disconnect", "freeze", "unfreeze"}
-
-# Modifiers that make the noun another thing or ask for another method: a linked list is not a
-# list, a deep copy not a copy. One present on one side only changes the answer.
-_QUALIFIERS = {canonical(w): w for w in """
-    linked doubly singly circular hidden binary abstract static private public protected
-    anonymous recursive recursively iterative iteratively inplace immutable mutable weighted directed
-    undirected sparse dense multidimensional 2d 3d unique distinct deep shallow parallel concurrent
-    concurrently lazy lazily stable insensitive insensitively sensitive
-    """.split()}
 
 
 def qualifiers(text: str) -> frozenset[str]:
     t = re.sub(r"\bin[- ]place\b", "inplace", text, flags=re.IGNORECASE)
     t = re.sub(r"\bcase[- ](in)?sensitive(ly)?\b", r"case \1sensitive", t, flags=re.IGNORECASE)
-    return frozenset(_QUALIFIERS[c] for c in (canonical(w) for w in raw_words(t)) if c in _QUALIFIERS)
+    return frozenset(QUALIFIERS[c] for c in (canonical(w) for w in raw_words(t)) if c in QUALIFIERS)
 
 
 @lru_cache(maxsize=None)
@@ -385,7 +226,7 @@ def _pole_re(pattern: str) -> re.Pattern[str]:
 def directions(text: str) -> frozenset[tuple[str, str]]:
     """(group, pole) pairs the prompt mentions, e.g. ("order", "down")."""
     found: set[tuple[str, str]] = set()
-    for group, poles in _DIRECTIONS.items():
+    for group, poles in DIRECTIONS.items():
         for pole, pattern in poles.items():
             if _pole_re(pattern).search(text):
                 found.add((group, pole))
@@ -394,125 +235,43 @@ def directions(text: str) -> frozenset[tuple[str, str]]:
 
 def actions(text: str) -> frozenset[str]:
     """Canonical actions named by the prompt's verbs, idioms included ("get rid of" -> remove)."""
-    return frozenset(_ACTIONS[w] for w in raw_words(text) if w in _ACTIONS)
+    return frozenset(ACTIONS[w] for w in raw_words(text) if w in ACTIONS)
 
 
 # ---------------------------------------------------------------- languages, libraries, tools
-
-_TECH_ALIASES: dict[str, str] = {}
-for _canon, _aliases in {
-    "python": "python python3 py cpython", "javascript": "javascript js ecmascript", "typescript": "typescript ts",
-    "java": "java", "kotlin": "kotlin", "scala": "scala", "c": "", "c++": "c++ cpp", "c#": "c# csharp",
-    "go": "golang", "rust": "rust", "ruby": "ruby", "php": "php", "perl": "perl", "lua": "lua",
-    "haskell": "haskell", "elixir": "elixir", "erlang": "erlang", "clojure": "clojure", "julia": "julia",
-    "r": "", "matlab": "matlab", "dart": "dart", "zig": "zig", "fortran": "fortran", "cobol": "cobol",
-    "bash": "bash sh zsh shell", "powershell": "powershell", "sql": "sql", "html": "html", "css": "css",
-    "swift": "", "objective-c": "objective-c objc",
-    "postgres": "postgres postgresql psql", "mysql": "mysql mariadb", "sqlite": "sqlite sqlite3",
-    "mongodb": "mongodb mongo", "redis": "redis", "elasticsearch": "elasticsearch", "cassandra": "cassandra",
-    "pandas": "pandas pd", "numpy": "numpy np", "polars": "polars", "scipy": "scipy", "matplotlib": "matplotlib plt",
-    "seaborn": "seaborn", "plotly": "plotly", "sklearn": "sklearn scikit-learn", "pytorch": "pytorch torch",
-    "tensorflow": "tensorflow tf", "keras": "keras", "jax": "jax", "transformers": "huggingface",
-    "react": "react reactjs react.js", "vue": "vue vuejs vue.js", "angular": "angular", "svelte": "svelte", "jquery": "jquery",
-    "django": "django", "flask": "flask", "fastapi": "fastapi", "express": "expressjs express.js", "spring": "",
-    "rails": "rails", "laravel": "laravel", "node": "node nodejs node.js", "deno": "deno", "bun": "",
-    "docker": "docker dockerfile", "kubernetes": "kubernetes k8s kubectl", "git": "git github gitlab",
-    "linux": "linux ubuntu debian", "windows": "windows", "macos": "macos osx mac", "android": "android",
-    "ios": "ios", "aws": "aws s3 ec2 lambda", "gcp": "gcp", "azure": "azure", "terraform": "terraform",
-    "ansible": "ansible", "nginx": "nginx", "apache": "apache", "excel": "excel", "vim": "vim neovim",
-    "emacs": "emacs", "vscode": "vscode", "npm": "npm", "pip": "pip", "conda": "conda", "cargo": "cargo",
-    "maven": "maven", "gradle": "gradle", "gpu": "gpu cuda", "cpu": "cpu", "tpu": "tpu", "requests": "", "asyncio": "asyncio", "regex": "",
-    "json": "json", "yaml": "yaml yml", "xml": "xml", "csv": "csv", "toml": "toml", "protobuf": "protobuf",
-    "graphql": "graphql", "rest": "", "grpc": "grpc", "kafka": "kafka", "rabbitmq": "rabbitmq", "spark": "spark pyspark",
-    "hadoop": "hadoop", "airflow": "airflow", "selenium": "selenium", "pytest": "pytest", "unittest": "unittest",
-    "jest": "jest", "junit": "junit", "tailwind": "tailwind", "bootstrap": "bootstrap", "nextjs": "nextjs next.js",
-    "opencv": "opencv cv2", "pillow": "pillow pil", "beautifulsoup": "beautifulsoup bs4", "sqlalchemy": "sqlalchemy",
-    "celery": "celery", "httpx": "httpx", "aiohttp": "aiohttp", "urllib": "urllib urllib3",
-    "axios": "axios", "lodash": "lodash", "pydantic": "pydantic", "boto3": "boto3", "podman": "podman", "latex": "latex", "markdown": "markdown", "unity": "", "unreal": "unreal",
-}.items():
-    for _a in (_aliases.split() or []):
-        _TECH_ALIASES[_a] = _canon
-    if _aliases and _canon not in ("go", "swift", "spring", "express", "bun", "requests", "rest", "unity", "c", "r"):
-        _TECH_ALIASES.setdefault(_canon, _canon)
-# English words that name a technology only when written with a capital (or unambiguously).
-_TECH_CAPITAL_ONLY = {"C": "c", "R": "r", "Go": "go", "Swift": "swift", "Spring": "spring", "Express": "express",
-                      "Bun": "bun", "Requests": "requests", "REST": "rest", "Unity": "unity", "Rust": "rust",
-                      "Ruby": "ruby", "Julia": "julia", "Dart": "dart", "Node": "node", "Flask": "flask"}
-
-
-# A library or tool implies its language: "install a package with pip" asks about Python.
-_IMPLIES: dict[str, str] = {}
-for _lang, _tools in {
-    "python": "pandas numpy polars scipy matplotlib seaborn plotly sklearn pytorch tensorflow keras jax "
-              "transformers django flask fastapi pip conda asyncio pytest unittest opencv pillow beautifulsoup "
-              "sqlalchemy celery httpx aiohttp urllib pydantic boto3 requests",
-    "javascript": "react vue angular svelte jquery express node deno bun npm jest nextjs axios lodash",
-    "java": "spring maven junit", "rust": "cargo", "ruby": "rails", "php": "laravel",
-}.items():
-    for _t in _tools.split():
-        _IMPLIES[_t] = _lang
 
 
 def technologies(text: str) -> frozenset[str]:
     """Languages, libraries and tools the prompt names, canonical, with the languages they imply."""
     found = _named_technologies(text)
-    return frozenset(found | {_IMPLIES[t] for t in found if t in _IMPLIES})
+    return frozenset(found | {IMPLIES[t] for t in found if t in IMPLIES})
 
 
 def _named_technologies(text: str) -> set[str]:
     found: set[str] = set()
     for m in re.finditer(r"[A-Za-z][A-Za-z0-9+#.\-]*[A-Za-z0-9+#]|[A-Za-z]", text):
         w = m.group(0)
-        if w in _TECH_CAPITAL_ONLY:
-            found.add(_TECH_CAPITAL_ONLY[w])
+        if w in TECH_CAPITAL_ONLY:
+            found.add(TECH_CAPITAL_ONLY[w])
             continue
         low = w.lower()
         if low in ("rust", "ruby", "julia", "dart", "flask", "node") and w[0].islower():
             continue  # plain English words unless capitalised
-        if low in _TECH_ALIASES:
-            found.add(_TECH_ALIASES[low])
-        elif "." in low and low.split(".")[0] in _TECH_ALIASES and low not in _TECH_ALIASES:
-            found.add(_TECH_ALIASES[low.split(".")[0]])  # np.sort -> numpy
+        if low in TECH_ALIASES:
+            found.add(TECH_ALIASES[low])
+        elif "." in low and low.split(".")[0] in TECH_ALIASES and low not in TECH_ALIASES:
+            found.add(TECH_ALIASES[low.split(".")[0]])  # np.sort -> numpy
     return found
 
 
 # ---------------------------------------------------------------- named entities
 
-# Common abbreviations of names, expanded (case-sensitively) before any fact is read.
-_ABBREVIATIONS = [(re.compile(p), r) for p, r in [
-    (r"\bWW(?:II|2)\b", "World War II"), (r"\bWW(?:I|1)\b", "World War I"),
-    (r"\b(?:USA|U\.S\.A\.|U\.S\.|US)(?![\w.])", "United States"), (r"\b(?:UK|U\.K\.)(?![\w.])", "United Kingdom"),
-    (r"\bmore than one\b", "multiple"),
-    (r"\bNYC\b", "New York City"), (r"\bEU\b", "European Union"), (r"\bUN\b", "United Nations"),
-    (r"\bUAE\b", "United Arab Emirates"), (r"\b(?:on|of) (?:the )?[Ee]arth\b", "in the world"),
-]]
-
 
 def expand_abbreviations(text: str) -> str:
     """Abbreviations written out, Roman numerals as digits ("WWII" -> "World War 2")."""
-    for rx, full in _ABBREVIATIONS:
+    for rx, full in ABBREVIATIONS:
         text = rx.sub(full, text)
     return _ROMAN.sub(_roman, text)
-
-
-# Capitalised words that start questions or are common enough not to name anything.
-_NOT_ENTITIES = set(
-    """
-    a about above after again all also am an and any are as at be because been before being below between both
-    but by can could did do does doing down during each few for from further had has have having he her here hers
-    how i if in into is it its just me more most my no nor not now of off on once only or other our out over own
-    please same she should so some such than that the their them then there these they this those through to too
-    under until up very was we were what when where which while who whom why will with would you your yours
-    explain tell give write show list describe define compare create make find get convert help implement
-    calculate compute check print return use using need want let lets let's suppose imagine given assume
-    is are was were can could should would will may might must shall do does did has have had
-    what's how's where's who's why's whats hows which's i'm i've i'd yes ok okay hi hello hey thanks thank
-    best way quick simple easy good fastest example examples difference meaning summary summarize
-    translate rewrite fix debug generate build sort reverse count remove delete add read parse name
-    one two three four five six seven eight nine ten first second third is there any anyone
-    recommend suggest provide outline walk step steps
-    """.split()
-)
 
 
 def entities(text: str) -> frozenset[str]:
@@ -527,7 +286,7 @@ def entities(text: str) -> frozenset[str]:
         if initial and not w.isupper() and re.search(r"(?:ing|ed|ly)$", low):
             continue  # "Reading a CSV file...": a verb that starts the sentence
         acronym = w.isupper() and len(w) > 1 and low not in ("ok", "is", "it", "am", "an")  # GET/POST, not "IS"
-        if (low in _NOT_ENTITIES and not acronym) or len(low) < 2 or w in _TECH_CAPITAL_ONLY or low in _TECH_ALIASES:
+        if (low in NOT_ENTITIES and not acronym) or len(low) < 2 or w in TECH_CAPITAL_ONLY or low in TECH_ALIASES:
             continue
         found.add(low)
     return frozenset(found)
@@ -535,36 +294,14 @@ def entities(text: str) -> frozenset[str]:
 
 # ---------------------------------------------------------------- conversion direction
 
-_ARTICLES = r"(?:(?:a|an|the|my|some|this|that|these|those|its|their|your)\s+)?"
-_CONVERT = [
-    re.compile(rf"\bfrom\s+{_ARTICLES}([\w+#.\-]+)\s+(?:to|into|in)\s+{_ARTICLES}([\w+#.\-]+)", re.IGNORECASE),
-    re.compile(rf"\b([\w+#.\-]+)\s+(?:to|into|->|→)\s+{_ARTICLES}([\w+#.\-]+)", re.IGNORECASE),
-    re.compile(rf"\b([\w+#.\-]+)\s+from\s+{_ARTICLES}([\w+#.\-]+)", re.IGNORECASE),
-    re.compile(rf"\bhow many\s+([\w+#.\-]+)\s+(?:(?:are|is)\s+)?(?:there\s+)?in\s+(?:[\d.,]+\s+)?{_ARTICLES}([\w+#.\-]+)",
-               re.IGNORECASE),
-    # comparisons are ordered too: "X faster than Y" is not "Y faster than X"
-    re.compile(rf"\b([\w+#.\-]+)\s+(?:\w+er|more\s+\w+|less\s+\w+|better|worse)\s+than\s+{_ARTICLES}([\w+#.\-]+)",
-               re.IGNORECASE),
-    # "replace X with Y" is not "replace Y with X"
-    re.compile(rf"\b(?:replac|substitut|swap)\w*\s+(?:all\s+|every\s+|each\s+)?{_ARTICLES}([\w+#.\-]+)\s+"
-               rf"(?:with|by|for)\s+{_ARTICLES}([\w+#.\-]+)", re.IGNORECASE),
-]
-_CONVERT_FILLER = {"how", "way", "want", "need", "going", "able", "have", "like", "is", "it", "this", "way",
-                   "code", "script", "program", "function", "possible", "ways", "back", "me", "them", "you",
-                   "easiest", "best", "best", "quickest", "try", "tries", "trying"}
-
-
-_UNIT_WORDS = {"kilometer": "km", "kilometre": "km", "kilogram": "kg", "kilo": "kg", "centimeter": "cm",
-               "centimetre": "cm", "metre": "meter", "feet": "foot", "°c": "celsius", "°f": "fahrenheit"}
-
 
 def _canon_word(w: str) -> str:
     """A conversion's end in canonical form: js = javascript, kilometres = km, dicts = dictionary."""
     low = w.lower().strip(".")
-    if low in _TECH_ALIASES:
-        return _TECH_ALIASES[low]
-    low = _UNIT_WORDS.get(low, low)
-    return canonical(_UNIT_WORDS.get(low.removesuffix("s"), low))
+    if low in TECH_ALIASES:
+        return TECH_ALIASES[low]
+    low = UNIT_WORDS.get(low, low)
+    return canonical(UNIT_WORDS.get(low.removesuffix("s"), low))
 
 
 _NAME_RUN = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)+\b")
@@ -574,24 +311,16 @@ def conversions(text: str) -> frozenset[tuple[str, str]]:
     """Ordered (source, target) pairs: "Celsius to Fahrenheit", "string from an int" = (int, string)."""
     pairs: set[tuple[str, str]] = set()
     text = _NAME_RUN.sub(lambda m: m.group(0).replace(" ", "_"), text)  # "New York" is one place
-    for i, rx in enumerate(_CONVERT):
+    for i, rx in enumerate(CONVERT):
         for m in rx.finditer(text):
             a, b = _canon_word(m.group(1)), _canon_word(m.group(2))
             if i in (2, 3):  # "X from Y", "how many X in Y": Y is the source
                 a, b = b, a
-            if a != b and a not in _CONVERT_FILLER and b not in _CONVERT_FILLER and not a.isdigit():
+            if a != b and a not in CONVERT_FILLER and b not in CONVERT_FILLER and not a.isdigit():
                 pairs.add((a, b))
     return frozenset(pairs)
 
 
-
-# A relation word keeps its meaning when its two ends trade places only in a paraphrase that also
-# changes the word ("X to Y" = "Y from X"); with the same word in both prompts, swapped ends ask
-# the opposite question: "144 divided by 12" / "12 divided by 144", "copy from the container to my
-# host" / "from my host into the container", "JSON into a struct" / "a struct to JSON". Words
-# of one group count as the same relation word.
-_RELATION_WORDS = {"to": "to", "into": "to", "onto": "to", "from": "from", "of": "of", "in": "in", "by": "by",
-                   "than": "than", "per": "per"}
 # Ends further apart than this many other content words are not read as one relation: "remove
 # duplicates from a list in Python" / "Python: get rid of duplicates in a list" keep their meaning.
 _RELATION_SPAN = 1
@@ -621,7 +350,7 @@ def relations(text: str) -> frozenset[tuple[str, str, str]]:
             between += 1
             if key_counts[right] != 1 or right == left:
                 continue
-            joined = {_RELATION_WORDS[r] for r, _, _ in keyed[i + 1:j] if r in _RELATION_WORDS}
+            joined = {RELATION_WORDS[r] for r, _, _ in keyed[i + 1:j] if r in RELATION_WORDS}
             if len(joined) == 1:
                 found.add((joined.pop(), left, right))
     return frozenset(found)
@@ -640,12 +369,12 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     """(raw, canonical) words: number words as digits, technologies by their canonical name."""
     out = []
     for raw, canon in words(expand_abbreviations(text)):
-        if raw in _UNITS:
-            canon = str(_UNITS[raw])
-        elif raw in _TENS or raw in _SCALES:  # "last hundred lines" = "last 100 lines"
-            canon = str(_TENS.get(raw) or _SCALES[raw])
-        elif raw in _TECH_ALIASES:
-            canon = _TECH_ALIASES[raw]
+        if raw in UNITS:
+            canon = str(UNITS[raw])
+        elif raw in TENS or raw in SCALES:  # "last hundred lines" = "last 100 lines"
+            canon = str(TENS.get(raw) or SCALES[raw])
+        elif raw in TECH_ALIASES:
+            canon = TECH_ALIASES[raw]
         out.append((raw, canon))
     return out
 
@@ -667,7 +396,7 @@ def _verb_slot(tokens: list[tuple[str, str]], i: int) -> bool:
     if i == 0:
         return True
     prev = tokens[i - 1][0]
-    return prev in ("i", "you", "we", "to", "please") or prev in _TECH_ALIASES
+    return prev in ("i", "you", "we", "to", "please") or prev in TECH_ALIASES
 
 
 def substitution(a: str, b: str) -> tuple[str, str] | None:
@@ -695,9 +424,9 @@ def substitution(a: str, b: str) -> tuple[str, str] | None:
         if len(left) > 2 or len(right) > 2:
             return None
         raws = [r for _, r, _ in left + right]
-        if len({_ACTIONS.get(r) for r in raws}) == 1 and raws[0] in _ACTIONS:
+        if len({ACTIONS.get(r) for r in raws}) == 1 and raws[0] in ACTIONS:
             continue  # two verbs of one action: "kill"/"stop" a process
-        known = all(r in _ACTIONS for r in raws)  # two different known operations: not a paraphrase
+        known = all(r in ACTIONS for r in raws)  # two different known operations: not a paraphrase
         if _verb_slot(ta, left[0][0]) and _verb_slot(tb, right[0][0]) and not known:
             continue  # "How do I make/prepare/find ...": paraphrases swap the leading verb freely
         swaps.append((" ".join(c for _, _, c in left), " ".join(c for _, _, c in right)))
@@ -753,14 +482,14 @@ def _names_only_in(fa: Facts, fb: Facts) -> set[str]:
 
 def _opposite_actions(fa: Facts, fb: Facts) -> bool:
     """A verb on one side whose opposite is named (add/remove, create/delete...)."""
-    return any(frozenset((x, y)) in _OPPOSITE_ACTIONS for x in fa.actions ^ fb.actions for y in fa.actions | fb.actions)
+    return any(frozenset((x, y)) in OPPOSITE_ACTIONS for x in fa.actions ^ fb.actions for y in fa.actions | fb.actions)
 
 
 def _direction_conflict(da: frozenset[tuple[str, str]], db: frozenset[tuple[str, str]]) -> bool:
     for group in {g for g, _ in da | db}:
         pa = {p for g, p in da if g == group}
         pb = {p for g, p in db if g == group}
-        if pa != pb and (group not in _PAIRED_ONLY or (pa and pb)):
+        if pa != pb and (group not in PAIRED_ONLY or (pa and pb)):
             return True
     return False
 
@@ -794,7 +523,7 @@ def compare(a: str, b: str, similarity: float | None = None) -> str | None:
         return "direction"
     if _opposite_actions(fa, fb):
         return "action"
-    if bool(fa.actions) != bool(fb.actions) and (fa.actions | fb.actions) & _CHANGING_ACTIONS:
+    if bool(fa.actions) != bool(fb.actions) and (fa.actions | fb.actions) & CHANGING_ACTIONS:
         return "action"  # "remove the first character" / "get the first character"
     if fa.qualifiers != fb.qualifiers:
         return "qualifier"
