@@ -121,7 +121,7 @@ def _numbers(text: str) -> tuple[str, ...]:
         if tok[0].isdigit() or tok[0] in "+-" and len(tok) > 1:
             flush()
             suffix = re.search(r"[A-Za-z]+$", tok)
-            if m.start() > 0 and text[m.start() - 1].isalpha() and (suffix or text[m.start() - 2:m.start() - 1].isdigit()):
+            if m.start() > 0 and text[m.start() - 1].isalpha() and (suffix or text[max(m.start() - 2, 0)].isdigit()):
                 continue  # "k8s", "a1b2c3": a name with digits in it
             digits = tok[:suffix.start()] if suffix else tok
             digits = digits.replace(",", "")
