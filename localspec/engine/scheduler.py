@@ -38,7 +38,7 @@ from localspec.engine.chat import check_jinja
 from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.controller import AcceptanceBook, Controller, Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
-from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
+from localspec.engine.events import Done, Event, FinishReason, Origin, ProgressFn, Stats, Token
 from localspec.engine.grammar import Grammar
 from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
 from localspec.engine.prompt import Prompter
@@ -240,7 +240,7 @@ class Engine:
         running = [s for s in self.slots if s.active]
         if not running:
             return False
-        drafts = self._draft([s for s in running if s.active.decoding])
+        drafts = self._draft([s for s in running if s.current.decoding])
         batch = self._build_batch(running, drafts)
         if not batch.parts:
             return True
@@ -295,7 +295,7 @@ class Engine:
 
     def _verify_rows(self, slot: Slot, d: Draft) -> list[Row]:
         """[last token, d1..dk] with logits: the target's verdict on a slot's draft."""
-        a = slot.active
+        a = slot.current
         base = len(a.tokens) - 1
         rows = [Row(t, base + i, slot.seq, logits=True) for i, t in enumerate([a.tokens[-1], *d.tokens])]
         slot.kv.extend(r.token for r in rows)
@@ -303,7 +303,7 @@ class Engine:
 
     def _prefill_rows(self, slot: Slot, budget: int) -> list[Row]:
         """The next chunk of a slot's prompt; logits only on the prompt's last token."""
-        a = slot.active
+        a = slot.current
         start = len(slot.kv)
         chunk = a.tokens[start : min(a.n_prompt, start + budget)]
         last = start + len(chunk) == a.n_prompt
@@ -323,7 +323,7 @@ class Engine:
 
     def _fail(self, slot: Slot, exc: BaseException, log: bool = True) -> None:
         """End a slot's request with finish_reason "error" (once) and free the slot and its KV cells."""
-        a = slot.active
+        a = slot.current
         if a is None:
             return
         error = f"{type(exc).__name__}: {exc}"
@@ -383,7 +383,7 @@ class Engine:
         # Keep at least the last prompt token to decode: its logits give the first token.
         keep = min(common_prefix(slot.kv, tokens), len(tokens) - 1)
         pinned = len(self._pinned)
-        if keep < pinned <= handle.pin_len and tokens[:pinned] == self._pinned:
+        if self._pin_seq is not None and keep < pinned <= handle.pin_len and tokens[:pinned] == self._pinned:
             self._reset_kv(slot)  # the pinned prefix replaces the slot's shorter match
             self.target.seq_cp(self._pin_seq, slot.seq)
             slot.kv = list(self._pinned)
@@ -406,7 +406,7 @@ class Engine:
             k=k if mode != "off" else 0, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
             t_admit=time.perf_counter(), stop=StopMatcher(request.stop), grammar=handle.grammar,
         )
-        if mode == "auto":
+        if mode == "auto" and self.costs is not None:
             active.controller = Controller(self.costs, k_max=k, has_draft_model=self.drafter is not None,
                                            book=self.acceptance)
         slot.active = active
@@ -419,7 +419,7 @@ class Engine:
             job = self._guarded(slot, self._plan_draft, slot, drafts)
             if job is not None:
                 jobs.append((slot, job))
-        if not jobs:
+        if not jobs or self.drafter is None:
             return drafts
         t0 = time.perf_counter()
         calls = self.drafter.decode_calls
@@ -438,7 +438,7 @@ class Engine:
 
     def _plan_draft(self, slot: Slot, drafts: dict[int, Draft]) -> DraftJob | None:
         """A slot's drafter and k for this step: a lookup (or no) draft now, or a job for the draft model."""
-        a = slot.active
+        a = slot.current
         # No point drafting past max_tokens or the end of the context.
         k = min(a.k, a.request.max_tokens - a.generated - 1, self.config.n_ctx - len(a.tokens))
         mode, lookup = a.mode, None
@@ -455,10 +455,12 @@ class Engine:
 
     def _auto_choice(self, slot: Slot, k_cap: int) -> tuple[str, int, Draft]:
         """Ask the controller which drafter and k pay most; also return the lookup proposal it weighed."""
-        a = slot.active
+        a = slot.current
         lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
         proposal = self.lookup.propose(a.tokens, k_cap)
         a.lookup_match = proposal.match_length
+        if a.controller is None:
+            raise RuntimeError("mode auto without its controller")
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap)
         return a.choice.drafter, a.choice.k, proposal
 
@@ -466,18 +468,18 @@ class Engine:
         if a.mode == "draft":
             return True
         # auto: read the prompt into the draft only if drafting is expected to pay once caught up.
-        return a.mode == "auto" and a.controller.choose(0, 0, 0, a.k).drafter == "draft"
+        return a.controller is not None and a.controller.choose(0, 0, 0, a.k).drafter == "draft"
 
     # ------------------------------------------------------------------ outcomes
 
     def _first_token(self, slot: Slot, row: np.ndarray, now: float) -> None:
-        a = slot.active
+        a = slot.current
         a.stats.prefill_ms = (now - a.t_admit) * 1000
         a.decoding = True
         self._emit(slot, [pick(a, row)], "target", now, rows=row[None, :])
 
     def _accept(self, slot: Slot, d: Draft, rows: np.ndarray, now: float) -> None:
-        a = slot.active
+        a = slot.current
         # Greedy and grammar-constrained rows are point masses: the same rule, without the vectors.
         if a.grammar is not None:
             verdict = verify_greedy(grammar_tokens(a, rows, d.tokens, self.target.is_eog), d)
@@ -486,7 +488,7 @@ class Engine:
         else:
             verdict = verify(target_rows(a, rows, d.tokens), d, a.rng, start_pos=len(a.tokens))
         a.stats.target_passes += 1
-        if a.choice is not None:
+        if a.choice is not None and a.controller is not None:
             a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match)
             a.choice = None
         if len(d):
@@ -505,10 +507,10 @@ class Engine:
             self.drafter.rollback(slot.seq, a.tokens)
 
     def _emit(
-        self, slot: Slot, tokens: list[int], origin: str, now: float, rows: np.ndarray | None = None
+        self, slot: Slot, tokens: list[int], origin: Origin, now: float, rows: np.ndarray | None = None
     ) -> None:
         """`rows`: the target logits each token was chosen from, for logprobs."""
-        a = slot.active
+        a = slot.current
         for i, token in enumerate(tokens):
             if a.stats.completion_tokens == 0:
                 a.t_first = now
@@ -535,8 +537,8 @@ class Engine:
                 self._finish(slot, "length")
                 return
 
-    def _finish(self, slot: Slot, reason: str, error: str | None = None, flush: bool = True) -> None:
-        a = slot.active
+    def _finish(self, slot: Slot, reason: FinishReason, error: str | None = None, flush: bool = True) -> None:
+        a = slot.current
         if flush and reason != "error":
             tail = a.stop.feed(a.utf8.flush())[0] + a.stop.flush()
             if tail:
@@ -562,7 +564,7 @@ class Engine:
     def _pin(self, slot: Slot, a: Active, computed: int) -> None:
         """Keep the shared prefix of a pin_prefix request once its slot has computed it."""
         n = a.handle.pin_len
-        if n and computed >= n and a.tokens[:n] != self._pinned:
+        if n and self._pin_seq is not None and computed >= n and a.tokens[:n] != self._pinned:
             self.target.seq_rm(self._pin_seq, 0, -1)
             self.target.seq_cp(slot.seq, self._pin_seq, 0, n)
             self._pinned = a.tokens[:n]

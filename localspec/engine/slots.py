@@ -105,6 +105,13 @@ class Slot:
     kv: list[int] = field(default_factory=list)  # tokens held in the target KV cache, in order
     active: Active | None = None
 
+    @property
+    def current(self) -> Active:
+        """The request this slot runs; the step asks only slots that run one."""
+        if self.active is None:
+            raise RuntimeError(f"slot {self.seq} runs no request")
+        return self.active
+
 
 @dataclass
 class Active:
@@ -122,7 +129,7 @@ class Active:
     t_last: float = 0.0
     decoding: bool = False
     utf8: Utf8Stream = field(default_factory=Utf8Stream)
-    stop: StopMatcher | None = None
+    stop: StopMatcher = field(default_factory=lambda: StopMatcher(()))
     text: list[str] = field(default_factory=list)
     grammar: Grammar | None = None
     controller: Controller | None = None  # mode auto only

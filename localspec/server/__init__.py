@@ -1,5 +1,7 @@
 """The OpenAI-compatible HTTP endpoint (`localspec serve`)."""
 
+from typing import Any
+
 from localspec.server.app import create_app
 from localspec.server.backend import Backend
 from localspec.server.settings import API_KEY_ENV, ServerSettings, is_loopback
@@ -15,5 +17,5 @@ def serve(settings: ServerSettings) -> None:
     settings.check_bind()
     app = create_app(settings)
     # Running requests get this long to finish on shutdown; the rest are cancelled.
-    tls = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)} if settings.ssl_certfile else {}
+    tls: dict[str, Any] = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)} if settings.ssl_certfile else {}
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10, **tls)

@@ -29,7 +29,7 @@ class Backend:
     target_id: str
     target_names: set[str]  # every model name a chat/completion request may use
     draft_id: str | None
-    profile: str
+    profile: str | None
     routes: dict[str, str] = field(default_factory=dict)  # model name -> the pipeline's route ("auto", a tier)
     embedding_id: str | None = None
     embedding_names: set[str] = field(default_factory=set)
@@ -40,7 +40,11 @@ class Backend:
 
     @property
     def tier(self) -> LocalTier:
-        return self.pipeline.tiers[self.pipeline.default_tier]
+        """The default tier: the engine in this process that the endpoint's model names mean."""
+        tier = self.pipeline.tiers[self.pipeline.default_tier]
+        if not isinstance(tier, LocalTier):
+            raise TypeError(f"the default tier {tier.name} is not in this process")
+        return tier
 
     @property
     def engine(self) -> Engine:

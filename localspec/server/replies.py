@@ -122,8 +122,8 @@ class StreamedReply(ABC):
         """The last chunks of a finished answer: finish reason, the localspec extension, usage."""
 
     async def stream(self) -> AsyncIterator[bytes]:
-        for chunk in self.head():
-            yield chunk
+        for first in self.head():
+            yield first
         done: Done | None = None
         async for item in pieces(self.job, self.state.metrics, hold_text=self.hold_text):
             if isinstance(item, Waiting):
@@ -137,6 +137,6 @@ class StreamedReply(ABC):
         if done.finish_reason == "error":
             yield sse_engine_error(done)
         else:
-            for chunk in self.tail(done):
-                yield chunk
+            for last in self.tail(done):
+                yield last
         yield SSE_DONE

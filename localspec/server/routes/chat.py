@@ -14,7 +14,8 @@ from localspec.server.errors import ERROR_RESPONSES
 from localspec.server.replies import StreamedReply, chat_logprobs, engine_failed, extension, usage
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-                                      ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCallDelta)
+                                      ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCall,
+                                      ToolCallDelta)
 from localspec.server.state import Principal, ServerState, State, check_model
 from localspec.server.streaming import EventStream, Piece, collect, sse, unless_disconnected
 
@@ -38,7 +39,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         return Response(status_code=499)
     tokens, done = collected
     engine_failed(done)
-    content, calls = done.text, []
+    content: str | None = done.text
+    calls: list[ToolCall] = []
     if plan_.tool_mode:
         content, calls = translate.parse_tool_calls(done.text, plan_.tool_mode == "forced")
     return ChatCompletion(
@@ -79,7 +81,7 @@ class ChatReply(StreamedReply):
 
     def tail(self, done: Done) -> list[bytes]:
         out = []
-        reason = done.finish_reason
+        reason: str = done.finish_reason
         if self.plan.tool_mode:
             content, calls = translate.parse_tool_calls(done.text, self.plan.tool_mode == "forced")
             if calls:

@@ -21,8 +21,9 @@ async def embeddings(body: EmbeddingRequest, state: State) -> EmbeddingList:
     b = state.backend()
     check_model(body.model, b.embedding_names)
     s = state.settings
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    if not texts or not all(isinstance(t, str) for t in texts):
+    given = [body.input] if isinstance(body.input, str) else body.input
+    texts = [t for t in given if isinstance(t, str)]
+    if not texts or len(texts) != len(given):
         raise APIError(400, "input must be a string or a non-empty list of strings (token ids are not supported).",
                        "invalid_value", "input")
     if len(texts) > s.max_embedding_inputs:

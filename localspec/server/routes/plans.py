@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import ParamSpec
 
 from pydantic import ValidationError
 
 from localspec.server.errors import APIError
 from localspec.server.translate import Plan
-
-P = ParamSpec("P")
 
 # Before OpenAPI 3.2 an event stream's `schema` describes one event (its `data:` field), not the whole body.
 SSE_CONTENT = {"text/event-stream": {"schema": {
@@ -21,15 +18,15 @@ SSE_CONTENT = {"text/event-stream": {"schema": {
 }}}
 
 
-def _plan_or_400(build: Callable[P, Plan], *args: P.args, **kwargs: P.kwargs) -> Plan:
+def _plan_or_400(build: Callable[..., Plan], *args: object) -> Plan:
     try:
-        return build(*args, **kwargs)
+        return build(*args)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or None
         raise APIError(400, f"{field}: {err['msg']}" if field else err["msg"], "invalid_value", field) from exc
 
 
-async def plan(build: Callable[P, Plan], *args: P.args, **kwargs: P.kwargs) -> Plan:
+async def plan(build: Callable[..., Plan], *args: object) -> Plan:
     """Schema checks and grammar conversion cost CPU: never on the event loop."""
-    return await asyncio.to_thread(_plan_or_400, build, *args, **kwargs)
+    return await asyncio.to_thread(_plan_or_400, build, *args)
