@@ -44,11 +44,12 @@ from localspec.cache.judge import ModelJudge
 from localspec.cache.policy import cache_judge_kind
 from localspec.cache.scope import LOCAL_OWNER
 from localspec.cache.scorer import PairScorer, ScorerJudge
+from localspec.cache.semantic import CacheHit
 from localspec.cache import CacheScope
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Event, Stats, Token
 from localspec.engine.scheduler import Engine
-from localspec.engine.slots import EventSink, Lane
+from localspec.engine.slots import EventSink, Handle, Lane
 from localspec.engine.worker import EngineWorker
 from localspec.jobs import CacheInfo, CacheKey, CacheStatus, Job, Route
 from localspec.router import RemoteTier, RemoteUnavailable, RouteDecision, RouteInput, Router, TierName
@@ -104,7 +105,7 @@ class LocalTier:
         handle = self.worker.submit(request, sink=sink)
         return Started(functools.partial(self.worker.cancel, handle), handle.dropped_messages)
 
-    def submit(self, request: GenerationRequest, *, lane: Lane = Lane.GENERATION):
+    def submit(self, request: GenerationRequest, *, lane: Lane = Lane.GENERATION) -> Handle:
         """Queue on the engine and read the handle's own queue (the reuse judge, scripts)."""
         return self.worker.submit(request, lane=lane)
 
@@ -310,7 +311,7 @@ class Pipeline:
         self._replay(job, hit, (time.perf_counter() - t0) * 1000)
         return True
 
-    def _lookup(self, key: CacheKey):
+    def _lookup(self, key: CacheKey) -> CacheHit | None:
         if self.cache is None:
             return None
         if self.settings.cache_judge == "scorer" and self._scorer_judge is not None:
@@ -363,7 +364,7 @@ class Pipeline:
 
     # ------------------------------------------------------------ answering
 
-    def _replay(self, job: Job, hit, lookup_ms: float) -> None:
+    def _replay(self, job: Job, hit: CacheHit, lookup_ms: float) -> None:
         """Stream a cached answer like a generation, then a Done whose stats say it came from the cache."""
         for piece in _PIECE.findall(hit.answer):
             job.emit(Token(text=piece, ids=(), origin="cache"))

@@ -5,8 +5,9 @@ with the truncate policy and the shared prefix a request may pin."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from localspec.engine.chat import TemplateCheck, render_chat
+from localspec.engine.chat import ChatMessage, TemplateCheck, render_chat
 from localspec.engine.config import GenerationRequest
 from localspec.engine.runtime import ModelRuntime
 from localspec.errors import ContextOverflowError, RequestError
@@ -55,7 +56,8 @@ class Prompter:
         fits = len(prefix) <= self.pinned_cells and len(prefix) < len(tokens)
         return len(prefix) if fits and tokens[: len(prefix)] == prefix else 0
 
-    def render(self, messages, tools: list[dict] | None = None, add_generation_prompt: bool = True) -> list[int]:
+    def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
+               add_generation_prompt: bool = True) -> list[int]:
         self.chat_check.require()
         text = render_chat(self.target.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
                            tools=tools, add_generation_prompt=add_generation_prompt)

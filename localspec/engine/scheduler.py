@@ -27,9 +27,10 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -52,6 +53,8 @@ from localspec.errors import IncompatibleDraftError, RequestError
 __all__ = ["Engine", "Handle", "Lane"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # llama.cpp accepts a draft whose vocabulary differs from the target's by up to this many tokens.
 MAX_VOCAB_DIFFERENCE = 128
@@ -313,7 +316,7 @@ class Engine:
             self.drafter.sync(slot.seq, a.tokens[: a.n_prompt], budget=len(chunk))
         return rows
 
-    def _guarded(self, slot: Slot, fn, *args):
+    def _guarded(self, slot: Slot, fn: Callable[..., T], *args: Any) -> T | None:
         """Run one slot's part of the step; a fault fails that slot's request and nothing else."""
         try:
             return fn(*args)
@@ -323,7 +326,7 @@ class Engine:
 
     def _fail(self, slot: Slot, exc: BaseException, log: bool = True) -> None:
         """End a slot's request with finish_reason "error" (once) and free the slot and its KV cells."""
-        a = slot.current
+        a = slot.active
         if a is None:
             return
         error = f"{type(exc).__name__}: {exc}"

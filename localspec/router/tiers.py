@@ -11,12 +11,16 @@ URL, a key's env var unset) is a ConfigError when the router is built, not at th
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlparse
 
 from localspec.errors import ConfigError, ModelNotFoundError
+
+if TYPE_CHECKING:
+    from localspec.models.registry import Profile
 
 TierKind = Literal["local", "remote"]
 
@@ -40,11 +44,11 @@ class TierSpec:
     api_key_env: str | None = None  # remote: env var holding the key (None: no key)
     timeout_s: float = 60.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
-def tiers_from_profile(profile) -> list[TierSpec]:
+def tiers_from_profile(profile: Profile) -> list[TierSpec]:
     """Tiers of a `localspec.models.Profile`, cheapest first."""
     tiers: list[TierSpec] = []
     if profile.small and profile.small != profile.target:
@@ -79,7 +83,7 @@ def check_remote_spec(spec: TierSpec, where: str = "the remote tier") -> None:
         )
 
 
-def check_local_installed(tiers: list[TierSpec], installed) -> None:
+def check_local_installed(tiers: list[TierSpec], installed: Callable[[str], object | None]) -> None:
     """Every local tier's models must be installed; `installed(id)` returns a path or None."""
     for t in tiers:
         for mid in (t.target, t.draft):

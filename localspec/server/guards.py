@@ -51,7 +51,7 @@ async def send_error(send: Send, status: int, message: str, code: str, headers: 
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers") or []:
         if key == name:
-            return value.decode("latin-1")
+            return str(value.decode("latin-1"))
     return None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from typing import Any
 from dataclasses import dataclass
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
@@ -53,7 +54,7 @@ def _sampling(body: _Sampling) -> SamplingParams:
     )
 
 
-def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict:
+def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict[str, Any]:
     if body.n != 1:
         raise APIError(400, f"n={body.n} is not supported; this server returns one choice (n=1).", "unsupported_value", "n")
     if max_tokens is not None and max_tokens > cap:
@@ -65,7 +66,7 @@ def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict:
     )
 
 
-def schema_grammar(schema: dict | None, field: str = "response_format.json_schema.schema",
+def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.json_schema.schema",
                    checked: bool = False) -> str:
     """GBNF for a JSON schema, after checking it against the grammar bounds (400 naming the field)."""
     if not schema:
@@ -74,7 +75,7 @@ def schema_grammar(schema: dict | None, field: str = "response_format.json_schem
     try:
         if not checked:
             check_schema(schema, field)
-        gbnf = json_schema_to_gbnf(json.dumps(schema))
+        gbnf = str(json_schema_to_gbnf(json.dumps(schema)))
         check_gbnf(gbnf)
     except GrammarTooLarge as exc:
         raise APIError(400, exc.cause, "schema_too_large", param) from exc
@@ -100,7 +101,7 @@ def _messages(body: ChatCompletionRequest) -> list[ChatMessage]:
     out = []
     for m in body.messages:
         role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
-        extra: dict = {}
+        extra: dict[str, Any] = {}
         if m.tool_calls:
             calls = []
             for c in m.tool_calls:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import re
+from typing import Any
 
 from fastapi import APIRouter
 
@@ -34,7 +35,7 @@ async def mark_cached_wrong(entry_id: str, body: CacheVerdictRequest, state: Sta
 
 
 @router.get("/v1/cache/stats", response_model=dict, responses=ERROR_RESPONSES)
-async def cache_stats(state: State) -> dict:
+async def cache_stats(state: State) -> dict[str, Any]:
     b = state.backend()
     cache = b.pipeline.cache
     if cache is None:

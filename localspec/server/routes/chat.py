@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -26,7 +28,8 @@ router = APIRouter()
     "/v1/chat/completions", response_model=ChatCompletion,
     responses={**ERROR_RESPONSES, 200: {"content": SSE_CONTENT, "description": "JSON, or SSE chunks when stream=true"}},
 )
-async def chat_completions(body: ChatCompletionRequest, request: Request, state: State, who: Principal):
+async def chat_completions(body: ChatCompletionRequest, request: Request, state: State,
+                           who: Principal) -> ChatCompletion | EventStream | Response:
     b = state.backend()
     check_model(body.model, b.target_names)
     plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
@@ -65,7 +68,7 @@ class ChatReply(StreamedReply):
         self.hold_text = bool(plan_.tool_mode)
         self.unreported: list[Token] = []  # logprob tokens behind no text yet: they go on the last chunk
 
-    def chunk(self, delta: ChatDelta, **kw) -> ChatCompletionChunk:
+    def chunk(self, delta: ChatDelta, **kw: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.body.model,
                                    choices=[ChatChunkChoice(delta=delta, **kw)])
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -24,7 +26,8 @@ router = APIRouter()
     "/v1/completions", response_model=Completion,
     responses={**ERROR_RESPONSES, 200: {"content": SSE_CONTENT, "description": "JSON, or SSE chunks when stream=true"}},
 )
-async def completions(body: CompletionRequest, request: Request, state: State, who: Principal):
+async def completions(body: CompletionRequest, request: Request, state: State,
+                      who: Principal) -> Completion | EventStream | Response:
     b = state.backend()
     check_model(body.model, b.target_names)
     plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
@@ -68,7 +71,7 @@ class CompletionReply(StreamedReply):
         self.echo = echo
         self.id = f"cmpl-{job.id}"
 
-    def chunk(self, text: str, **kw) -> Completion:
+    def chunk(self, text: str, **kw: Any) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.body.model,
                           choices=[CompletionChoice(text=text, **kw)])
 
