@@ -186,12 +186,12 @@ def open_pipeline(
     """
     from localspec.engine.embedder import file_fingerprint
     from localspec.pipeline import LocalTier, Pipeline, PipelineSettings, RemoteRunner
-    from localspec.router import RemoteTier, Router
+    from localspec.router import RemoteTier, Router, TierName
 
     mode = overrides.get("mode")
     files, _ = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
     engine = open_engine(profile, target, draft, on_progress=on_progress, **overrides)
-    large = LocalTier("large", engine, files.target_id, files.draft_id, file_fingerprint(files.target))
+    large = LocalTier(TierName.LARGE, engine, files.target_id, files.draft_id, file_fingerprint(files.target))
     semantic = open_cache(profile, engine.config.n_threads, semantic=cache_semantic) if cache else None
     router = None
     if route and target is None:
@@ -199,7 +199,7 @@ def open_pipeline(
         if len(router.tiers) < 2:
             router = None
 
-    def load_tier(name: str):
+    def load_tier(name: TierName) -> LocalTier | RemoteRunner:
         spec = router.tier(name) if router else None
         if spec is None:
             raise KeyError(name)
@@ -210,9 +210,9 @@ def open_pipeline(
         small = open_engine(profile, spec.target, None, mode="off", **small_overrides)
         return LocalTier(name, small, small_files.target_id, None, file_fingerprint(small_files.target))
 
-    pipeline = Pipeline({"large": large}, "large", semantic, PipelineSettings(cache=cache, cache_sampled=cache_sampled,
-                                                                      cache_judge=cache_judge),
-                        router=router, load_tier=load_tier if router else None)
+    settings = PipelineSettings(cache=cache, cache_sampled=cache_sampled, cache_judge=cache_judge)
+    pipeline = Pipeline({TierName.LARGE: large}, TierName.LARGE, semantic, settings, router=router,
+                        load_tier=load_tier if router else None)
     if router is not None:
         for spec in router.tiers:
             if spec.kind == "remote":
