@@ -68,11 +68,14 @@ class Route:
 
     def as_dict(self) -> dict[str, Any]:
         """The response's `localspec.route` object (its keys are part of the API)."""
-        out: dict[str, Any] = self.decision.as_dict() if self.decision else {"policy": "explicit", "reason": self.reason}
+        out: dict[str, Any] = (self.decision.as_dict() if self.decision
+                               else {"policy": "explicit", "reason": self.reason})
         out["tier"] = str(self.tier)
-        extras = {"escalated": self.escalated, "escalation_reason": self.escalation_reason,
-                  "mean_logprob": self.mean_logprob, "fallback": self.fallback}
-        out.update({k: v for k, v in extras.items() if v is not None or (k == "mean_logprob" and self.escalated is not None)})
+        if self.escalated is not None:  # the cascade ran: its mean logprob is reported even when unknown
+            out.update(escalated=self.escalated, escalation_reason=self.escalation_reason,
+                       mean_logprob=self.mean_logprob)
+        if self.fallback is not None:
+            out["fallback"] = self.fallback
         return out
 
 
@@ -103,7 +106,8 @@ class Job:
         seen = 0
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: len(self._log) > seen)
+                while len(self._log) <= seen:
+                    self._changed.wait()
                 event = self._log[seen]
             seen += 1
             yield event

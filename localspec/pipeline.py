@@ -52,7 +52,7 @@ from localspec.engine.scheduler import Engine
 from localspec.engine.slots import EventSink, Handle, Lane
 from localspec.engine.worker import EngineWorker
 from localspec.jobs import CacheInfo, CacheKey, CacheStatus, Job, Route
-from localspec.router import RemoteTier, RemoteUnavailable, RouteDecision, RouteInput, Router, TierName
+from localspec.router import RemoteTier, RemoteUnavailable, RouteInput, Router, TierName
 
 __all__ = ["CacheInfo", "CacheKey", "Job", "LocalTier", "Pipeline", "PipelineSettings", "RemoteRunner", "Route",
            "Started", "Tier", "TierName"]

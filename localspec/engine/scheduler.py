@@ -181,7 +181,8 @@ class Engine:
         `lane` JUDGE is admitted before queued generations."""
         mode = request.mode or self.config.mode
         if mode == "draft" and self.drafter is None:
-            raise RequestError("Mode 'draft' needs a draft model and none is loaded.", "Load one, or use --mode lookup/off.")
+            raise RequestError("Mode 'draft' needs a draft model and none is loaded.",
+                               "Load one, or use --mode lookup/off.")
         tokens, dropped = self.prompt_tokens(request)
         if mode == "auto" and self.costs is None and not self.busy:
             self.calibrate()
@@ -432,7 +433,7 @@ class Engine:
             for i, (slot, _) in enumerate(jobs):
                 self._fail(slot, exc, log=i == 0)
             return drafts
-        for (_, job), d in zip(jobs, proposals):
+        for (_, job), d in zip(jobs, proposals, strict=True):  # one proposal per job
             drafts[job.seq] = d
         if self.costs is not None and len(jobs) == 1 and self.drafter.decode_calls > calls:
             # Includes the catch-up call; close enough for a smoothed per-step estimate.

@@ -11,6 +11,6 @@ from localspec.router.tiers import TierName, TierSpec, tiers_from_profile
 
 __all__ = [
     "DEFAULT_MIN_MEAN_LOGPROB", "FEATURE_NAMES", "CircuitBreaker", "HeuristicPolicy", "LogisticPolicy",
-    "RemoteTier", "RemoteUnavailable", "RouteDecision", "RouteInput", "Router", "TierName", "TierSpec", "extract_features",
-    "request_text", "tiers_from_profile", "train_policy", "weights_path",
+    "RemoteTier", "RemoteUnavailable", "RouteDecision", "RouteInput", "Router", "TierName", "TierSpec",
+    "extract_features", "request_text", "tiers_from_profile", "train_policy", "weights_path",
 ]

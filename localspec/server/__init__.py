@@ -17,5 +17,7 @@ def serve(settings: ServerSettings) -> None:
     settings.check_bind()
     app = create_app(settings)
     # Running requests get this long to finish on shutdown; the rest are cancelled.
-    tls: dict[str, Any] = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)} if settings.ssl_certfile else {}
+    tls: dict[str, Any] = {}
+    if settings.ssl_certfile:
+        tls = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)}
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10, **tls)

@@ -17,7 +17,8 @@ class EmbeddingModel:
         if embedder is None:
             from localspec.models import validate_gguf
 
-            validate_gguf(os.fspath(path))  # a clean IntegrityError for a truncated or foreign file, before llama.cpp sees it
+            # A clean IntegrityError for a truncated or foreign file, before llama.cpp sees it.
+            validate_gguf(os.fspath(path))
         self._embedder = embedder or Embedder(path, n_threads=n_threads or 2)
 
     @property

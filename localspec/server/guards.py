@@ -124,7 +124,8 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await send_error(send, 413, f"The request body is over the {self.limit} byte limit.", "body_too_large")
+            return await send_error(send, 413, f"The request body is over the {self.limit} byte limit.",
+                                    "body_too_large")
         seen = 0
 
         async def limited() -> Message:

@@ -94,7 +94,8 @@ def engine_failed(done: Done) -> None:
 
 def sse_engine_error(done: Done) -> bytes:
     """The same failure inside a stream that has already sent its 200."""
-    return b"data: " + json.dumps(error_json(500, f"Generation failed: {done.error}", "engine_error")).encode() + b"\n\n"
+    body = error_json(500, f"Generation failed: {done.error}", "engine_error")
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 class StreamedReply(ABC):

@@ -52,7 +52,8 @@ class StreamOptions(_Request):
 class LocalspecOptions(_Request):
     """The `localspec` extension in a request body (`extra_body={"localspec": {...}}`)."""
 
-    mode: Literal["auto", "off", "draft", "lookup"] | None = Field(None, description="speculation mode for this request")
+    mode: Literal["auto", "off", "draft", "lookup"] | None = Field(None,
+                                                                   description="speculation mode for this request")
     k: int | None = Field(None, ge=0, le=32, description="draft length")
     cache: bool | None = Field(None, description="false: never answer this request from the cache nor store it")
 

@@ -56,9 +56,11 @@ def _sampling(body: _Sampling) -> SamplingParams:
 
 def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict[str, Any]:
     if body.n != 1:
-        raise APIError(400, f"n={body.n} is not supported; this server returns one choice (n=1).", "unsupported_value", "n")
+        raise APIError(400, f"n={body.n} is not supported; this server returns one choice (n=1).",
+                       "unsupported_value", "n")
     if max_tokens is not None and max_tokens > cap:
-        raise APIError(400, f"max_tokens={max_tokens} is above this server's cap of {cap}.", "invalid_value", "max_tokens")
+        raise APIError(400, f"max_tokens={max_tokens} is above this server's cap of {cap}.",
+                       "invalid_value", "max_tokens")
     opts = body.localspec
     return dict(
         max_tokens=max_tokens or cap, sampling=_sampling(body), stop=body.stops,
@@ -92,7 +94,8 @@ def _text(m: ChatMessageIn) -> str:
     parts = []
     for p in m.content:
         if p.type != "text" or p.text is None:
-            raise APIError(400, f"Content parts of type '{p.type}' are not supported; send text.", "unsupported_value", "messages")
+            raise APIError(400, f"Content parts of type '{p.type}' are not supported; send text.",
+                           "unsupported_value", "messages")
         parts.append(p.text)
     return "".join(parts)
 
@@ -156,13 +159,15 @@ def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
             tool_mode = "auto"  # free text; <tool_call> blocks in the answer become tool_calls
     if body.response_format and body.response_format.type != "text":
         if grammar is not None:
-            raise APIError(400, "response_format cannot be combined with a forced tool call.", "invalid_value", "response_format")
+            raise APIError(400, "response_format cannot be combined with a forced tool call.",
+                           "invalid_value", "response_format")
         if body.response_format.type == "json_object":
             grammar = JSON_GBNF
         else:
             js = body.response_format.json_schema
             if js is None:
-                raise APIError(400, "response_format json_schema needs a 'json_schema' object.", "invalid_value", "response_format")
+                raise APIError(400, "response_format json_schema needs a 'json_schema' object.",
+                               "invalid_value", "response_format")
             grammar = schema_grammar(js.schema_)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     request = GenerationRequest(
@@ -177,7 +182,8 @@ def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool) -> Plan:
     prompt = body.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1:
-            raise APIError(400, "Send exactly one prompt; batched prompts are not supported.", "unsupported_value", "prompt")
+            raise APIError(400, "Send exactly one prompt; batched prompts are not supported.",
+                           "unsupported_value", "prompt")
         prompt = prompt[0]
     if body.suffix is not None:
         if not fim_ok:
