@@ -45,7 +45,7 @@ def conditional_rates(drafted: list[float], accepted: list[float]) -> list[float
     survival up to i, and the controller's conditional rate is a_i = s_i / s_(i-1).
     """
     out, prev = [], 1.0
-    for d, a in zip(drafted, accepted):
+    for d, a in zip(drafted, accepted, strict=True):
         if d <= 0:
             break
         s = a / d
@@ -65,7 +65,7 @@ def profiles_from_bench(bench: dict) -> list[dict]:
             continue  # auto's own runs mix drafters; off drafts nothing
         for suite in (r.get("suite", "?"), "all"):
             d, a = groups.setdefault((suite, mode), [[], []])
-            for i, (x, y) in enumerate(zip(r["drafted_by_position"], r["accepted_by_position"])):
+            for i, (x, y) in enumerate(zip(r["drafted_by_position"], r["accepted_by_position"], strict=True)):
                 while len(d) <= i:
                     d.append(0.0)
                     a.append(0.0)
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     names = ("small-target", "small-draft") if args.small else ("qwen2.5-coder-7b", "qwen2.5-coder-0.5b")
     models = {}
-    for role, name in zip(("target", "draft"), names):
+    for role, name in zip(("target", "draft"), names, strict=True):
         info = synth_gguf.write_random_gguf(work / f"{name}-{args.recipe}.gguf", synth_gguf.SHAPES[name],
                                             args.vocab, args.recipe)
         print(f"wrote {role} {info['path']}: {info['bytes'] / 2**20:.0f} MiB in {info['seconds']} s {info['types']}",

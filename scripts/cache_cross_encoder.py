@@ -130,7 +130,7 @@ def main() -> int:
         scored = [i for i, p in enumerate(pairs) if p["source"] == source and not p["augmented"]]
         print(f"fine-tuning on {len(fit)} pairs (not {source}), scoring {len(scored)}", file=sys.stderr)
         tok, model = fine_tune(args.model, fit, args.epochs, args.lr, seed=0)
-        for i, s in zip(scored, score(tok, model, [pairs[i] for i in scored])):
+        for i, s in zip(scored, score(tok, model, [pairs[i] for i in scored]), strict=True):
             held[i] = float(s)
     real = [i for i, p in enumerate(pairs) if not p["augmented"]]
     s = np.array([held[i] for i in real])

@@ -105,7 +105,7 @@ def _measure(judge: str, repeats: int, ServerSettings, create_app, ServerThread,
                     hit("semantic_remembered", b)
         # The usual case in a session: the engine's only slot has just answered something else, so
         # the judge's shared prompt is no longer in it (it comes back from the pinned copy).
-        for n, (a, _, later) in enumerate(PROMPTS):
+        for n, (_first, _, later) in enumerate(PROMPTS):
             for b in later:
                 client.chat.completions.create(model=settings.target, max_tokens=8, temperature=0,
                                                messages=[{"role": "user", "content": f"Name a colour. ({n} {b})"}],

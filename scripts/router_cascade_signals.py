@@ -229,7 +229,7 @@ def main() -> int:
     sig = [signals(t, rows[(t.id, 0)], [rows[(t.id, k)] for k in range(1, args.samples + 1)]) for t in tasks]
     if args.teacher:
         views = teacher_forced(args.teacher_work, tasks, rows, args.threads)
-        for s, t in zip(sig, tasks):
+        for s, t in zip(sig, tasks, strict=True):
             s.update(teacher_signals(rows[(t.id, 0)], views[t.id]))
     names = list(sig[0])
     X = np.asarray([[s[n] for n in names] for s in sig])

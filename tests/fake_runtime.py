@@ -41,7 +41,7 @@ def logits_fn(
         out = cache.get(history)
         if out is None:
             z = np.zeros(n_normal + 1, dtype=np.float64)
-            for salt, scale in zip(salts, scales):
+            for salt, scale in zip(salts, scales, strict=True):
                 z[:n_normal] += scale * np.random.default_rng([salt, len(history), *history]).standard_normal(n_normal)
             if history and step_bonus:
                 z[(history[-1] + 1) % n_normal] += step_bonus

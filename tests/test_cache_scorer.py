@@ -77,7 +77,7 @@ def test_the_cache_serves_what_the_scorer_agrees_to_and_remembers_it(tmp_path: P
         assert hit.judge >= judge.threshold and not hit.remembered
         again = cache.lookup(plain_scope(), SERVED[0][1], judge=judge)
         assert again is not None and again.remembered and again.entry_id == hit.entry_id
-        for saved, new in REFUSED:
+        for _saved, new in REFUSED:
             assert cache.lookup(plain_scope(), new, judge=judge) is None, new
         stats = cache.stats()
         assert stats["judged"] >= 2 and stats["judge_rejections"] >= 1 and stats["remembered_verdicts"] == 1

@@ -245,7 +245,7 @@ def loop_joint(k: int, n: int, seed: int, point_mass: bool, verify_fn: VerifyFn 
             kk = min(k, L - start - 1)
             if point_mass:
                 toks, last = [], (out[-1] if out else 0)
-                for j in range(kk):
+                for _ in range(kk):
                     last = (last + 1) % VL
                     toks.append(last)
                 draft = Draft(tuple(toks))

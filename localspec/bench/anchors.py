@@ -54,17 +54,20 @@ def llama_cpp_python_lookup(
             t0 = time.perf_counter()
             stamps = []
             try:
-                for _chunk in llm.create_completion(rendered_prompt(template, text), max_tokens=max_tokens, temperature=0.0, stream=True):
+                for _chunk in llm.create_completion(rendered_prompt(template, text), max_tokens=max_tokens,
+                                                    temperature=0.0, stream=True):
                     stamps.append(time.perf_counter())
             except Exception as exc:  # e.g. its logits buffer on long prompts: reported, never fatal
                 logger.warning("llama-cpp-python lookup failed on %s #%d: %s", suite, pid, exc)
                 runs.append({"suite": "error", "prompt": pid, "rep": 0, "mode": "llama-cpp-python:lookup",
-                             "engine": "llama-cpp-python", "tps": 0.0, "error": f"{suite} #{pid}: {type(exc).__name__}: {exc}"})
+                             "engine": "llama-cpp-python", "tps": 0.0,
+                             "error": f"{suite} #{pid}: {type(exc).__name__}: {exc}"})
                 continue
             n = len(stamps)
             decode = stamps[-1] - stamps[0] if n > 1 else 0.0
             runs.append({
-                "suite": suite, "prompt": pid, "rep": 0, "mode": "llama-cpp-python:lookup", "engine": "llama-cpp-python",
+                "suite": suite, "prompt": pid, "rep": 0, "mode": "llama-cpp-python:lookup",
+                "engine": "llama-cpp-python",
                 "tokens": n, "tps": (n - 1) / decode if decode > 0 else 0.0,
                 "ttft_ms": (stamps[0] - t0) * 1000 if stamps else None,
             })
@@ -130,9 +133,11 @@ def llama_server(
                 })
                 t = res.get("timings", {})
                 runs.append({
-                    "suite": suite, "prompt": pid, "rep": 0, "mode": f"llama-server:{cfg['name']}", "engine": "llama-server",
+                    "suite": suite, "prompt": pid, "rep": 0, "mode": f"llama-server:{cfg['name']}",
+                    "engine": "llama-server",
                     "tokens": t.get("predicted_n"), "tps": t.get("predicted_per_second") or 0.0,
-                    "ttft_ms": t.get("prompt_ms"), "drafted": t.get("draft_n", 0), "accepted": t.get("draft_n_accepted", 0),
+                    "ttft_ms": t.get("prompt_ms"), "drafted": t.get("draft_n",
+                                                                    0), "accepted": t.get("draft_n_accepted", 0),
                 })
         except Exception as exc:  # an anchor failing must not sink the bench; it is reported
             logger.warning("llama-server %s failed: %s", cfg["name"], exc)

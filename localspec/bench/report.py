@@ -24,13 +24,15 @@ def check_schema(result: dict) -> None:
 def markdown(result: dict) -> str:
     check_schema(result)
     summary = result["summary"]
-    modes = sorted({m for s in summary.values() for m in s}, key=lambda m: (m != "off", m.startswith(("llama", "anchor")), m))
+    modes = sorted({m for s in summary.values() for m in s},
+                   key=lambda m: (m != "off", m.startswith(("llama", "anchor")), m))
     lines = [
         f"Machine: {result['machine'].get('processor')} · {result['machine'].get('cpus')} CPUs · "
         f"{result['machine'].get('memory_gb')} GB · {result['machine'].get('platform')}",
         f"Command: `{result['command']}`",
         "",
-        "tokens/s (median; in brackets, the median of per-run ratios to our target-only `off` on the same prompt and repeat):",
+        "tokens/s (median; in brackets, the median of per-run ratios to our target-only `off` on the same prompt "
+        "and repeat):",
         "",
         "| suite | " + " | ".join(modes) + " |",
         "|---|" + "---|" * len(modes),

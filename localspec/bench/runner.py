@@ -58,12 +58,15 @@ class BenchPlan:
 def quick_plan(threads: int | None = None) -> BenchPlan:
     return BenchPlan(
         suites=["code", "chat", "editing"],
-        modes=[ModeSpec("off", "off"), ModeSpec("lookup", "lookup"), ModeSpec("draft-k4", "draft", 4), ModeSpec("auto", "auto")],
+        modes=[ModeSpec("off", "off"), ModeSpec("lookup", "lookup"), ModeSpec("draft-k4", "draft", 4),
+               ModeSpec("auto", "auto")],
         prompts_per_suite=2, repeats=1, max_tokens=64, threads=threads, quick=True,
         # Keeps the smoke run well under 5 minutes on 2 cores: one slow-anchor prompt per suite and
         # a ~500-token first turn (its cold prefill alone is ~30 s at the full 2k).
         anchor_prompts_per_suite=1, ttft_chars=2000,
-        llama_server_configs=[{"name": "draft-simple n=3 p=0.75", "args": ["--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--spec-draft-p-min", "0.75"], "draft": True}],
+        llama_server_configs=[{"name": "draft-simple n=3 p=0.75", "draft": True,
+                               "args": ["--spec-type", "draft-simple", "--spec-draft-n-max", "3",
+                                        "--spec-draft-p-min", "0.75"]}],
     )
 
 
@@ -77,7 +80,8 @@ def full_plan(threads: int | None = None) -> BenchPlan:
     sweep = []
     for n in (3, 8):
         for p in ("0", "0.75"):
-            sweep.append({"name": f"draft-simple n={n} p={p}", "args": ["--spec-type", "draft-simple", "--spec-draft-n-max", str(n), "--spec-draft-p-min", p], "draft": True})
+            args = ["--spec-type", "draft-simple", "--spec-draft-n-max", str(n), "--spec-draft-p-min", p]
+            sweep.append({"name": f"draft-simple n={n} p={p}", "draft": True, "args": args})
     for t in ("ngram-simple", "ngram-mod", "ngram-map-k"):
         sweep.append({"name": t, "args": ["--spec-type", t], "draft": False})
     return BenchPlan(
@@ -93,7 +97,8 @@ def load_suites() -> dict[str, dict]:
 
 
 def _chat(prompt: str, max_tokens: int, spec: ModeSpec) -> GenerationRequest:
-    return GenerationRequest(messages=[ChatMessage(role="user", content=prompt)], max_tokens=max_tokens, mode=spec.mode, k=spec.k)
+    return GenerationRequest(messages=[ChatMessage(role="user", content=prompt)], max_tokens=max_tokens, mode=spec.mode,
+                             k=spec.k)
 
 
 def _run_one(engine: Engine, request: GenerationRequest) -> Done:
@@ -135,7 +140,8 @@ def second_turn_ttft(engine: Engine, tick: Callable[[str], None], max_chars: int
         engine._reset_kv(slot)
     turn1 = [ChatMessage(role="user", content=text)]
     first = _run_one(engine, GenerationRequest(messages=turn1, max_tokens=32, mode="off"))
-    turn2 = turn1 + [ChatMessage(role="assistant", content=first.text), ChatMessage(role="user", content="Now in one sentence.")]
+    turn2 = turn1 + [ChatMessage(role="assistant", content=first.text),
+                     ChatMessage(role="user", content="Now in one sentence.")]
     second = _run_one(engine, GenerationRequest(messages=turn2, max_tokens=8, mode="off"))
     return {
         "cold_ttft_ms": first.stats.ttft_ms, "cold_prompt_tokens": first.stats.prompt_tokens,
@@ -177,7 +183,8 @@ def summarize(runs: list[dict]) -> dict:
         summary.setdefault(suite, {})[mode] = {
             "n": len(rs), "median_tps": statistics.median(tps) if tps else 0.0, "p25_tps": q[0], "p75_tps": q[2],
             "acceptance": acc / drafted if drafted else None,
-            "mean_ttft_ms": statistics.mean(ttfts) if (ttfts := [r["ttft_ms"] for r in rs if r.get("ttft_ms") is not None]) else None,
+            "mean_ttft_ms": statistics.mean(ttfts)
+            if (ttfts := [r["ttft_ms"] for r in rs if r.get("ttft_ms") is not None]) else None,
         }
     # A ratio is the median of paired ratios: each run against `off` on the same prompt in the same
     # repeat (anchors, run once, pair with repeat 0). Prompts differ in speed by ±15%, so a ratio
@@ -200,14 +207,15 @@ def acceptance_by_position(runs: list[dict]) -> dict[str, list[float]]:
         for r in runs:
             if r["mode"] != mode:
                 continue
-            for i, (x, y) in enumerate(zip(r.get("drafted_by_position", []), r.get("accepted_by_position", []))):
+            pairs = zip(r.get("drafted_by_position", []), r.get("accepted_by_position", []), strict=True)
+            for i, (x, y) in enumerate(pairs):
                 while len(d) <= i:
                     d.append(0)
                     a.append(0)
                 d[i] += x
                 a[i] += y
         if d:
-            out[mode] = [y / x if x else 0.0 for x, y in zip(d, a)]
+            out[mode] = [y / x if x else 0.0 for x, y in zip(d, a, strict=True)]
     return out
 
 

@@ -99,7 +99,8 @@ def curve(outcomes: list[Outcome], guard: bool = True, thresholds: list[float] =
     return [_point(outcomes, t, lambda o, t=t: o.served(t, guard, judge_threshold)) for t in thresholds]
 
 
-def judge_curve(outcomes: list[Outcome], threshold: float, judge_thresholds: list[float] = JUDGE_THRESHOLDS) -> list[Point]:
+def judge_curve(outcomes: list[Outcome], threshold: float,
+                judge_thresholds: list[float] = JUDGE_THRESHOLDS) -> list[Point]:
     """One point per judge threshold, at similarity `threshold` with the guard on. Point.threshold
     holds the judge threshold."""
     return [_point(outcomes, j, lambda o, j=j: o.served(threshold, True, j)) for j in judge_thresholds]

@@ -79,7 +79,8 @@ def _pair(saved: str, new: str) -> str:
 
 _SHARED: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
 for _saved, _new, _same in EXAMPLES:
-    _SHARED += [{"role": "user", "content": _pair(_saved, _new)}, {"role": "assistant", "content": "Yes" if _same else "No"}]
+    _SHARED += [{"role": "user", "content": _pair(_saved, _new)},
+                {"role": "assistant", "content": "Yes" if _same else "No"}]
 
 
 def judge_request(saved: str, new: str) -> GenerationRequest:

@@ -98,7 +98,7 @@ _IRREGULAR = {
 _KEEP = {"this", "is", "was", "has", "does", "its", "his", "bus", "gas", "class", "process", "access", "less",
          "news", "series", "species", "physics", "mathematics", "analysis", "basis", "axis", "alias", "status",
          "bias", "canvas", "atlas", "yes", "always", "perhaps", "thus", "plus", "minus", "versus", "various",
-         "previous", "famous", "obvious", "serious", "us", "as", "was", "during", "string", "thing", "nothing",
+         "previous", "famous", "obvious", "serious", "us", "as", "during", "string", "thing", "nothing",
          "something", "anything", "everything", "ring", "king", "spring", "bring", "sing", "swing", "ceiling",
          "bed", "need", "speed", "seed", "feed", "red", "shed", "hundred", "embed", "bleed", "breed", "proceed",
          "exceed", "succeed", "fixed", "only", "early", "reply", "apply", "supply", "fly", "july", "italy",

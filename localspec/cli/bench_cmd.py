@@ -11,8 +11,10 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure modes side by side (tokens/s, acceptance, TTFT, RSS)", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="a smoke run: a few prompts, 4 modes, no long-context suite (< 5 min)")
+    p = sub.add_parser("bench",
+                       help="measure modes side by side (tokens/s, acceptance, TTFT, RSS)", description=__doc__)
+    p.add_argument("--quick",
+                   action="store_true", help="a smoke run: a few prompts, 4 modes, no long-context suite (< 5 min)")
     p.add_argument("--out", default="bench-out", help="directory for bench.json, bench.md and bench.png")
     p.add_argument("--threads", type=int, help="llama.cpp threads (also used for the anchors)")
     p.add_argument("--profile", help="model profile")
@@ -24,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--readme", metavar="README", nargs="?", const="README.md",
                    help="write the full tables to docs/performance.md beside this README (default ./README.md) "
                         "and update the README's summary between its bench-summary markers")
-    p.add_argument("--from-json", metavar="PATH", help="skip measuring: rebuild tables, chart and docs from a bench.json")
+    p.add_argument("--from-json",
+                   metavar="PATH", help="skip measuring: rebuild tables, chart and docs from a bench.json")
     p.set_defaults(func=run)
 
 
@@ -112,7 +115,8 @@ def _read_result(path: Path) -> dict:
         raise ConfigError(f"Cannot read {path}: {exc.strerror or exc}.",
                           "Give the bench.json of an earlier `localspec bench` run.") from None
     except ValueError as exc:
-        raise ConfigError(f"{path} is not JSON: {exc}.", "Give the bench.json of an earlier `localspec bench` run.") from None
+        raise ConfigError(f"{path} is not JSON: {exc}.",
+                          "Give the bench.json of an earlier `localspec bench` run.") from None
     if not isinstance(result, dict) or "runs" not in result:
         raise ConfigError(f"{path} is not a bench result (no \"runs\").",
                           "Give the bench.json of an earlier `localspec bench` run.")
@@ -163,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     result: dict = {
         "schema": runner.SCHEMA_VERSION, "started": runner.now(), "machine": runner.machine(),
         "command": "localspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "localspec bench",
-        "plan": {"suites": plan.suites, "modes": [m.name for m in plan.modes], "prompts_per_suite": plan.prompts_per_suite,
+        "plan": {"suites": plan.suites, "modes": [m.name for m in plan.modes],
+                 "prompts_per_suite": plan.prompts_per_suite,
                  "repeats": plan.repeats, "max_tokens": plan.max_tokens, "n_ctx": plan.n_ctx, "threads": plan.threads,
                  "quick": plan.quick, "anchor_prompts_per_suite": plan.anchor_prompts_per_suite,
                  "ttft_chars": plan.ttft_chars},
@@ -192,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             engine.close()
         if not args.no_anchors:
-            runs += anchors.llama_cpp_python_lookup(target, anchor_prompts, plan.max_tokens, plan.n_ctx, plan.threads, template, tick)
+            runs += anchors.llama_cpp_python_lookup(target, anchor_prompts, plan.max_tokens, plan.n_ctx, plan.threads,
+                                                    template, tick)
             checkpoint(runs)
             if server_bin:
                 runs += anchors.llama_server(server_bin, target, draft, plan.llama_server_configs, prompts,
@@ -205,12 +211,15 @@ def run(args: argparse.Namespace) -> int:
     # a pinned prompt prefix (EngineConfig.pinned_prefix_cells).
     pinned = EngineConfig().pinned_prefix_cells
     kv_mb = (t_info.kv_bytes_per_token() * (plan.n_ctx + pinned) + d_info.kv_bytes_per_token() * plan.n_ctx) / 2**20
-    result.update(weights_mb=round(weights_mb, 1), kv_mb=round(kv_mb, 1), memory_budget_mb=round(weights_mb + kv_mb + 300, 1))
+    result.update(weights_mb=round(weights_mb, 1), kv_mb=round(kv_mb, 1),
+                  memory_budget_mb=round(weights_mb + kv_mb + 300, 1))
     result["runs"] = [r for r in runs if r.get("suite") != "error"]
     result["anchor_errors"] = [r for r in runs if r.get("suite") == "error"]
     result["summary"] = runner.summarize(result["runs"])
-    result["acceptance_by_position"] = runner.acceptance_by_position([r for r in runs if r.get("engine") == "localspec"])
-    result["goals"] = runner.goals(result["summary"], result.get("ttft"), result.get("memory"), result["memory_budget_mb"])
+    ours = [r for r in runs if r.get("engine") == "localspec"]
+    result["acceptance_by_position"] = runner.acceptance_by_position(ours)
+    result["goals"] = runner.goals(result["summary"], result.get("ttft"), result.get("memory"),
+                                   result["memory_budget_mb"])
     result["finished"] = runner.now()
     _publish(result, out, args.readme)
     return 0

@@ -291,7 +291,7 @@ def run_eval(args: argparse.Namespace) -> int:
             mark = " <- used" if abs(p["threshold"] - judged["threshold"]) < 1e-9 else ""
             if abs(p["threshold"] - report["suggested_judge_threshold"]) < 1e-9:
                 mark += " <- suggested"
-            print(f"  {p['threshold']:5.2f}                             {p['hit_rate']:6.1%}    {p['false_hit_rate']:6.1%}"
+            print(f"  {p['threshold']:5.2f}{'':29}{p['hit_rate']:6.1%}    {p['false_hit_rate']:6.1%}"
                   f"     {p['precision']:6.1%}{mark}")
     stopped = f"the guard stopped {a['traps_stopped_by_guard']} traps above the threshold"
     if judged:
@@ -311,7 +311,8 @@ def run_eval(args: argparse.Namespace) -> int:
     print(f"goals at {report['threshold']:.2f}: >= {goals['hit_rate']:.0%} paraphrase hits and <= "
           f"{goals['false_hit_rate']:.0%} false hits: {verdict}")
     for ex in a["false_hit_examples"]:
-        print(f"  false hit ({ex['category']}, {ex['similarity']:.3f}): {ex['b']!r} was served the answer to {ex['a']!r}")
+        print(f"  false hit ({ex['category']}, {ex['similarity']:.3f}): {ex['b']!r} "
+              f"was served the answer to {ex['a']!r}")
     if args.misses:
         for ex in a["missed_paraphrases"]:
             why = (f"guard: {ex['guard']}" if ex["guard"] else f"judge: {ex['judge']:.2f}" if ex["judge"] is not None

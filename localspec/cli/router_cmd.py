@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the 95%% CIs")
     e.add_argument("--no-embedding", action="store_true", help="train the learned policy on features only")
     e.add_argument("--large-share", type=float, help="target large share for the threshold (default: profile's)")
-    e.add_argument("--save-weights", action="store_true", help="save the trained policy as the profile's router weights")
+    e.add_argument("--save-weights",
+                   action="store_true", help="save the trained policy as the profile's router weights")
     e.add_argument("--folds", type=_folds, default=5,
                    help="k-fold cross-validation: every task is held out once (default 5); 1: one 50/50 split")
     e.add_argument("--write-labels", type=Path,
@@ -66,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=run_eval)
 
     t = verbs.add_parser("train", help="fit the learned policy from labelled requests")
-    t.add_argument("labels", type=Path, help='JSON lines: {"prompt"|"messages", "label": 0|1, "max_tokens"?, "weight"?}')
+    t.add_argument("labels",
+                   type=Path, help='JSON lines: {"prompt"|"messages", "label": 0|1, "max_tokens"?, "weight"?}')
     t.add_argument("--profile", help="profile the weights belong to")
     t.add_argument("--out", type=Path, metavar="PATH", help="weights file (default: <data dir>/router/<profile>.json)")
     add_deprecated_option(t, "--output", dest="out", replacement="--out", type=Path)
@@ -150,7 +152,8 @@ def run_eval(args: argparse.Namespace) -> int:
     results: dict[str, dict] = {}
     if args.from_outcomes:
         if not args.from_outcomes.is_file():
-            raise ConfigError(f"No outcome file at {args.from_outcomes}.", "Run `localspec router eval` to generate one.")
+            raise ConfigError(f"No outcome file at {args.from_outcomes}.",
+                              "Run `localspec router eval` to generate one.")
         cache = OutcomeCache(args.from_outcomes)
         for tier in tier_models:
             found = {t.id: cache.find(t, tier, args.max_tokens) for t in tasks}
@@ -183,7 +186,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
     if args.write_labels:
         labelled = splits[0][0] if args.folds == 1 else tasks
-        write_labels(args.write_labels, labels_from_outcomes(labelled, results["small"], results["large"], args.max_tokens))
+        write_labels(args.write_labels,
+                     labels_from_outcomes(labelled, results["small"], results["large"], args.max_tokens))
     embedder, emb_id = _embedder(mm, profile, args.no_embedding)
     share = profile.large_share if args.large_share is None else args.large_share
     try:
@@ -212,7 +216,8 @@ def run_eval(args: argparse.Namespace) -> int:
         args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
         print(f"report written to {args.out}", file=note)
     if args.chart:
-        print(f"chart written to {args.chart}" if chart(result, args.chart) else "matplotlib is not installed: no chart",
+        drawn = chart(result, args.chart)
+        print(f"chart written to {args.chart}" if drawn else "matplotlib is not installed: no chart",
               file=note)
     if args.save_weights:
         from localspec.router import weights_path
@@ -292,8 +297,10 @@ def _print_report(report: dict) -> None:
     at = report["at_threshold"]
     lp = report["learned_policy"]
     console.print(f"held out, at each policy's threshold for a {at['target_large_share']:.0%} target share: "
-                  f"{at['large_share']:.0%} large, quality {at['quality']:.1%}, mean latency {at['mean_latency_s']:.2f} s")
-    console.print(f"policy kept by --save-weights: {'embedding + features' if lp['uses_embedding'] else 'features only'}, "
+                  f"{at['large_share']:.0%} large, quality {at['quality']:.1%}, "
+                  f"mean latency {at['mean_latency_s']:.2f} s")
+    kept = "embedding + features" if lp["uses_embedding"] else "features only"
+    console.print(f"policy kept by --save-weights: {kept}, "
                   f"L2 {lp['l2']}, trained on {lp.get('n')} labelled tasks ({lp.get('positives')} need large), "
                   f"threshold {at['threshold']:.3f}")
 
@@ -344,7 +351,10 @@ def run_show(args: argparse.Namespace) -> int:
         if router.note:
             print(f"note: {router.note}")
         for t in router.tiers:
-            where = f"{t.target}" + (f" + draft {t.draft}" if t.draft else "") if t.kind == "local" else f"{t.model} at {t.base_url}"
+            if t.kind == "local":
+                where = f"{t.target}" + (f" + draft {t.draft}" if t.draft else "")
+            else:
+                where = f"{t.model} at {t.base_url}"
             print(f"  {t.name:7s} {t.kind:6s} {where}")
         if decision:
             print(decision.reason)

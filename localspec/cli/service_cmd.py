@@ -256,7 +256,8 @@ def check_env_file_private(env_file: Path) -> None:
         return
     mode = stat.S_IMODE(env_file.stat().st_mode)
     if mode & 0o077:
-        raise ConfigError(f"{env_file} is open to other users (mode {mode:04o}), and it is where the service's API key lives.",
+        raise ConfigError(f"{env_file} is open to other users (mode {mode:04o}), "
+                          "and it is where the service's API key lives.",
                           f"Run `chmod 600 {shlex.quote(str(env_file))}`; change the key if others may have read it.")
 
 

@@ -58,7 +58,8 @@ class GenerationRequest(BaseModel):
     k: int | None = Field(None, ge=0, le=MAX_DRAFT_K, description="draft length; None: the mode's default")
     truncate: bool = Field(False, description="chat only: drop the oldest turns (never the system prompt) to fit")
     grammar: str | None = Field(None, description="GBNF (root rule 'root') the output must match")
-    logprobs: int | None = Field(None, ge=0, le=20, description="report each token's logprob and this many alternatives")
+    logprobs: int | None = Field(None, ge=0, le=20,
+                                 description="report each token's logprob and this many alternatives")
     tools: list[dict] | None = Field(None, description="chat only: tool definitions handed to the chat template")
     pin_prefix: bool = Field(
         False, description="chat only: the messages before the last are shared by many requests (a judge's "

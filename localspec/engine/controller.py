@@ -72,7 +72,8 @@ class Costs:
 
     @classmethod
     def from_json(cls, data: dict) -> Costs:
-        return cls(verify=list(data["verify"]), draft_step=float(data["draft_step"]), draft_row=float(data["draft_row"]))
+        return cls(verify=list(data["verify"]), draft_step=float(data["draft_step"]),
+                   draft_row=float(data["draft_row"]))
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

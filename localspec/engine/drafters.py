@@ -164,7 +164,7 @@ class DraftModelDrafter:
             logits = self.runtime.decode(rows)
             self.decode_calls += 1
             rows, still = [], []
-            for job, row in zip(active, logits):
+            for job, row in zip(active, logits, strict=True):  # one logits row per active job
                 ctx = job.history + job.tokens
                 pos = len(ctx)
                 row = self._logits(row)

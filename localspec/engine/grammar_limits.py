@@ -47,7 +47,8 @@ class GrammarTooLarge(RequestError):
     def __init__(self, field: str, what: str, value: int, limit: int) -> None:
         super().__init__(
             f"{field}: {what} is {value}, over this server's limit of {limit}.",
-            f"Keep {what} at or below {limit} (the bounds that keep grammar compilation safe are listed in SECURITY.md).",
+            f"Keep {what} at or below {limit} "
+            "(the bounds that keep grammar compilation safe are listed in SECURITY.md).",
         )
         self.field = field
         self.limit = limit

@@ -78,7 +78,8 @@ def check_code(task: Task, text: str) -> CheckResult:
         try:
             proc = subprocess.run(
                 cmd, cwd=tmp, capture_output=True, text=True, timeout=TIMEOUT_S,
-                env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}, preexec_fn=_limits if os.name == "posix" else None,
+                env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+                preexec_fn=_limits if os.name == "posix" else None,
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired:

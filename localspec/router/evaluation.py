@@ -79,7 +79,8 @@ def read_labels(path: Path) -> list[Labelled]:
             messages, prompt = raw.get("messages"), raw.get("prompt")
             if (messages is None) == (prompt is None):
                 raise ValueError("give exactly one of messages or prompt")
-            out.append(Labelled(messages, prompt, raw.get("max_tokens"), int(raw["label"]), float(raw.get("weight", 1.0))))
+            out.append(Labelled(messages, prompt, raw.get("max_tokens"), int(raw["label"]),
+                                float(raw.get("weight", 1.0))))
         except (AttributeError, TypeError, ValueError) as exc:
             raise ConfigError(f"{path}:{n}: not a valid labelled example ({exc}).", fix) from None
     return out

@@ -72,7 +72,8 @@ class RemoteTier:
             if not self.breaker.allow():
                 if attempt:  # this call's own failures opened it: report what actually went wrong
                     break
-                raise self._unavailable(f"circuit open after repeated failures (retry in {self.breaker.retry_in():.0f} s)")
+                wait = self.breaker.retry_in()
+                raise self._unavailable(f"circuit open after repeated failures (retry in {wait:.0f} s)")
             try:
                 stream = client.chat.completions.create(stream=True, **kwargs)
             except openai.APITimeoutError:

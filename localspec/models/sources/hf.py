@@ -175,7 +175,7 @@ def fetch(entry: ModelEntry, src: HFSource, store: Store, emit: Emitter) -> Fetc
         blob = pointer.resolve()
         size = blob.stat().st_size
         emit("verify", 0, size, f"checking sha256 of {spec.name}")
-        sha = sha256_file(blob, lambda d: emit("verify", d, size))
+        sha = sha256_file(blob, lambda d, total=size: emit("verify", d, total))
         want_size = spec.size if spec.size is not None else hub_size
         problems = []
         if want_size is not None and size != want_size:
