@@ -25,8 +25,11 @@ def test_the_extracted_commands_are_the_readmes_lines_verbatim():
     # Two stages, fast first: the suite without weights fails in minutes, before the models load.
     # The markers are complements (conftest puts every model or slow test in `models`), so together
     # the stages run every test once.
-    stages = [part.strip() for part in commands[1].split("&&") if "pytest" in part]
+    steps = [part.strip() for part in commands[1].split("&&")]
+    stages = [step for step in steps if "pytest" in step]
     assert stages == ['.venv/bin/python -m pytest -m "not models"', ".venv/bin/python -m pytest -m models"], stages
+    # The linter and the type checker (configured in pyproject.toml) run before any test.
+    assert steps[1:3] == [".venv/bin/ruff check", ".venv/bin/mypy"], steps
 
 
 def test_ci_itself_installs_and_tests_nothing_outside_the_readme():
