@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-
 from localspec.cache.guard import compare, conflict
-from localspec.cache.judge import JUDGED_THRESHOLD
 from localspec.cache.index import VectorIndex
+from localspec.cache.judge import JUDGED_THRESHOLD
 from localspec.cache.normalize import normalize_prompt
 from localspec.cache.scope import CacheScope
 from localspec.cache.store import EntryStore

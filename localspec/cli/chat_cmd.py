@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-
 from typing import TYPE_CHECKING
 
 from localspec.cli.options import MODES, add_cache_judge_arguments

@@ -7,7 +7,6 @@ import json
 import resource
 import sys
 import time
-
 from typing import TYPE_CHECKING
 
 from localspec.cli.options import MODES

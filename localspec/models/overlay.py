@@ -9,7 +9,7 @@ from pathlib import Path
 
 from localspec.errors import ConfigError
 from localspec.models.gguf_info import GGUFInfo
-from localspec.models.registry import FileSpec, FileSource, ModelEntry, parse_registry_file
+from localspec.models.registry import FileSource, FileSpec, ModelEntry, parse_registry_file
 
 HEADER = (
     "# localspec user registry: entries here add to or replace the built-in models.toml.\n"

@@ -16,7 +16,6 @@ from typing import Any
 from localspec.errors import ConfigError
 
 
-
 def default_tasks() -> Path:
     """The committed task set; raises EvalDataMissing when the evals folder is not on this machine."""
     from localspec.evals import eval_file
