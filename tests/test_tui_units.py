@@ -12,11 +12,11 @@ from localspec.engine.events import Done, Stats, Token
 from localspec.errors import ContextOverflowError, ModelNotFoundError
 from localspec.tui.app import KEYS
 from localspec.tui import ChatApp, ChatParams, ChatStore, ReplayBackend, SessionMetrics
-from localspec.tui.demo import DEMO_RSS, demo_backend, fixed_model_rows, load_recording
+from tests.tui_demo import DEMO_RSS, demo_backend, fixed_model_rows, load_recording
 from localspec.tui.dialogs import ChatSettingsDialog, ConfirmDialog, ErrorDialog, HelpScreen
 from localspec.tui.models_screen import ModelsScreen
 from localspec.tui.store import export_chat, safe_filename
-from localspec.tui.testing import wait_for
+from tests.tui_support import wait_for
 from localspec.tui.widgets import ORIGIN_STYLES, MessageView, PromptInput, code_blocks
 
 SIZE = (120, 36)
