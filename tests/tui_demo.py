@@ -95,9 +95,9 @@ async def drive_demo(app, pilot, show_metrics: bool = True, show_origins: bool =
     await app.send(prompt)
     await wait_for(pilot, lambda: not app.generating, what="the reply")
     if show_metrics:
-        await app.run_action("toggle_metrics")
+        await app.chat_screen.run_action("toggle_metrics")
     if show_origins:
-        await app.run_action("toggle_origins")
+        await app.chat_screen.run_action("toggle_origins")
     app.query_one("#messages").scroll_home(animate=False)
     await pilot.pause()
 

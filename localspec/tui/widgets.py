@@ -112,14 +112,18 @@ class MessageView(Vertical, can_focus=True):
 
     # ------------------------------------------------------------------ streaming
 
-    async def add_token(self, token: Token) -> None:
-        if not token.text:
+    async def add_tokens(self, tokens: Sequence[Token]) -> None:
+        """One frame's tokens: one Markdown write and one origins update, however many there are."""
+        fragment = ""
+        for token in tokens:
+            add_segment(self.segments, token.text, token.origin)
+            fragment += token.text
+        if not fragment:
             return
-        add_segment(self.segments, token.text, token.origin)
-        self.content += token.text
+        self.content += fragment
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
-        await self._stream.write(token.text)
+        await self._stream.write(fragment)
         if self.show_origins:
             self.query_one(".origins", Static).update(origin_text(self.segments))
 
