@@ -16,11 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from textual.widgets._markdown import MarkdownStream
 
 from localspec.engine.events import Done, Stats, Token
 from localspec.tui import ChatApp, ChatStore, ReplayBackend
-from textual.widgets._markdown import MarkdownStream
-
 from localspec.tui.widgets import MessageView
 from tests.tui_support import wait_for
 

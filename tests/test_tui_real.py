@@ -50,6 +50,7 @@ class _Recorded:
     def __init__(self, generation, sink: list) -> None:
         self._generation, self._sink = generation, sink
         self.dropped_messages, self.cached, self.route = generation.dropped_messages, None, None
+        self.cache_entry = None  # the Generation protocol's: not from a cache
 
     def __iter__(self):
         for event in self._generation:

@@ -65,8 +65,8 @@ def fixed_model_rows() -> list[ModelRow]:
 
 def record(path: Path = RECORDING, prompt: str | None = None, max_tokens: int = 160) -> None:
     """Run the real default pair once and store its events."""
-    from localspec.engine.config import GenerationRequest
     from localspec.engine import llama_log
+    from localspec.engine.config import GenerationRequest
     from localspec.service import open_engine
 
     llama_log.install()

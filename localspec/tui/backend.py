@@ -16,10 +16,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from localspec.engine.config import GenerationRequest
-from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
+from localspec.engine.events import Done, Event, FinishReason, ProgressFn, Stats, Token
 from localspec.errors import LocalspecError
 
 logger = logging.getLogger(__name__)
@@ -199,11 +199,11 @@ class _RemoteGeneration:
         self._request = request
         self._clock = clock
         self._cancel = threading.Event()
-        self._stream = None
+        self._stream: Any = None  # the openai client's stream while one is open
         self.dropped_messages = 0
-        self.cached = None
+        self.cached: bool | None = None
         self.cache_entry: str | None = None
-        self.route = None
+        self.route: str | None = None
 
     def __iter__(self) -> Iterator[Event]:
         req = self._request
@@ -211,7 +211,7 @@ class _RemoteGeneration:
         text: list[str] = []
         t0 = self._clock()
         t_first = t_last = 0.0
-        finish = "stop"
+        finish: FinishReason = "stop"
         try:
             messages = [m.model_dump(include={"role", "content"}) for m in req.messages or []]
             kwargs = dict(model=self._model, stream=True, max_tokens=req.max_tokens,

@@ -24,7 +24,13 @@ from textual.widgets import Footer, Header, Label, ListView, LoadingIndicator
 from localspec.engine.events import Done
 from localspec.tui.backend import Generation
 from localspec.tui.chats import Chats
-from localspec.tui.loading import BackendReady, Loader, LoadFailed, LoadProgressed, ModelsMissing
+from localspec.tui.loading import (
+    BackendReady,
+    Loader,
+    LoadFailed,
+    LoadProgressed,
+    ModelsMissing,
+)
 from localspec.tui.replies import ContextTrimmed, Replies, ReplyEnded, ReplyRefused
 from localspec.tui.reply_tools import ReplyTools
 from localspec.tui.widgets import MessageView, MetricsPane, PromptInput

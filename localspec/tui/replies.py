@@ -139,7 +139,7 @@ class Replies(ScreenPart):
         # An empty reply (interrupted before its first token) says nothing to the model.
         messages += [{"role": m.role, "content": m.content} for m in self.store.messages(chat.id)
                      if m.content or m.role != "assistant"]
-        return GenerationRequest(
+        return GenerationRequest(  # pydantic validates the dicts and the mode string
             messages=messages, max_tokens=p.max_tokens, sampling=SamplingParams(temperature=p.temperature),
             mode=p.mode, k=p.draft_k, truncate=True,
         )

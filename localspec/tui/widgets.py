@@ -11,6 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message as TextualMessage
 from textual.widgets import Label, Markdown, Sparkline, Static, TextArea
+from textual.widgets.markdown import MarkdownStream
 
 from localspec.engine.events import Done, Stats, Token
 from localspec.tui.backend import BackendInfo
@@ -84,7 +85,7 @@ class MessageView(Vertical, can_focus=True):
         self.message_id = message_id
         self.segments: list[list[str]] = [list(s) for s in self.meta.get("segments", [])]
         self.show_origins = show_origins
-        self._stream = None
+        self._stream: MarkdownStream | None = None
         self.finished = role != "assistant" or bool(self.meta)
         self.waiting = False  # queued until the models are loaded
         if self.interrupted:

@@ -1,0 +1,144 @@
+"""Chat app vs `localspec generate`: answer speed on the same engine, prompt and mode, interleaved.
+
+For each mode the script loads the engine once, then alternates A B A B: A runs the request the
+way `localspec generate` does (`engine.generate`, tokens written out as they come), B sends the
+same prompt through the chat app (headless, Textual's pilot, an in-process `LocalBackend` on that
+engine, no cache so every reply is generated). Both report the engine's decode tok/s (the figure
+the reply footer and `generate` print) and the wall-clock tok/s from request to last token. On a
+busy box only the ratios of neighbouring runs mean much.
+
+    PYTHONPATH=. python scripts/bench_faces.py --modes off draft --rounds 3 --max-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PROMPT = "Write a Python function that merges two sorted lists into one sorted list, with a docstring."
+
+
+@dataclass(frozen=True)
+class Run:
+    face: str  # "generate" | "chat"
+    mode: str
+    tokens: int
+    decode_tps: float  # the engine's own figure: tokens after the first / decode time
+    wall_tps: float  # tokens / (request to last token)
+
+
+def _request(mode: str, max_tokens: int):
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.sampling import SamplingParams
+
+    return GenerationRequest(messages=[{"role": "user", "content": PROMPT}], max_tokens=max_tokens,
+                             sampling=SamplingParams(temperature=0.0), mode=mode)
+
+
+def run_generate(engine, mode: str, max_tokens: int) -> Run:
+    """What `localspec generate --chat` does after loading: iterate the engine, write each token."""
+    from localspec.engine.events import Done, Token
+
+    out, done, t0 = io.StringIO(), None, time.perf_counter()
+    for event in engine.generate(_request(mode, max_tokens)):
+        if isinstance(event, Token):
+            out.write(event.text)
+        elif isinstance(event, Done):
+            done = event
+    wall = time.perf_counter() - t0
+    assert done is not None and done.finish_reason in ("stop", "length"), done
+    s = done.stats
+    return Run("generate", mode, s.completion_tokens, s.tokens_per_second, s.completion_tokens / wall)
+
+
+async def _until(pilot, predicate, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the chat app did not finish")
+        await pilot.pause(0.05)
+
+
+def run_chat(engine, mode: str, max_tokens: int) -> Run:
+    """The same request through the chat app: typed into the store, streamed into the view."""
+    from localspec.tui import ChatApp, ChatParams, ChatStore, LocalBackend
+    from localspec.tui.store import stats_from_dict
+
+    async def main() -> Run:
+        with tempfile.TemporaryDirectory() as tmp:
+            app = ChatApp(lambda _p, **_: LocalBackend(engine, target="bench", owns_engine=False),
+                          store=ChatStore(Path(tmp) / "chats.sqlite"), memory_probe=lambda: 0,
+                          export_dir=Path(tmp), new_chat_params=ChatParams(temperature=0.0, max_tokens=max_tokens,
+                                                                           mode=mode))
+            async with app.run_test(size=(120, 40)) as pilot:
+                await _until(pilot, lambda: app.backend is not None)
+                t0 = time.perf_counter()
+                await app.send(PROMPT)
+                await _until(pilot, lambda: not app.generating)
+                wall = time.perf_counter() - t0
+                reply = app.store.messages(app.chat_id)[-1]
+        assert reply.meta.get("finish_reason") in ("stop", "length"), reply.meta
+        s = stats_from_dict(reply.meta["stats"])
+        return Run("chat", mode, s.completion_tokens, s.tokens_per_second, s.completion_tokens / wall)
+
+    return asyncio.run(main())
+
+
+def bench(modes: list[str], rounds: int, max_tokens: int, threads: int | None) -> list[Run]:
+    from localspec.engine import llama_log
+    from localspec.service import open_engine
+
+    llama_log.install()
+    runs: list[Run] = []
+    for mode in modes:
+        engine = open_engine(mode=mode, n_ctx=2048, n_threads=threads)
+        try:
+            run_generate(engine, mode, 8)  # warm: the first request pays one-time costs
+            for r in range(rounds):
+                # A B, then B A: neither face always runs first in a pair.
+                faces = ["generate", "chat"] if r % 2 == 0 else ["chat", "generate"]
+                for face in faces:
+                    run = (run_generate(engine, mode, max_tokens) if face == "generate"
+                           else run_chat(engine, mode, max_tokens))
+                    runs.append(run)
+                    print(json.dumps(asdict(run)), flush=True)
+        finally:
+            engine.close()
+    return runs
+
+
+def summarize(runs: list[Run]) -> dict[str, dict[str, float]]:
+    """Per mode: median tok/s of each face and chat ÷ generate of those medians."""
+    out: dict[str, dict[str, float]] = {}
+    for mode in dict.fromkeys(r.mode for r in runs):
+        row: dict[str, float] = {}
+        for metric in ("decode_tps", "wall_tps"):
+            med = {face: statistics.median(getattr(r, metric) for r in runs if r.mode == mode and r.face == face)
+                   for face in ("generate", "chat")}
+            row[f"generate_{metric}"] = round(med["generate"], 2)
+            row[f"chat_{metric}"] = round(med["chat"], 2)
+            row[f"ratio_{metric}"] = round(med["chat"] / med["generate"], 3)
+        out[mode] = row
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", nargs="+", default=["off", "draft"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    runs = bench(args.modes, args.rounds, args.max_tokens, args.threads)
+    print(json.dumps({"summary": summarize(runs)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
