@@ -31,8 +31,9 @@ from localspec.tui.loading import (
     LoadProgressed,
     ModelsMissing,
 )
-from localspec.tui.replies import ContextTrimmed, Replies, ReplyEnded, ReplyRefused
+from localspec.tui.replies import Replies
 from localspec.tui.reply_tools import ReplyTools
+from localspec.tui.streaming import ContextTrimmed, ReplyEnded, ReplyRefused
 from localspec.tui.widgets import MessageView, MetricsPane, PromptInput
 
 if TYPE_CHECKING:

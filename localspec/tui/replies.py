@@ -1,108 +1,35 @@
 """Replies: send a message, stream the answer, cancel, regenerate, edit and resend.
 
 The reply streams on a worker thread that never touches a widget: it appends tokens to the reply's
-`TokenBuffer` and posts one typed message when the reply ends. On the UI thread a timer drains the
-buffer at most FRAMES_PER_S times a second, so the Markdown writes and the cross-thread traffic of
-a reply are bounded by its frames, not its tokens: the view would otherwise spend the two cores
-that llama.cpp's threads need on one re-render and one thread hop per token.
+`TokenBuffer` and posts one typed message when the reply ends (`streaming.py`). On the UI thread a
+timer drains the buffer at most FRAMES_PER_S times a second, so the Markdown writes and the
+cross-thread traffic of a reply are bounded by its frames, not its tokens: the view would otherwise
+spend the two cores that llama.cpp's threads need on one re-render and one thread hop per token.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from textual.containers import VerticalScroll
-from textual.message import Message as TextualMessage
-from textual.timer import Timer
 
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Stats, Token
 from localspec.engine.sampling import SamplingParams
 from localspec.errors import LocalspecError
-from localspec.tui.backend import Backend, Generation
+from localspec.tui.backend import Backend
 from localspec.tui.base import ScreenPart
 from localspec.tui.dialogs import ErrorDialog
 from localspec.tui.store import PartialReply, interrupted_meta
+from localspec.tui.streaming import FRAMES_PER_S, ContextTrimmed, Reply, ReplyEnded, ReplyRefused
 from localspec.tui.widgets import MessageView, PromptInput, add_segment
 
 if TYPE_CHECKING:
     from localspec.tui.chat_screen import ChatScreen
 
 logger = logging.getLogger(__name__)
-
-FRAMES_PER_S = 30  # the view's refresh rate while a reply streams
-
-
-class TokenBuffer:
-    """Tokens the worker thread has produced and the view has not shown yet."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tokens: list[Token] = []
-
-    def push(self, token: Token) -> None:
-        with self._lock:
-            self._tokens.append(token)
-
-    def drain(self) -> list[Token]:
-        with self._lock:
-            tokens, self._tokens = self._tokens, []
-        return tokens
-
-
-@dataclass
-class Reply:
-    """One answer under way: its view, its row in the store and its link to the worker thread."""
-
-    view: MessageView
-    chat_id: int
-    partial: PartialReply
-    started: float = field(default_factory=time.perf_counter)
-    buffer: TokenBuffer = field(default_factory=TokenBuffer)
-    frames: Timer | None = None
-    _generation: Generation | None = None
-    _cancelled: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def attach(self, generation: Generation) -> None:
-        """The worker thread's generation; an Esc pressed before it existed cancels it now."""
-        with self._lock:
-            self._generation = generation
-            cancelled = self._cancelled
-        if cancelled:
-            generation.cancel()
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._cancelled = True
-            generation = self._generation
-        if generation is not None:
-            generation.cancel()
-
-
-class ReplyEnded(TextualMessage):
-    def __init__(self, reply: Reply, done: Done, generation: Generation) -> None:
-        super().__init__()
-        self.reply, self.done, self.generation = reply, done, generation
-
-
-class ReplyRefused(TextualMessage):
-    """The backend would not start the reply (e.g. the chat does not fit the context)."""
-
-    def __init__(self, reply: Reply, error: LocalspecError) -> None:
-        super().__init__()
-        self.reply, self.error = reply, error
-
-
-class ContextTrimmed(TextualMessage):
-    def __init__(self, dropped: int) -> None:
-        super().__init__()
-        self.dropped = dropped
-
 
 class Replies(ScreenPart):
     def __init__(self, screen: ChatScreen) -> None:
