@@ -58,12 +58,34 @@ def run_generate(engine, mode: str, max_tokens: int) -> Run:
     return Run("generate", mode, s.completion_tokens, s.tokens_per_second, s.completion_tokens / wall)
 
 
+def run_backend(engine, mode: str, max_tokens: int) -> Run:
+    """The chat app's path without the app: the same `LocalBackend` (pipeline, step thread), read
+    on this thread. The gap between this face and `generate` is the pipeline's, not the view's."""
+    from localspec.engine.events import Done, Token
+    from localspec.tui import LocalBackend
+
+    backend = LocalBackend(engine, target="bench", owns_engine=False)
+    out, done, t0 = io.StringIO(), None, time.perf_counter()
+    try:
+        for event in backend.start(_request(mode, max_tokens)):
+            if isinstance(event, Token):
+                out.write(event.text)
+            elif isinstance(event, Done):
+                done = event
+    finally:
+        backend.close()
+    wall = time.perf_counter() - t0
+    assert done is not None and done.finish_reason in ("stop", "length"), done
+    s = done.stats
+    return Run("backend", mode, s.completion_tokens, s.tokens_per_second, s.completion_tokens / wall)
+
+
 async def _until(pilot, predicate, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise TimeoutError("the chat app did not finish")
-        await pilot.pause(0.05)
+        await pilot.pause(0.2)  # the harness polls; the real app has no pilot
 
 
 def run_chat(engine, mode: str, max_tokens: int) -> Run:
@@ -91,7 +113,10 @@ def run_chat(engine, mode: str, max_tokens: int) -> Run:
     return asyncio.run(main())
 
 
-def bench(modes: list[str], rounds: int, max_tokens: int, threads: int | None) -> list[Run]:
+FACES = {"generate": run_generate, "backend": run_backend, "chat": run_chat}
+
+
+def bench(modes: list[str], faces: list[str], rounds: int, max_tokens: int, threads: int | None) -> list[Run]:
     from localspec.engine import llama_log
     from localspec.service import open_engine
 
@@ -102,11 +127,9 @@ def bench(modes: list[str], rounds: int, max_tokens: int, threads: int | None) -
         try:
             run_generate(engine, mode, 8)  # warm: the first request pays one-time costs
             for r in range(rounds):
-                # A B, then B A: neither face always runs first in a pair.
-                faces = ["generate", "chat"] if r % 2 == 0 else ["chat", "generate"]
-                for face in faces:
-                    run = (run_generate(engine, mode, max_tokens) if face == "generate"
-                           else run_chat(engine, mode, max_tokens))
+                # A B, then B A: no face always runs first.
+                for face in faces if r % 2 == 0 else faces[::-1]:
+                    run = FACES[face](engine, mode, max_tokens)
                     runs.append(run)
                     print(json.dumps(asdict(run)), flush=True)
         finally:
@@ -115,16 +138,18 @@ def bench(modes: list[str], rounds: int, max_tokens: int, threads: int | None) -
 
 
 def summarize(runs: list[Run]) -> dict[str, dict[str, float]]:
-    """Per mode: median tok/s of each face and chat ÷ generate of those medians."""
+    """Per mode: median tok/s of each face and each face ÷ generate of those medians."""
     out: dict[str, dict[str, float]] = {}
     for mode in dict.fromkeys(r.mode for r in runs):
         row: dict[str, float] = {}
         for metric in ("decode_tps", "wall_tps"):
+            faces = dict.fromkeys(r.face for r in runs if r.mode == mode)
             med = {face: statistics.median(getattr(r, metric) for r in runs if r.mode == mode and r.face == face)
-                   for face in ("generate", "chat")}
-            row[f"generate_{metric}"] = round(med["generate"], 2)
-            row[f"chat_{metric}"] = round(med["chat"], 2)
-            row[f"ratio_{metric}"] = round(med["chat"] / med["generate"], 3)
+                   for face in faces}
+            for face in faces:
+                row[f"{face}_{metric}"] = round(med[face], 2)
+                if face != "generate" and "generate" in med:
+                    row[f"{face}_ratio_{metric}"] = round(med[face] / med["generate"], 3)
         out[mode] = row
     return out
 
@@ -132,11 +157,12 @@ def summarize(runs: list[Run]) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", nargs="+", default=["off", "draft"])
+    parser.add_argument("--faces", nargs="+", default=["generate", "chat"], choices=sorted(FACES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    runs = bench(args.modes, args.rounds, args.max_tokens, args.threads)
+    runs = bench(args.modes, args.faces, args.rounds, args.max_tokens, args.threads)
     print(json.dumps({"summary": summarize(runs)}, indent=1))
 
 

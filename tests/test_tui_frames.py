@@ -82,3 +82,24 @@ async def test_tokens_reach_the_view_in_frames_not_one_call_per_token(tmp_path: 
     assert counts.cross_thread <= frames, (counts.cross_thread, elapsed)
     assert counts.writes <= frames, (counts.writes, elapsed)
     assert counts.cross_thread < TOKENS / 20 and counts.writes < TOKENS / 20, vars(counts)
+
+
+def test_frames_wait_for_the_cap_and_for_the_ui_cpu_budget():
+    from localspec.tui.streaming import FramePacer
+
+    now, cpu = [0.0], [0.0]
+    pacer = FramePacer(fps=30, share=0.1, max_gap=0.5, clock=lambda: now[0], cpu=lambda: cpu[0])
+    now[0] = 0.01
+    assert not pacer.due()  # sooner than 1/30 s
+    now[0] = 0.04
+    assert pacer.due()  # a cheap frame: the cap binds
+    cpu[0] += 0.03  # that frame cost 30 ms of UI time: the next waits 0.3 s, not 1/30 s
+    now[0] = 0.2
+    assert not pacer.due()
+    now[0] = 0.341
+    assert pacer.due()
+    cpu[0] += 1.0  # the UI thread was busy for a second: the reply still moves after max_gap
+    now[0] = 0.8
+    assert not pacer.due()
+    now[0] = 0.842
+    assert pacer.due()

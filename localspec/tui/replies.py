@@ -2,9 +2,10 @@
 
 The reply streams on a worker thread that never touches a widget: it appends tokens to the reply's
 `TokenBuffer` and posts one typed message when the reply ends (`streaming.py`). On the UI thread a
-timer drains the buffer at most FRAMES_PER_S times a second, so the Markdown writes and the
-cross-thread traffic of a reply are bounded by its frames, not its tokens: the view would otherwise
-spend the two cores that llama.cpp's threads need on one re-render and one thread hop per token.
+timer drains the buffer at most FRAMES_PER_S times a second, and less often when a frame costs more
+than UI_CPU_SHARE of a core (`FramePacer`), so the Markdown writes and the cross-thread traffic of
+a reply are bounded by its frames, not its tokens: the view would otherwise spend the cores that
+llama.cpp's threads need on one re-render and one thread hop per token.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class Replies(ScreenPart):
         # reopens with what had streamed so far, marked, instead of a question without an answer.
         view.message_id = self.store.add_message(chat.id, "assistant", "", interrupted_meta([])).id
         reply = self.current = Reply(view, chat.id, PartialReply(self.store, view.message_id))
-        reply.frames = self.screen.set_interval(1 / FRAMES_PER_S, lambda: self._show(reply))
+        reply.frames = self.screen.set_interval(1 / FRAMES_PER_S, lambda: self._frame(reply))
         self.screen.run_worker(lambda: self._stream(backend, request, chat.params.route, reply), thread=True,
                                group="generate", exclusive=False)
 
@@ -132,6 +133,10 @@ class Replies(ScreenPart):
             logger.exception("reply stream failed")
             # No text: the view's own (every token drained) is what streamed.
             self.post(ReplyEnded(reply, Done("error", Stats(), "", str(exc)), generation))
+
+    async def _frame(self, reply: Reply) -> None:
+        if reply.pacer.due():
+            await self._show(reply)
 
     async def _show(self, reply: Reply) -> None:
         """One frame: whatever the buffer holds, in one write."""

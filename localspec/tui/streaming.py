@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from textual.message import Message as TextualMessage
@@ -20,7 +21,34 @@ from localspec.tui.backend import Generation
 from localspec.tui.store import PartialReply
 from localspec.tui.widgets import MessageView
 
-FRAMES_PER_S = 30  # the view's refresh rate while a reply streams
+FRAMES_PER_S = 30  # the most frames a second a streaming reply draws
+# The most of one core the UI thread may spend while a reply streams. With llama.cpp's threads on
+# every core, any work beside them stalls their per-op barriers, so the view yields: on a fast
+# machine the frame cap binds, on a busy 2-core CPU (a frame there costs ~30 ms of layout and
+# render) frames come a few times a second and the engine keeps its speed.
+UI_CPU_SHARE = 0.1
+MAX_FRAME_GAP_S = 0.5  # but a reply still moves twice a second, however busy the UI thread is
+
+
+class FramePacer:
+    """Says when the next frame may draw: at most `fps` a second, and only once the UI thread's CPU
+    time since the last frame is at most `share` of the wall time since then (the last frame's
+    layout and render, mostly), though never more than `max_gap` seconds after it."""
+
+    def __init__(self, *, fps: float = FRAMES_PER_S, share: float = UI_CPU_SHARE, max_gap: float = MAX_FRAME_GAP_S,
+                 clock: Callable[[], float] = time.perf_counter, cpu: Callable[[], float] = time.thread_time) -> None:
+        self._min_gap, self._max_gap, self._share = 1 / fps, max_gap, share
+        self._clock, self._cpu = clock, cpu
+        self._last_at, self._last_cpu = clock(), cpu()
+
+    def due(self) -> bool:
+        """Call on the UI thread; True starts a frame (and its accounting)."""
+        now, cpu = self._clock(), self._cpu()
+        gap = min(self._max_gap, max(self._min_gap, (cpu - self._last_cpu) / self._share))
+        if now - self._last_at < gap:
+            return False
+        self._last_at, self._last_cpu = now, cpu
+        return True
 
 
 class TokenBuffer:
@@ -49,6 +77,7 @@ class Reply:
     partial: PartialReply
     started: float = field(default_factory=time.perf_counter)
     buffer: TokenBuffer = field(default_factory=TokenBuffer)
+    pacer: FramePacer = field(default_factory=FramePacer)
     frames: Timer | None = None
     _generation: Generation | None = None
     _cancelled: bool = False
