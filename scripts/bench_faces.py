@@ -116,12 +116,13 @@ def run_chat(engine, mode: str, max_tokens: int) -> Run:
 FACES = {"generate": run_generate, "backend": run_backend, "chat": run_chat}
 
 
-def bench(modes: list[str], faces: list[str], rounds: int, max_tokens: int, threads: int | None) -> list[Run]:
+def bench(modes: list[str], faces: list[str], rounds: int, max_tokens: int,
+          threads: int | None) -> list[tuple[int, Run]]:
     from localspec.engine import llama_log
     from localspec.service import open_engine
 
     llama_log.install()
-    runs: list[Run] = []
+    runs: list[tuple[int, Run]] = []
     for mode in modes:
         engine = open_engine(mode=mode, n_ctx=2048, n_threads=threads)
         try:
@@ -130,26 +131,34 @@ def bench(modes: list[str], faces: list[str], rounds: int, max_tokens: int, thre
                 # A B, then B A: no face always runs first.
                 for face in faces if r % 2 == 0 else faces[::-1]:
                     run = FACES[face](engine, mode, max_tokens)
-                    runs.append(run)
+                    runs.append((r, run))
                     print(json.dumps(asdict(run)), flush=True)
         finally:
             engine.close()
     return runs
 
 
-def summarize(runs: list[Run]) -> dict[str, dict[str, float]]:
-    """Per mode: median tok/s of each face and each face ÷ generate of those medians."""
+def summarize(runs: list[tuple[int, Run]]) -> dict[str, dict[str, float]]:
+    """Per mode and face: median tok/s, and the median (min, max) over rounds of face ÷ generate
+    within a round; a round's runs are neighbours, so a busy box moves both sides of its ratio."""
     out: dict[str, dict[str, float]] = {}
-    for mode in dict.fromkeys(r.mode for r in runs):
+    for mode in dict.fromkeys(run.mode for _, run in runs):
         row: dict[str, float] = {}
+        mine = [(r, run) for r, run in runs if run.mode == mode]
         for metric in ("decode_tps", "wall_tps"):
-            faces = dict.fromkeys(r.face for r in runs if r.mode == mode)
-            med = {face: statistics.median(getattr(r, metric) for r in runs if r.mode == mode and r.face == face)
-                   for face in faces}
+            by = {(r, run.face): getattr(run, metric) for r, run in mine}
+            faces = list(dict.fromkeys(run.face for _, run in mine))
             for face in faces:
-                row[f"{face}_{metric}"] = round(med[face], 2)
-                if face != "generate" and "generate" in med:
-                    row[f"{face}_ratio_{metric}"] = round(med[face] / med["generate"], 3)
+                row[f"{face}_{metric}"] = round(statistics.median(v for (_, f), v in by.items() if f == face), 2)
+            # chat ÷ backend: what the view itself costs, the pipeline's share taken out.
+            pairs = [(f, "generate") for f in faces if f != "generate"]
+            pairs += [("chat", "backend")] if {"chat", "backend"} <= set(faces) else []
+            for face, base in pairs:
+                ratios = [by[(r, face)] / by[(r, base)] for r in sorted({r for r, _ in mine})]
+                key = f"{face}_ratio_{metric}" if base == "generate" else f"{face}_vs_{base}_{metric}"
+                row[key] = round(statistics.median(ratios), 3)
+                row[f"{key}_min"] = round(min(ratios), 3)
+                row[f"{key}_max"] = round(max(ratios), 3)
         out[mode] = row
     return out
 
