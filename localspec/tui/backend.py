@@ -16,10 +16,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from localspec.engine.config import GenerationRequest
-from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
+from localspec.engine.events import Done, Event, FinishReason, ProgressFn, Stats, Token
 from localspec.errors import LocalspecError
 
 logger = logging.getLogger(__name__)
@@ -37,11 +37,28 @@ class BackendInfo:
 
 
 class Generation(Protocol):
-    """One running reply. Iterating blocks for the next event and ends after `Done`."""
+    """One running reply. Iterating blocks for the next event and ends after `Done`; the app reads
+    the properties once the reply is done."""
 
-    dropped_messages: int  # turns the truncate policy removed to fit the context
-    cached: bool | None  # a cache hit (None: this backend has no cache yet)
-    route: str | None  # the router's decision (None: no router yet)
+    @property
+    def dropped_messages(self) -> int:
+        """Turns the truncate policy removed to fit the context."""
+        ...
+
+    @property
+    def cached(self) -> bool | None:
+        """A cache hit (None: this backend has no cache)."""
+        ...
+
+    @property
+    def cache_entry(self) -> str | None:
+        """The handle `Backend.mark_wrong` takes for a cached answer (None: not from the cache)."""
+        ...
+
+    @property
+    def route(self) -> str | None:
+        """The router's decision, e.g. "small (heuristic score 0.2)" (None: no router)."""
+        ...
 
     def __iter__(self) -> Iterator[Event]: ...
 
@@ -49,12 +66,17 @@ class Generation(Protocol):
 
 
 class Backend(Protocol):
-    info: BackendInfo
+    @property
+    def info(self) -> BackendInfo: ...
 
     def start(self, request: GenerationRequest, route: str | None = None) -> Generation:
         """Queue a request; raises LocalspecError (e.g. ContextOverflowError) for bad input.
 
         `route`: "auto" lets the router pick the tier, a tier name picks it; None: the default."""
+        ...
+
+    def mark_wrong(self, entry_id: str) -> bool:
+        """Evict a cached answer the user marked wrong (F3); False when it was already gone."""
         ...
 
     def close(self) -> None: ...
@@ -177,11 +199,11 @@ class _RemoteGeneration:
         self._request = request
         self._clock = clock
         self._cancel = threading.Event()
-        self._stream = None
+        self._stream: Any = None  # the openai client's stream while one is open
         self.dropped_messages = 0
-        self.cached = None
+        self.cached: bool | None = None
         self.cache_entry: str | None = None
-        self.route = None
+        self.route: str | None = None
 
     def __iter__(self) -> Iterator[Event]:
         req = self._request
@@ -189,7 +211,7 @@ class _RemoteGeneration:
         text: list[str] = []
         t0 = self._clock()
         t_first = t_last = 0.0
-        finish = "stop"
+        finish: FinishReason = "stop"
         try:
             messages = [m.model_dump(include={"role", "content"}) for m in req.messages or []]
             kwargs = dict(model=self._model, stream=True, max_tokens=req.max_tokens,
@@ -319,6 +341,7 @@ class _ReplayGeneration:
         self._cancel = threading.Event()
         self.dropped_messages = dropped
         self.cached = cached
+        self.cache_entry: str | None = None
         self.route = route
 
     def __iter__(self) -> Iterator[Event]:
@@ -357,6 +380,9 @@ class ReplayBackend:
         events = self.replies[min(self._n, len(self.replies) - 1)]
         self._n += 1
         return _ReplayGeneration(events, self.delay, self.cached, self.route, self.dropped_messages)
+
+    def mark_wrong(self, entry_id: str) -> bool:
+        return False  # a recording has no cache
 
     def close(self) -> None:
         pass
