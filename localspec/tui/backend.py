@@ -16,11 +16,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Event, FinishReason, ProgressFn, Stats, Token
 from localspec.errors import LocalspecError
+
+if TYPE_CHECKING:  # the engine and the pipeline load only when a backend is built
+    from localspec.cache import SemanticCache
+    from localspec.engine.scheduler import Engine
+    from localspec.jobs import Job
+    from localspec.pipeline import Pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +121,7 @@ def detect_accelerator() -> str:
 class _LocalGeneration:
     """A pipeline job (cache lookup, then the engine) as the app reads it."""
 
-    def __init__(self, job) -> None:
+    def __init__(self, job: Job) -> None:
         self._job = job
         self.dropped_messages = job.dropped_messages
 
@@ -125,7 +131,8 @@ class _LocalGeneration:
 
     @property
     def cache_entry(self) -> str | None:
-        return self._job.cache.entry_id if self._job.cached else None
+        cache = self._job.cache
+        return cache.entry_id if cache is not None and self._job.cached else None
 
     @property
     def route(self) -> str | None:
@@ -146,17 +153,17 @@ class LocalBackend:
     None for none; `open` builds the profile's (semantic with the embedding model, else exact).
     """
 
-    def __init__(self, engine, profile: str | None = None, target: str = "", draft: str | None = None,
-                 owns_engine: bool = True, cache=None, fingerprint: str = "", pipeline=None) -> None:
-        from localspec.pipeline import LocalTier, Pipeline
+    def __init__(self, engine: Engine, profile: str | None = None, target: str = "", draft: str | None = None,
+                 owns_engine: bool = True, cache: SemanticCache | None = None, fingerprint: str = "",
+                 pipeline: Pipeline | None = None) -> None:
+        from localspec.pipeline import LocalTier, Pipeline, TierName
 
         self.engine = engine
         self.owns_engine = owns_engine
         if pipeline is None:
-            tier = LocalTier("large", engine, target, draft, fingerprint or target, owns_engine=owns_engine)
-            pipeline = Pipeline({"large": tier}, "large", cache)
+            tier = LocalTier(TierName.LARGE, engine, target, draft, fingerprint or target, owns_engine=owns_engine)
+            pipeline = Pipeline({TierName.LARGE: tier}, TierName.LARGE, cache)
         self.pipeline = pipeline
-        self.worker = pipeline.tiers[pipeline.default_tier].worker
         self.info = BackendInfo(
             kind="in-process", target=target, draft=draft if engine.draft is not None else None,
             accelerator=detect_accelerator(), n_ctx=engine.config.n_ctx, profile=profile,
@@ -165,7 +172,7 @@ class LocalBackend:
     @classmethod
     def open(cls, profile: str | None = None, cache: bool = True, cache_semantic: bool = False,
              cache_judge: bool | str = "model", *, on_progress: ProgressFn | None = None,
-             **overrides) -> LocalBackend:
+             **overrides: Any) -> LocalBackend:
         """Resolve the profile, load its models, the cache and the router, start the step thread.
         `on_progress` hears the models' load and the one-time calibration."""
         from localspec.service import open_pipeline
@@ -193,7 +200,7 @@ class LocalBackend:
 
 
 class _RemoteGeneration:
-    def __init__(self, client, model: str, request: GenerationRequest, clock: Callable[[], float]) -> None:
+    def __init__(self, client: Any, model: str, request: GenerationRequest, clock: Callable[[], float]) -> None:
         self._client = client
         self._model = model
         self._request = request
@@ -255,7 +262,7 @@ class _RemoteGeneration:
         stats.decode_ms = (t_last - t_first) * 1000 if t_first else 0.0
         yield Done(finish, stats, "".join(text))
 
-    def _read_extension(self, extra: dict) -> None:
+    def _read_extension(self, extra: dict[str, Any]) -> None:
         """A localspec server says in its last chunk whether the answer came from its cache, and the route."""
         ext = extra.get("localspec") or {}
         cache, route = ext.get("cache") or {}, ext.get("route")
