@@ -191,7 +191,7 @@ def test_model_auto_through_the_endpoint_shows_the_route():
 @pytest.mark.anyio
 async def test_the_chat_app_routes_auto_and_shows_the_route(tmp_path):
     from localspec.tui import ChatApp, ChatParams, ChatStore, LocalBackend
-    from localspec.tui.testing import wait_for
+    from tests.tui_support import wait_for
     from localspec.tui.widgets import MessageView
 
     pipe = _pipeline()

@@ -22,10 +22,10 @@ import pytest
 from localspec.engine.events import LoadProgress, LoadStage
 from localspec.errors import LocalspecError
 from localspec.tui import ChatApp, ChatStore, ReplayBackend
-from localspec.tui.demo import DEMO_RSS, demo_backend, fixed_model_rows, load_recording
+from tests.tui_demo import DEMO_RSS, demo_backend, fixed_model_rows, load_recording
 from localspec.tui.dialogs import ErrorDialog
 from localspec.tui.store import PartialReply
-from localspec.tui.testing import wait_for
+from tests.tui_support import wait_for
 from localspec.tui.widgets import MessageView, PromptInput
 from tests.tui_kill_child import slow_reply
 

@@ -15,10 +15,10 @@ from textual.widgets._toast import Toast  # not exported by textual.widgets
 from localspec.engine.events import Done, Stats, Token
 from localspec.models import ModelRow
 from localspec.tui import BackendInfo, ChatApp, ChatParams, ChatStore, ReplayBackend
-from localspec.tui.demo import DEMO_RSS, demo_backend, fixed_model_rows
+from tests.tui_demo import DEMO_RSS, demo_backend, fixed_model_rows
 from localspec.tui.dialogs import ErrorDialog
 from localspec.tui.models_screen import ModelsScreen
-from localspec.tui.testing import wait_for
+from tests.tui_support import wait_for
 
 SIZE = (120, 36)
 pytestmark = pytest.mark.anyio

@@ -12,7 +12,7 @@ from localspec.engine.config import EngineConfig
 from localspec.engine.events import Done, Token
 from localspec.engine.scheduler import Engine
 from localspec.tui import ChatApp, ChatParams, ChatStore, LocalBackend
-from localspec.tui.testing import wait_for
+from tests.tui_support import wait_for
 from localspec.tui.widgets import ORIGIN_STYLES, MessageView
 from tests.conftest import DRAFT_ID, TARGET_ID, TEST_THREADS
 
@@ -50,6 +50,7 @@ class _Recorded:
     def __init__(self, generation, sink: list) -> None:
         self._generation, self._sink = generation, sink
         self.dropped_messages, self.cached, self.route = generation.dropped_messages, None, None
+        self.cache_entry = None  # the Generation protocol's: not from a cache
 
     def __iter__(self):
         for event in self._generation:

@@ -1,6 +1,6 @@
 """Pictures of the chat and models screens, fed a recorded reply with fixed figures.
 
-The recording (localspec/tui/demo_reply.json) carries the stats the engine measured once, and the
+The recording (tests/tui_demo_reply.json) carries the stats the engine measured once, and the
 memory reading and fit estimates are fixed values, so the pictures depend on neither the clock
 nor the machine. Update with `pytest tests/test_tui_snapshots.py --snapshot-update`.
 """
@@ -8,9 +8,9 @@ nor the machine. Update with `pytest tests/test_tui_snapshots.py --snapshot-upda
 from __future__ import annotations
 
 from localspec.tui import ChatApp, ChatStore
-from localspec.tui.demo import DEMO_RSS, demo_backend, drive_demo, fixed_model_rows
+from tests.tui_demo import DEMO_RSS, demo_backend, drive_demo, fixed_model_rows
 from localspec.tui.models_screen import ModelsScreen
-from localspec.tui.testing import wait_for
+from tests.tui_support import wait_for
 
 SIZE = (130, 40)
 

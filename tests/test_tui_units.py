@@ -12,11 +12,11 @@ from localspec.engine.events import Done, Stats, Token
 from localspec.errors import ContextOverflowError, ModelNotFoundError
 from localspec.tui.app import KEYS
 from localspec.tui import ChatApp, ChatParams, ChatStore, ReplayBackend, SessionMetrics
-from localspec.tui.demo import DEMO_RSS, demo_backend, fixed_model_rows, load_recording
+from tests.tui_demo import DEMO_RSS, demo_backend, fixed_model_rows, load_recording
 from localspec.tui.dialogs import ChatSettingsDialog, ConfirmDialog, ErrorDialog, HelpScreen
 from localspec.tui.models_screen import ModelsScreen
 from localspec.tui.store import export_chat, safe_filename
-from localspec.tui.testing import wait_for
+from tests.tui_support import wait_for
 from localspec.tui.widgets import ORIGIN_STYLES, MessageView, PromptInput, code_blocks
 
 SIZE = (120, 36)
@@ -300,7 +300,7 @@ async def test_the_metrics_timer_survives_the_widgets_going_away(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _ready(app, pilot)
         await app.query_one("#metrics").remove()
-        app._tick()  # no NoMatches: a tick with nothing to refresh does nothing
+        app.chat_screen._tick()  # the interval is the chat screen's; no NoMatches: nothing to refresh does nothing
 
 
 # ---------------------------------------------------------------------- errors
@@ -312,7 +312,8 @@ async def test_missing_models_offer_a_pull(tmp_path):
 
     app = _app(tmp_path, factory)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), 10, "the pull offer")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen.query(".question"), 10,
+                       "the pull offer")  # pushed and composed: the load fails while the app starts
         assert "not installed" in str(app.screen.query_one(".question").render())
         await pilot.click("#no")
         await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmDialog), 10, "the offer dismissed")

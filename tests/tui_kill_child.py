@@ -9,7 +9,7 @@ from pathlib import Path
 
 from localspec.engine.events import Done, Stats, Token
 from localspec.tui import ChatApp, ChatStore, ReplayBackend
-from localspec.tui.testing import wait_for
+from tests.tui_support import wait_for
 
 TOKENS = 20_000  # at DELAY apart: minutes of streaming, far longer than the test waits
 DELAY = 0.01

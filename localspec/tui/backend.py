@@ -16,11 +16,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localspec.engine.config import GenerationRequest
-from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
+from localspec.engine.events import Done, Event, FinishReason, ProgressFn, Stats, Token
 from localspec.errors import LocalspecError
+
+if TYPE_CHECKING:  # the engine and the pipeline load only when a backend is built
+    from localspec.cache import SemanticCache
+    from localspec.engine.scheduler import Engine
+    from localspec.jobs import Job
+    from localspec.pipeline import Pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +43,28 @@ class BackendInfo:
 
 
 class Generation(Protocol):
-    """One running reply. Iterating blocks for the next event and ends after `Done`."""
+    """One running reply. Iterating blocks for the next event and ends after `Done`; the app reads
+    the properties once the reply is done."""
 
-    dropped_messages: int  # turns the truncate policy removed to fit the context
-    cached: bool | None  # a cache hit (None: this backend has no cache yet)
-    route: str | None  # the router's decision (None: no router yet)
+    @property
+    def dropped_messages(self) -> int:
+        """Turns the truncate policy removed to fit the context."""
+        ...
+
+    @property
+    def cached(self) -> bool | None:
+        """A cache hit (None: this backend has no cache)."""
+        ...
+
+    @property
+    def cache_entry(self) -> str | None:
+        """The handle `Backend.mark_wrong` takes for a cached answer (None: not from the cache)."""
+        ...
+
+    @property
+    def route(self) -> str | None:
+        """The router's decision, e.g. "small (heuristic score 0.2)" (None: no router)."""
+        ...
 
     def __iter__(self) -> Iterator[Event]: ...
 
@@ -49,12 +72,17 @@ class Generation(Protocol):
 
 
 class Backend(Protocol):
-    info: BackendInfo
+    @property
+    def info(self) -> BackendInfo: ...
 
     def start(self, request: GenerationRequest, route: str | None = None) -> Generation:
         """Queue a request; raises LocalspecError (e.g. ContextOverflowError) for bad input.
 
         `route`: "auto" lets the router pick the tier, a tier name picks it; None: the default."""
+        ...
+
+    def mark_wrong(self, entry_id: str) -> bool:
+        """Evict a cached answer the user marked wrong (F3); False when it was already gone."""
         ...
 
     def close(self) -> None: ...
@@ -93,7 +121,7 @@ def detect_accelerator() -> str:
 class _LocalGeneration:
     """A pipeline job (cache lookup, then the engine) as the app reads it."""
 
-    def __init__(self, job) -> None:
+    def __init__(self, job: Job) -> None:
         self._job = job
         self.dropped_messages = job.dropped_messages
 
@@ -103,7 +131,8 @@ class _LocalGeneration:
 
     @property
     def cache_entry(self) -> str | None:
-        return self._job.cache.entry_id if self._job.cached else None
+        cache = self._job.cache
+        return cache.entry_id if cache is not None and self._job.cached else None
 
     @property
     def route(self) -> str | None:
@@ -124,17 +153,17 @@ class LocalBackend:
     None for none; `open` builds the profile's (semantic with the embedding model, else exact).
     """
 
-    def __init__(self, engine, profile: str | None = None, target: str = "", draft: str | None = None,
-                 owns_engine: bool = True, cache=None, fingerprint: str = "", pipeline=None) -> None:
-        from localspec.pipeline import LocalTier, Pipeline
+    def __init__(self, engine: Engine, profile: str | None = None, target: str = "", draft: str | None = None,
+                 owns_engine: bool = True, cache: SemanticCache | None = None, fingerprint: str = "",
+                 pipeline: Pipeline | None = None) -> None:
+        from localspec.pipeline import LocalTier, Pipeline, TierName
 
         self.engine = engine
         self.owns_engine = owns_engine
         if pipeline is None:
-            tier = LocalTier("large", engine, target, draft, fingerprint or target, owns_engine=owns_engine)
-            pipeline = Pipeline({"large": tier}, "large", cache)
+            tier = LocalTier(TierName.LARGE, engine, target, draft, fingerprint or target, owns_engine=owns_engine)
+            pipeline = Pipeline({TierName.LARGE: tier}, TierName.LARGE, cache)
         self.pipeline = pipeline
-        self.worker = pipeline.tiers[pipeline.default_tier].worker
         self.info = BackendInfo(
             kind="in-process", target=target, draft=draft if engine.draft is not None else None,
             accelerator=detect_accelerator(), n_ctx=engine.config.n_ctx, profile=profile,
@@ -143,7 +172,7 @@ class LocalBackend:
     @classmethod
     def open(cls, profile: str | None = None, cache: bool = True, cache_semantic: bool = False,
              cache_judge: bool | str = "model", *, on_progress: ProgressFn | None = None,
-             **overrides) -> LocalBackend:
+             **overrides: Any) -> LocalBackend:
         """Resolve the profile, load its models, the cache and the router, start the step thread.
         `on_progress` hears the models' load and the one-time calibration."""
         from localspec.service import open_pipeline
@@ -171,17 +200,17 @@ class LocalBackend:
 
 
 class _RemoteGeneration:
-    def __init__(self, client, model: str, request: GenerationRequest, clock: Callable[[], float]) -> None:
+    def __init__(self, client: Any, model: str, request: GenerationRequest, clock: Callable[[], float]) -> None:
         self._client = client
         self._model = model
         self._request = request
         self._clock = clock
         self._cancel = threading.Event()
-        self._stream = None
+        self._stream: Any = None  # the openai client's stream while one is open
         self.dropped_messages = 0
-        self.cached = None
+        self.cached: bool | None = None
         self.cache_entry: str | None = None
-        self.route = None
+        self.route: str | None = None
 
     def __iter__(self) -> Iterator[Event]:
         req = self._request
@@ -189,7 +218,7 @@ class _RemoteGeneration:
         text: list[str] = []
         t0 = self._clock()
         t_first = t_last = 0.0
-        finish = "stop"
+        finish: FinishReason = "stop"
         try:
             messages = [m.model_dump(include={"role", "content"}) for m in req.messages or []]
             kwargs = dict(model=self._model, stream=True, max_tokens=req.max_tokens,
@@ -233,7 +262,7 @@ class _RemoteGeneration:
         stats.decode_ms = (t_last - t_first) * 1000 if t_first else 0.0
         yield Done(finish, stats, "".join(text))
 
-    def _read_extension(self, extra: dict) -> None:
+    def _read_extension(self, extra: dict[str, Any]) -> None:
         """A localspec server says in its last chunk whether the answer came from its cache, and the route."""
         ext = extra.get("localspec") or {}
         cache, route = ext.get("cache") or {}, ext.get("route")
@@ -319,6 +348,7 @@ class _ReplayGeneration:
         self._cancel = threading.Event()
         self.dropped_messages = dropped
         self.cached = cached
+        self.cache_entry: str | None = None
         self.route = route
 
     def __iter__(self) -> Iterator[Event]:
@@ -357,6 +387,9 @@ class ReplayBackend:
         events = self.replies[min(self._n, len(self.replies) - 1)]
         self._n += 1
         return _ReplayGeneration(events, self.delay, self.cached, self.route, self.dropped_messages)
+
+    def mark_wrong(self, entry_id: str) -> bool:
+        return False  # a recording has no cache
 
     def close(self) -> None:
         pass

@@ -122,7 +122,8 @@ class ChatSettingsDialog(_Dialog):
             yield Label("Max tokens")
             yield Input(str(p.max_tokens), id="max_tokens")
             yield Label("Model (auto: the router picks small or large per request)")
-            yield Select([(r, r) for r in ROUTES], value=p.route or Select.NULL, id="route", prompt="large (the profile's target)")
+            yield Select([(r, r) for r in ROUTES], value=p.route or Select.NULL, id="route",
+                         prompt="large (the profile's target)")
             yield Label("Speculative mode")
             yield Select([(m, m) for m in MODES], value=p.mode or Select.NULL, id="mode", prompt="engine default")
             yield Label("Draft k (most tokens drafted per step; empty = default)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from rich.text import Text
 from textual import work
@@ -17,6 +18,9 @@ from localspec.errors import LocalspecError
 from localspec.models import ModelManager, ModelRow, ProgressEvent
 from localspec.models.units import human_bytes
 from localspec.tui.dialogs import ChoiceDialog, ConfirmDialog
+
+if TYPE_CHECKING:
+    from localspec.tui.app import ChatApp
 
 
 
@@ -184,7 +188,7 @@ class ModelsScreen(Screen):
         def picked(name: str | None) -> None:
             if name:
                 self.active_profile = name
-                self.app.set_active_profile(name)
+                cast("ChatApp", self.app).set_active_profile(name)
                 self.action_refresh()
 
         self.app.push_screen(ChoiceDialog("Active profile", options, self.active_profile), picked)

@@ -124,7 +124,7 @@ class ChatStore:
             (title, system_prompt, json.dumps(asdict(params)), now, now),
         )
         self._db.commit()
-        return self.get_chat(int(cur.lastrowid))
+        return self.get_chat(_inserted_id(cur))
 
     def get_chat(self, chat_id: int) -> Chat:
         row = self._db.execute("SELECT * FROM chats WHERE id = ?", (chat_id,)).fetchone()
@@ -165,7 +165,7 @@ class ChatStore:
         )
         self._db.execute("UPDATE chats SET updated = ? WHERE id = ?", (self._clock(), chat_id))
         self._db.commit()
-        return Message(int(cur.lastrowid), chat_id, role, content, dict(meta or {}))
+        return Message(_inserted_id(cur), chat_id, role, content, dict(meta or {}))
 
     def messages(self, chat_id: int) -> list[Message]:
         rows = self._db.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
@@ -218,7 +218,8 @@ class PartialReply:
                  clock=time.monotonic) -> None:
         self.store, self.message_id, self.every_s, self._clock = store, message_id, every_s, clock
         self._saved_at: float | None = None
-        self._content, self._segments = "", []
+        self._content = ""
+        self._segments: list[list[str]] = []
 
     def grew(self, content: str, segments: list[list[str]]) -> bool:
         """The reply is now `content`; save it if due. Returns whether it saved."""
@@ -233,9 +234,17 @@ class PartialReply:
         self.store.update_message(self.message_id, self._content, interrupted_meta(self._segments))
 
 
+def _inserted_id(cur: sqlite3.Cursor) -> int:
+    """The row id an INSERT just made (sqlite sets it on every successful insert)."""
+    if cur.lastrowid is None:
+        raise RuntimeError("sqlite reported no row id for an insert")
+    return cur.lastrowid
+
+
 def _chat(row: sqlite3.Row) -> Chat:
     return Chat(
-        row["id"], row["title"], row["system_prompt"], ChatParams.from_json(row["params"]), row["created"], row["updated"]
+        row["id"], row["title"], row["system_prompt"], ChatParams.from_json(row["params"]), row["created"],
+        row["updated"]
     )
 
 

@@ -11,6 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message as TextualMessage
 from textual.widgets import Label, Markdown, Sparkline, Static, TextArea
+from textual.widgets.markdown import MarkdownStream
 
 from localspec.engine.events import Done, Stats, Token
 from localspec.tui.backend import BackendInfo
@@ -84,7 +85,7 @@ class MessageView(Vertical, can_focus=True):
         self.message_id = message_id
         self.segments: list[list[str]] = [list(s) for s in self.meta.get("segments", [])]
         self.show_origins = show_origins
-        self._stream = None
+        self._stream: MarkdownStream | None = None
         self.finished = role != "assistant" or bool(self.meta)
         self.waiting = False  # queued until the models are loaded
         if self.interrupted:
@@ -112,14 +113,18 @@ class MessageView(Vertical, can_focus=True):
 
     # ------------------------------------------------------------------ streaming
 
-    async def add_token(self, token: Token) -> None:
-        if not token.text:
+    async def add_tokens(self, tokens: Sequence[Token]) -> None:
+        """One frame's tokens: one Markdown write and one origins update, however many there are."""
+        fragment = ""
+        for token in tokens:
+            add_segment(self.segments, token.text, token.origin)
+            fragment += token.text
+        if not fragment:
             return
-        add_segment(self.segments, token.text, token.origin)
-        self.content += token.text
+        self.content += fragment
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
-        await self._stream.write(token.text)
+        await self._stream.write(fragment)
         if self.show_origins:
             self.query_one(".origins", Static).update(origin_text(self.segments))
 

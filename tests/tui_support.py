@@ -1,4 +1,4 @@
-"""Helpers for driving the app with Textual's pilot (tests, screenshots)."""
+"""Helpers for driving the chat app with Textual's pilot (tests, screenshots, scripts/bench_faces.py)."""
 
 from __future__ import annotations
 

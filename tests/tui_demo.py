@@ -1,8 +1,8 @@
 """A recorded exchange and fixed machine figures: the README screenshot and the snapshot tests.
 
-`demo_reply.json` holds the events the real default pair (Qwen2.5-Coder 1.5B + 0.5B draft, mode
-draft, greedy) emitted for one prompt on a 2-core CPU, so token origins and stats are real but
-never change. Regenerate it with `python -m localspec.tui.demo --record` (needs the models).
+Test support, kept out of the package (nothing the product runs needs it). `tui_demo_reply.json`
+holds the events the real default pair (Qwen2.5-Coder 1.5B + 0.5B draft, mode draft, greedy)
+emitted for one prompt on a 2-core CPU, so token origins and stats are real but never change. Regenerate it with `PYTHONPATH=. python -m tests.tui_demo --record` (needs the models).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from localspec.engine.events import Done, Event, Stats, Token
 from localspec.models import FitEstimate, ModelManager, ModelRow
 from localspec.tui.backend import BackendInfo, ReplayBackend
 
-RECORDING = Path(__file__).with_name("demo_reply.json")
+RECORDING = Path(__file__).with_name("tui_demo_reply.json")
 DEMO_RSS = 1_734_000_000  # bytes; stands in for psutil's reading so pictures do not vary
 DEMO_FREE_RAM = 16_000_000_000
 DEMO_INFO = BackendInfo(
@@ -65,8 +65,8 @@ def fixed_model_rows() -> list[ModelRow]:
 
 def record(path: Path = RECORDING, prompt: str | None = None, max_tokens: int = 160) -> None:
     """Run the real default pair once and store its events."""
-    from localspec.engine.config import GenerationRequest
     from localspec.engine import llama_log
+    from localspec.engine.config import GenerationRequest
     from localspec.service import open_engine
 
     llama_log.install()
@@ -87,7 +87,7 @@ def record(path: Path = RECORDING, prompt: str | None = None, max_tokens: int = 
 
 async def drive_demo(app, pilot, show_metrics: bool = True, show_origins: bool = False) -> None:
     """Send the recorded prompt, wait for the whole reply, open the panes asked for."""
-    from localspec.tui.testing import wait_for
+    from tests.tui_support import wait_for
 
     await wait_for(pilot, lambda: app.backend is not None, what="the backend")
     app.query_one("#prompt").cursor_blink = False  # a blinking cursor would make pictures differ
@@ -95,9 +95,9 @@ async def drive_demo(app, pilot, show_metrics: bool = True, show_origins: bool =
     await app.send(prompt)
     await wait_for(pilot, lambda: not app.generating, what="the reply")
     if show_metrics:
-        await app.run_action("toggle_metrics")
+        await app.chat_screen.run_action("toggle_metrics")
     if show_origins:
-        await app.run_action("toggle_origins")
+        await app.chat_screen.run_action("toggle_origins")
     app.query_one("#messages").scroll_home(animate=False)
     await pilot.pause()
 

@@ -1,0 +1,143 @@
+"""The chat list: which chat is open, and creating, opening, renaming, deleting, exporting chats."""
+
+from __future__ import annotations
+
+from textual.containers import VerticalScroll
+from textual.widgets import Label, ListItem, ListView
+
+from localspec.errors import LocalspecError
+from localspec.tui.base import ScreenPart
+from localspec.tui.dialogs import ChatSettingsDialog, ConfirmDialog, TextPrompt
+from localspec.tui.store import Chat, ChatParams, export_chat
+from localspec.tui.widgets import MessageView
+
+_BUSY = "Wait for the reply to finish, or press Esc to cancel it."
+
+
+class Chats(ScreenPart):
+    chat_id: int | None = None
+
+    @property
+    def chat(self) -> Chat:
+        assert self.chat_id is not None, "a chat is open from mount on"
+        return self.store.get_chat(self.chat_id)
+
+    def _set_title(self, title: str) -> None:
+        self.app.title = f"localspec — {title}"
+
+    async def open_first(self) -> None:
+        """On mount: the chat used last, else the newest, else a new one."""
+        chats = self.store.list_chats()
+        last = self.store.get_pref("last_chat")
+        if last and int(last) in {c.id for c in chats}:
+            chat_id = int(last)
+        elif chats:
+            chat_id = chats[0].id
+        else:
+            chat_id = self.store.create_chat(params=self.app.new_chat_params).id
+        self.chat_id = chat_id
+        await self.refresh_list()
+        await self.open(chat_id)
+
+    async def refresh_list(self) -> None:
+        view = self.screen.query_one("#chat-list", ListView)
+        await view.clear()
+        chats = self.store.list_chats()
+        await view.extend(ListItem(Label(c.title, markup=False), id=f"chat-{c.id}") for c in chats)
+        for i, c in enumerate(chats):
+            if c.id == self.chat_id:
+                view.index = i
+
+    async def open(self, chat_id: int) -> None:
+        self.chat_id = chat_id
+        self.store.set_pref("last_chat", str(chat_id))
+        box = self.screen.query_one("#messages", VerticalScroll)
+        await box.remove_children()
+        show = self.screen.tools.show_origins
+        views = [MessageView(m.role, m.content, m.meta, m.id, show) for m in self.store.messages(chat_id)]
+        if views:
+            await box.mount_all(views)
+        self._set_title(self.chat.title)
+        box.scroll_end(animate=False)
+        view = self.screen.query_one("#chat-list", ListView)
+        for i, item in enumerate(view.children):
+            if item.id == f"chat-{chat_id}":
+                view.index = i
+
+    async def rename(self, chat_id: int, title: str) -> None:
+        self.store.rename_chat(chat_id, title)
+        self._set_title(title)
+        await self.refresh_list()
+
+    async def selected(self, item: ListItem) -> None:
+        chat_id = int((item.id or "chat-0").removeprefix("chat-"))
+        if chat_id == self.chat_id:
+            return
+        if self.screen.replies.generating:
+            self.app.notify(_BUSY, severity="warning")
+            return
+        await self.open(chat_id)
+        self.screen.focus_prompt()
+
+    async def new(self) -> None:
+        if self.screen.replies.generating:
+            self.app.notify(_BUSY, severity="warning")
+            return
+        self.chat_id = self.store.create_chat(params=self.app.new_chat_params).id
+        await self.refresh_list()
+        await self.open(self.chat_id)
+        self.screen.focus_prompt()
+
+    def ask_rename(self) -> None:
+        chat = self.chat
+
+        async def renamed(title: str | None) -> None:
+            if title:
+                await self.rename(chat.id, title)
+
+        self.app.push_screen(TextPrompt("Rename chat", chat.title), renamed)
+
+    def ask_delete(self) -> None:
+        if self.screen.replies.generating:
+            self.app.notify("Cancel the running reply first (Esc).", severity="warning")
+            return
+        chat = self.chat
+
+        async def confirmed(yes: bool | None) -> None:
+            if not yes:
+                return
+            self.store.delete_chat(chat.id)
+            rest = self.store.list_chats()
+            self.chat_id = rest[0].id if rest else self.store.create_chat(params=self.app.new_chat_params).id
+            await self.refresh_list()
+            await self.open(self.chat_id)
+            self.app.notify(f"Deleted '{chat.title}'.")
+
+        self.app.push_screen(ConfirmDialog(f"Delete the chat '{chat.title}' and its messages?", yes="Delete"),
+                             confirmed)
+
+    def export(self) -> None:
+        chat = self.chat
+        try:
+            path = export_chat(chat, self.store.messages(chat.id), self.app.export_dir)
+        except OSError as exc:
+            self.app.notify(f"Export failed: {exc}", severity="error")
+            return
+        self.app.notify(f"Exported to {path}", title="Export")
+
+    def edit_settings(self) -> None:
+        chat = self.chat
+        try:
+            from localspec.models import ModelManager
+
+            profiles = list(ModelManager().registry.profiles)
+        except LocalspecError:
+            profiles = []
+
+        def saved(result: tuple[str, ChatParams] | None) -> None:
+            if result:
+                system_prompt, params = result
+                self.store.update_settings(chat.id, system_prompt, params)
+                self.app.notify("Chat settings saved.")
+
+        self.app.push_screen(ChatSettingsDialog(chat.system_prompt, chat.params, profiles), saved)
