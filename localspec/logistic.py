@@ -7,9 +7,15 @@ neither needs scikit-learn at run time.
 
 from __future__ import annotations
 
+from typing import overload
+
 import numpy as np
 
 
+@overload
+def sigmoid(z: float) -> float: ...
+@overload
+def sigmoid(z: np.ndarray) -> np.ndarray: ...
 def sigmoid(z: np.ndarray | float) -> np.ndarray | float:
     return 1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0)))
 

@@ -149,3 +149,17 @@ def test_summary_stays_within_ten_lines_however_many_suites():
     result["summary"] = {f"suite{i}": suite for i in range(12)}
     lines = report.summary(result).splitlines()
     assert len(lines) == report.SUMMARY_MAX_LINES and "5 more suites" in lines[-3] and lines[-2].startswith("- goals:")
+
+
+def test_a_profile_without_a_draft_is_refused_by_name(tmp_path, capsys):
+    """The bench compares speculative modes against `off`: a profile with no draft model is a
+    one-line error naming the profile, not an 'invalid model id None'."""
+    from localspec.cli import main
+    from tests.common import TARGET_ID
+    from tests.models_helpers import write_overlay
+
+    write_overlay(f'[profiles.solo]\ntarget = "{TARGET_ID}"\n')
+    assert main(["bench", "--quick", "--profile", "solo", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "'solo' has no draft model" in err and "None" not in err, err
+    assert not (tmp_path / "out").exists()

@@ -196,6 +196,24 @@ def test_labels_round_trip_and_train(tmp_path):
     assert not policy.uses_embedding and policy.meta["positives"] == 12
 
 
+@pytest.mark.parametrize("row", [
+    '{"prompt": "p", "max_tokens": "512", "label": 1}',  # log1p of a string, at training
+    '{"prompt": "p", "max_tokens": true, "label": 1}',
+    '{"messages": "hello", "label": 0}',  # a string's characters read as messages
+    '{"messages": ["hello"], "label": 0}',
+    '{"prompt": 7, "label": 0}',
+])
+def test_labels_of_the_wrong_type_are_a_config_error(tmp_path, row):
+    """A labels file is user input: a field of the wrong type is named at its line, never a
+    traceback later in training."""
+    from localspec.errors import ConfigError
+
+    path = tmp_path / "labels.jsonl"
+    path.write_text(row + "\n")
+    with pytest.raises(ConfigError, match=r"labels.jsonl:1: not a valid labelled example"):
+        train_from_labels(read_labels(path))
+
+
 # ---------------------------------------------------------------- the shipped figures
 
 

@@ -144,7 +144,8 @@ def chart(result: dict, path: Path) -> Path:
     found = {m for s in summary.values() for m in s}
     # Ours first (off, then auto), anchors after; 15 bars need more than the default 10 colours.
     modes = sorted(found, key=lambda m: (":" in m, m != "off", m != "auto", m))
-    colours = plt.get_cmap("tab20").colors
+    cmap = plt.get_cmap("tab20")
+    colours = [cmap(i) for i in range(cmap.N)]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.6), gridspec_kw={"width_ratios": [1.6, 1]})
     width = 0.8 / max(len(modes), 1)
     for i, mode in enumerate(modes):

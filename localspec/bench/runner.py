@@ -106,6 +106,8 @@ def _run_one(engine: Engine, request: GenerationRequest) -> Done:
     for ev in engine.generate(request):
         if isinstance(ev, Done):
             done = ev
+    if done is None:
+        raise RuntimeError("the engine's stream ended without a Done event")
     return done
 
 
@@ -203,7 +205,8 @@ def summarize(runs: list[dict]) -> dict:
 def acceptance_by_position(runs: list[dict]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for mode in sorted({r["mode"] for r in runs}):
-        d, a = [], []
+        d: list[int] = []  # drafted, then accepted, tokens at each draft position
+        a: list[int] = []
         for r in runs:
             if r["mode"] != mode:
                 continue

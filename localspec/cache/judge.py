@@ -26,9 +26,13 @@ import math
 import queue
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Token, TokenLogprob
+
+if TYPE_CHECKING:
+    from localspec.engine.slots import Handle
 
 SYSTEM = (
     "You check whether a saved answer can be reused for a new request. Reply Yes only if both requests ask for "
@@ -124,7 +128,7 @@ class JudgeTimeout(RuntimeError):
 class ModelJudge:
     """Judges with a loaded model through `submit` (a tier's queue or an engine's own)."""
 
-    def __init__(self, submit: Callable[[GenerationRequest], object], tokenize: Callable[[str], list[int]],
+    def __init__(self, submit: Callable[[GenerationRequest], Handle], tokenize: Callable[[str], list[int]],
                  threshold: float = DEFAULT_JUDGE_THRESHOLD, name: str = "",
                  timeout_s: float = DEFAULT_JUDGE_TIMEOUT_S) -> None:
         self._submit = submit

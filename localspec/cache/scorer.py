@@ -227,7 +227,7 @@ def training_pairs(rows: Sequence[dict[str, Any]], vectors: Callable[[str], np.n
     return out
 
 
-def train_scorer(pairs: Sequence[TrainingPair], vectors: Callable[[str], np.ndarray], fingerprint: str,
+def train_scorer(pairs: Sequence[TrainingPair], vectors: Callable[[str], np.ndarray | None], fingerprint: str,
                  embedding_model: str = "", l2_grid: Sequence[float] = L2_GRID,
                  thresholds: Sequence[float] = THRESHOLDS, max_false_hit_rate: float = MAX_FALSE_HIT_RATE,
                  floor: float = FLOOR) -> PairScorer:
@@ -245,7 +245,14 @@ def train_scorer(pairs: Sequence[TrainingPair], vectors: Callable[[str], np.ndar
     sources = sorted({p.source for p in pairs})
     if len(sources) < 2:
         raise ValueError("training needs pairs from at least two sources (authors) to choose the threshold")
-    X = np.stack([pair_features(vectors(p.saved), vectors(p.new), p.saved, p.new) for p in pairs])
+
+    def vec(text: str) -> np.ndarray:  # the same `vectors` as training_pairs, which kept only pairs that embed
+        v = vectors(text)
+        if v is None:
+            raise ValueError("a training pair's text does not embed")
+        return v
+
+    X = np.stack([pair_features(vec(p.saved), vec(p.new), p.saved, p.new) for p in pairs])
     y = np.array([p.same for p in pairs], dtype=bool)
     cand = np.array([p.candidate for p in pairs], dtype=bool)
     exact = np.array([p.exact for p in pairs], dtype=bool)

@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-
 from localspec.cache.guard import compare, conflict
-from localspec.cache.judge import JUDGED_THRESHOLD
 from localspec.cache.index import VectorIndex
+from localspec.cache.judge import JUDGED_THRESHOLD
 from localspec.cache.normalize import normalize_prompt
 from localspec.cache.scope import CacheScope
 from localspec.cache.store import EntryStore
@@ -144,7 +143,7 @@ class SemanticCache:
     def describe(self) -> str:
         if self.mode == "off":
             return f"cache off: {self.disabled_reason}"
-        if self.mode == "exact":
+        if self.embedder is None:  # the mode is "exact"
             return f"exact-match mode: {self.exact_reason}"
         return f"semantic mode (threshold {self.threshold:.2f}, {self.embedder.model_path.name})"
 
@@ -290,8 +289,8 @@ class SemanticCache:
         if verdict is None or verdict.get("judge_id") != _judge_id(judge):
             return None
         entry = self._store.get(verdict["entry"])
-        stale = entry is None or entry.get("scope") != scope.key  # evicted, expired or marked wrong since
-        if stale or (self.guard and conflict(entry["prompt"], prompt) is not None):  # or a stricter guard now
+        if (entry is None or entry.get("scope") != scope.key  # evicted, expired or marked wrong since
+                or (self.guard and conflict(entry["prompt"], prompt) is not None)):  # or a stricter guard now
             self._store.delete_verdict(pid)
             return None
         self._counts["remembered_verdicts"] += 1
@@ -344,10 +343,11 @@ class SemanticCache:
             if entry is not None:
                 return Probe(True, 1.0, entry["prompt"], compare(entry["prompt"], prompt, 1.0),
                              conflict(entry["prompt"], prompt))
-            vec = self.embedder.embed(prompt) if self.embedder is not None and self._index is not None else None
-            if vec is None:
+            index = self._index
+            vec = self.embedder.embed(prompt) if self.embedder is not None and index is not None else None
+            if vec is None or index is None:
                 return Probe(False, None, None, None)
-            for cand in self._index.search(scope.key, vec, floor, k=1):
+            for cand in index.search(scope.key, vec, floor, k=1):
                 entry = self._store.get(cand.entry_id)
                 if entry is not None:
                     return Probe(False, cand.similarity, entry["prompt"],

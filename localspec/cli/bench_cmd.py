@@ -146,9 +146,15 @@ def run(args: argparse.Namespace) -> int:
         plan.repeats = args.repeats
     if args.max_tokens:
         plan.max_tokens = args.max_tokens
-    ensure_models(args.profile)
     mm = ModelManager()
     prof = mm.profile(args.profile)
+    if prof.draft is None:  # checked before any pull or run: every suite compares drafting modes with `off`
+        from localspec.errors import ConfigError
+
+        name = args.profile or mm.registry.default_profile
+        raise ConfigError(f"Profile {name!r} has no draft model, and the bench compares the speculative modes.",
+                          "Give the profile a `draft`, or pick one that has one with --profile.")
+    ensure_models(args.profile)
     target, draft = mm.require_path(prof.target), mm.require_path(prof.draft)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -210,9 +216,12 @@ def run(args: argparse.Namespace) -> int:
     # Every KV cell the engines allocate: a slot's context on both models, and the target's cells for
     # a pinned prompt prefix (EngineConfig.pinned_prefix_cells).
     pinned = EngineConfig().pinned_prefix_cells
-    kv_mb = (t_info.kv_bytes_per_token() * (plan.n_ctx + pinned) + d_info.kv_bytes_per_token() * plan.n_ctx) / 2**20
-    result.update(weights_mb=round(weights_mb, 1), kv_mb=round(kv_mb, 1),
-                  memory_budget_mb=round(weights_mb + kv_mb + 300, 1))
+    t_kv, d_kv = t_info.kv_bytes_per_token(), d_info.kv_bytes_per_token()
+    # A GGUF without the attention sizes has no KV figure: the budget is unknown (null), not a crash
+    # after the whole run.
+    kv_mb = None if t_kv is None or d_kv is None else (t_kv * (plan.n_ctx + pinned) + d_kv * plan.n_ctx) / 2**20
+    result.update(weights_mb=round(weights_mb, 1), kv_mb=None if kv_mb is None else round(kv_mb, 1),
+                  memory_budget_mb=None if kv_mb is None else round(weights_mb + kv_mb + 300, 1))
     result["runs"] = [r for r in runs if r.get("suite") != "error"]
     result["anchor_errors"] = [r for r in runs if r.get("suite") == "error"]
     result["summary"] = runner.summarize(result["runs"])

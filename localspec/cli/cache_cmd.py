@@ -7,9 +7,13 @@ import functools
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localspec.cli.options import CACHE_JUDGES, add_deprecated_flag, add_deprecated_option
 from localspec.errors import LocalspecError, UsageError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 EMBEDDING_MODEL = "all-minilm-l6-v2-f16"
 
@@ -89,7 +93,7 @@ class _JudgeProgress:
 
     def __init__(self, judge) -> None:
         self.judge = judge
-        self._progress = None
+        self._progress: Progress | None = None
 
     def __enter__(self):
         if self.judge is None:
@@ -97,13 +101,14 @@ class _JudgeProgress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self._progress = Progress(TextColumn("judging pairs"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                  console=Console(stderr=True))
-        self._progress.start()
-        bar = self._progress.add_task("judge", total=None)
+        progress = Progress(TextColumn("judging pairs"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                            console=Console(stderr=True))
+        self._progress = progress
+        progress.start()
+        bar = progress.add_task("judge", total=None)
 
         def update(done: int, total: int) -> None:
-            self._progress.update(bar, completed=done, total=total)
+            progress.update(bar, completed=done, total=total)
 
         return update
 

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from localspec.cli.options import MODES, add_cache_judge_arguments
+
+if TYPE_CHECKING:
+    from localspec.engine.events import ProgressFn
+    from localspec.tui.backend import Backend
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,12 +59,12 @@ def make_app(args: argparse.Namespace):
     if connect:
         from localspec.tui import RemoteBackend
 
-        def factory(_profile: str | None, *, on_progress):  # nothing to load: no progress to show
+        def factory(profile: str | None, *, on_progress: ProgressFn) -> Backend:  # loads nothing: no progress
             return RemoteBackend(connect, model=args.model, api_key=args.api_key)
     else:
         from localspec.tui import LocalBackend
 
-        def factory(profile: str | None, *, on_progress):
+        def factory(profile: str | None, *, on_progress: ProgressFn) -> Backend:
             return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
                                      cache_semantic=getattr(args, "cache_semantic", False),
                                      cache_judge=getattr(args, "cache_judge", "model"), on_progress=on_progress)

@@ -7,7 +7,6 @@ import json
 import resource
 import sys
 import time
-
 from typing import TYPE_CHECKING
 
 from localspec.cli.options import MODES
@@ -169,8 +168,8 @@ def _log_metrics(args: argparse.Namespace, request: GenerationRequest, done: Don
 
         target = model_id(args.model or prof.target)
         draft_id = args.draft_model or prof.draft
-        used_draft = draft_id and draft_loaded and done.stats.mode in ("draft", "auto")
-        draft = model_id(draft_id) if used_draft else None
+        used_draft = draft_loaded and done.stats.mode in ("draft", "auto")
+        draft = model_id(draft_id) if draft_id and used_draft else None
         hashes = {}
         for role, mid in (("target", target), ("draft", draft)):
             manifest = mm.manifest(mid) if mid else None

@@ -126,20 +126,26 @@ def print_table(table: Table) -> None:
 
 def stdout_reader_gone() -> bool:
     """True when standard output is a pipe or socket whose reader has closed it."""
+    stdout = sys.__stdout__
+    if stdout is None:
+        return True  # no stdout: the broken pipe can only have been ours
     try:
-        fd = sys.__stdout__.fileno()
+        fd = stdout.fileno()
         poller = select.poll()
     except (AttributeError, ValueError, OSError):
-        return True  # no poll (Windows) or no stdout: the broken pipe can only have been ours
+        return True  # no poll (Windows) or a closed stdout: as above
     poller.register(fd, select.POLLOUT)
     return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
 
 
 def silence_stdout() -> None:
     """Point standard output at /dev/null, so that the interpreter's last flush has nowhere to fail."""
+    stdout = sys.__stdout__
+    if stdout is None:
+        return  # no stdout: nothing to flush
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.__stdout__.fileno())
+        os.dup2(devnull, stdout.fileno())
         os.close(devnull)
     except (AttributeError, ValueError, OSError):
         pass

@@ -84,7 +84,8 @@ def attach_completers(parser: argparse.ArgumentParser) -> None:
         for action in p._actions:
             if not isinstance(action, _VALUE_ACTIONS) or action.choices:
                 continue
+            # argcomplete reads a `completer` attribute that argparse's actions do not declare.
             if action.dest in _MODEL_DESTS:
-                action.completer = _complete_models  # type: ignore[attr-defined]
+                action.completer = _complete_models  # type: ignore[union-attr]
             elif action.dest in _PROFILE_DESTS:
-                action.completer = _complete_profiles  # type: ignore[attr-defined]
+                action.completer = _complete_profiles  # type: ignore[union-attr]

@@ -133,10 +133,10 @@ def _folds(text: str) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from localspec.paths import resolve_paths
-    from localspec.router.outcomes import OutcomeCache, run_tier
+    from localspec.router.outcomes import Outcome, OutcomeCache, run_tier
     from localspec.router.tasks import kfold, load_tasks, shipped_outcomes, split
 
     console = Console(stderr=True)
@@ -177,8 +177,10 @@ def run_eval(args: argparse.Namespace) -> int:
                     return open_engine(target=mid, mode="off", n_ctx=2048, n_threads=args.threads,
                                        parallel=args.parallel)
 
-                outs = run_tier(tier, model_id, path, tasks, cache, args.max_tokens, args.fresh, opener,
-                                lambda o, b=bar: progress.advance(b))
+                def advance(_outcome: Outcome | None, b: TaskID = bar) -> None:  # the default binds this bar
+                    progress.advance(b)
+
+                outs = run_tier(tier, model_id, path, tasks, cache, args.max_tokens, args.fresh, opener, advance)
                 results[tier] = {o.task_id: o for o in outs}
     gen_s = time.monotonic() - t0
 

@@ -12,7 +12,6 @@ import time
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from localspec.cli.options import add_deprecated_option
@@ -20,6 +19,7 @@ from localspec.cli.output import print_json, print_table
 from localspec.errors import LocalspecError, UsageError
 
 if TYPE_CHECKING:  # the metrics package (numpy, prometheus) loads when the verb runs
+    from rich.console import JustifyMethod
     from rich.table import Table
 
     from localspec.metrics import MetricsSettings, Summary
@@ -128,10 +128,12 @@ def _summary_table(rows: list[Summary], settings: MetricsSettings, period: str, 
     from rich.table import Table
 
     t = Table(title=f"localspec requests, {period}", title_justify="left")
-    cols = [(by or "period", "left"), ("requests", "right"), ("errors", "right"), ("prompt tok", "right"),
-            ("reused", "right"), ("completion tok", "right"), ("tok/s (med)", "right"),
-            ("TTFT ms (med)", "right"), ("e2e ms (med)", "right"), ("accept", "right"),
-            ("tok/pass", "right"), ("cache hit", "right"), ("feedback", "right"), ("compute s", "right")]
+    cols: list[tuple[str, JustifyMethod]] = [
+        (by or "period", "left"), ("requests", "right"), ("errors", "right"), ("prompt tok", "right"),
+        ("reused", "right"), ("completion tok", "right"), ("tok/s (med)", "right"),
+        ("TTFT ms (med)", "right"), ("e2e ms (med)", "right"), ("accept", "right"),
+        ("tok/pass", "right"), ("cache hit", "right"), ("feedback", "right"), ("compute s", "right"),
+    ]
     if settings.cost_per_hour is not None:
         cols.append(("local cost", "right"))
     if settings.reference_price_per_mtok is not None:

@@ -15,10 +15,14 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from localspec.engine import llama_log
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
 
 WINDOW = 512  # MiniLM's positions; also n_ctx, n_batch and n_ubatch
 # Recent texts' vectors are kept: a cache lookup embeds the new prompt, and its judge (the pair
@@ -60,16 +64,16 @@ class Embedder:
         self.fingerprint = file_fingerprint(self.model_path)
         self._lock = threading.Lock()
         self._recent: OrderedDict[bytes, np.ndarray | None] = OrderedDict()
-        self._llm = llama_cpp.Llama(
+        self._llm: Llama | None = llama_cpp.Llama(
             model_path=str(self.model_path), embedding=True, n_ctx=window, n_batch=window,
             n_ubatch=window, n_threads=n_threads, n_threads_batch=n_threads, verbose=False,
         )
-        self.dim = int(self._llm.n_embd())
+        self.dim = int(self._model().n_embd())
 
     def count_tokens(self, text: str) -> int:
         """Tokens including the [CLS]/[SEP] the model adds."""
         with self._lock:
-            return len(self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+            return len(self._model().tokenize(text.encode("utf-8"), add_bos=True, special=False))
 
     def fits(self, text: str) -> bool:
         return 0 < self.count_tokens(text) <= self.window
@@ -89,15 +93,21 @@ class Embedder:
         return None if vec is None else vec.copy()
 
     def _embed(self, text: str) -> np.ndarray | None:
-        n = len(self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+        llm = self._model()
+        n = len(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
         if n == 0 or n > self.window:
             return None
-        raw = self._llm.embed(text, normalize=False, truncate=False)
+        raw = llm.embed(text, normalize=False, truncate=False)
         vec = np.asarray(raw, dtype=np.float32).reshape(-1)
         if vec.shape[0] != self.dim:  # a model without pooling returns per-token rows: mean-pool them
             vec = np.asarray(raw, dtype=np.float32).reshape(-1, self.dim).mean(axis=0)
         norm = float(np.linalg.norm(vec))
         return vec / norm if norm > 0 else None
+
+    def _model(self) -> Llama:
+        if self._llm is None:  # closed: say so rather than fail on None inside llama-cpp-python
+            raise RuntimeError(f"the embedder for {self.model_path.name} is closed")
+        return self._llm
 
     def close(self) -> None:
         with self._lock:

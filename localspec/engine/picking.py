@@ -64,6 +64,7 @@ def grammar_tokens(
     """
     if not drafted:
         return [pick(a, rows[0])]
+    assert a.grammar is not None  # the engine comes here only for a request with a grammar
     params = a.request.sampling
     g = a.grammar.clone()
     out: list[int] = []

@@ -304,6 +304,8 @@ class ModelRuntime:
             raise ValueError("empty batch")
         n_out = 0
         b = self._batch
+        if b is None:
+            raise RuntimeError("decode after close: the runtime has no batch")
         limit_pos = self.n_ctx_seq
         for i, r in enumerate(rows):
             if not 0 <= r.token < self.n_vocab:

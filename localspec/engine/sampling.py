@@ -52,7 +52,7 @@ def penalize(logits: np.ndarray, params: SamplingParams, history: Sequence[int])
     out = logits.astype(np.float32, copy=True)
     ids = np.fromiter(counts.keys(), dtype=np.int64)
     n = np.fromiter(counts.values(), dtype=np.float32)
-    z = out[ids]
+    z: np.ndarray = out[ids]  # float32; np.where may widen it to float64 before it is stored back
     if params.repeat_penalty != 1.0:
         z = np.where(z > 0, z / params.repeat_penalty, z * params.repeat_penalty)
     z = z - n * params.frequency_penalty - params.presence_penalty

@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from functools import update_wrapper
+from typing import Any
 
 from jinja2 import TemplateError, nodes
 from jinja2.exceptions import SecurityError
@@ -155,7 +156,7 @@ class MeteredLoop:
 
     __slots__ = ("_iterable", "_budget")
 
-    def __init__(self, budget: Budget, iterable: object) -> None:
+    def __init__(self, budget: Budget, iterable: Any) -> None:  # whatever the template loops over
         self._iterable, self._budget = iterable, budget
 
     def __iter__(self) -> Iterator[object]:
@@ -173,10 +174,11 @@ class _Instrument(NodeTransformer):
     def __init__(self, env: GuardedSandbox) -> None:
         self.env = env
 
-    def _call(self, name: str, arg: nodes.Expr, lineno: int) -> nodes.Call:
+    def _call(self, name: str, arg: nodes.Node, lineno: int) -> nodes.Call:
         call = nodes.Call(nodes.Name(RESERVED + name, "load"), [arg], [], None, None)
         # Every new node needs a line number: jinja maps tracebacks through them.
-        return call.set_lineno(lineno).set_environment(self.env)
+        call.set_lineno(lineno).set_environment(self.env)  # both set in place
+        return call
 
     def visit_Name(self, node: nodes.Name) -> nodes.Name:
         if node.name.startswith(RESERVED):
@@ -184,12 +186,12 @@ class _Instrument(NodeTransformer):
         return node
 
     def visit_For(self, node: nodes.For) -> nodes.For:
-        node = self.generic_visit(node)
+        self.generic_visit(node)  # rewrites the children in place
         node.iter = self._call("loop", node.iter, node.lineno)
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Call:
-        node = self.generic_visit(node)
+        self.generic_visit(node)
         return self._call("concat", nodes.List(node.nodes), node.lineno)
 
 

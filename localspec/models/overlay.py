@@ -9,7 +9,7 @@ from pathlib import Path
 
 from localspec.errors import ConfigError
 from localspec.models.gguf_info import GGUFInfo
-from localspec.models.registry import FileSpec, FileSource, ModelEntry, parse_registry_file
+from localspec.models.registry import FileSource, FileSpec, ModelEntry, parse_registry_file
 
 HEADER = (
     "# localspec user registry: entries here add to or replace the built-in models.toml.\n"
@@ -58,7 +58,7 @@ def add_entry(overlay: Path, model_id: str, role: str, origin: Path, info: GGUFI
 
     spec = FileSpec(name=stored_name(origin.name, model_id), size=origin.stat().st_size, sha256=sha256_file(origin))
     entry = ModelEntry(
-        id=model_id, family=info.architecture, role=role, quant=info.quant,  # type: ignore[arg-type]
+        id=model_id, family=info.architecture, role=role, quant=info.quant,
         parameters=info.parameters, context_length=info.context_length,
         sources=[FileSource(kind="file", files=[spec])],
     )

@@ -359,8 +359,8 @@ def parse_registry_file(path: Path) -> RegistryFile:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        line = _toml_line(str(exc))
-        where = f"{path}:{line}" if line else str(path)
+        toml_line = _toml_line(str(exc))
+        where = f"{path}:{toml_line}" if toml_line else str(path)
         raise ConfigError(f"{where}: invalid TOML: {exc}.", f"Fix the syntax in {path}.") from None
     try:
         return RegistryFile.model_validate(raw)

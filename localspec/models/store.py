@@ -217,7 +217,7 @@ class Store:
         return m
 
     def manifests(self) -> list[Manifest]:
-        out = []
+        out: list[Manifest] = []
         if not self.root.is_dir():
             return out
         for d in sorted(self.root.iterdir()):

@@ -58,7 +58,7 @@ def write_labels(path: Path, examples: list[Labelled]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
         for e in examples:
-            row = {"messages": e.messages} if e.messages is not None else {"prompt": e.prompt}
+            row: dict[str, object] = {"messages": e.messages} if e.messages is not None else {"prompt": e.prompt}
             row.update(max_tokens=e.max_tokens, label=e.label)
             if e.weight != 1.0:
                 row["weight"] = e.weight
@@ -76,12 +76,18 @@ def read_labels(path: Path) -> list[Labelled]:
         try:
             if raw.get("label") not in (0, 1):
                 raise ValueError("label must be 0 or 1")
-            messages, prompt = raw.get("messages"), raw.get("prompt")
+            messages, prompt, max_tokens = raw.get("messages"), raw.get("prompt"), raw.get("max_tokens")
             if (messages is None) == (prompt is None):
                 raise ValueError("give exactly one of messages or prompt")
-            out.append(Labelled(messages, prompt, raw.get("max_tokens"), int(raw["label"]),
-                                float(raw.get("weight", 1.0))))
-        except (AttributeError, TypeError, ValueError) as exc:
+            # Checked here, at the line, so a wrong type never surfaces later as a training traceback.
+            if messages is not None and not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
+                raise ValueError("messages must be a list of objects")
+            if prompt is not None and not isinstance(prompt, str):
+                raise ValueError("prompt must be a string")
+            if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
+                raise ValueError("max_tokens must be an integer")
+            out.append(Labelled(messages, prompt, max_tokens, int(raw["label"]), float(raw.get("weight", 1.0))))
+        except (TypeError, ValueError) as exc:
             raise ConfigError(f"{path}:{n}: not a valid labelled example ({exc}).", fix) from None
     return out
 
@@ -179,8 +185,7 @@ def evaluate(splits: list[tuple[list[Task], list[Task]]], small: dict[str, Outco
     heuristic_scores = np.asarray([heuristic.score(f) for f in feats])
     s_out = np.asarray([float(small[t.id].passed) for t in held])
     l_out = np.asarray([float(large[t.id].passed) for t in held])
-    confidence = np.asarray([-(small[t.id].mean_logprob if small[t.id].mean_logprob is not None else 0.0)
-                             for t in held])
+    confidence = np.asarray([-(small[t.id].mean_logprob or 0.0) for t in held])  # None: no logprobs, 0
     reports = [
         evaluate_router("learned", learned_scores, s_out, l_out, resamples, seed),
         evaluate_router("heuristic", heuristic_scores, s_out, l_out, resamples, seed),

@@ -14,13 +14,18 @@ that were cut off.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localspec.errors import ConfigError
 from localspec.router.checker import check
 from localspec.router.tasks import Task
+
+if TYPE_CHECKING:
+    from localspec.engine import SamplingParams
+    from localspec.engine.scheduler import Engine
 
 OUTCOMES_FORMAT = "localspec-router-outcomes"
 
@@ -131,7 +136,8 @@ class Answer:
         return sum(lps) / len(lps) if lps else None
 
 
-def generate_answers(engine, tasks: list[Task], max_tokens: int, sampling=None):
+def generate_answers(engine: Engine, tasks: list[Task], max_tokens: int,
+                     sampling: SamplingParams | None = None) -> Iterator[Answer]:
     """Answers for `tasks` (greedy unless `sampling` says otherwise), submitted together so the
     engine's parallel slots batch them. Yields an `Answer` as each finishes; with more than one
     slot its seconds include sharing the steps with the other sequences.
@@ -174,7 +180,7 @@ def generate_answers(engine, tasks: list[Task], max_tokens: int, sampling=None):
 
 
 def run_tier(tier: str, model_id: str, model_path: Path, tasks: list[Task], cache: OutcomeCache,
-             max_tokens: int, fresh: bool, open_engine: Callable[[], object],
+             max_tokens: int, fresh: bool, open_engine: Callable[[], Engine],
              on_progress: Callable[[Outcome | None], None] = lambda o: None) -> list[Outcome]:
     """Outcomes of one tier on every task; the engine is opened only if something is missing."""
     from localspec.engine.embedder import file_fingerprint

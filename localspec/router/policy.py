@@ -288,7 +288,8 @@ def train_policy(
     uses_emb = E is not None and alpha > 0
     return LogisticPolicy(
         feature_names=list(FEATURE_NAMES), mean=mean, scale=scale, coef=coef, intercept=b,
-        embedding_dim=int(E.shape[1]) if uses_emb else 0, embedding_model=embedding_model if uses_emb else None,
+        embedding_dim=int(E.shape[1]) if E is not None and uses_emb else 0,
+        embedding_model=embedding_model if uses_emb else None,
         train_scores=[float(s) for s in scores], l2=l2, embedding_weight=alpha if uses_emb else 0.0,
         meta={"n": int(len(y)), "positives": int((y * (w > 0)).sum()), "cv_log_loss": round(best[0], 4)},
     )

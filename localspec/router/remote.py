@@ -13,10 +13,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from localspec.errors import LocalspecError
 from localspec.router.breaker import CircuitBreaker
 from localspec.router.tiers import TierSpec, check_remote_spec
+
+if TYPE_CHECKING:
+    import openai
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +41,14 @@ class RemoteTier:
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self._sleep = sleep
-        self._client = None
+        self._client: openai.OpenAI | None = None
         self._client_lock = threading.Lock()
 
     def check(self) -> None:
         """Start-up validation (URL, key env var); raises ConfigError. Contacts nothing."""
         check_remote_spec(self.spec, f"remote tier {self.spec.name!r}")
 
-    def client(self):
+    def client(self) -> openai.OpenAI:
         import openai
 
         with self._client_lock:
@@ -98,7 +102,8 @@ class RemoteTier:
         """Text deltas of the remote answer. Connects eagerly: when the tier cannot start, this
         call raises RemoteUnavailable before an iterator is returned. A failure mid-stream
         raises RemoteUnavailable from the iterator (the text so far has been yielded)."""
-        kwargs = dict(model=self.spec.model, messages=messages, max_tokens=max_tokens, temperature=temperature)
+        kwargs: dict[str, object] = dict(model=self.spec.model, messages=messages, max_tokens=max_tokens,
+                                         temperature=temperature)
         if seed is not None:
             kwargs["seed"] = seed
         if stop:

