@@ -183,3 +183,49 @@ def test_a_client_gone_while_decoding_frees_its_slot_within_a_step(one_slot_serv
     assert eng.steps - steps_at_cancel <= 2, (steps_at_cancel, eng.steps)
     assert wait_until(job.done.is_set, timeout=30)  # the Done reaches the job from the completion thread
     assert job.result is not None and job.result.finish_reason == "cancelled"
+
+
+# ---------------------------------------------------------------- an answer cancelled by the server
+
+def _cancel_when_running(srv) -> threading.Thread:
+    """Cancel the request in flight from the server's side, as a shutdown does, once it is decoding."""
+    def cancel() -> None:
+        def running() -> list:
+            return [j for j in srv.app.state.admission.jobs if not j.done.is_set()]
+
+        assert wait_until(lambda: len(running()) == 1, timeout=30, interval=0.005)
+        running()[0].cancel()
+
+    t = threading.Thread(target=cancel)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_an_answer_cancelled_while_its_client_waits_is_a_503_naming_the_cancellation(path):
+    """Before: the cancelled Done met the response schema's finish_reason and the client got a bare 500."""
+    from tests.fake_tier import Reply, scripted, scripted_app, scripted_pipeline, scripted_tier
+
+    slow = Reply("a long answer " * 20, pace_s=0.02)
+    pipe = scripted_pipeline(tiers=[scripted_tier(script=scripted(default=slow))])
+    app = scripted_app(pipeline=pipe, settings=ServerSettings(cache=False, router=False))
+    with ServerThread(app) as srv:
+        srv.app = app
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=60)
+        body = {"model": "scripted-large", "max_tokens": 200, "temperature": 0}
+        body |= {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+        canceller = _cancel_when_running(srv)
+        reply = request(srv.base_url, "POST", path, json_body=body, timeout=60)
+        canceller.join()
+        assert reply.status_code == 503, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "cancelled" and "retry" in error["message"]
+
+        canceller = _cancel_when_running(srv)
+        stream = OpenStream(srv.base_url, path, "", body | {"stream": True}, timeout=60)
+        lines = list(stream.lines())
+        canceller.join()
+        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+        assert '"code": "cancelled"' in events[-2] and events[-1] == "[DONE]", events[-3:]
+        # The server goes on.
+        assert request(srv.base_url, "POST", path, json_body=body | {"max_tokens": 3}).status_code == 200

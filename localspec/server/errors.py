@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec.server.schemas import ErrorResponse
@@ -36,6 +36,10 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
+class ClientGone(Exception):
+    """The client of a non-streamed request went away, which cancelled its request (answered 499)."""
+
+
 def error_json(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
 
@@ -53,7 +57,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         404: "Unknown model",
         413: "Request body too large",
         429: "Queue full; retry after the Retry-After header",
-        503: "Models still loading",
+        503: "Models still loading, or the request was cancelled before it finished (retry)",
     }.items()
 }
 
@@ -62,6 +66,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it, logs do
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

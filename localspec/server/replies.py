@@ -8,14 +8,16 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastapi import Request
+
 from localspec.engine.events import Done, Token
 from localspec.jobs import Job
 from localspec.server.backend import Backend
-from localspec.server.errors import APIError, error_json
+from localspec.server.errors import APIError, ClientGone, error_json
 from localspec.server.schemas import (ChoiceLogprobs, CompletionLogprobs, Extension, TokenLogprobOut, TopLogprob,
                                       Usage)
 from localspec.server.state import ServerState
-from localspec.server.streaming import SSE_DONE, SSE_KEEPALIVE, Piece, Waiting, pieces
+from localspec.server.streaming import SSE_DONE, SSE_KEEPALIVE, Piece, Waiting, collect, pieces, unless_disconnected
 from localspec.server.translate import Plan
 
 
@@ -86,15 +88,25 @@ def completion_logprobs(b: Backend, tokens: list[Token]) -> CompletionLogprobs:
     return CompletionLogprobs(tokens=texts, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
 
 
-def engine_failed(done: Done) -> None:
-    """A generation that failed in the engine is a 500 naming the cause (the server goes on)."""
+CANCELLED = ("Generation was cancelled before it finished (the server is shutting down or reloading its models); "
+             "retry the request.")
+
+
+def unfinished(done: Done) -> APIError | None:
+    """Why an answer has no OpenAI finish reason: the engine failed (500, naming the cause, and the
+    server goes on), or the request was cancelled while its client waited (503: retry)."""
     if done.finish_reason == "error":
-        raise APIError(500, f"Generation failed: {done.error}", "engine_error")
+        return APIError(500, f"Generation failed: {done.error}", "engine_error")
+    if done.finish_reason == "cancelled":
+        return APIError(503, CANCELLED, "cancelled")
+    return None
 
 
-def sse_engine_error(done: Done) -> bytes:
-    """The same failure inside a stream that has already sent its 200."""
-    body = error_json(500, f"Generation failed: {done.error}", "engine_error")
+
+
+def sse_error(err: APIError) -> bytes:
+    """The same error inside a stream that has already sent its 200."""
+    body = error_json(err.status, err.message, err.code)
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
@@ -122,6 +134,16 @@ class StreamedReply(ABC):
     def tail(self, done: Done) -> list[bytes]:
         """The last chunks of a finished answer: finish reason, the localspec extension, usage."""
 
+    async def whole(self, request: Request) -> tuple[list[Token], Done]:
+        """A non-streamed answer: its logprob tokens and its Done. Raises ClientGone when the client
+        leaves first, and the APIError of an answer that did not finish."""
+        collected = await unless_disconnected(request, collect(self.job, self.state.metrics))
+        if collected is None:
+            raise ClientGone
+        if (err := unfinished(collected[1])) is not None:
+            raise err
+        return collected
+
     async def stream(self) -> AsyncIterator[bytes]:
         for first in self.head():
             yield first
@@ -135,8 +157,8 @@ class StreamedReply(ABC):
                 yield chunk
         if done is None:
             return
-        if done.finish_reason == "error":
-            yield sse_engine_error(done)
+        if (err := unfinished(done)) is not None:
+            yield sse_error(err)
         else:
             for last in self.tail(done):
                 yield last

@@ -6,20 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 
 from localspec.engine.events import Done, Token
 from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES
-from localspec.server.replies import StreamedReply, chat_logprobs, engine_failed, extension, usage
+from localspec.server.replies import StreamedReply, chat_logprobs, extension, usage
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
                                       ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCall,
                                       ToolCallDelta)
 from localspec.server.state import Principal, ServerState, State, check_model
-from localspec.server.streaming import EventStream, Piece, collect, sse, unless_disconnected
+from localspec.server.streaming import EventStream, Piece, sse
 
 router = APIRouter()
 
@@ -29,7 +28,7 @@ router = APIRouter()
     responses={**ERROR_RESPONSES, 200: {"content": SSE_CONTENT, "description": "JSON, or SSE chunks when stream=true"}},
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State,
-                           who: Principal) -> ChatCompletion | EventStream | Response:
+                           who: Principal) -> ChatCompletion | EventStream:
     b = state.backend()
     check_model(body.model, b.target_names)
     plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
@@ -37,11 +36,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     reply = ChatReply(state, b, body, plan_, job, who)
     if body.stream:
         return EventStream(reply.stream())
-    collected = await unless_disconnected(request, collect(job, state.metrics))
-    if collected is None:  # the client went away; its request was cancelled
-        return Response(status_code=499)
-    tokens, done = collected
-    engine_failed(done)
+    tokens, done = await reply.whole(request)
     content: str | None = done.text
     calls: list[ToolCall] = []
     if plan_.tool_mode:

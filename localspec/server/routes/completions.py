@@ -6,18 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 
 from localspec.engine.events import Done
 from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES
-from localspec.server.replies import StreamedReply, completion_logprobs, engine_failed, extension, usage
+from localspec.server.replies import StreamedReply, completion_logprobs, extension, usage
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import Completion, CompletionChoice, CompletionRequest
 from localspec.server.state import Principal, ServerState, State, check_model
-from localspec.server.streaming import EventStream, Piece, collect, sse, unless_disconnected
+from localspec.server.streaming import EventStream, Piece, sse
 
 router = APIRouter()
 
@@ -27,7 +26,7 @@ router = APIRouter()
     responses={**ERROR_RESPONSES, 200: {"content": SSE_CONTENT, "description": "JSON, or SSE chunks when stream=true"}},
 )
 async def completions(body: CompletionRequest, request: Request, state: State,
-                      who: Principal) -> Completion | EventStream | Response:
+                      who: Principal) -> Completion | EventStream:
     b = state.backend()
     check_model(body.model, b.target_names)
     plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
@@ -36,11 +35,7 @@ async def completions(body: CompletionRequest, request: Request, state: State,
     reply = CompletionReply(state, b, body, plan_, job, who, echo)
     if body.stream:
         return EventStream(reply.stream())
-    collected = await unless_disconnected(request, collect(job, state.metrics))
-    if collected is None:
-        return Response(status_code=499)
-    tokens, done = collected
-    engine_failed(done)
+    tokens, done = await reply.whole(request)
     return Completion(
         id=reply.id, created=reply.created, model=body.model, usage=usage(done),
         localspec=extension(b, done, plan_, job, who),
