@@ -17,6 +17,9 @@ from tests.common import (  # noqa: F401
     DRAFT_ID, EMBEDDING_ID, PULL_EMBEDDING, PULL_PAIR, REPO, SHARED_STORE, TARGET_ID, TEST_THREADS, plain_scope,
 )
 
+# pytest-xdist's workers export COLUMNS=80; a test sees the output a pipe gets unless it sets a width.
+os.environ.pop("COLUMNS", None)
+
 # Fixtures that load real model files: a test using one, directly or through another fixture, is
 # stage 2 (`-m models`) whether or not it says so, so the marker cannot be forgotten.
 MODEL_FIXTURES = frozenset({"target_path", "draft_path", "minilm_path", "embedder"})
