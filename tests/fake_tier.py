@@ -265,8 +265,10 @@ class ScriptedEmbedder:
         pass
 
 
-# Costs for mode auto without a calibration run: drafting pays, so auto drafts.
-SCRIPTED_COSTS = Costs(verify=[0.010 + 0.001 * n for n in range(17)], draft_step=0.001, draft_row=0.0005)
+def scripted_costs() -> Costs:
+    """Costs for mode auto without a calibration run: drafting pays, so auto drafts. Pinned: the
+    scripted model's microsecond passes must not teach it otherwise."""
+    return Costs(verify=[0.010 + 0.001 * n for n in range(17)], draft_step=0.001, draft_row=0.0005, pinned=True)
 
 
 def scripted_engine(*, script: Script | None = None, draft_script: Script | None = None, mode: str = "off",
@@ -278,8 +280,8 @@ def scripted_engine(*, script: Script | None = None, draft_script: Script | None
     if draft_script is not None:
         draft = ScriptedRuntime(draft_script, n_seq_max=parallel, n_ctx=n_ctx, name=f"{name}-draft")
     engine = Engine(target=target, draft=draft, config=EngineConfig(n_ctx=n_ctx, parallel=parallel, mode=mode,
-                                                                    pinned_prefix_cells=0))
-    engine.costs = SCRIPTED_COSTS if mode == "auto" else None
+                                                                    pinned_prefix_cells=0, auto_explore=0.0))
+    engine.costs = scripted_costs() if mode == "auto" else None
     return engine
 
 

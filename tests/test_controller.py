@@ -77,8 +77,9 @@ def test_online_cost_refresh_moves_towards_observations():
     for _ in range(100):
         c.observe_verify(2, 0.1)
         c.observe_draft_step(0.01)
-    assert c.verify[1] == pytest.approx(0.1, rel=1e-3) and c.draft_step == pytest.approx(0.01, rel=1e-3)
-    assert c.verify_cost(4) == pytest.approx(c.verify[1] + 2 * (c.verify[1] - c.verify[0]))
+    assert c.verify_cost(2) == pytest.approx(0.1, rel=1e-3) and c.draft_step == pytest.approx(0.01, rel=1e-3)
+    # Past the learned range the last slope goes on (here flat: 2 rows cost what 1 does).
+    assert c.verify_cost(4) == pytest.approx(c.verify_cost(2) + 2 * (c.verify_cost(2) - c.verify_cost(1)))
 
 
 def test_lookup_evidence_is_pooled_by_match_length_bucket():
@@ -156,6 +157,8 @@ def test_verify_observations_move_the_whole_curve():
     c = trained(costs, rate=0.95, k=2)
     assert c.choose(0, 0, 0, 2).drafter == "off"  # short context: the draft model does not pay
     for _ in range(100):
-        costs.observe_verify(1, 0.060)  # the same model at 2k tokens of context
-    assert costs.verify == pytest.approx([0.060, 0.111, 0.141], rel=1e-3)
-    assert c.choose(0, 0, 0, 2).drafter == "off"
+        costs.observe_verify(1, 0.060, context=2048)  # the same model at 2k tokens of context
+    assert [costs.verify_cost(n, context=2048) for n in (1, 2, 3)] == pytest.approx([0.060, 0.111, 0.141], rel=1e-3)
+    assert c.choose(0, 0, 0, 2, context=2048).drafter == "off"
+    # The short context keeps its own level: costs are learned per context range.
+    assert costs.verify_cost(1, context=48) == pytest.approx(0.040)

@@ -107,7 +107,7 @@ def test_calibration_reports_each_round_and_nothing_once_cached(draft_path, tmp_
     rt = ModelRuntime(draft_path, CONFIG)
     seen: list[LoadProgress] = []
     try:
-        # k_max 3 measures target batches of 1..4 rows, then the draft's step and row costs.
+        # k_max 3 measures target batches of 1..4 rows in 4 rounds, then the draft's step and row costs.
         calibrate.load_or_measure(rt, rt, 3, tmp_path, on_progress=seen.append)
         again: list[LoadProgress] = []
         calibrate.load_or_measure(rt, rt, 3, tmp_path, on_progress=again.append)

@@ -290,7 +290,7 @@ def test_synthetic_models_load_in_llama_cpp_and_calibrate(tiny_models, draft_pat
         logits = target.decode([Row(t, i, 0, logits=True) for i, t in enumerate(ids)])
         assert logits.shape == (len(ids), 151936) and np.isfinite(logits).all()
         target.seq_rm(0, 0, -1)
-        costs = calibrate.measure(target, draft, k_max=3, repeats=1)
+        costs = calibrate.measure(target, draft, k_max=3, rounds=2)
         assert len(costs.verify) == 4 and all(c > 0 for c in costs.verify) and costs.draft_step > 0
     finally:
         target.close()

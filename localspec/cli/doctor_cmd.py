@@ -16,10 +16,41 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify", action="store_true", help="re-hash installed model files (slow for large models)")
     p.add_argument("--host", default="127.0.0.1", help="address whose port to check (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port `localspec serve` would use (default 8000)")
+    p.add_argument("--calibration", action="store_true",
+                   help="show the cost curves mode auto works from: age, origin, what it learned")
+    p.add_argument("--reset", action="store_true",
+                   help="with --calibration: remove the curves (re-measured at the next load)")
     p.set_defaults(func=run)
 
 
+def run_calibration(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from localspec.cli.calibration_view import curve_files, describe, render
+    from localspec.service import calibration_dir
+
+    directory = Path(calibration_dir())
+    files = curve_files(directory)
+    if args.reset:
+        for f in files:
+            f.path.unlink(missing_ok=True)
+        removed = [str(f.path) for f in files]
+        print(json.dumps({"removed": removed}) if args.json else
+              f"removed {len(removed)} cost curve(s) from {directory}; the next load of mode auto re-measures")
+        return 0
+    infos = [describe(f) for f in files]
+    if args.json:
+        print(json.dumps({"directory": str(directory), "curves": infos}, indent=2))
+    elif not infos:
+        print(f"no cost curves in {directory}: mode auto measures one at its first load")
+    else:
+        print("\n\n".join(render(i) for i in infos))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.calibration or args.reset:
+        return run_calibration(args)
     from localspec.doctor import diagnose, render_text
 
     report = diagnose(verify=args.verify, host=args.host, port=args.port)

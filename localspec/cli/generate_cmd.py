@@ -147,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{s.mean_accepted_length:.2f} tokens/pass"
             )
         summary += f", finish={done.finish_reason}, peak RSS {peak_rss_mb:.0f} MB"
+        if s.auto_steps:
+            summary += f"\n{s.auto_summary()}"
         print(summary, file=sys.stderr)
     if done.finish_reason == "error":
         print(f"error: {done.error}", file=sys.stderr)

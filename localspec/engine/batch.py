@@ -31,9 +31,10 @@ class Batch:
         self.parts.append(BatchPart(slot, draft, sum(r.logits for r in rows)))
 
     @property
-    def one_verify(self) -> bool:
-        """A single sequence's verify: the clean timing the cost model learns from."""
-        return len(self.parts) == 1 and self.parts[0].draft is not None
+    def all_verify(self) -> bool:
+        """Only verifies (one sequence or several): every row asks for logits, so the pass's time
+        is verify(total rows), what the cost model learns. A prompt chunk's rows cost otherwise."""
+        return bool(self.parts) and all(p.draft is not None for p in self.parts)
 
     def split(self, logits: np.ndarray) -> Iterator[tuple[BatchPart, np.ndarray]]:
         """Each part with its own rows of the decode's logits, in batch order."""

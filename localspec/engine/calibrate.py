@@ -7,15 +7,17 @@ GPU layers), because the same files cost very different amounts on a CPU and on 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 
-from localspec.engine.controller import Costs
+from localspec.engine import costs
+from localspec.engine.costs import Costs, Obtained
 from localspec.engine.events import LoadStage, ProgressFn, StageReporter
 from localspec.engine.runtime import ModelRuntime, Row
 
@@ -24,13 +26,16 @@ logger = logging.getLogger(__name__)
 _CONTEXT_TOKENS = 48  # a short history, so attention cost is that of an early decode step
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+ROUNDS = 4  # each batch size this many times, sizes interleaved, so a burst of load hits all alike
+SPREAD_LIMIT = 0.5  # a size whose timings spread more than this (max − min, over the median) is noise
+STEP_DRIFT_LIMIT = 0.3  # single steps timed before and after must agree within this, and with verify(1)
+ATTEMPTS = 2
+
+
+def _seconds(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def _prime(rt: ModelRuntime, seq: int) -> None:
@@ -38,14 +43,12 @@ def _prime(rt: ModelRuntime, seq: int) -> None:
     rt.decode([Row((i * 7919) % rt.n_vocab, i, seq) for i in range(_CONTEXT_TOKENS)])
 
 
-def _batch_cost(rt: ModelRuntime, seq: int, rows: int, repeats: int, warm_up: bool = True) -> float:
+def _batch(rt: ModelRuntime, seq: int, rows: int) -> Callable[[], None]:
     def once() -> None:
         rt.decode([Row((13 * i + 1) % rt.n_vocab, _CONTEXT_TOKENS + i, seq, logits=True) for i in range(rows)])
         rt.seq_rm(seq, _CONTEXT_TOKENS, -1)
 
-    if warm_up:
-        once()  # first use of a batch shape allocates buffers and builds graphs
-    return _median_seconds(once, repeats)
+    return once
 
 
 def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
@@ -59,42 +62,90 @@ def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
     return out
 
 
-def measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, seq: int = 0, repeats: int = 2, *,
-            progress: StageReporter | None = None) -> Costs:
+@dataclass(frozen=True)
+class Measurement:
+    """One calibration attempt: the median per batch size, and whether the box held still."""
+
+    medians: dict[int, float]
+    problems: list[str]
+
+    @property
+    def settled(self) -> bool:
+        return not self.problems
+
+
+def measure_verify(rt: ModelRuntime, sizes: list[int], seq: int = 0, rounds: int = ROUNDS,
+                   tick: Callable[[], None] = lambda: None) -> Measurement:
+    """Time each batch size `rounds` times, interleaved, bracketed by single steps; judge the result.
+
+    The checks catch a calibration taken while something else ran: timings of one size that
+    disagree, single steps before and after that disagree (the load changed), or a verify(1)
+    unlike a plain step. A curve that is not monotone is not a failure: the isotonic fit in
+    `Costs` handles a GPU's kernel bumps."""
+    _prime(rt, seq)
+    for n in sizes:
+        _batch(rt, seq, n)()  # first use of a batch shape allocates buffers and builds graphs
+    step = _batch(rt, seq, 1)
+    before = statistics.median(_seconds(step) for _ in range(3))
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for r in range(rounds):
+        for n in sizes[r % len(sizes):] + sizes[: r % len(sizes)]:  # a rotated order each round
+            times[n].append(_seconds(_batch(rt, seq, n)))
+        tick()
+    after = statistics.median(_seconds(step) for _ in range(3))
+    rt.seq_rm(seq, 0, -1)
+    medians = {n: statistics.median(ts) for n, ts in times.items()}
+    problems = [f"{n} rows: timings spread {(max(ts) - min(ts)) / medians[n]:.0%} of their median"
+                for n, ts in times.items() if (max(ts) - min(ts)) / medians[n] > SPREAD_LIMIT]
+    if abs(after - before) / min(before, after) > STEP_DRIFT_LIMIT:
+        problems.append(f"a single step took {before * 1000:.0f} ms before and {after * 1000:.0f} ms after")
+    if abs(medians[1] - (before + after) / 2) / min(medians[1], before, after) > STEP_DRIFT_LIMIT:
+        problems.append(f"verify(1) = {medians[1] * 1000:.0f} ms against single steps of "
+                        f"{before * 1000:.0f}/{after * 1000:.0f} ms")
+    return Measurement(medians, problems)
+
+
+def measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, seq: int = 0, *,
+            progress: StageReporter | None = None, attempts: int = ATTEMPTS, rounds: int = ROUNDS) -> Costs:
     """Time target batches up to k_max+1 rows and a draft step. Uses (and clears) sequence `seq`.
 
-    A few batch sizes are measured and the rest interpolated: cost grows piecewise-linearly with
-    rows, and a short calibration matters more than the last percent of accuracy. `progress`
-    hears the fraction of measuring rounds done (one per target batch size, two for the draft).
+    A few batch sizes are measured and the rest interpolated. An attempt that fails its checks is
+    retried; if every attempt fails, the last is used but marked UNSETTLED, so it is not saved as
+    this machine's curve: the passes that follow correct it, and then it is saved (see `Costs`).
+    `progress` hears the fraction of measuring rounds done (a retry's rounds pause it).
     """
-    sizes = sorted({1, 2, 3, 5, k_max + 1} & set(range(1, k_max + 2)))
-    rounds, done = len(sizes) + (2 if draft is not None else 0), 0
+    sizes = sorted({1, 2, 3, 5, 9, 17, 33, k_max + 1} & set(range(1, k_max + 2)))
+    total, done = rounds + (2 if draft is not None else 0), 0
 
-    def round_done() -> None:
+    def tick() -> None:
         nonlocal done
         done += 1
-        if progress is not None:
-            progress.report(done / rounds)
+        if progress is not None and done <= total:
+            progress.report(done / total)
 
     if progress is not None:
         progress.report(0.0)
-    _prime(target, seq)
-    measured = {}
-    for n in sizes:
-        measured[n] = _batch_cost(target, seq, n, repeats, warm_up=(n == sizes[0]))
-        round_done()
-    verify = _interpolate(measured, k_max + 1)
-    target.seq_rm(seq, 0, -1)
+    for attempt in range(1, attempts + 1):
+        m = measure_verify(target, sizes, seq, rounds, tick=tick if attempt == 1 else lambda: None)
+        if m.settled:
+            break
+        logger.warning("calibration attempt %d of %d was disturbed (%s)%s", attempt, attempts, "; ".join(m.problems),
+                       "; retrying" if attempt < attempts else "; using it unsaved until real passes correct it")
+    verify = _interpolate(m.medians, k_max + 1)
     draft_step, draft_row = 0.0, 0.0
     if draft is not None:
         _prime(draft, seq)
-        draft_step = _batch_cost(draft, seq, 1, repeats)
-        round_done()
-        batch16 = _batch_cost(draft, seq, 16, repeats, warm_up=False)
-        round_done()
+        _batch(draft, seq, 1)()
+        draft_step = statistics.median(_seconds(_batch(draft, seq, 1)) for _ in range(3))
+        tick()
+        _batch(draft, seq, 16)()
+        batch16 = statistics.median(_seconds(_batch(draft, seq, 16)) for _ in range(2))
+        tick()
         draft_row = max((batch16 - draft_step) / 15, 0.0)
         draft.seq_rm(seq, 0, -1)
-    return Costs(verify=verify, draft_step=draft_step, draft_row=draft_row)
+    return Costs(verify=verify, draft_step=draft_step, draft_row=draft_row,
+                 obtained=Obtained.CALIBRATED if m.settled else Obtained.UNSETTLED,
+                 calibration_context=_CONTEXT_TOKENS)
 
 
 def cache_key(target: ModelRuntime, draft: ModelRuntime | None, k_max: int) -> str:
@@ -114,23 +165,26 @@ def cache_key(target: ModelRuntime, draft: ModelRuntime | None, k_max: int) -> s
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def costs_path(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, cache_dir: Path) -> Path:
+    return cache_dir / f"calibration-{cache_key(target, draft, k_max)}.json"
+
+
 def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, cache_dir: Path | None, *,
-                    on_progress: ProgressFn | None = None) -> Costs:
-    """The cached costs for this machine, or a measurement (reported to `on_progress`) saved for next time."""
-    path = cache_dir / f"calibration-{cache_key(target, draft, k_max)}.json" if cache_dir else None
-    if path and path.exists():
-        try:
-            return Costs.from_json(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("ignoring unreadable calibration %s: %s", path, exc)
+                    on_progress: ProgressFn | None = None) -> tuple[Costs, Path | None]:
+    """This machine's costs as the last process left them, or a fresh measurement (reported to
+    `on_progress`), and where to persist what the engine learns from here on."""
+    path = costs_path(target, draft, k_max, cache_dir) if cache_dir else None
+    if path is not None and (known := costs.load(path)) is not None:
+        return known, path
     logger.info("calibrating speculative costs (one-time per model, build and thread count)")
     progress = StageReporter(on_progress, LoadStage.CALIBRATE, target.path.stem) if on_progress else None
     t0 = time.perf_counter()
-    costs = measure(target, draft, k_max, progress=progress)
+    measured = measure(target, draft, k_max, progress=progress)
+    measured.about = f"{target.path.name} + {draft.path.name if draft else 'no draft'}, {target.n_threads} threads"
     logger.info("calibrated in %.1f s", time.perf_counter() - t0)  # faces without on_progress (serve) log it
-    if path:
+    if path and measured.obtained is Obtained.CALIBRATED:
         try:
-            costs.save(path)
+            measured.save(path)
         except OSError as exc:  # a read-only or full disk only costs a re-measure next time
             logger.warning("could not save calibration to %s: %s", path, exc)
-    return costs
+    return measured, path

@@ -32,6 +32,8 @@ class EngineConfig(BaseModel):
     flash_attn: Literal["auto", "on", "off"] = "auto"
     mode: Mode = Field("auto", description="auto picks drafter and k per step from measured costs")
     auto_k_max: int = Field(8, ge=1, le=32, description="longest draft auto considers")
+    auto_explore: float = Field(0.01, ge=0.0, le=0.2,
+                                description="most of its time auto spends trying choices it believes do not pay")
     draft_k: int = Field(6, ge=0, le=32, description="most tokens the draft model proposes per step")
     draft_p_min: float = Field(0.5, ge=0.0, le=1.0, description="greedy drafting stops below this top-1 probability")
     lookup_k: int = Field(8, ge=0, le=MAX_DRAFT_K)

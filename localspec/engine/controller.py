@@ -21,65 +21,18 @@ the largest E / cost; k = 0 is plain decoding at 1 / verify(1). See docs/auto-mo
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from localspec.engine.costs import Costs
 
 # Beta(1, 1)-style prior per position so a drafter is tried before it is judged; the prior is
 # weak (a couple of observations) so real evidence takes over within a few steps.
 PRIOR_ACCEPT = 1.4
 PRIOR_TRIALS = 2.0
 EXPLORATION = 0.5  # standard errors of optimism added to an estimate while choosing
-
-
-@dataclass
-class Costs:
-    """Seconds per operation on this machine; refreshed online from real timings."""
-
-    verify: list[float]  # verify[n-1] = target batch of n rows with logits (n = 1..k_max+1)
-    draft_step: float  # one single-row draft decode
-    draft_row: float  # per extra row when the draft catches up in one batch
-    smoothing: float = 0.1
-
-    def verify_cost(self, rows: int) -> float:
-        if rows <= len(self.verify):
-            return self.verify[rows - 1]
-        # Past the calibrated range: extrapolate the last slope.
-        last, prev = self.verify[-1], self.verify[-2] if len(self.verify) > 1 else self.verify[-1] / 2
-        return last + (rows - len(self.verify)) * (last - prev)
-
-    def catch_up(self, tokens: int) -> float:
-        return 0.0 if tokens <= 0 else self.draft_step + (tokens - 1) * self.draft_row
-
-    def observe_verify(self, rows: int, seconds: float) -> None:
-        """Move the whole verify curve towards an observed timing, keeping its calibrated shape.
-
-        The level moves with context length (every row reads the whole KV cache) and with load.
-        Refreshing only the observed point skewed the curve: plain decoding observes rows = 1
-        alone, so at long context verify(1) rose while verify(3) kept its short-context value,
-        drafting looked cheap, and `auto` ran the draft model at a loss (bench, long suite 0.90x).
-        """
-        if 1 <= rows <= len(self.verify) and self.verify[rows - 1] > 0:
-            scale = 1.0 + self.smoothing * (seconds / self.verify[rows - 1] - 1.0)
-            self.verify = [v * scale for v in self.verify]
-
-    def observe_draft_step(self, seconds: float) -> None:
-        self.draft_step += self.smoothing * (seconds - self.draft_step)
-
-    def to_json(self) -> dict:
-        return {"verify": self.verify, "draft_step": self.draft_step, "draft_row": self.draft_row}
-
-    @classmethod
-    def from_json(cls, data: dict) -> Costs:
-        return cls(verify=list(data["verify"]), draft_step=float(data["draft_step"]),
-                   draft_row=float(data["draft_row"]))
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.replace(path)
+EXPLORE_BUDGET = 0.01  # the most of its time `auto` spends on choices it believes do not pay
+EXPLORE_CREDIT_S = 30.0  # credit saved up covers at most this many seconds of steps
 
 
 @dataclass
@@ -185,18 +138,58 @@ class Choice:
     drafter: str  # "draft" | "lookup" | "off"
     k: int
     expected_rate: float  # tokens per second this choice expects
+    explored: bool = False  # taken to learn, against the belief that it pays less than the best
+
+
+@dataclass
+class Explorer:
+    """Exploration on a budget, so that a wrong belief heals: a cost curve taken on a busy box
+    says drafting never pays, and `auto`, never drafting, would never learn otherwise.
+
+    Each step earns `budget` × its believed cost in credit; a step may explore only by spending
+    its believed loss, cost(k') − E[tokens | k'] / best_rate (the time the best choice would have
+    needed for the same tokens). Spending never exceeds what was earned, so the time lost to
+    exploring is at most `budget` of the time spent, by the controller's own beliefs; when those
+    beliefs are wrong the other way (drafting looks cheap), `auto` drafts and learns without it.
+    Deterministic: the same run makes the same choices.
+    """
+
+    budget: float = EXPLORE_BUDGET
+    credit: float = 0.0
+    explored: int = 0
+
+    def earn(self, seconds: float) -> None:
+        self.credit = min(self.credit + self.budget * seconds, self.budget * EXPLORE_CREDIT_S)
+
+    def spend(self, loss: float) -> bool:
+        if self.budget <= 0 or loss > self.credit:
+            return False
+        self.credit -= loss
+        self.explored += 1
+        return True
+
+
+@dataclass(frozen=True)
+class _Option:
+    choice: Choice
+    expected: float  # tokens this choice yields per step, in expectation
+    cost: float  # believed seconds of the step
+    hopeful_rate: float  # the rate with the cost curve's uncertainty read optimistically
 
 
 class Controller:
     """Per-sequence face of `auto`: the choice rule over the engine's shared acceptance book."""
 
     def __init__(
-        self, costs: Costs, k_max: int = 8, has_draft_model: bool = True, book: AcceptanceBook | None = None
+        self, costs: Costs, k_max: int = 8, has_draft_model: bool = True, book: AcceptanceBook | None = None,
+        explorer: Explorer | None = None,
     ) -> None:
         self.costs = costs
         self.k_max = k_max
         self.has_draft_model = has_draft_model
         self.book = book if book is not None else AcceptanceBook(decay=1.0)
+        self.explorer = explorer if explorer is not None else Explorer(budget=0.0)
+        self.why_not: str = ""  # why the last plain step did not draft, in the cost model's terms
 
     @property
     def draft(self) -> Acceptance:
@@ -210,37 +203,72 @@ class Controller:
     def lookup(self) -> dict[int, Acceptance]:
         return self.book.lookup
 
-    def choose(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int) -> Choice:
-        """Pick the best (drafter, k).
+    def options(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int,
+                context: int | None = None) -> list[_Option]:
+        """Every (drafter, k) worth weighing, plain decoding first. Runs every step: kept to plain
+        arithmetic over the cost curve's level and shape (~0.3% of a 30 ms step on this CPU)."""
+        c = self.costs
+        level = c.level_at(c.calibration_context if context is None else context)
+        out = [_Option(Choice("off", 0, 1.0 / level), 1.0, level, 1.0 / level)]
+        k_top = min(self.k_max, k_cap)
+        drafters: list[tuple[str, list[float], float, float]] = []  # name, rates, fixed cost, per-k cost
+        if self.has_draft_model:
+            drafters.append(("draft", self.draft.planning_rates(k_top), c.catch_up(draft_lag), c.draft_step))
+        if lookup_match > 0:
+            rates = self.book.for_lookup(lookup_match).planning_rates(min(k_top, lookup_available))
+            drafters.append(("lookup", rates, 0.0, 0.0))
+        for name, rates, fixed, per_k in drafters:
+            expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time
+            for k, a in enumerate(rates, start=1):
+                survive *= a
+                expected += survive
+                verify = level * c.shape_at(k + 1)
+                cost = fixed + k * per_k + verify
+                hope = fixed + k * per_k + verify * c.hope(k + 1)
+                out.append(_Option(Choice(name, k, expected / cost), expected, cost, expected / hope))
+        return out
+
+    def choose(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int, *,
+               context: int | None = None, explore: bool = True) -> Choice:
+        """Pick the best (drafter, k); now and then, within the explorer's budget, a hopeful other.
 
         draft_lag: tokens the draft model must catch up before it can draft;
         lookup_match: n-gram length of the prompt-lookup match (0 = none);
         lookup_available: how many tokens the lookup match could propose;
-        k_cap: the most tokens worth drafting (max_tokens and context left).
+        k_cap: the most tokens worth drafting (max_tokens and context left);
+        context: the sequence's KV length, which the verify cost grows with;
+        explore: False for a look that takes no step (it must not spend the budget).
         """
-        c = self.costs
-        best = Choice("off", 0, 1.0 / c.verify_cost(1))
-        k_top = min(self.k_max, k_cap)
-        if self.has_draft_model:
-            expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time
-            for k, a in enumerate(self.draft.planning_rates(k_top), start=1):
-                survive *= a
-                expected += survive
-                cost = c.catch_up(draft_lag) + k * c.draft_step + c.verify_cost(k + 1)
-                if expected / cost > best.expected_rate:
-                    best = Choice("draft", k, expected / cost)
-        if lookup_match > 0:
-            expected, survive = 1.0, 1.0
-            rates = self.book.for_lookup(lookup_match).planning_rates(min(k_top, lookup_available))
-            for k, a in enumerate(rates, start=1):
-                survive *= a
-                expected += survive
-                if expected / c.verify_cost(k + 1) > best.expected_rate:
-                    best = Choice("lookup", k, expected / c.verify_cost(k + 1))
-        return best
+        options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context)
+        best = max(options, key=lambda o: o.choice.expected_rate)
+        if not explore:
+            return best.choice
+        self.explorer.earn(best.cost)
+        others = [o for o in options if o.choice.k != best.choice.k]
+        if best.choice.drafter == "off":
+            self.why_not = _why_not(options, self.costs, context)
+        if not others:
+            return best.choice
+        hopeful = max(others, key=lambda o: o.hopeful_rate)
+        loss = max(hopeful.cost - hopeful.expected / best.choice.expected_rate, 0.0)
+        if self.explorer.spend(loss):
+            return Choice(hopeful.choice.drafter, hopeful.choice.k, hopeful.choice.expected_rate, explored=True)
+        return best.choice
 
     def observe(self, choice: Choice, drafted: int, accepted: int, lookup_match: int = 0) -> None:
         if choice.drafter == "draft" and drafted:
             self.draft.observe(drafted, accepted)
         elif choice.drafter == "lookup" and drafted:
             self.book.for_lookup(lookup_match).observe(drafted, accepted)
+
+
+def _why_not(options: list[_Option], costs: Costs, context: int | None) -> str:
+    """Why plain decoding won, as the best drafting option's numbers: "lookup k=4: verify(5) =
+    3.1 steps for 2.2 tokens expected, 0.71x"."""
+    drafting = [o for o in options if o.choice.k > 0]
+    if not drafting:
+        return "nothing to draft from (no draft model, no lookup match)"
+    o = max(drafting, key=lambda o: o.choice.expected_rate)
+    ratio = o.choice.expected_rate / options[0].choice.expected_rate
+    return (f"{o.choice.drafter} k={o.choice.k}: verify({o.choice.k + 1}) = {costs.steps(o.choice.k + 1, context):.1f}"
+            f" steps for {o.expected:.1f} tokens expected, {ratio:.2f}x")

@@ -29,6 +29,11 @@ class Stats:
     accepted: int = 0
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
+    # Mode auto: the steps each choice took ("off", "lookup", "draft"), how many of them explored,
+    # and why the last plain step did not draft.
+    auto_steps: dict[str, int] = field(default_factory=dict)
+    explored: int = 0
+    auto_why_not: str = ""
 
     @property
     def tokens_per_second(self) -> float:
@@ -45,6 +50,21 @@ class Stats:
         """Tokens per target forward pass during decoding, the bonus/correction token included."""
         n = self.completion_tokens - 1
         return n / self.target_passes if self.target_passes else 0.0
+
+    def record_choice(self, drafter: str, *, explored: bool, why_not: str) -> None:
+        self.auto_steps[drafter] = self.auto_steps.get(drafter, 0) + 1
+        self.explored += explored
+        if drafter == "off":
+            self.auto_why_not = why_not
+
+    def auto_summary(self) -> str:
+        """What `auto` chose, for `generate`'s summary: "auto chose lookup 40, off 12 steps (3 to
+        explore); not drafting because lookup k=4: verify(5) = 3.1 steps for 2.2 tokens expected, 0.71x"."""
+        if not self.auto_steps:
+            return ""
+        chose = ", ".join(f"{d} {n}" for d, n in sorted(self.auto_steps.items(), key=lambda kv: -kv[1]))
+        out = f"auto chose {chose} steps" + (f" ({self.explored} to explore)" if self.explored else "")
+        return out + (f"; not drafting because {self.auto_why_not}" if self.auto_why_not else "")
 
     def record_position(self, drafted: int, accepted: int) -> None:
         while len(self.drafted_by_position) < drafted:

@@ -37,7 +37,8 @@ import numpy as np
 from localspec.engine import calibrate
 from localspec.engine.chat import check_jinja
 from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
-from localspec.engine.controller import AcceptanceBook, Controller, Costs
+from localspec.engine.controller import AcceptanceBook, Controller, Explorer
+from localspec.engine.costs import Costs, Obtained
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
 from localspec.engine.events import Done, Event, FinishReason, Origin, ProgressFn, Stats, Token
 from localspec.engine.grammar import Grammar
@@ -58,6 +59,7 @@ T = TypeVar("T")
 
 # llama.cpp accepts a draft whose vocabulary differs from the target's by up to this many tokens.
 MAX_VOCAB_DIFFERENCE = 128
+SAVE_COSTS_EVERY = 200  # learned passes between saves of the cost curve (at a request's end)
 
 
 class Engine:
@@ -86,6 +88,9 @@ class Engine:
             self.drafter = DraftModelDrafter(draft, target.n_vocab, self.config.draft_p_min)
         self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
         self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
+        self.explorer = Explorer(budget=self.config.auto_explore)  # shared: the budget is the engine's time
+        self.costs_path: Path | None = None  # where learned costs persist (set by calibrate)
+        self._passes_saved = 0
         self.slots = [Slot(seq=i) for i in range(self.config.parallel)]
         # One prompt prefix that many requests share (the cache judge's instructions and examples)
         # lives in a sequence of its own, past the slots: a slot used since for other work gets it
@@ -158,11 +163,27 @@ class Engine:
             cache = Path(self.calibration_dir) if self.calibration_dir else None
             for slot in self.slots[:1]:
                 self._reset_kv(slot)
-            self.costs = calibrate.load_or_measure(self.target, self.draft, self.config.auto_k_max, cache,
-                                                   on_progress=on_progress)
+            self.costs, self.costs_path = calibrate.load_or_measure(self.target, self.draft, self.config.auto_k_max,
+                                                                    cache, on_progress=on_progress)
+            self._passes_saved = self.costs.passes
         return self.costs
 
+    def save_costs(self, *, every: int = 0) -> None:
+        """Persist what the passes taught (atomically), so the next process starts from it; with
+        `every`, only once that many passes were learned since the last save."""
+        if self.costs is None or self.costs_path is None or self.costs.passes - self._passes_saved <= every:
+            return
+        if self.costs.obtained is Obtained.UNSETTLED and self.costs.passes < SAVE_COSTS_EVERY:
+            return  # a disturbed calibration is saved only once real passes have corrected it
+        try:
+            self.costs.save(self.costs_path)
+            self._passes_saved = self.costs.passes
+        except OSError as exc:  # a read-only or full disk only costs re-learning next time
+            logger.warning("could not save speculative costs to %s: %s", self.costs_path, exc)
+            self.costs_path = None
+
     def close(self) -> None:
+        self.save_costs()
         self.target.close()
         if self.draft is not None:
             self.draft.close()
@@ -286,8 +307,9 @@ class Engine:
         try:
             t0 = time.perf_counter()
             logits = self.target.decode(batch.rows)
-            if self.costs is not None and batch.one_verify:
-                self.costs.observe_verify(len(batch.rows), time.perf_counter() - t0)
+            if self.costs is not None and batch.all_verify:  # every row a logits row: a verify's timing
+                self.costs.observe_verify(len(batch.rows), time.perf_counter() - t0,
+                                          context=max(len(p.slot.kv) for p in batch.parts))
         except Exception as exc:
             for i, part in enumerate(batch.parts):
                 self._fail(part.slot, exc, log=i == 0)
@@ -345,6 +367,7 @@ class Engine:
         if a.t_first:
             a.stats.decode_ms = (a.t_last - a.t_first) * 1000
         slot.active = None
+        self.save_costs(every=SAVE_COSTS_EVERY)
         a.handle.finish(Done(finish_reason="error", stats=a.stats, text="".join(a.text), error=error))
 
     def fail_all(self, exc: BaseException) -> None:
@@ -412,7 +435,7 @@ class Engine:
         )
         if mode == "auto" and self.costs is not None:
             active.controller = Controller(self.costs, k_max=k, has_draft_model=self.drafter is not None,
-                                           book=self.acceptance)
+                                           book=self.acceptance, explorer=self.explorer)
         slot.active = active
 
     def _draft(self, decoding: list[Slot]) -> dict[int, Draft]:
@@ -465,14 +488,15 @@ class Engine:
         a.lookup_match = proposal.match_length
         if a.controller is None:
             raise RuntimeError("mode auto without its controller")
-        a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap)
+        a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap, context=len(a.tokens))
+        a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
         return a.choice.drafter, a.choice.k, proposal
 
     def _wants_draft_prefill(self, a: Active) -> bool:
         if a.mode == "draft":
             return True
         # auto: read the prompt into the draft only if drafting is expected to pay once caught up.
-        return a.controller is not None and a.controller.choose(0, 0, 0, a.k).drafter == "draft"
+        return a.controller is not None and a.controller.choose(0, 0, 0, a.k, explore=False).drafter == "draft"
 
     # ------------------------------------------------------------------ outcomes
 
@@ -561,6 +585,7 @@ class Engine:
         if a.grammar is not None:
             a.grammar.close()
         slot.active = None
+        self.save_costs(every=SAVE_COSTS_EVERY)
         a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error))
 
     # ------------------------------------------------------------------ KV bookkeeping

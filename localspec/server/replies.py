@@ -14,8 +14,8 @@ from localspec.engine.events import Done, Token
 from localspec.jobs import Job
 from localspec.server.backend import Backend
 from localspec.server.errors import APIError, ClientGone, error_json
-from localspec.server.schemas import (ChoiceLogprobs, CompletionLogprobs, Extension, TokenLogprobOut, TopLogprob,
-                                      Usage)
+from localspec.server.schemas import (AutoReport, ChoiceLogprobs, CompletionLogprobs, Extension, TokenLogprobOut,
+                                      TopLogprob, Usage)
 from localspec.server.state import ServerState
 from localspec.server.streaming import SSE_DONE, SSE_KEEPALIVE, Piece, Waiting, collect, pieces, unless_disconnected
 from localspec.server.translate import Plan
@@ -51,6 +51,8 @@ def extension(b: Backend, done: Done, plan: Plan, job: Job, who: str) -> Extensi
         },
         cache=cache_info(b, job, who),
         route=job.route.as_dict() if job.route else None,
+        auto=AutoReport(steps=st.auto_steps, explored=st.explored, why_not_draft=st.auto_why_not or None)
+        if st.auto_steps else None,
     )
 
 

@@ -182,6 +182,14 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class AutoReport(BaseModel):
+    """What mode `auto` chose for an answer, and why it did not draft when it did not."""
+
+    steps: dict[str, int] = Field(description="target passes per choice: off, lookup, draft")
+    explored: int = Field(0, description="passes that tried a choice believed not to pay, so wrong costs heal")
+    why_not_draft: str | None = Field(None, description="the best drafting option's numbers when plain decoding won")
+
+
 class Extension(BaseModel):
     """The `localspec` object on responses: how the answer was made."""
 
@@ -201,6 +209,7 @@ class Extension(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     cache: dict[str, Any] | None = None
     route: dict[str, Any] | None = None
+    auto: AutoReport | None = None
 
 
 class ChatChoice(BaseModel):
