@@ -276,3 +276,29 @@ def test_doctor_shows_and_resets_the_curves(tmp_path, monkeypatch, capsys):
     assert [c["readable"] for c in curves] == [True, False] and curves[0]["passes_learned"] == 5
     assert main(["doctor", "--calibration", "--reset"]) == 0
     assert "removed 2 cost curve(s)" in capsys.readouterr().out and not list(tmp_path.iterdir())
+
+
+def test_a_disturbed_calibration_is_retried_then_used_but_not_saved(tmp_path, monkeypatch, caplog):
+    from localspec.engine import calibrate
+
+    attempts: list[int] = []
+
+    def disturbed(rt, sizes, seq=0, rounds=4, tick=lambda: None):
+        attempts.append(len(sizes))
+        return calibrate.Measurement({n: quiet_box(n) * (3 if n == 2 else 1) for n in sizes},
+                                     ["a single step took 30 ms before and 90 ms after"])
+
+    class Runtime:  # what load_or_measure reads of a model before measuring
+        path = tmp_path / "target.gguf"
+        n_threads = 2
+
+    Runtime.path.write_bytes(b"GGUF")
+    monkeypatch.setattr(calibrate, "measure_verify", disturbed)
+    monkeypatch.setattr(calibrate, "cache_key", lambda *a: "k")
+    rt = Runtime()
+    rt.config = type("C", (), {"n_gpu_layers": 0})()
+    with caplog.at_level(logging.WARNING):
+        costs, path = calibrate.load_or_measure(rt, None, 8, tmp_path)
+    assert len(attempts) == calibrate.ATTEMPTS and "retrying" in caplog.text and "unsaved" in caplog.text
+    assert costs.obtained is Obtained.UNSETTLED and path == tmp_path / "calibration-k.json" and not path.exists()
+    assert costs.steps(3) >= costs.steps(2)  # the dip after the bad 2-row point is fitted away
