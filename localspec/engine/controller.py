@@ -174,7 +174,7 @@ class _Option:
     choice: Choice
     expected: float  # tokens this choice yields per step, in expectation
     cost: float  # believed seconds of the step
-    hopeful_rate: float  # the rate with the cost curve's uncertainty read optimistically
+    verify: float  # the verify pass's part of `cost`
 
 
 class Controller:
@@ -209,7 +209,7 @@ class Controller:
         arithmetic over the cost curve's level and shape (~0.3% of a 30 ms step on this CPU)."""
         c = self.costs
         level = c.level_at(c.calibration_context if context is None else context)
-        out = [_Option(Choice("off", 0, 1.0 / level), 1.0, level, 1.0 / level)]
+        out = [_Option(Choice("off", 0, 1.0 / level), 1.0, level, level)]
         k_top = min(self.k_max, k_cap)
         drafters: list[tuple[str, list[float], float, float]] = []  # name, rates, fixed cost, per-k cost
         if self.has_draft_model:
@@ -224,8 +224,7 @@ class Controller:
                 expected += survive
                 verify = level * c.shape_at(k + 1)
                 cost = fixed + k * per_k + verify
-                hope = fixed + k * per_k + verify * c.hope(k + 1)
-                out.append(_Option(Choice(name, k, expected / cost), expected, cost, expected / hope))
+                out.append(_Option(Choice(name, k, expected / cost), expected, cost, verify))
         return out
 
     def choose(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int, *,
@@ -247,10 +246,14 @@ class Controller:
         others = [o for o in options if o.choice.k != best.choice.k]
         if best.choice.drafter == "off":
             self.why_not = _why_not(options, self.costs, context)
-        if not others:
-            return best.choice
-        hopeful = max(others, key=lambda o: o.hopeful_rate)
-        loss = max(hopeful.cost - hopeful.expected / best.choice.expected_rate, 0.0)
+        losses = [max(o.cost - o.expected / best.choice.expected_rate, 0.0) for o in others]
+        if not others or min(losses) > self.explorer.credit:
+            return best.choice  # nothing affordable: most steps end here, before any optimism is computed
+        # The most hopeful option: verify read optimistically where few passes were seen.
+        c = self.costs
+        hopes = [o.expected / (o.cost - o.verify * (1.0 - c.hope(o.choice.k + 1))) for o in others]
+        i = max(range(len(others)), key=hopes.__getitem__)
+        hopeful, loss = others[i], losses[i]
         if self.explorer.spend(loss):
             return Choice(hopeful.choice.drafter, hopeful.choice.k, hopeful.choice.expected_rate, explored=True)
         return best.choice
