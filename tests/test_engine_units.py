@@ -117,5 +117,5 @@ def test_the_target_context_serves_the_longest_draft_in_one_pass():
     from localspec.engine.config import MAX_DRAFT_K, EngineConfig, output_rows
 
     assert output_rows(EngineConfig()) == MAX_DRAFT_K + 1  # one sequence at the longest k
-    assert output_rows(EngineConfig(parallel=8)) == 8 * (8 + 1)  # every slot at its configured k
+    assert output_rows(EngineConfig(parallel=8)) == 8 * (16 + 1)  # every slot at its configured k (auto's 16)
     assert output_rows(EngineConfig(n_batch=32)) == 32  # never more than a batch holds (the runtime splits)

@@ -31,7 +31,7 @@ class EngineConfig(BaseModel):
     n_gpu_layers: int = -1
     flash_attn: Literal["auto", "on", "off"] = "auto"
     mode: Mode = Field("auto", description="auto picks drafter and k per step from measured costs")
-    auto_k_max: int = Field(16, ge=1, le=32, description="longest draft auto considers (copy-heavy edits pay most past 8)")
+    auto_k_max: int = Field(16, ge=1, le=32, description="longest draft auto considers (copies pay most past 8)")
     auto_explore: float = Field(0.01, ge=0.0, le=0.2,
                                 description="most of its time auto spends trying choices it believes do not pay")
     draft_k: int = Field(6, ge=0, le=32, description="most tokens the draft model proposes per step")

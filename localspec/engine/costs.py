@@ -133,9 +133,10 @@ class Costs:
     def shape_at(self, rows: int) -> float:
         if rows <= len(self.shape):
             return self.shape[rows - 1]
-        # Past the learned range: extrapolate the last slope (never below flat).
+        # Past the learned range: the curve's mean slope goes on. (Its last slope may be a flat
+        # stretch the isotonic fit pooled, which would make every longer draft look free.)
         last = self.shape[-1]
-        slope = max(last - self.shape[-2], 0.0) if len(self.shape) > 1 else last
+        slope = (last - 1.0) / (len(self.shape) - 1) if len(self.shape) > 1 else 1.0
         return last + (rows - len(self.shape)) * slope
 
     def verify_cost(self, rows: int, context: int | None = None) -> float:
