@@ -91,6 +91,8 @@ def _noisy_lines(noisy: dict | None) -> list[str]:
 
 
 def _goal_value(value: object) -> str:
+    if value is None:
+        return "–"
     if isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, dict):  # per suite (P3)

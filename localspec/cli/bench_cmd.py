@@ -7,8 +7,11 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -138,6 +141,25 @@ def _read_result(path: Path) -> dict:
     return result
 
 
+@contextlib.contextmanager
+def terminate_unwinds() -> Iterator[None]:
+    """SIGTERM (a CI timeout, `kill`) unwinds the bench like Ctrl-C, so the hog, the llama-servers and
+    a noisy run's temporary calibration are cleaned up; its default action ends the process where it
+    stands. (The hog would still exit by itself, seeing its parent gone.)"""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def select_plan(args: argparse.Namespace) -> BenchPlan:
     """The plan named by --plan or --quick (default: full), with the command line's overrides."""
     from localspec.bench import runner
@@ -222,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
     runs: list[dict] = []
     with (Progress(TextColumn("{task.description:<42}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn()) as bar, contextlib.ExitStack() as stack):
+        stack.enter_context(terminate_unwinds())
         task = bar.add_task("loading models", total=total)
 
         def tick(label: str) -> None:
