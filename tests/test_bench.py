@@ -394,3 +394,64 @@ def test_report_says_the_run_was_noisy_and_lists_every_check():
     assert "| P3 | editing suite vs ngram-simple |" in md and "P5: second-turn TTFT" in md and "not measured" in md
     assert "explored steps per 1k tokens: editing 3.5" in md
     assert "P3 not met" in report.summary(result)
+
+
+FAKE_SERVER = '''#!{python}
+"""Stands in for llama-server: /health, and /completion with timings; refuses ngram-mod."""
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+args = sys.argv[1:]
+if "ngram-mod" in args:
+    sys.exit(3)
+spec = args[args.index("--spec-type") + 1] if "--spec-type" in args else "off"
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._reply({{"status": "ok"}})
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = req["n_predict"]
+        self._reply({{"timings": {{"predicted_n": n, "predicted_per_second": 40.0 if spec == "off" else 50.0,
+                                  "prompt_ms": 5.0, "draft_n": 0 if spec == "off" else n, "draft_n_accepted": n // 2,
+                                  "threads": args[args.index("-t") + 1]}}}})
+
+
+HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), H).serve_forever()
+'''
+
+
+def test_server_pool_keeps_one_server_per_config_and_reports_one_that_fails(tmp_path):
+    import sys
+
+    from localspec.bench.anchors import LlamaServerPool
+
+    binary = tmp_path / "llama-server"
+    binary.write_text(FAKE_SERVER.format(python=sys.executable))
+    binary.chmod(0o755)
+    configs = [{"name": t, "args": ["--spec-type", t], "draft": False} for t in ("ngram-simple", "ngram-mod")]
+    with LlamaServerPool(str(binary), tmp_path / "t.gguf", None, configs, n_ctx=512, threads=2) as pool:
+        assert pool.modes == ["llama-server:off", "llama-server:ngram-simple"]
+        assert [e["mode"] for e in pool.errors] == ["llama-server:ngram-mod"]
+        procs = [p for p, _ in pool._procs.values()]
+        row = pool.complete("llama-server:ngram-simple", "editing", 3, 2, "rendered", 16)
+        off = pool._procs["llama-server:off"][0]
+        off.kill()
+        off.wait()
+        dead = pool.complete("llama-server:off", "editing", 3, 2, "rendered", 16)  # an error row, not a crash
+        assert dead["suite"] == "error" and "exited" in dead["error"] and dead["rep"] == 2
+    assert row == {"suite": "editing", "prompt": 3, "rep": 2, "mode": "llama-server:ngram-simple",
+                   "engine": "llama-server", "tokens": 16, "tps": 50.0, "ttft_ms": 5.0, "drafted": 16, "accepted": 8}
+    assert all(p.returncode is not None for p in procs)  # stopped and reaped on leaving the block
