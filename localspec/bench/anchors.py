@@ -107,6 +107,45 @@ def _wait_ready(base: str, proc: subprocess.Popen, timeout: float = 180) -> None
     raise RuntimeError("llama-server did not become ready")
 
 
+def _server_cmd(binary: str, target: Path, draft: Path | None, cfg: dict, port: int, n_ctx: int,
+                threads: int | None) -> list[str]:
+    cmd = [binary, "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx),
+           "-np", "1", "--no-webui", *cfg["args"]]
+    if threads:
+        cmd += ["-t", str(threads), "-tb", str(threads)]
+    if cfg.get("draft") and draft:
+        cmd += ["-md", str(draft)]
+    return cmd
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _complete(base: str, name: str, prompt: str, suite: str, pid: int, rep: int, max_tokens: int) -> dict:
+    """One greedy /completion of a rendered prompt; decode speed and drafts from llama-server's timings."""
+    res = _post(base + "/completion", {
+        "prompt": prompt, "n_predict": max_tokens, "temperature": 0.0,
+        "cache_prompt": False, "seed": 0,
+    })
+    t = res.get("timings", {})
+    return {
+        "suite": suite, "prompt": pid, "rep": rep, "mode": f"llama-server:{name}", "engine": "llama-server",
+        "tokens": t.get("predicted_n"), "tps": t.get("predicted_per_second") or 0.0,
+        "ttft_ms": t.get("prompt_ms"), "drafted": t.get("draft_n", 0), "accepted": t.get("draft_n_accepted", 0),
+    }
+
+
+def _error(name: str, message: str, pid: int = -1, rep: int = 0) -> dict:
+    return {"suite": "error", "prompt": pid, "rep": rep, "mode": f"llama-server:{name}", "engine": "llama-server",
+            "tps": 0.0, "error": message}
+
+
 def llama_server(
     binary: str, target: Path, draft: Path | None, configs: list[dict], prompts: list[tuple[str, int, str]],
     max_tokens: int, n_ctx: int, threads: int | None, template: str | None, tick: Callable[[str], None],
@@ -115,38 +154,89 @@ def llama_server(
     runs: list[dict] = []
     for cfg in [{"name": "off", "args": [], "draft": False}, *configs]:
         port = _free_port()
-        cmd = [binary, "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx),
-               "-np", "1", "--no-webui", *cfg["args"]]
-        if threads:
-            cmd += ["-t", str(threads), "-tb", str(threads)]
-        if cfg.get("draft") and draft:
-            cmd += ["-md", str(draft)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(_server_cmd(binary, target, draft, cfg, port, n_ctx, threads),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(base, proc)
             for suite, pid, text in prompts:
                 tick(f"{suite} #{pid} llama-server {cfg['name']}")
-                res = _post(base + "/completion", {
-                    "prompt": rendered_prompt(template, text), "n_predict": max_tokens, "temperature": 0.0,
-                    "cache_prompt": False, "seed": 0,
-                })
-                t = res.get("timings", {})
-                runs.append({
-                    "suite": suite, "prompt": pid, "rep": 0, "mode": f"llama-server:{cfg['name']}",
-                    "engine": "llama-server",
-                    "tokens": t.get("predicted_n"), "tps": t.get("predicted_per_second") or 0.0,
-                    "ttft_ms": t.get("prompt_ms"), "drafted": t.get("draft_n",
-                                                                    0), "accepted": t.get("draft_n_accepted", 0),
-                })
+                runs.append(_complete(base, cfg["name"], rendered_prompt(template, text), suite, pid, 0, max_tokens))
         except Exception as exc:  # an anchor failing must not sink the bench; it is reported
             logger.warning("llama-server %s failed: %s", cfg["name"], exc)
-            runs.append({"suite": "error", "prompt": -1, "rep": 0, "mode": f"llama-server:{cfg['name']}",
-                         "engine": "llama-server", "tps": 0.0, "error": str(exc)})
+            runs.append(_error(cfg["name"], str(exc)))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc)
     return runs
+
+
+class LlamaServerPool:
+    """One llama-server per configuration (target-only first), all up for the whole run, so the bench
+    can send each prompt to them between our own modes: their runs pair with ours in every repeat and
+    see the same machine (a noisy run's hog included). An idle server waits without using a core, and
+    the processes share the model files' pages through mmap.
+
+    `with LlamaServerPool(...) as pool:` stops every server on any exit. A configuration that fails to
+    start or dies is reported as an error row and skipped, never fatal."""
+
+    def __init__(self, binary: str, target: Path, draft: Path | None, configs: list[dict], *, n_ctx: int,
+                 threads: int | None) -> None:
+        self.binary, self.target, self.draft = binary, target, draft
+        self.configs = [{"name": "off", "args": [], "draft": False}, *configs]
+        self.n_ctx, self.threads = n_ctx, threads
+        self.errors: list[dict] = []  # error rows, for the bench's anchor_errors
+        self._procs: dict[str, tuple[subprocess.Popen, str]] = {}  # mode -> (process, base URL)
+
+    @property
+    def modes(self) -> list[str]:
+        """The run modes of the servers that are up, e.g. "llama-server:ngram-simple"."""
+        return list(self._procs)
+
+    def start(self) -> LlamaServerPool:
+        try:
+            self._start_all()
+        except BaseException:  # Ctrl-C while loading: the servers already up must not outlive the bench
+            self.close()
+            raise
+        return self
+
+    def _start_all(self) -> None:
+        # Started one after another: loading side by side on a small machine only slows each down.
+        for cfg in self.configs:
+            port = _free_port()
+            proc = subprocess.Popen(_server_cmd(self.binary, self.target, self.draft, cfg, port, self.n_ctx,
+                                                self.threads), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            base = f"http://127.0.0.1:{port}"
+            try:
+                _wait_ready(base, proc)
+            except BaseException as exc:
+                _stop(proc)  # not yet in _procs: close() would not see it
+                if not isinstance(exc, Exception):
+                    raise
+                logger.warning("llama-server %s did not start: %s", cfg["name"], exc)
+                self.errors.append(_error(cfg["name"], f"start: {exc}"))
+                continue
+            self._procs[f"llama-server:{cfg['name']}"] = (proc, base)
+
+    def complete(self, mode: str, suite: str, pid: int, rep: int, prompt: str, max_tokens: int) -> dict:
+        """A run row for `mode`'s server on this rendered prompt, or an error row (suite "error")."""
+        name = mode.removeprefix("llama-server:")
+        proc, base = self._procs[mode]
+        try:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode}")
+            return _complete(base, name, prompt, suite, pid, rep, max_tokens)
+        except Exception as exc:  # reported with the anchors' errors; our modes carry on
+            logger.warning("llama-server %s failed on %s #%d: %s", name, suite, pid, exc)
+            return _error(name, f"{suite} #{pid}: {exc}", pid, rep)
+
+    def close(self) -> None:
+        procs, self._procs = self._procs, {}
+        for proc, _ in procs.values():
+            _stop(proc)
+
+    def __enter__(self) -> LlamaServerPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -30,6 +30,7 @@ def markdown(result: dict) -> str:
         f"Machine: {result['machine'].get('processor')} · {result['machine'].get('cpus')} CPUs · "
         f"{result['machine'].get('memory_gb')} GB · {result['machine'].get('platform')}",
         f"Command: `{result['command']}`",
+        *_noisy_lines(result.get("noisy")),
         "",
         "tokens/s (median; in brackets, the median of per-run ratios to our target-only `off` on the same prompt "
         "and repeat):",
@@ -50,7 +51,19 @@ def markdown(result: dict) -> str:
         lines.append(f"| {suite} | " + " | ".join(cells) + " |")
     lines += ["", "Goals:", ""]
     for name, g in result["goals"].items():
-        lines.append(f"- {name}: {g['bar']}: {_goal_value(g.get('value'))} → {'met' if g['met'] else 'not met'}")
+        note = " (fewer than 3 paired repeats: indicative)" if g.get("indicative") and g.get("checks") else ""
+        lines.append(f"- {name}: {g['bar']}: {_goal_value(g.get('value'))} → {verdict(g['met'])}{note}")
+    checks = [(name, c) for name, g in result["goals"].items() for c in g.get("checks", [])]
+    if checks:
+        lines += ["", "| goal | check | value | bar | paired repeats | |", "|---|---|---|---|---|---|"]
+        for name, c in checks:
+            bar = f">= {c['bar']:.2f}x" if c.get("bar") is not None else "–"
+            value = f"{c['value']:.3f}x" if c.get("value") is not None else "–"
+            lines.append(f"| {name} | {c['what']} | {value} | {bar} | {c['pairs']} | {verdict(c['met'])} |")
+        lines.append("")
+    if result.get("exploration"):
+        per_suite = ", ".join(f"{s} {v:.1f}" for s, v in result["exploration"].items())
+        lines.append(f"- auto's explored steps per 1k tokens: {per_suite}")
     if result.get("ttft"):
         t = result["ttft"]
         lines.append(
@@ -62,7 +75,24 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def verdict(met: bool | None) -> str:
+    return "not measured" if met is None else "met" if met else "not met"
+
+
+def _noisy_lines(noisy: dict | None) -> list[str]:
+    """What a --noisy run ran beside the engine, and the hog's own CPU time as evidence it ran."""
+    if not noisy:
+        return []
+    line = f"Noisy run: a CPU hog beside the engine, {noisy['schedule']['description']}; {noisy.get('calibration')}"
+    usage = noisy.get("usage")
+    if usage:
+        line += f"; the hog used {usage['cpu_s']} CPU-s over {usage['wall_s']} s"
+    return [line + "."]
+
+
 def _goal_value(value: object) -> str:
+    if value is None:
+        return "–"
     if isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, dict):  # per suite (P3)
@@ -125,7 +155,7 @@ def summary(result: dict, page: str = "docs/performance.md") -> str:
     ]
     if len(suites) > SUMMARY_MAX_SUITES:
         lines[-1] += f" (and {len(suites) - SUMMARY_MAX_SUITES} more suites)"
-    goals = ", ".join(f"{name} {'met' if g['met'] else 'not met'}" for name, g in result["goals"].items())
+    goals = ", ".join(f"{name} {verdict(g['met'])}" for name, g in result["goals"].items())
     # Bullets, not lines of text: a plain line after a list would join its last item.
     lines += [f"- goals: {goals or 'none recorded'}",
               f"- every mode, acceptance, the goals' bars and values, machine and command: [{page}]({page})"]

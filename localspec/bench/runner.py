@@ -22,6 +22,8 @@ from importlib import resources
 
 import psutil
 
+from localspec.bench import goals as bench_goals
+from localspec.bench.anchors import LlamaServerPool, rendered_prompt
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done
@@ -53,6 +55,28 @@ class BenchPlan:
     anchor_prompts_per_suite: int | None = None
     # Characters of the long prompt read for the prefix-reuse TTFT; None: all of it (~2k tokens).
     ttft_chars: int | None = None
+    name: str = "full"
+    # Prompts of a suite where it differs from prompts_per_suite; None: every shipped prompt.
+    suite_prompts: dict[str, int | None] = field(default_factory=dict)
+    # Keep one llama-server per configuration up and send it each prompt between our modes, so its
+    # runs pair with ours in every repeat (else: each configuration after ours, each prompt once).
+    interleave_servers: bool = False
+    ttft: bool = True  # the prefix-reuse TTFT phase
+    python_anchor: bool = True  # llama-cpp-python's lookup decoding
+
+    def prompt_count(self, suite: str) -> int | None:
+        return self.suite_prompts[suite] if suite in self.suite_prompts else self.prompts_per_suite
+
+    def prompts(self, suite: str, suites: dict[str, dict]) -> list[str]:
+        return suites[suite]["prompts"][: self.prompt_count(suite)]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "suites": self.suites, "modes": [m.name for m in self.modes],
+                "prompts_per_suite": self.prompts_per_suite, "suite_prompts": self.suite_prompts,
+                "repeats": self.repeats, "max_tokens": self.max_tokens, "n_ctx": self.n_ctx, "threads": self.threads,
+                "quick": self.quick, "anchor_prompts_per_suite": self.anchor_prompts_per_suite,
+                "ttft_chars": self.ttft_chars, "llama_server_configs": [c["name"] for c in self.llama_server_configs],
+                "interleave_servers": self.interleave_servers}
 
 
 def quick_plan(threads: int | None = None) -> BenchPlan:
@@ -60,7 +84,7 @@ def quick_plan(threads: int | None = None) -> BenchPlan:
         suites=["code", "chat", "editing"],
         modes=[ModeSpec("off", "off"), ModeSpec("lookup", "lookup"), ModeSpec("draft-k4", "draft", 4),
                ModeSpec("auto", "auto")],
-        prompts_per_suite=2, repeats=1, max_tokens=64, threads=threads, quick=True,
+        prompts_per_suite=2, repeats=1, max_tokens=64, threads=threads, quick=True, name="quick",
         # Keeps the smoke run well under 5 minutes on 2 cores: one slow-anchor prompt per suite and
         # a ~500-token first turn (its cold prefill alone is ~30 s at the full 2k).
         anchor_prompts_per_suite=1, ttft_chars=2000,
@@ -92,6 +116,34 @@ def full_plan(threads: int | None = None) -> BenchPlan:
     )
 
 
+GOALS_CODE_PROMPTS = 4
+
+
+def goals_plan(threads: int | None = None) -> BenchPlan:
+    """Issue #31's goals in one run of at most ~30 minutes on a 2-core CPU.
+
+    Every shipped editing prompt (P2 asks for all 6) and 4 of the 6 code prompts, 256 tokens,
+    3 repeats; per prompt and repeat our off, lookup and auto and llama-server's off, ngram-simple
+    and ngram-mod run interleaved in a shuffled order (the servers stay up, idle between requests).
+    Estimate at ~37 tokens/s for `off` (256 tokens ~7 s; drafting modes are faster on editing, a
+    ~200-token editing prefill adds ~1-2 s): editing 6 x 3 x 6 = 108 runs x <= 8 s ~ 14 min, code
+    4 x 3 x 6 = 72 runs x <= 7.5 s ~ 9 min, plus loading, calibration and server start ~ 2 min:
+    ~25 min (~16 min without a llama-server binary). All 6 code prompts would take ~30 min.
+    No TTFT, memory or llama-cpp-python phases: they are not #31's goals.
+    """
+    servers = [{"name": t, "args": ["--spec-type", t], "draft": False} for t in ("ngram-simple", "ngram-mod")]
+    return BenchPlan(
+        suites=["editing", "code"],
+        modes=[ModeSpec("off", "off"), ModeSpec("lookup", "lookup"), ModeSpec("auto", "auto")],
+        prompts_per_suite=GOALS_CODE_PROMPTS, suite_prompts={"editing": None}, repeats=3, max_tokens=256,
+        threads=threads, llama_server_configs=servers, name="goals", interleave_servers=True, ttft=False,
+        python_anchor=False,
+    )
+
+
+PLANS: dict[str, Callable[[int | None], BenchPlan]] = {"quick": quick_plan, "full": full_plan, "goals": goals_plan}
+
+
 def load_suites() -> dict[str, dict]:
     return json.loads(resources.files("localspec.bench").joinpath("data/suites.json").read_text(encoding="utf-8"))
 
@@ -111,16 +163,24 @@ def _run_one(engine: Engine, request: GenerationRequest) -> Done:
     return done
 
 
-def run_modes(engine: Engine, plan: BenchPlan, tick: Callable[[str], None]) -> list[dict]:
+def run_modes(engine: Engine, plan: BenchPlan, tick: Callable[[str], None], *,
+              servers: LlamaServerPool | None = None) -> list[dict]:
+    """Each prompt and repeat runs every mode (and each of `servers`' configurations) in a shuffled order."""
     suites = load_suites()
     rng = random.Random(1234)
     runs = []
     for rep in range(plan.repeats):
         for suite in plan.suites:
-            for pid, prompt in enumerate(suites[suite]["prompts"][: plan.prompts_per_suite]):
-                order = list(plan.modes)
+            for pid, prompt in enumerate(plan.prompts(suite, suites)):
+                order: list[ModeSpec | str] = [*plan.modes, *(servers.modes if servers else [])]
                 rng.shuffle(order)
                 for spec in order:
+                    if isinstance(spec, str):
+                        assert servers is not None
+                        tick(f"{suite} #{pid} {spec}")
+                        rendered = rendered_prompt(engine.target.chat_template, prompt)
+                        runs.append(servers.complete(spec, suite, pid, rep, rendered, plan.max_tokens))
+                        continue
                     tick(f"{suite} #{pid} {spec.name}")
                     done = _run_one(engine, _chat(prompt, plan.max_tokens, spec))
                     s = done.stats
@@ -130,6 +190,8 @@ def run_modes(engine: Engine, plan: BenchPlan, tick: Callable[[str], None]) -> l
                         "drafted": s.drafted, "accepted": s.accepted,
                         "drafted_by_position": s.drafted_by_position, "accepted_by_position": s.accepted_by_position,
                         "mean_accepted_length": s.mean_accepted_length, "finish": done.finish_reason,
+                        # auto's exploration steps, once the engine counts them (Stats.explored).
+                        "explored": getattr(s, "explored", None),
                     })
     return runs
 
@@ -153,9 +215,11 @@ def second_turn_ttft(engine: Engine, tick: Callable[[str], None], max_chars: int
     }
 
 
-def memory_by_mode(plan: BenchPlan, tick: Callable[[str], None]) -> dict:
-    """Peak RSS per mode, each in its own process (a process's peak cannot be reset)."""
+def memory_by_mode(plan: BenchPlan, tick: Callable[[str], None], *, calibration_dir: str | None = None) -> dict:
+    """Peak RSS per mode, each in its own process (a process's peak cannot be reset); `calibration_dir`
+    overrides where their `auto` finds its costs (a noisy run's fresh one)."""
     out = {}
+    env = {**os.environ, "LOCALSPEC_CALIBRATION_DIR": calibration_dir} if calibration_dir else None
     prompt = load_suites()["code"]["prompts"][0]
     for mode in ("off", "lookup", "draft", "auto"):
         tick(f"memory: {mode}")
@@ -163,7 +227,7 @@ def memory_by_mode(plan: BenchPlan, tick: Callable[[str], None]) -> dict:
                "--max-tokens", "32", "--n-ctx", str(plan.n_ctx), prompt]
         if plan.threads:
             cmd += ["--threads", str(plan.threads)]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         if res.returncode == 0:
             out[mode] = json.loads(res.stdout.strip().splitlines()[-1])["peak_rss_mb"]
         else:
@@ -172,21 +236,31 @@ def memory_by_mode(plan: BenchPlan, tick: Callable[[str], None]) -> dict:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Per suite and mode: median tokens/s, quartiles, acceptance, and the ratio to `off`."""
+    """Per suite and mode: median tokens/s, quartiles, acceptance, the ratio to `off`, and each
+    prompt's tokens/s by repeat (`by_prompt`, string keys as in JSON) for the goals' paired ratios."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in runs:
         groups.setdefault((r["suite"], r["mode"]), []).append(r)
     summary: dict[str, dict] = {}
     for (suite, mode), rs in groups.items():
         tps = sorted(r["tps"] for r in rs if r["tps"])
-        drafted = sum(r.get("drafted", 0) for r in rs)
-        acc = sum(r.get("accepted", 0) for r in rs)
+        drafted = sum(r.get("drafted") or 0 for r in rs)
+        acc = sum(r.get("accepted") or 0 for r in rs)
+        tokens = sum(r.get("tokens") or 0 for r in rs)
+        explored = [r["explored"] for r in rs if r.get("explored") is not None]
         q = statistics.quantiles(tps, n=4) if len(tps) >= 2 else [tps[0]] * 3 if tps else [0.0] * 3
+        by_prompt: dict[str, dict[str, float]] = {}
+        for r in rs:
+            by_prompt.setdefault(str(r["prompt"]), {})[str(r["rep"])] = r["tps"]
         summary.setdefault(suite, {})[mode] = {
             "n": len(rs), "median_tps": statistics.median(tps) if tps else 0.0, "p25_tps": q[0], "p75_tps": q[2],
             "acceptance": acc / drafted if drafted else None,
+            # Share of the generated tokens that were accepted drafts (P3's "drafts < 10% of its tokens").
+            "drafted_share": acc / tokens if tokens else None,
+            "explored_per_1k": 1000 * sum(explored) / tokens if explored and tokens else None,
             "mean_ttft_ms": statistics.mean(ttfts)
             if (ttfts := [r["ttft_ms"] for r in rs if r.get("ttft_ms") is not None]) else None,
+            "by_prompt": by_prompt,
         }
     # A ratio is the median of paired ratios: each run against `off` on the same prompt in the same
     # repeat (anchors, run once, pair with repeat 0). Prompts differ in speed by ±15%, so a ratio
@@ -231,27 +305,14 @@ def machine() -> dict:
 
 
 def goals(summary: dict, ttft: dict | None, memory: dict | None, budget_mb: float | None) -> dict:
-    """The issue's bars, computed from this run."""
-    out: dict[str, dict] = {}
-    ratios = {s: m.get("auto", {}).get("ratio_to_off") for s, m in summary.items() if not s.startswith("anchor")}
-    worst = min((r for r in ratios.values() if r), default=None)
-    out["P1"] = {"bar": "auto >= 0.97x off on every suite", "value": worst, "met": worst is not None and worst >= 0.97}
-    edit = ratios.get("editing")
-    out["P2"] = {"bar": "auto >= 1.5x off on editing", "value": edit, "met": edit is not None and edit >= 1.5}
-    p3 = {}
-    for suite, modes in summary.items():
-        # Both sides as paired ratios to the same `off` runs; "best" is the fastest configuration.
-        server = [m["ratio_to_off"] for name, m in modes.items()
-                  if name.startswith("llama-server:") and not name.endswith(":off") and m.get("ratio_to_off")]
-        if server and modes.get("auto", {}).get("ratio_to_off"):
-            p3[suite] = modes["auto"]["ratio_to_off"] / max(server)
-    out["P3"] = {"bar": "auto >= 1.1x best llama-server speculative config per suite", "value": p3 or None,
-                 "met": bool(p3) and all(v >= 1.1 for v in p3.values())}
+    """The issues' bars, computed from this run: #31's P1-P3 (localspec.bench.goals), the TTFT and
+    memory bars where those phases ran (`met` None: not measured)."""
+    out = bench_goals.goals(summary)
     r = ttft.get("ratio") if ttft else None
-    out["P5"] = {"bar": "second-turn TTFT <= 0.25x cold prefill", "value": r, "met": r is not None and r <= 0.25}
+    out["P5"] = {"bar": "second-turn TTFT <= 0.25x cold prefill", "value": r, "met": None if r is None else r <= 0.25}
     peak = max((v for v in (memory or {}).values() if v), default=None)
     out["P7"] = {"bar": "peak RSS <= weights + KV + 300 MB", "value": peak, "budget_mb": budget_mb,
-                 "met": peak is not None and budget_mb is not None and peak <= budget_mb}
+                 "met": None if peak is None or budget_mb is None else peak <= budget_mb}
     return out
 
 

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shlex
+import signal
 import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localspec.bench.runner import BenchPlan
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,6 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="measure modes side by side (tokens/s, acceptance, TTFT, RSS)", description=__doc__)
     p.add_argument("--quick",
                    action="store_true", help="a smoke run: a few prompts, 4 modes, no long-context suite (< 5 min)")
+    p.add_argument("--plan", choices=["quick", "full", "goals"],
+                   help="a named plan: quick (= --quick), full (the default, ~1 h on 2 cores) or goals (issue #31's "
+                        "P1-P3: editing and code, 256 tokens, 3 repeats, off/lookup/auto and llama-server "
+                        "interleaved, <= 30 min on 2 cores)")
+    p.add_argument("--noisy", action="store_true",
+                   help="a busy machine: run a CPU hog beside the engine (one core at 100%% for 60 s, then 50%%) "
+                        "and start auto from no calibration, so it calibrates under the hog")
+    p.add_argument("--prompts", type=int, metavar="N", help="at most N prompts per suite (a smoke run of a plan)")
     p.add_argument("--out", default="bench-out", help="directory for bench.json, bench.md and bench.png")
     p.add_argument("--threads", type=int, help="llama.cpp threads (also used for the anchors)")
     p.add_argument("--profile", help="model profile")
@@ -123,6 +141,45 @@ def _read_result(path: Path) -> dict:
     return result
 
 
+@contextlib.contextmanager
+def terminate_unwinds() -> Iterator[None]:
+    """SIGTERM (a CI timeout, `kill`) unwinds the bench like Ctrl-C, so the hog, the llama-servers and
+    a noisy run's temporary calibration are cleaned up; its default action ends the process where it
+    stands. (The hog would still exit by itself, seeing its parent gone.)"""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def select_plan(args: argparse.Namespace) -> BenchPlan:
+    """The plan named by --plan or --quick (default: full), with the command line's overrides."""
+    from localspec.bench import runner
+    from localspec.errors import ConfigError
+
+    if args.quick and args.plan not in (None, "quick"):
+        raise ConfigError(f"--quick and --plan {args.plan} name two plans.", "Give one of them.")
+    plan = runner.PLANS[args.plan or ("quick" if args.quick else "full")](args.threads)
+    if args.suites:
+        plan.suites = [s.strip() for s in args.suites.split(",") if s.strip()]
+    if args.repeats:
+        plan.repeats = args.repeats
+    if args.max_tokens:
+        plan.max_tokens = args.max_tokens
+    if args.prompts:
+        plan.prompts_per_suite = args.prompts
+        plan.suite_prompts = {}
+    return plan
+
+
 def run(args: argparse.Namespace) -> int:
     if args.readme:
         current_docs(Path(args.readme))  # a missing README or marker fails now, not after the run
@@ -131,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from localspec.bench import anchors, runner
+    from localspec.bench import anchors, hog, runner
+    from localspec.bench import goals as bench_goals
     from localspec.cli.models_cmd import ensure_models
     from localspec.engine.config import EngineConfig
     from localspec.engine.scheduler import Engine
@@ -139,13 +197,7 @@ def run(args: argparse.Namespace) -> int:
     from localspec.models.gguf_info import read_gguf_info
     from localspec.service import calibration_dir
 
-    plan = runner.quick_plan(args.threads) if args.quick else runner.full_plan(args.threads)
-    if args.suites:
-        plan.suites = [s.strip() for s in args.suites.split(",") if s.strip()]
-    if args.repeats:
-        plan.repeats = args.repeats
-    if args.max_tokens:
-        plan.max_tokens = args.max_tokens
+    plan = select_plan(args)
     mm = ModelManager()
     prof = mm.profile(args.profile)
     if prof.draft is None:  # checked before any pull or run: every suite compares drafting modes with `off`
@@ -160,28 +212,39 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     suites = runner.load_suites()
-    prompts = [(s, i, t) for s in plan.suites for i, t in enumerate(suites[s]["prompts"][: plan.prompts_per_suite])]
+    prompts = [(s, i, t) for s in plan.suites for i, t in enumerate(plan.prompts(s, suites))]
     n_anchor = plan.anchor_prompts_per_suite
     anchor_prompts = [(s, i, t) for s, i, t in prompts if n_anchor is None or i < n_anchor]
     server_bin = None if args.no_anchors else anchors.find_llama_server()
-    total = len(prompts) * len(plan.modes) * plan.repeats + 1
-    if not args.no_anchors:
-        total += len(anchor_prompts) + (len(prompts) * (1 + len(plan.llama_server_configs)) if server_bin else 0)
+    interleave = bool(server_bin) and plan.interleave_servers
+    python_anchor = not args.no_anchors and plan.python_anchor
+    n_servers = 1 + len(plan.llama_server_configs)
+    total = len(prompts) * len(plan.modes) * plan.repeats + (1 if plan.ttft else 0)
+    if interleave:
+        total += len(prompts) * n_servers * plan.repeats
+    elif server_bin:
+        total += len(prompts) * n_servers
+    if python_anchor:
+        total += len(anchor_prompts)
     if not args.no_memory:
         total += 4
+    # The engine's threads, named to llama-server too: its default count may differ from ours.
+    threads = plan.threads or max(1, os.cpu_count() or 1)
+    schedule = hog.HogSchedule() if args.noisy else None
 
     result: dict = {
         "schema": runner.SCHEMA_VERSION, "started": runner.now(), "machine": runner.machine(),
         "command": "localspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "localspec bench",
-        "plan": {"suites": plan.suites, "modes": [m.name for m in plan.modes],
-                 "prompts_per_suite": plan.prompts_per_suite,
-                 "repeats": plan.repeats, "max_tokens": plan.max_tokens, "n_ctx": plan.n_ctx, "threads": plan.threads,
-                 "quick": plan.quick, "anchor_prompts_per_suite": plan.anchor_prompts_per_suite,
-                 "ttft_chars": plan.ttft_chars},
+        "plan": plan.to_json(),
         "models": {"target": str(target), "draft": str(draft)},
         "llama_server": server_bin,
+        "llama_server_interleaved": interleave,
+        "noisy": None,
     }
-    with Progress(TextColumn("{task.description:<42}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+    runs: list[dict] = []
+    with (Progress(TextColumn("{task.description:<42}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn()) as bar, contextlib.ExitStack() as stack):
+        stack.enter_context(terminate_unwinds())
         task = bar.add_task("loading models", total=total)
 
         def tick(label: str) -> None:
@@ -191,26 +254,49 @@ def run(args: argparse.Namespace) -> int:
             # An hour of measurements must survive a later phase failing: keep what is done.
             (out / "runs.partial.json").write_text(json.dumps({**result, "runs": runs}))
 
+        pool = None
+        if interleave:
+            assert server_bin is not None
+            bar.update(task, description="starting llama-server")
+            # Up (and idle) before the hog and our calibration: its loading is no part of either.
+            pool = stack.enter_context(anchors.LlamaServerPool(
+                server_bin, target, draft, plan.llama_server_configs, n_ctx=plan.n_ctx, threads=threads))
+        cal_dir = calibration_dir()
+        hog_proc = None
+        if schedule is not None:
+            # No calibration to start from: `auto` measures its costs while the hog runs, as on a
+            # developer's busy machine (and learns online in the same fresh directory).
+            cal_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="localspec-noisy-calibration-"))
+            hog_proc = stack.enter_context(hog.CpuHog(schedule))
+        bar.update(task, description="loading models")
         engine = Engine.load(str(target), str(draft),
                              EngineConfig(n_ctx=plan.n_ctx, n_threads=plan.threads, mode="auto"),
-                             calibration_dir=calibration_dir())
+                             calibration_dir=cal_dir)
         template = engine.target.chat_template
         try:
             result["calibration"] = engine.costs.to_json() if engine.costs else None
-            runs = runner.run_modes(engine, plan, tick)
+            runs = runner.run_modes(engine, plan, tick, servers=pool)
             checkpoint(runs)
-            result["ttft"] = runner.second_turn_ttft(engine, tick, plan.ttft_chars)
+            if plan.ttft:
+                result["ttft"] = runner.second_turn_ttft(engine, tick, plan.ttft_chars)
         finally:
             engine.close()
-        if not args.no_anchors:
+        if pool is not None:
+            runs += pool.errors
+            pool.close()
+        if python_anchor:
             runs += anchors.llama_cpp_python_lookup(target, anchor_prompts, plan.max_tokens, plan.n_ctx, plan.threads,
                                                     template, tick)
             checkpoint(runs)
-            if server_bin:
-                runs += anchors.llama_server(server_bin, target, draft, plan.llama_server_configs, prompts,
-                                             plan.max_tokens, plan.n_ctx, plan.threads, template, tick)
+        if server_bin and not interleave:
+            runs += anchors.llama_server(server_bin, target, draft, plan.llama_server_configs, prompts,
+                                         plan.max_tokens, plan.n_ctx, plan.threads, template, tick)
         if not args.no_memory:
-            result["memory"] = runner.memory_by_mode(plan, tick)
+            result["memory"] = runner.memory_by_mode(plan, tick, calibration_dir=cal_dir if schedule else None)
+        if hog_proc is not None and schedule is not None:
+            usage = hog_proc.stop()
+            result["noisy"] = {"schedule": schedule.to_json(), "calibration": "fresh (auto calibrated under the hog)",
+                               "usage": usage.to_json() if usage else None}
     t_info, d_info = read_gguf_info(target), read_gguf_info(draft)
     weights_mb = (target.stat().st_size + draft.stat().st_size) / 2**20
     # Every KV cell the engines allocate: a slot's context on both models, and the target's cells for
@@ -229,6 +315,7 @@ def run(args: argparse.Namespace) -> int:
     result["acceptance_by_position"] = runner.acceptance_by_position(ours)
     result["goals"] = runner.goals(result["summary"], result.get("ttft"), result.get("memory"),
                                    result["memory_budget_mb"])
+    result["exploration"] = bench_goals.exploration(result["summary"])
     result["finished"] = runner.now()
     _publish(result, out, args.readme)
     return 0
