@@ -276,7 +276,7 @@ class _FakeEngine:
 
         stats = Stats(mode=request.mode, completion_tokens=request.max_tokens, decode_ms=1000.0)
         if self.explored:
-            stats.explored = 2  # type: ignore[attr-defined]  # the lead's Stats.explored, when it lands
+            stats.explored = 2
         yield Done("length", stats, "x")
 
 
@@ -303,7 +303,7 @@ def test_interleaved_plan_pairs_llama_server_with_our_modes_in_every_repeat(expl
     assert sorted(servers.calls) == sorted((m, "editing", p, r) for m in servers.modes for p in (0, 1) for r in range(3))
     summary = runner.summarize(runs)
     assert summary["editing"]["llama-server:ngram-simple"]["paired_runs"] == 6
-    assert summary["editing"]["auto"]["explored_per_1k"] == (pytest.approx(1000 * 2 / 16) if explored else None)
+    assert summary["editing"]["auto"]["explored_per_1k"] == (pytest.approx(1000 * 2 / 16) if explored else 0.0)
     from localspec.bench import goals
 
     assert goals.exploration(summary) == ({"editing": pytest.approx(125.0)} if explored else {})
