@@ -306,7 +306,7 @@ def test_interleaved_plan_pairs_llama_server_with_our_modes_in_every_repeat(expl
     assert summary["editing"]["auto"]["explored_per_1k"] == (pytest.approx(1000 * 2 / 16) if explored else 0.0)
     from localspec.bench import goals
 
-    assert goals.exploration(summary) == ({"editing": pytest.approx(125.0)} if explored else {})
+    assert goals.exploration(summary) == ({"editing": pytest.approx(125.0)} if explored else {"editing": 0.0})
 
 
 # ---------------------------------------------------------------- #31's goals on synthetic runs
