@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from localspec.bench.hog import stop_process
 from localspec.engine.chat import ChatMessage, render_chat
 
 logger = logging.getLogger(__name__)
@@ -119,12 +120,7 @@ def _server_cmd(binary: str, target: Path, draft: Path | None, cfg: dict, port: 
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc, timeout_s=20)
 
 
 def _complete(base: str, name: str, prompt: str, suite: str, pid: int, rep: int, max_tokens: int) -> dict:

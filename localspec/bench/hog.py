@@ -22,6 +22,16 @@ from dataclasses import asdict, dataclass
 import psutil
 
 
+def stop_process(proc: subprocess.Popen, *, timeout_s: float) -> None:
+    """Terminate, wait, and kill what does not stop in time; always reaped."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @dataclass(frozen=True)
 class HogSchedule:
     full_s: float = 60.0  # one core at 100% from the start, covering the models' calibration
@@ -124,12 +134,7 @@ class CpuHog:
             cpu = times.user + times.system
         except psutil.Error:  # already gone (its own bound, or a signal): its time is unknown
             cpu = float("nan")
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout_s=10)
         self.usage = HogUsage(wall, cpu)
         return self.usage
 
