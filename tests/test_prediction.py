@@ -17,7 +17,7 @@ from localspec.engine.events import Done, Token
 from localspec.engine.prediction import MIN_MATCH_BYTES, Prediction
 from localspec.engine.scheduler import Engine
 from localspec.errors import PredictionTooLongError
-from tests.fake_tier import scripted, scripted_costs, scripted_engine
+from tests.fake_tier import SPECIAL, ScriptedRuntime, scripted, scripted_costs, scripted_engine
 
 
 def byte_piece(token: int) -> bytes:
@@ -41,7 +41,7 @@ def test_the_cursor_follows_the_output_and_proposes_what_comes_next():
     p.follow(list(b"def add"))
     assert as_text(p.propose(6).tokens) == "(a, b)"
     assert p.available() == len("(a, b):\n    return a + b\n")
-    p.follow(list(b"def add(a, b):\n    return a + b\n"))
+    p.follow([1, 2, *b"def add(a, b):\n    return a + b\n"], start=2)  # after a two-token prompt
     assert p.propose(4).tokens == () and p.available() == 0  # the prediction is used up
 
 
@@ -188,3 +188,28 @@ def test_a_prediction_longer_than_the_context_is_refused():
     engine = scripted_engine(script=scripted(default="OK."), n_ctx=128, parallel=1)
     with pytest.raises(PredictionTooLongError, match="129 tokens but the context holds 128"):
         engine.submit(GenerationRequest(prompt="hi", prediction="x" * 129))
+
+
+class MergingRuntime(ScriptedRuntime):
+    """A tokenizer that merges more than the model writes: the prediction's "<|fim_prefix|>" becomes
+    one token while the model spells it byte by byte, as a BPE tokenizer may merge a word the model
+    writes in pieces."""
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return super().tokenize(text, add_special, parse_special=True)
+
+
+def test_the_engine_drafts_again_after_the_output_spells_a_predicted_token_differently():
+    merged = "def f():\n    return '<|fim_prefix|>'\n\n\nprint(f(), f(), f(), f(), f(), f())\n"
+    engine = Engine(target=MergingRuntime(scripted(default=merged), n_seq_max=1),
+                    config=EngineConfig(parallel=1, mode="lookup", pinned_prefix_cells=0))
+    prediction = engine._prediction(GenerationRequest(prompt="x", prediction=merged))
+    assert prediction is not None and SPECIAL["<|fim_prefix|>"] in prediction.tokens
+    tokens, done = run(engine, prediction=merged)
+    assert done.text == merged
+    st = done.stats
+    tail = len("'\n\n\nprint(f(), f(), f(), f(), f(), f())\n")
+    assert st.prediction_rejected >= 1  # the merged token itself: the model writes "<" instead
+    # Realigned by text: the prediction's tokens after the merged one are drafted and kept (at most
+    # the 20 before it could be without; each pass's own last token is the target's, not accepted).
+    assert st.prediction_accepted > len("def f():\n    return '") + tail // 2

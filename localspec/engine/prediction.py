@@ -59,10 +59,11 @@ class Prediction:
     def aligned(self) -> bool:
         return self.pos is not None
 
-    def follow(self, output: Sequence[int]) -> None:
-        """Fold in the output tokens generated since the last call (`output`: all generated so far)."""
-        new = output[self.seen :]
-        self.seen = len(output)
+    def follow(self, history: Sequence[int], *, start: int = 0) -> None:
+        """Fold in the output tokens generated since the last call: history[start:] is the output so
+        far (the engine passes prompt + output and the prompt's length, so no step copies the output)."""
+        new = history[start + self.seen :]
+        self.seen = len(history) - start
         for token in new:
             b = self.piece(token)
             self.tail += b

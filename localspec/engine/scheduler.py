@@ -490,7 +490,7 @@ class Engine:
         k = min(a.k, room)
         pk = 0
         if a.prediction is not None:
-            a.prediction.follow(a.tokens[a.n_prompt :])
+            a.prediction.follow(a.tokens, start=a.n_prompt)
             pk = min(self.config.prediction_k_max, room, a.prediction.available())
         mode, lookup = a.mode, None
         if mode == "auto" and max(k, pk) > 0:
