@@ -62,3 +62,15 @@ class ContextOverflowError(RequestError):
         )
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
+
+
+class PredictionTooLongError(RequestError):
+    """A prediction (Predicted Outputs) longer than the context could ever hold as an answer."""
+
+    def __init__(self, prediction_tokens: int, n_ctx: int) -> None:
+        super().__init__(
+            f"The prediction has {prediction_tokens} tokens but the context holds {n_ctx}.",
+            "Send a shorter prediction (the part of the answer you expect), or raise n_ctx.",
+        )
+        self.prediction_tokens = prediction_tokens
+        self.n_ctx = n_ctx

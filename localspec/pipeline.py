@@ -148,7 +148,8 @@ class RemoteRunner:
             messages = [{"role": "user", "content": request.prompt or ""}]
         try:
             for piece in self.remote.stream_chat(messages, request.max_tokens, request.sampling.temperature,
-                                                 request.sampling.seed, request.stop or None, cancel):
+                                                 request.sampling.seed, request.stop or None, cancel,
+                                                 prediction=request.prediction):
                 if not text:
                     stats.ttft_ms = (time.perf_counter() - t0) * 1000
                 text.append(piece)

@@ -40,8 +40,9 @@ from localspec.engine.verify import RESIDUAL_EPS, Draft, PositionRng, Verdict, v
 #   verify marginal: 5 dirichlet + disjoint + equal + 2 near-empty residual + one-token residual
 #                    + q on p's zeros (11) + 3 point-mass                                   = 14
 #   verify conditional residual: 3;  verify loop k=2/3 (sampled q) + k=3 point mass       =  3
-#   engine: draft k=3, draft k=2, lookup, top-k/top-p, penalties, parallel (2 requests)    =  7
-N_STAT_TESTS = 14 + 3 + 3 + 7
+#   engine: draft k=3, draft k=2, lookup, top-k/top-p, penalties, prediction,
+#           parallel (2 requests)                                                          =  8
+N_STAT_TESTS = 14 + 3 + 3 + 8
 ALPHA = 1e-3 / N_STAT_TESTS
 
 VerifyFn = Callable[[Sequence[np.ndarray], Draft, PositionRng, int], Verdict]
@@ -367,12 +368,14 @@ def tokens_of(events) -> tuple[list[int], Done]:
 
 
 def sample_engine(engine: Engine, prompt: str, params: Callable[[int], SamplingParams], mode: str, k: int,
-                  max_tokens: int, n: int, seed0: int) -> tuple[np.ndarray, float, float]:
+                  max_tokens: int, n: int, seed0: int,
+                  prediction: str | None = None) -> tuple[np.ndarray, float, float]:
     """Run n requests (seeds seed0..), count the joint of their tokens; also acceptance stats."""
     counts = np.zeros(NV**max_tokens, dtype=np.int64)
     drafted = accepted = 0
     for s in range(seed0, seed0 + n):
-        req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, sampling=params(s), mode=mode, k=k)
+        req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, sampling=params(s), mode=mode, k=k,
+                                prediction=prediction)
         ids, done = tokens_of(engine.generate(req))
         assert done.error is None, done.error
         assert len(ids) == max_tokens and done.finish_reason == "length", (ids, done.finish_reason)
@@ -395,13 +398,18 @@ ENGINE_CASES = {
     "lookup": ("lookup", 3, 4, {}, 30_000),
     "top_k_top_p": ("draft", 3, 4, dict(temperature=0.8, top_k=3, top_p=0.9), 40_000),
     "penalties": ("draft", 3, 4, dict(frequency_penalty=0.8, presence_penalty=0.6, repeat_penalty=1.5), 50_000),
+    # Predicted Outputs alone: lookup with k 0 drafts nothing itself, the prediction drafts up to 16.
+    "prediction": ("lookup", 0, 4, {}, 60_000),
 }
+# Cases whose requests carry a prediction (Predicted Outputs): a point-mass draft, verified by the same rule.
+PREDICTIONS = {"prediction": "3 0 1 2"}
 
 
 def run_engine_case(name: str, n: int = N_ENGINE) -> tuple[np.ndarray, np.ndarray, float, float]:
     mode, k, max_tokens, kw, seed0 = ENGINE_CASES[name]
     params = sampled(**kw)
-    counts, drafted, acc = sample_engine(make_engine(), PROMPT, params, mode, k, max_tokens, n, seed0)
+    counts, drafted, acc = sample_engine(make_engine(), PROMPT, params, mode, k, max_tokens, n, seed0,
+                                         prediction=PREDICTIONS.get(name))
     return counts, exact_joint(PROMPT, params(0), max_tokens), drafted, acc
 
 

@@ -37,6 +37,8 @@ class EngineConfig(BaseModel):
     draft_k: int = Field(6, ge=0, le=32, description="most tokens the draft model proposes per step")
     draft_p_min: float = Field(0.5, ge=0.0, le=1.0, description="greedy drafting stops below this top-1 probability")
     lookup_k: int = Field(8, ge=0, le=MAX_DRAFT_K)
+    prediction_k_max: int = Field(16, ge=1, le=32,
+                                  description="most tokens of a request's prediction drafted per step")
     lookup_n_min: int = Field(2, ge=1)
     lookup_n_max: int = Field(16, ge=1, description="longest suffix n-gram matched (longer matches are surer bets)")
     lora_path: str | None = None
@@ -63,6 +65,9 @@ class GenerationRequest(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=20,
                                  description="report each token's logprob and this many alternatives")
     tools: list[dict] | None = Field(None, description="chat only: tool definitions handed to the chat template")
+    prediction: str | None = Field(
+        None, description="the expected answer (Predicted Outputs): its tokens are drafted while the output follows it"
+    )
     pin_prefix: bool = Field(
         False, description="chat only: the messages before the last are shared by many requests (a judge's "
         "instructions and examples); keep their KV apart so a later request skips their prefill",
@@ -76,6 +81,8 @@ class GenerationRequest(BaseModel):
             raise ValueError("the prompt is empty")
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' is empty")
+        if self.prediction is not None and not self.prediction:
+            raise ValueError("the prediction is empty")
         if self.truncate and self.messages is None:
             raise ValueError("'truncate' applies to chat messages only")
         return self
@@ -86,5 +93,5 @@ def output_rows(config: EngineConfig) -> int:
     verification (MAX_DRAFT_K + 1 rows) or every slot at its configured k, whichever is more.
     llama.cpp reserves n_vocab floats per row (0.6 MB for Qwen) in its compute buffer; a step that
     needs more rows is split by the runtime rather than refused."""
-    configured = max(config.draft_k, config.lookup_k, config.auto_k_max) + 1
+    configured = max(config.draft_k, config.lookup_k, config.auto_k_max, config.prediction_k_max) + 1
     return min(config.n_batch, max(config.parallel * configured, MAX_DRAFT_K + 1))

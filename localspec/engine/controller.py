@@ -113,9 +113,11 @@ class AcceptanceBook:
     decay: float = 0.99  # an observation's weight halves after ~70 newer ones
     draft: Acceptance = field(default_factory=Acceptance)
     lookup: dict[int, Acceptance] = field(default_factory=dict)  # keyed by match_bucket
+    prediction: Acceptance = field(default_factory=Acceptance)  # a request's own predicted answer
 
     def __post_init__(self) -> None:
         self.draft.decay = self.decay
+        self.prediction.decay = self.decay
 
     def for_lookup(self, match_length: int) -> Acceptance:
         key = match_bucket(match_length)
@@ -135,7 +137,7 @@ def expected_tokens(rates: list[float]) -> float:
 
 @dataclass(frozen=True)
 class Choice:
-    drafter: str  # "draft" | "lookup" | "off"
+    drafter: str  # "draft" | "lookup" | "prediction" | "off"
     k: int
     expected_rate: float  # tokens per second this choice expects
     explored: bool = False  # taken to learn, against the belief that it pays less than the best
@@ -204,7 +206,7 @@ class Controller:
         return self.book.lookup
 
     def options(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int,
-                context: int | None = None) -> list[_Option]:
+                context: int | None = None, *, prediction_available: int = 0) -> list[_Option]:
         """Every (drafter, k) worth weighing, plain decoding first. Runs every step: kept to plain
         arithmetic over the cost curve's level and shape (~0.3% of a 30 ms step on this CPU)."""
         c = self.costs
@@ -217,6 +219,10 @@ class Controller:
         if lookup_match > 0:
             rates = self.book.for_lookup(lookup_match).planning_rates(min(k_top, lookup_available))
             drafters.append(("lookup", rates, 0.0, 0.0))
+        if prediction_available > 0:  # like lookup, free to propose: the verify is the whole cost
+            # Its own cap (prediction_k_max, applied by the caller): copies pay past auto's k_max.
+            rates = self.book.prediction.planning_rates(prediction_available)
+            drafters.append(("prediction", rates, 0.0, 0.0))
         for name, rates, fixed, per_k in drafters:
             expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time
             for k, a in enumerate(rates, start=1):
@@ -228,7 +234,8 @@ class Controller:
         return out
 
     def choose(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int, *,
-               context: int | None = None, explore: bool = True) -> Choice:
+               context: int | None = None, explore: bool = True, prediction_available: int = 0,
+               prediction_cap: int | None = None) -> Choice:
         """Pick the best (drafter, k); now and then, within the explorer's budget, a hopeful other.
 
         draft_lag: tokens the draft model must catch up before it can draft;
@@ -236,9 +243,13 @@ class Controller:
         lookup_available: how many tokens the lookup match could propose;
         k_cap: the most tokens worth drafting (max_tokens and context left);
         context: the sequence's KV length, which the verify cost grows with;
-        explore: False for a look that takes no step (it must not spend the budget).
+        explore: False for a look that takes no step (it must not spend the budget);
+        prediction_available: how many of the prediction's tokens could be proposed (0 = none),
+        at most prediction_cap of them (default k_cap): a prediction drafts past auto's k_max.
         """
-        options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context)
+        cap = k_cap if prediction_cap is None else prediction_cap
+        options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context,
+                               prediction_available=min(prediction_available, cap))
         best = max(options, key=lambda o: o.choice.expected_rate)
         if not explore:
             return best.choice
@@ -263,6 +274,8 @@ class Controller:
             self.draft.observe(drafted, accepted)
         elif choice.drafter == "lookup" and drafted:
             self.book.for_lookup(lookup_match).observe(drafted, accepted)
+        elif choice.drafter == "prediction" and drafted:
+            self.book.prediction.observe(drafted, accepted)
 
 
 def _why_not(options: list[_Option], costs: Costs, context: int | None) -> str:
@@ -270,7 +283,7 @@ def _why_not(options: list[_Option], costs: Costs, context: int | None) -> str:
     3.1 steps for 2.2 tokens expected, 0.71x"."""
     drafting = [o for o in options if o.choice.k > 0]
     if not drafting:
-        return "nothing to draft from (no draft model, no lookup match)"
+        return "nothing to draft from (no draft model, no lookup match, no prediction to follow)"
     o = max(drafting, key=lambda o: o.choice.expected_rate)
     ratio = o.choice.expected_rate / options[0].choice.expected_rate
     return (f"{o.choice.drafter} k={o.choice.k}: verify({o.choice.k + 1}) = {costs.steps(o.choice.k + 1, context):.1f}"

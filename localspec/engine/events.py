@@ -31,6 +31,11 @@ class Stats:
     accepted_by_position: list[int] = field(default_factory=list)
     # Mode auto: the steps each choice took ("off", "lookup", "draft"), how many of them explored,
     # and why the last plain step did not draft.
+    # Predicted Outputs: the prediction's length in tokens, how many of them were drafted (sent to
+    # verification) and how many of those the output kept. Part of `drafted` / `accepted` too.
+    prediction_tokens: int = 0
+    prediction_drafted: int = 0
+    prediction_accepted: int = 0
     auto_steps: dict[str, int] = field(default_factory=dict)
     explored: int = 0
     auto_why_not: str = ""
@@ -40,6 +45,12 @@ class Stats:
         # The first token belongs to prefill; decode speed counts the tokens after it.
         n = self.completion_tokens - 1
         return n / (self.decode_ms / 1000.0) if n > 0 and self.decode_ms > 0 else 0.0
+
+    @property
+    def prediction_rejected(self) -> int:
+        """Prediction tokens verified and not kept: the work a wrong prediction cost. Tokens the
+        cursor skipped (a part the edit deleted) were never drafted and count in neither figure."""
+        return self.prediction_drafted - self.prediction_accepted
 
     @property
     def acceptance_rate(self) -> float:
@@ -81,6 +92,7 @@ class Stats:
             tokens_per_second=round(self.tokens_per_second, 3),
             acceptance_rate=round(self.acceptance_rate, 4),
             mean_accepted_length=round(self.mean_accepted_length, 3),
+            prediction_rejected=self.prediction_rejected,
         )
         return d
 

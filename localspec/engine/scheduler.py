@@ -42,6 +42,7 @@ from localspec.engine.costs import Costs, Obtained
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
 from localspec.engine.events import Done, Event, FinishReason, Origin, ProgressFn, Stats, Token
 from localspec.engine.grammar import Grammar
+from localspec.engine.prediction import Prediction
 from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
 from localspec.engine.prompt import Prompter
 from localspec.engine.picking import grammar_tokens, pick, target_rows, target_tokens
@@ -49,7 +50,7 @@ from localspec.engine.batch import Batch
 from localspec.engine.slots import Active, EventSink, Handle, Lane, Pending, Slot, token_logprob
 from localspec.engine.text import StopMatcher
 from localspec.engine.verify import Draft, PositionRng, verify, verify_greedy
-from localspec.errors import IncompatibleDraftError, RequestError
+from localspec.errors import IncompatibleDraftError, PredictionTooLongError, RequestError
 
 __all__ = ["Engine", "Handle", "Lane"]
 
@@ -213,10 +214,12 @@ class Engine:
             if request.grammar else None
         )
         pin_len = self.prompter.pin_length(request, tokens)  # renders the shared messages: outside the lock
+        prediction = self._prediction(request)
         with self._lock:
             handle = Handle(self._next_id, sink=sink, lane=lane)
             handle.grammar = grammar
             handle.pin_len = pin_len
+            handle.prediction = prediction
             handle.dropped_messages = dropped
             self._next_id += 1
             entry = Pending(handle, request, tokens, time.perf_counter())
@@ -226,6 +229,16 @@ class Engine:
             else:
                 self._pending.append(entry)
         return handle
+
+    def _prediction(self, request: GenerationRequest) -> Prediction | None:
+        """The request's prediction, tokenized as plain text (special-token spellings stay text).
+        One longer than the context is refused: no answer could follow it to its end."""
+        if request.prediction is None:
+            return None
+        tokens = self.target.tokenize(request.prediction, add_special=False, parse_special=False)
+        if len(tokens) > self.config.n_ctx:
+            raise PredictionTooLongError(len(tokens), self.config.n_ctx)
+        return Prediction.build(tokens, piece=self.target.piece)
 
     def generate(self, request: GenerationRequest) -> Iterator[Event]:
         """Submit one request and step the engine until it is done, yielding its events."""
@@ -418,6 +431,8 @@ class Engine:
         else:
             self._truncate(slot, keep)
         mode = request.mode or self.config.mode
+        # A prediction drafts in every mode but an explicit off (and sampled grammars, which never speculate).
+        use_prediction = mode != "off" and not (handle.grammar is not None and not request.sampling.greedy)
         if mode == "auto" and self.costs is None:
             mode = "off"  # not calibrated yet (engine was busy): plain decoding is never wrong
         k = request.k if request.k is not None else (
@@ -427,11 +442,13 @@ class Engine:
         if handle.grammar is not None and not request.sampling.greedy:
             mode = "off"  # sampled grammar requests do not speculate yet (greedy ones do)
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
-        stats = Stats(mode=mode, prompt_tokens=len(tokens), reused_prefix_tokens=keep)
+        stats = Stats(mode=mode, prompt_tokens=len(tokens), reused_prefix_tokens=keep,
+                      prediction_tokens=len(handle.prediction.tokens) if handle.prediction else 0)
         active = Active(
             handle=handle, request=request, tokens=list(tokens), n_prompt=len(tokens), mode=mode,
             k=k if mode != "off" else 0, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
             t_admit=time.perf_counter(), stop=StopMatcher(request.stop), grammar=handle.grammar,
+            prediction=handle.prediction if use_prediction else None,
         )
         if mode == "auto" and self.costs is not None:
             active.controller = Controller(self.costs, k_max=k, has_draft_model=self.drafter is not None,
@@ -464,15 +481,26 @@ class Engine:
         return drafts
 
     def _plan_draft(self, slot: Slot, drafts: dict[int, Draft]) -> DraftJob | None:
-        """A slot's drafter and k for this step: a lookup (or no) draft now, or a job for the draft model."""
+        """A slot's drafter and k for this step: a lookup, prediction (or no) draft now, or a job for
+        the draft model. A prediction that has a proposal takes precedence in every mode but auto,
+        where it is one more drafter the controller weighs."""
         a = slot.current
         # No point drafting past max_tokens or the end of the context.
-        k = min(a.k, a.request.max_tokens - a.generated - 1, self.config.n_ctx - len(a.tokens))
+        room = min(a.request.max_tokens - a.generated - 1, self.config.n_ctx - len(a.tokens))
+        k = min(a.k, room)
+        pk = 0
+        if a.prediction is not None:
+            a.prediction.follow(a.tokens, start=a.n_prompt)
+            pk = min(self.config.prediction_k_max, room, a.prediction.available())
         mode, lookup = a.mode, None
-        if mode == "auto" and k > 0:
-            mode, k, lookup = self._auto_choice(slot, k)
+        if mode == "auto" and max(k, pk) > 0:
+            mode, k, lookup = self._auto_choice(slot, k, pk)
+        elif pk > 0:
+            mode, k = "prediction", pk
         if k <= 0 or mode == "off":
             drafts[slot.seq] = Draft(())
+        elif mode == "prediction" and a.prediction is not None:
+            drafts[slot.seq] = a.prediction.propose(k)
         elif mode == "lookup":
             lookup = lookup or self.lookup.propose(a.tokens, k)
             drafts[slot.seq] = replace(lookup, tokens=lookup.tokens[:k])
@@ -480,7 +508,7 @@ class Engine:
             return DraftJob(slot.seq, list(a.tokens), k, a.request.sampling, a.rng)
         return None
 
-    def _auto_choice(self, slot: Slot, k_cap: int) -> tuple[str, int, Draft]:
+    def _auto_choice(self, slot: Slot, k_cap: int, prediction_cap: int) -> tuple[str, int, Draft]:
         """Ask the controller which drafter and k pay most; also return the lookup proposal it weighed."""
         a = slot.current
         lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
@@ -488,7 +516,8 @@ class Engine:
         a.lookup_match = proposal.match_length
         if a.controller is None:
             raise RuntimeError("mode auto without its controller")
-        a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap, context=len(a.tokens))
+        a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap, context=len(a.tokens),
+                                       prediction_available=prediction_cap, prediction_cap=prediction_cap)
         a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
         return a.choice.drafter, a.choice.k, proposal
 
@@ -523,6 +552,9 @@ class Engine:
             a.stats.drafted += len(d)
             a.stats.accepted += verdict.accepted
             a.stats.record_position(len(d), verdict.accepted)
+            if d.source == "prediction":
+                a.stats.prediction_drafted += len(d)
+                a.stats.prediction_accepted += verdict.accepted
         accepted = list(d.tokens[: verdict.accepted])
         history = a.tokens + accepted + [verdict.next_token]
         # Roll back the target KV to what the accepted history shares with it.

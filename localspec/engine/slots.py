@@ -15,6 +15,7 @@ from localspec.engine.config import GenerationRequest
 from localspec.engine.controller import Choice, Controller
 from localspec.engine.events import Done, Event, Stats, TokenLogprob
 from localspec.engine.grammar import Grammar
+from localspec.engine.prediction import Prediction
 from localspec.engine.text import StopMatcher, Utf8Stream
 from localspec.engine.verify import PositionRng
 
@@ -62,6 +63,7 @@ class Handle:
         self.result: Done | None = None
         self.grammar: Grammar | None = None  # compiled by submit; the engine thread owns it after
         self.pin_len = 0  # leading prompt tokens to keep pinned (GenerationRequest.pin_prefix)
+        self.prediction: Prediction | None = None  # the request's prediction, tokenized by submit
         self.dropped_messages = 0  # old turns left out to fit the context
 
     def deliver(self, event: Event) -> None:
@@ -135,6 +137,7 @@ class Active:
     controller: Controller | None = None  # mode auto only
     choice: Choice | None = None  # what auto chose for the step in flight
     lookup_match: int = 0
+    prediction: Prediction | None = None  # Predicted Outputs: drafted from while the output follows it
 
     @property
     def generated(self) -> int:

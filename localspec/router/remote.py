@@ -98,7 +98,8 @@ class RemoteTier:
         raise self._unavailable(last)
 
     def stream_chat(self, messages: list[dict], max_tokens: int, temperature: float, seed: int | None,
-                    stop: list[str] | None, cancel: threading.Event) -> Iterator[str]:
+                    stop: list[str] | None, cancel: threading.Event, *,
+                    prediction: str | None = None) -> Iterator[str]:
         """Text deltas of the remote answer. Connects eagerly: when the tier cannot start, this
         call raises RemoteUnavailable before an iterator is returned. A failure mid-stream
         raises RemoteUnavailable from the iterator (the text so far has been yielded)."""
@@ -108,6 +109,8 @@ class RemoteTier:
             kwargs["seed"] = seed
         if stop:
             kwargs["stop"] = stop
+        if prediction is not None:  # Predicted Outputs, passed on as the client sent its text
+            kwargs["prediction"] = {"type": "content", "content": prediction}
         stream = self._open(**kwargs)
         return self._deltas(stream, cancel)
 

@@ -14,17 +14,23 @@ from localspec.engine.events import Done, Token
 from localspec.jobs import Job
 from localspec.server.backend import Backend
 from localspec.server.errors import APIError, ClientGone, error_json
-from localspec.server.schemas import (AutoReport, ChoiceLogprobs, CompletionLogprobs, Extension, TokenLogprobOut,
-                                      TopLogprob, Usage)
+from localspec.server.schemas import (AutoReport, ChoiceLogprobs, CompletionLogprobs, CompletionTokensDetails,
+                                      Extension, TokenLogprobOut, TopLogprob, Usage)
 from localspec.server.state import ServerState
 from localspec.server.streaming import SSE_DONE, SSE_KEEPALIVE, Piece, Waiting, collect, pieces, unless_disconnected
 from localspec.server.translate import Plan
 
 
-def usage(done: Done) -> Usage:
+def usage(done: Done, plan: Plan) -> Usage:
+    """OpenAI's usage; with a prediction, its accepted and rejected tokens too (a cache hit or a remote
+    tier reports 0 for both: nothing was drafted here). completion_tokens counts the answer's tokens only."""
     st = done.stats
+    details = None
+    if plan.request.prediction is not None:
+        details = CompletionTokensDetails(accepted_prediction_tokens=st.prediction_accepted,
+                                          rejected_prediction_tokens=st.prediction_rejected)
     return Usage(prompt_tokens=st.prompt_tokens, completion_tokens=st.completion_tokens,
-                 total_tokens=st.prompt_tokens + st.completion_tokens)
+                 total_tokens=st.prompt_tokens + st.completion_tokens, completion_tokens_details=details)
 
 
 def cache_info(b: Backend, job: Job, who: str) -> dict[str, Any] | None:

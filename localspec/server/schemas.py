@@ -58,6 +58,19 @@ class LocalspecOptions(_Request):
     cache: bool | None = Field(None, description="false: never answer this request from the cache nor store it")
 
 
+class ContentPart(_Request):
+    type: str
+    text: str | None = None
+
+
+class PredictionIn(_Request):
+    """`prediction` (OpenAI's Predicted Outputs): the answer the client expects, mostly (the file an
+    edit returns). Its tokens are drafted while the answer follows it; the answer itself is the model's."""
+
+    type: Literal["content"]
+    content: str | list[ContentPart] = Field(description="the predicted text, or text parts joined in order")
+
+
 class _Sampling(_Body):
     model: str = Field(..., description="a model id or alias from /v1/models, or 'auto'")
     max_tokens: int | None = Field(None, ge=1, description="default: the server's cap")
@@ -72,6 +85,8 @@ class _Sampling(_Body):
     n: int = Field(1, description="only 1 is supported")
     stream: bool = False
     stream_options: StreamOptions | None = None
+    prediction: PredictionIn | None = Field(None, description="Predicted Outputs (on /v1/completions: a localspec "
+                                                              "extension)")
     localspec: LocalspecOptions | None = None
 
     @field_validator("stop")
@@ -100,11 +115,6 @@ class ToolCall(BaseModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
-
-
-class ContentPart(_Request):
-    type: str
-    text: str | None = None
 
 
 class ChatMessageIn(_Request):
@@ -176,16 +186,25 @@ class ChatMessageOut(BaseModel):
     tool_calls: list[ToolCall] | None = None
 
 
+class CompletionTokensDetails(BaseModel):
+    """Predicted Outputs' counts (only when the request sent a `prediction`): accepted, the prediction's
+    tokens the answer took from it; rejected, its tokens drafted and not kept. See docs/predicted-outputs.md."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class AutoReport(BaseModel):
     """What mode `auto` chose for an answer, and why it did not draft when it did not."""
 
-    steps: dict[str, int] = Field(description="target passes per choice: off, lookup, draft")
+    steps: dict[str, int] = Field(description="target passes per choice: off, lookup, draft, prediction")
     explored: int = Field(0, description="passes that tried a choice believed not to pay, so wrong costs heal")
     why_not_draft: str | None = Field(None, description="the best drafting option's numbers when plain decoding won")
 

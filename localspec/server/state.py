@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from localspec.errors import ContextOverflowError, LocalspecError
+from localspec.errors import ContextOverflowError, LocalspecError, PredictionTooLongError
 from localspec.jobs import CacheStatus, Job
 from localspec.server.backend import Backend, Loader
 from localspec.server.errors import APIError
@@ -91,6 +91,11 @@ class ServerState:
                 400, f"This prompt has {exc.prompt_tokens} tokens but the model's context holds {exc.n_ctx} tokens "
                 f"per request (prompt_tokens={exc.prompt_tokens}, n_ctx={exc.n_ctx}).",
                 "context_length_exceeded", "messages",
+            ) from exc
+        except PredictionTooLongError as exc:
+            raise APIError(
+                400, f"The prediction has {exc.prediction_tokens} tokens but the model's context holds {exc.n_ctx} "
+                "tokens per request; send a shorter prediction.", "context_length_exceeded", "prediction",
             ) from exc
         except LocalspecError as exc:
             raise APIError(400, str(exc), "invalid_request") from exc

@@ -64,8 +64,28 @@ def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict[str, Any]
     opts = body.localspec
     return dict(
         max_tokens=max_tokens or cap, sampling=_sampling(body), stop=body.stops,
-        mode=opts.mode if opts else None, k=opts.k if opts else None,
+        mode=opts.mode if opts else None, k=opts.k if opts else None, prediction=_prediction(body),
     )
+
+
+def _prediction(body: _Sampling) -> str | None:
+    """The predicted text: the string, or the text parts joined. A prediction longer than the context
+    is refused by the engine, which knows the tokenizer."""
+    if body.prediction is None:
+        return None
+    content = body.prediction.content
+    if isinstance(content, str):
+        text = content
+    else:
+        for p in content:
+            if p.type != "text" or p.text is None:
+                raise APIError(400, f"Prediction content parts of type '{p.type}' are not supported; send text parts.",
+                               "unsupported_value", "prediction")
+        text = "".join(p.text or "" for p in content)
+    if not text:
+        raise APIError(400, "The prediction is empty; send the text you expect, or leave 'prediction' out.",
+                       "invalid_value", "prediction")
+    return text
 
 
 def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.json_schema.schema",

@@ -42,7 +42,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     if plan_.tool_mode:
         content, calls = translate.parse_tool_calls(done.text, plan_.tool_mode == "forced")
     return ChatCompletion(
-        id=reply.id, created=reply.created, model=body.model, usage=usage(done),
+        id=reply.id, created=reply.created, model=body.model, usage=usage(done, plan_),
         localspec=extension(b, done, plan_, job, who),
         choices=[ChatChoice(
             message=ChatMessageOut(content=content, tool_calls=calls or None),
@@ -95,5 +95,5 @@ class ChatReply(StreamedReply):
         out.append(sse(final))
         if self.body.stream_options and self.body.stream_options.include_usage:
             out.append(sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.body.model, choices=[],
-                                               usage=usage(done))))
+                                               usage=usage(done, self.plan))))
         return out

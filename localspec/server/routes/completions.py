@@ -37,7 +37,7 @@ async def completions(body: CompletionRequest, request: Request, state: State,
         return EventStream(reply.stream())
     tokens, done = await reply.whole(request)
     return Completion(
-        id=reply.id, created=reply.created, model=body.model, usage=usage(done),
+        id=reply.id, created=reply.created, model=body.model, usage=usage(done, plan_),
         localspec=extension(b, done, plan_, job, who),
         choices=[CompletionChoice(
             text=echo + done.text, finish_reason=done.finish_reason,
@@ -85,5 +85,5 @@ class CompletionReply(StreamedReply):
         out = [sse(final)]
         if self.body.stream_options and self.body.stream_options.include_usage:
             out.append(sse(Completion(id=self.id, created=self.created, model=self.body.model, choices=[],
-                                      usage=usage(done))))
+                                      usage=usage(done, self.plan))))
         return out

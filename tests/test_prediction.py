@@ -1,0 +1,215 @@
+"""Predicted Outputs in the engine: the prediction's cursor, realignment by text, and that a
+prediction (right, edited or entirely wrong) never changes a greedy answer, only how it is drafted.
+
+The cursor's rules run on toy vocabularies; the engine's on the scripted model (tests/fake_tier.py),
+whose tokens are bytes. The sampled case (the output distribution stays the target's) is a
+chi-square case in tests/test_spec_sampling.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
+from localspec.engine.controller import AcceptanceBook, Controller
+from localspec.engine.events import Done, Token
+from localspec.engine.prediction import MIN_MATCH_BYTES, Prediction
+from localspec.engine.scheduler import Engine
+from localspec.errors import PredictionTooLongError
+from tests.fake_tier import SPECIAL, ScriptedRuntime, scripted, scripted_costs, scripted_engine
+
+
+def byte_piece(token: int) -> bytes:
+    return bytes([token])
+
+
+def byte_prediction(text: str) -> Prediction:
+    return Prediction.build(list(text.encode()), piece=byte_piece)
+
+
+def as_text(tokens: tuple[int, ...]) -> str:
+    return bytes(tokens).decode()
+
+
+# ---------------------------------------------------------------- the cursor
+
+
+def test_the_cursor_follows_the_output_and_proposes_what_comes_next():
+    p = byte_prediction("def add(a, b):\n    return a + b\n")
+    assert as_text(p.propose(4).tokens) == "def "
+    p.follow(list(b"def add"))
+    assert as_text(p.propose(6).tokens) == "(a, b)"
+    assert p.available() == len("(a, b):\n    return a + b\n")
+    p.follow([1, 2, *b"def add(a, b):\n    return a + b\n"], start=2)  # after a two-token prompt
+    assert p.propose(4).tokens == () and p.available() == 0  # the prediction is used up
+
+
+# Three spellings of one text: "foobar" is one token in the prediction and two in the output.
+PIECES = {0: b"foo", 1: b"bar", 2: b"foobar", 3: b" ", 4: b"baz", 5: b"o", 6: b"ba"}
+
+
+def test_an_output_that_tokenizes_the_same_text_differently_stays_aligned_by_text():
+    p = Prediction.build([2, 3, 2, 3, 4], piece=PIECES.__getitem__)  # "foobar foobar baz"
+    p.follow([0])  # "foo": inside the prediction's first token, so nothing to propose yet
+    assert p.aligned and p.propose(8).tokens == ()
+    p.follow([0, 1])  # "foobar": the shared boundary, drafting resumes
+    assert p.propose(8).tokens == (3, 2, 3, 4)
+    p.follow([0, 1, 3, 2, 3, 6])  # "... ba", in the middle of "baz"
+    assert p.aligned and p.propose(8).tokens == ()
+
+
+def test_after_a_divergence_the_cursor_realigns_on_the_outputs_recent_text():
+    p = byte_prediction("x = compute(1)\ny = compute(2)\nz = compute(3)\n")
+    p.follow(list(b"x = compute(10"))  # the edit: "10" where the prediction has "1)"
+    assert not p.aligned and p.propose(8).tokens == ()
+    p.follow(list(b"x = compute(10)\ny = com"))  # enough of the next line to find it again
+    assert p.aligned
+    assert as_text(p.propose(32).tokens) == "pute(2)\nz = compute(3)\n"
+
+
+def test_a_short_match_does_not_realign_and_the_first_match_after_the_last_position_wins():
+    text = "alpha = 1\nbeta_beta = 2\nalpha = 1\nbeta_beta = 3\n"
+    p = byte_prediction(text)
+    p.follow(list(b"alpha = 1\nbeta_beta = 2\nALPHA"))
+    assert not p.aligned  # fewer than MIN_MATCH_BYTES of matching text since the edit
+    p.follow(list(b"alpha = 1\nbeta_beta = 2\nALPHA = 1\nbeta_beta"))
+    assert p.aligned and as_text(p.propose(32).tokens) == " = 3\n"  # the second occurrence: after the anchor
+    assert MIN_MATCH_BYTES > len(" = 1\n")
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_prediction_k_max_is_bounded_and_the_target_context_serves_it():
+    assert EngineConfig().prediction_k_max == 16
+    with pytest.raises(ValidationError):
+        EngineConfig(prediction_k_max=33)
+    cfg = EngineConfig(prediction_k_max=32, draft_k=2, lookup_k=2, auto_k_max=2, parallel=4)
+    assert output_rows(cfg) >= 4 * 33
+
+
+def test_an_empty_prediction_is_refused():
+    with pytest.raises(ValidationError, match="prediction is empty"):
+        GenerationRequest(prompt="hi", prediction="")
+
+
+def test_the_controller_weighs_a_prediction_like_a_free_drafter():
+    book = AcceptanceBook()
+    ctl = Controller(scripted_costs(), k_max=4, has_draft_model=False, book=book)
+    for _ in range(20):
+        book.prediction.observe(16, 16)
+    choice = ctl.choose(0, 0, 0, 4, prediction_available=40, prediction_cap=16, explore=False)
+    assert choice.drafter == "prediction" and choice.k > 4  # past auto's k_max, up to its own cap
+    accepted = book.prediction.accepted[0]
+    ctl.observe(choice, choice.k, 0)  # the first token rejected: position 1 learns a failure
+    assert book.prediction.accepted[0] < accepted and len(book.prediction.trials) == 16
+
+
+# ---------------------------------------------------------------- the engine
+
+ANSWER = ("def area(width, height):\n    return width * height\n\n\n"
+          "def perimeter(width, height):\n    return 2 * (width + height)\n")
+EDITED = ANSWER.replace("area(width, height):\n    return", "area(width: float, height: float) -> float:\n    return")
+
+
+def run(engine: Engine, *, prediction: str | None, mode: str | None = None, **kw) -> tuple[list[Token], Done]:
+    tokens: list[Token] = []
+    done = None
+    request = GenerationRequest(prompt="add types", max_tokens=400, prediction=prediction, mode=mode, **kw)
+    for event in engine.generate(request):
+        if isinstance(event, Token):
+            tokens.append(event)
+        else:
+            done = event
+    assert done is not None and done.error is None, done
+    return tokens, done
+
+
+def engine_for(mode: str = "lookup") -> Engine:
+    draft = scripted(default=EDITED.replace("height", "h")) if mode == "draft" else None  # a so-so draft model
+    return scripted_engine(script=scripted(default=EDITED), draft_script=draft, mode=mode, parallel=1)
+
+
+@pytest.mark.parametrize("engine_mode", ["lookup", "auto", "draft"])
+def test_greedy_output_is_the_same_with_a_right_an_edited_or_a_wrong_prediction(engine_mode):
+    plain = run(engine_for(engine_mode), prediction=None, mode="off")[1]
+    for prediction in (EDITED, ANSWER, "Nothing like the answer at all, not one line of it." * 3):
+        tokens, done = run(engine_for(engine_mode), prediction=prediction)
+        assert done.text == plain.text == EDITED
+        assert done.stats.completion_tokens == plain.stats.completion_tokens
+        st = done.stats
+        assert st.prediction_tokens == len(prediction.encode())
+        assert st.prediction_accepted + st.prediction_rejected == st.prediction_drafted <= st.drafted
+        assert st.prediction_accepted <= sum(len(t.ids) for t in tokens if t.origin == "draft")
+    right = run(engine_for(engine_mode), prediction=EDITED)[1].stats
+    assert right.prediction_accepted >= right.completion_tokens - right.target_passes - 1
+    assert right.target_passes <= right.completion_tokens // 8
+
+
+def test_an_edited_prediction_is_followed_again_after_the_edit():
+    st = run(engine_for(), prediction=ANSWER)[1].stats
+    before_edit = len("def area(")
+    assert st.prediction_accepted > before_edit + len("perimeter(width, height):")  # realigned past the edit
+    assert st.prediction_rejected > 0
+    assert st.target_passes < st.completion_tokens // 3
+
+
+def test_a_wrong_prediction_costs_little_drafting():
+    st = run(engine_for(), prediction="zzzz " * 40)[1].stats
+    assert st.prediction_accepted == 0 and st.prediction_drafted <= st.prediction_tokens
+
+
+def test_off_ignores_the_prediction_and_lookup_falls_back_when_it_is_lost():
+    st = run(engine_for("lookup"), prediction=EDITED, mode="off")[1].stats
+    assert st.prediction_drafted == 0 and st.drafted == 0 and st.prediction_tokens == len(EDITED)
+    st = run(engine_for("off"), prediction=EDITED)[1].stats  # off as the engine's mode: off too
+    assert st.prediction_drafted == 0 and st.drafted == 0
+    st = run(engine_for("lookup"), prediction="zzzz " * 40, mode="lookup")[1].stats
+    assert st.drafted > st.prediction_drafted  # lookup drafted while the prediction had nothing
+
+
+def test_auto_learns_the_prediction_in_its_own_book():
+    engine = engine_for("auto")
+    st = run(engine, prediction=EDITED)[1].stats
+    assert st.auto_steps.get("prediction", 0) > 0
+    assert sum(engine.acceptance.prediction.trials) > 0
+
+
+def test_a_sampled_request_with_a_prediction_keeps_the_answer():
+    from localspec.engine.sampling import SamplingParams
+
+    st_done = run(engine_for(), prediction=EDITED, sampling=SamplingParams(temperature=0.8, seed=3))[1]
+    assert st_done.text == EDITED  # the scripted model is sure of every token: any sampler follows it
+    assert st_done.stats.prediction_accepted > 0
+
+
+def test_a_prediction_longer_than_the_context_is_refused():
+    engine = scripted_engine(script=scripted(default="OK."), n_ctx=128, parallel=1)
+    with pytest.raises(PredictionTooLongError, match="129 tokens but the context holds 128"):
+        engine.submit(GenerationRequest(prompt="hi", prediction="x" * 129))
+
+
+class MergingRuntime(ScriptedRuntime):
+    """A tokenizer that merges more than the model writes: the prediction's "<|fim_prefix|>" becomes
+    one token while the model spells it byte by byte, as a BPE tokenizer may merge a word the model
+    writes in pieces."""
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return super().tokenize(text, add_special, parse_special=True)
+
+
+def test_the_engine_drafts_again_after_the_output_spells_a_predicted_token_differently():
+    merged = "def f():\n    return '<|fim_prefix|>'\n\n\nprint(f(), f(), f(), f(), f(), f())\n"
+    engine = Engine(target=MergingRuntime(scripted(default=merged), n_seq_max=1),
+                    config=EngineConfig(parallel=1, mode="lookup", pinned_prefix_cells=0))
+    prediction = engine._prediction(GenerationRequest(prompt="x", prediction=merged))
+    assert prediction is not None and SPECIAL["<|fim_prefix|>"] in prediction.tokens
+    tokens, done = run(engine, prediction=merged)
+    assert done.text == merged
+    st = done.stats
+    tail = len("'\n\n\nprint(f(), f(), f(), f(), f(), f())\n")
+    assert st.prediction_rejected >= 1  # the merged token itself: the model writes "<" instead
+    # Realigned by text: the prediction's tokens after the merged one are drafted and kept (at most
+    # the 20 before it could be without; each pass's own last token is the target's, not accepted).
+    assert st.prediction_accepted > len("def f():\n    return '") + tail // 2
