@@ -302,3 +302,22 @@ def test_a_disturbed_calibration_is_retried_then_used_but_not_saved(tmp_path, mo
     assert len(attempts) == calibrate.ATTEMPTS and "retrying" in caplog.text and "unsaved" in caplog.text
     assert costs.obtained is Obtained.UNSETTLED and path == tmp_path / "calibration-k.json" and not path.exists()
     assert costs.steps(3) >= costs.steps(2)  # the dip after the bad 2-row point is fitted away
+
+
+def test_a_calibration_past_its_budget_is_not_retried(tmp_path, monkeypatch, caplog):
+    """With a CPU hog beside llama.cpp's threads a single step took 4-6 s: a second attempt would
+    keep the user waiting minutes for what the first passes teach anyway."""
+    from localspec.engine import calibrate
+
+    attempts: list[int] = []
+
+    def slow(rt, sizes, seq=0, rounds=4, tick=lambda: None):
+        attempts.append(1)
+        return calibrate.Measurement({n: quiet_box(n) * 100 for n in sizes}, ["stopped after 25 s, past its 20 s budget"],
+                                     over_budget=True)
+
+    monkeypatch.setattr(calibrate, "measure_verify", slow)
+    with caplog.at_level(logging.WARNING):
+        costs = calibrate.measure(object(), None, 8)  # type: ignore[arg-type]
+    assert attempts == [1] and costs.obtained is Obtained.UNSETTLED
+    assert "retrying" not in caplog.text and "unsaved" in caplog.text

@@ -30,6 +30,8 @@ ROUNDS = 4  # each batch size this many times, sizes interleaved, so a burst of 
 SPREAD_LIMIT = 0.5  # a size whose timings spread more than this (max − min, over the median) is noise
 STEP_DRIFT_LIMIT = 0.3  # single steps timed before and after must agree within this, and with verify(1)
 ATTEMPTS = 2
+BUDGET_S = 20.0  # an attempt past this stops after the round in flight: on a box this busy the passes
+# that follow teach more than more rounds would, and the user is waiting for the model to load
 
 
 def _seconds(fn: Callable[[], None]) -> float:
@@ -68,6 +70,7 @@ class Measurement:
 
     medians: dict[int, float]
     problems: list[str]
+    over_budget: bool = False  # stopped early: the box is too busy for another attempt to do better
 
     @property
     def settled(self) -> bool:
@@ -75,34 +78,42 @@ class Measurement:
 
 
 def measure_verify(rt: ModelRuntime, sizes: list[int], seq: int = 0, rounds: int = ROUNDS,
-                   tick: Callable[[], None] = lambda: None) -> Measurement:
+                   tick: Callable[[], None] = lambda: None, budget_s: float = BUDGET_S) -> Measurement:
     """Time each batch size `rounds` times, interleaved, bracketed by single steps; judge the result.
 
     The checks catch a calibration taken while something else ran: timings of one size that
     disagree, single steps before and after that disagree (the load changed), or a verify(1)
     unlike a plain step. A curve that is not monotone is not a failure: the isotonic fit in
-    `Costs` handles a GPU's kernel bumps."""
+    `Costs` handles a GPU's kernel bumps. An attempt that runs past `budget_s` stops early and
+    says so (measured: single steps of 4-6 s, not 40 ms, with a CPU hog beside llama.cpp's threads)."""
+    t_start = time.perf_counter()
     _prime(rt, seq)
     for n in sizes:
         _batch(rt, seq, n)()  # first use of a batch shape allocates buffers and builds graphs
     step = _batch(rt, seq, 1)
     before = statistics.median(_seconds(step) for _ in range(3))
     times: dict[int, list[float]] = {n: [] for n in sizes}
+    over_budget = False
     for r in range(rounds):
         for n in sizes[r % len(sizes):] + sizes[: r % len(sizes)]:  # a rotated order each round
             times[n].append(_seconds(_batch(rt, seq, n)))
         tick()
-    after = statistics.median(_seconds(step) for _ in range(3))
+        if time.perf_counter() - t_start > budget_s:
+            over_budget = r + 1 < rounds
+            break
+    after = _seconds(step) if over_budget else statistics.median(_seconds(step) for _ in range(3))
     rt.seq_rm(seq, 0, -1)
     medians = {n: statistics.median(ts) for n, ts in times.items()}
     problems = [f"{n} rows: timings spread {(max(ts) - min(ts)) / medians[n]:.0%} of their median"
                 for n, ts in times.items() if (max(ts) - min(ts)) / medians[n] > SPREAD_LIMIT]
+    if over_budget:
+        problems.append(f"stopped after {time.perf_counter() - t_start:.0f} s, past its {budget_s:.0f} s budget")
     if abs(after - before) / min(before, after) > STEP_DRIFT_LIMIT:
         problems.append(f"a single step took {before * 1000:.0f} ms before and {after * 1000:.0f} ms after")
     if abs(medians[1] - (before + after) / 2) / min(medians[1], before, after) > STEP_DRIFT_LIMIT:
         problems.append(f"verify(1) = {medians[1] * 1000:.0f} ms against single steps of "
                         f"{before * 1000:.0f}/{after * 1000:.0f} ms")
-    return Measurement(medians, problems)
+    return Measurement(medians, problems, over_budget)
 
 
 def measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, seq: int = 0, *,
@@ -129,8 +140,12 @@ def measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, seq: i
         m = measure_verify(target, sizes, seq, rounds, tick=tick if attempt == 1 else lambda: None)
         if m.settled:
             break
+        last = attempt == attempts or m.over_budget  # too busy to finish once: a second try won't do better
         logger.warning("calibration attempt %d of %d was disturbed (%s)%s", attempt, attempts, "; ".join(m.problems),
-                       "; retrying" if attempt < attempts else "; using it unsaved until real passes correct it")
+                       "; using it unsaved until real passes correct it" if last else "; retrying")
+        if last:
+            break
+    done = max(done, rounds)  # progress skips what a retry or an early stop left out, never back
     verify = _interpolate(m.medians, k_max + 1)
     draft_step, draft_row = 0.0, 0.0
     if draft is not None:
