@@ -15,6 +15,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -94,6 +95,52 @@ class _LoadCallback:
     def raise_interrupt(self) -> None:
         if self.interrupt is not None:
             raise self.interrupt
+
+
+def _tokenize(vocab: Any, text: str, add_special: bool, parse_special: bool) -> list[int]:
+    data = text.encode("utf-8")
+    cap = len(data) + 16
+    buf = (llama_cpp.llama_token * cap)()
+    n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
+    if n < 0:
+        cap = -n
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
+    return list(buf[:n])
+
+
+class Vocabulary:
+    """A model's tokenizer and trained context alone (llama.cpp's vocab-only load reads no weights):
+    enough to size a context before loading the model into one."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        global _backend_ready
+        llama_log.install()
+        if not _backend_ready:
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.vocab_only = True
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise LocalspecError(f"llama.cpp could not read the vocabulary of {path}.",
+                                 "Run `localspec models verify` and re-pull the model if its hash is wrong.")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        return _tokenize(self._vocab, text, add_special, parse_special)
+
+    def close(self) -> None:
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Vocabulary:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class ModelRuntime:
@@ -220,15 +267,7 @@ class ModelRuntime:
     # ------------------------------------------------------------------ text
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-        return list(buf[:n])
+        return _tokenize(self._vocab, text, add_special, parse_special)
 
     def piece(self, token: int) -> bytes:
         """The bytes a token stands for (may be part of a multi-byte character)."""
