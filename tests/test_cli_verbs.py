@@ -105,7 +105,10 @@ def ws(tmp_path_factory) -> Workspace:
     tiny = make_gguf(root / "model-dirs" / "cli-tiny.gguf")
     files = {"tiny": tiny, "overlay": root / "models.toml", "labels": _labels(root / "labels.jsonl"),
              "bad_labels": root / "bad.jsonl", "pairs": root / "pairs.jsonl", "export": root / "export.jsonl",
-             "weights": root / "weights.json", "missing": root / "missing.json"}
+             "weights": root / "weights.json", "missing": root / "missing.json", "binary": root / "blob.bin",
+             "source": root / "add.py"}
+    files["binary"].write_bytes(b"\x7fELF\0\0\x01")
+    files["source"].write_text("def add(a, b):\n    return a + b\n")
     files["bad_labels"].write_text('{"prompt": "x", "label": 2}\n')
     files["overlay"].write_text(_overlay(tiny))
     files["pairs"].write_text(json.dumps({"a": "x", "b": "y", "label": "hit"}) + "\n")
@@ -135,6 +138,8 @@ def calls(ws: Workspace) -> list[tuple[tuple[str, ...], Call]]:
         (("profiles",), Call(("no-such-profile",), 1)),
         (("generate",), Call(("--no-pull", "hello"), 1)),
         (("generate",), Call(("--max-tokens", "many", "hello"), 2)),
+        (("edit",), Call((str(f["binary"]), "tidy it"), 2)),
+        (("edit",), Call((str(f["missing"]), "tidy it"), 2)),
         (("chat",), Call((), 0)),
         (("serve",), Call(("--host", "0.0.0.0", "--no-pull"), 2)),
         (("serve",), Call(("--port", "eighty"), 2)),
@@ -164,6 +169,9 @@ def calls(ws: Workspace) -> list[tuple[tuple[str, ...], Call]]:
         out += [
             (("generate",), Call(("--no-pull", "--model", DRAFT_ID, "--mode", "off", "--max-tokens", "4", "--n-ctx",
                                   "256", "--threads", "2", "--json", "def add(a, b):"), 0, json=True, models=True)),
+            # Four tokens cannot hold the file: the reply is refused (status 1) and nothing is written.
+            (("edit",), Call(("--no-pull", "--model", DRAFT_ID, "--mode", "off", "--max-tokens", "4", "--threads", "2",
+                              "--json", str(f["source"]), "add a docstring"), 1, json=True, models=True)),
             (("router", "show"), Call(("what is 2+2?", "--json"), 0, json=True, models=True)),
             (("router", "show"), Call(("what is 2+2?",), 0, models=True, shows=(DRAFT_ID,))),
             (("stats",), Call(("--since", "1d"), 0, table=True)),
@@ -252,7 +260,7 @@ def test_every_call_is_listed_for_every_verb(ws):
     with_json = {leaf for leaf in LEAVES if any("--json" in a.option_strings for a in parsers[leaf]._actions)}
     real = (SHARED_STORE / DRAFT_ID).is_dir()
     covered = {leaf for leaf, c in todo if (c.json or c.ndjson) and "--json" in c.args}
-    assert with_json - covered == (set() if real else {("generate",)})  # generate --json needs a model
+    assert with_json - covered == (set() if real else {("generate",), ("edit",)})  # their --json needs a model
 
 
 @pytest.mark.slow  # every verb in a subprocess, twice: a campaign, not a unit test (stage 2)

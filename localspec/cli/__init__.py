@@ -26,6 +26,7 @@ _COMMAND_MODULES = (
     "localspec.cli.models_cmd",
     "localspec.cli.profiles_cmd",
     "localspec.cli.generate_cmd",
+    "localspec.cli.edit_cmd",
     "localspec.cli.chat_cmd",
     "localspec.cli.stats_cmd",
     "localspec.cli.serve_cmd",
