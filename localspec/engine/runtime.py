@@ -126,7 +126,14 @@ class Vocabulary:
             raise LocalspecError(f"llama.cpp could not read the vocabulary of {path}.",
                                  "Run `localspec models verify` and re-pull the model if its hash is wrong.")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        # A vocab-only load skips the hyperparameters (llama_model_n_ctx_train reads 0): the GGUF's
+        # own key says it.
+        self.n_ctx_train = int(self._meta(f"{self._meta('general.architecture')}.context_length") or 0)
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
 
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
         return _tokenize(self._vocab, text, add_special, parse_special)
