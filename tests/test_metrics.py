@@ -186,6 +186,52 @@ def test_a_version_1_database_is_migrated_keeping_its_rows(db):
     assert rows["new-1"]["error_class"] == "RuntimeError"
 
 
+def _predicted_stats() -> Stats:
+    """A reply asked with a 120-token prediction: 50 of its tokens drafted, 42 of them kept."""
+    s = _stats(drafted=60, accepted=48)
+    s.prediction_tokens, s.prediction_drafted, s.prediction_accepted = 120, 50, 42
+    return s
+
+
+def test_prediction_counts_round_trip_through_the_log(db):
+    with Metrics(db) as m:
+        m.record(RequestRecord.from_stats(_predicted_stats(), face="api", request_id="pred"))
+        m.record(RequestRecord.from_stats(_stats(), face="api", request_id="plain"))
+        assert m.flush()
+    rows = {r["request_id"]: r for r in _rows(db)}
+    got = [rows["pred"][f"prediction_{k}"] for k in ("tokens", "drafted", "accepted", "rejected")]
+    assert got == [120, 50, 42, 8]
+    assert [rows["plain"][f"prediction_{k}"] for k in ("tokens", "drafted", "accepted", "rejected")] == [0] * 4
+    back = RequestRecord.from_row(rows["pred"])
+    assert (back.prediction_drafted, back.prediction_accepted, back.prediction_rejected) == (50, 42, 8)
+
+
+def test_a_version_2_database_gains_the_prediction_columns_keeping_its_rows(db):
+    from localspec.metrics.store import MIGRATIONS, _statements
+
+    conn = sqlite3.connect(db)  # a file as the release before Predicted Outputs left it: schema v2
+    for script in MIGRATIONS[:2]:
+        for statement in _statements(script):
+            conn.execute(statement)
+    conn.execute("PRAGMA user_version = 2")
+    conn.execute("INSERT INTO requests (request_id, ts, face, completion_tokens, drafted, accepted)"
+                 " VALUES ('v2-row', ?, 'api', 40, 30, 21)", (time.time() - 60,))
+    conn.commit()
+    conn.close()
+    with Metrics(db) as m:
+        m.record(RequestRecord.from_stats(_predicted_stats(), face="tui", request_id="v3-row"))
+        assert m.flush()
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 3
+    conn.close()
+    rows = {r["request_id"]: r for r in _rows(db)}
+    old = rows["v2-row"]
+    assert (old["completion_tokens"], old["drafted"], old["accepted"]) == (40, 30, 21)
+    assert [old[f"prediction_{k}"] for k in ("tokens", "drafted", "accepted", "rejected")] == [0] * 4
+    assert RequestRecord.from_row(old).prediction_rejected == 0
+    assert (rows["v3-row"]["prediction_accepted"], rows["v3-row"]["prediction_rejected"]) == (42, 8)
+
+
 def test_processes_starting_together_share_one_fresh_database(db):
     import threading
 
@@ -296,6 +342,21 @@ def test_prometheus_text_parses_with_the_expected_families(db):
     assert value("localspec_inter_token_latency_seconds", "localspec_inter_token_latency_seconds_bucket",
                  le="0.05") == 1
     assert value("localspec_queue_depth", "localspec_queue_depth") == 3
+    assert "localspec_prediction_tokens" not in fams or not fams["localspec_prediction_tokens"].samples
+
+
+def test_prometheus_counts_prediction_tokens_by_outcome(db):
+    with Metrics(db) as m:
+        for _ in range(2):
+            m.record(RequestRecord.from_stats(_predicted_stats(), face="api", finish_reason="stop"))
+        m.record(RequestRecord.from_stats(_stats(drafted=8, accepted=5), face="api", finish_reason="stop"))
+        text = generate_latest(m.registry).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) if f.name == "localspec_prediction_tokens"
+               for s in f.samples}
+    total = "localspec_prediction_tokens_total"
+    assert samples[(total, (("outcome", "accepted"),))] == 2 * 42
+    assert samples[(total, (("outcome", "rejected"),))] == 2 * 8
 
 
 def test_two_instances_keep_separate_registries(tmp_path):

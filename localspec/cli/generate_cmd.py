@@ -13,9 +13,10 @@ from localspec.cli.options import MODES
 
 if TYPE_CHECKING:  # the engine (numpy, pydantic) loads only when a prompt runs, not for every command
     from localspec.engine.config import GenerationRequest
-    from localspec.engine.events import Done
+    from localspec.engine.events import Done, Token
 
-_GREEN = "\x1b[32m"
+# --show-draft: accepted drafts green, accepted prediction tokens blue (the chat app's Ctrl+T colours).
+ORIGIN_COLOURS = {"draft": "\x1b[32m", "prediction": "\x1b[34m"}
 _RESET = "\x1b[0m"
 
 
@@ -40,9 +41,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-ctx", type=int, help="context tokens")
     p.add_argument("--threads", type=int, help="llama.cpp threads")
     p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
-    p.add_argument("--show-draft", action="store_true", help="colour tokens the draft proposed and the target accepted")
+    p.add_argument("--show-draft", action="store_true",
+                   help="colour accepted tokens: green from a drafter, blue from a prediction")
     p.add_argument("--json", action="store_true", help="print the text, finish reason and stats as one JSON object")
     p.set_defaults(func=run)
+
+
+def shown(token: Token, *, colour: bool) -> str:
+    """A token's text as printed: with `colour`, an accepted draft or prediction token in its colour."""
+    code = ORIGIN_COLOURS.get(token.origin) if colour and token.text else None
+    return f"{code}{token.text}{_RESET}" if code else token.text
 
 
 def _request(args: argparse.Namespace) -> GenerationRequest:
@@ -113,10 +121,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for event in engine.generate(request):
             if isinstance(event, Token) and not args.json:
-                if colour and event.origin == "draft":
-                    out.write(f"{_GREEN}{event.text}{_RESET}")
-                else:
-                    out.write(event.text)
+                out.write(shown(event, colour=colour))
                 out.flush()
             elif isinstance(event, Done):
                 done = event

@@ -9,7 +9,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-Origin = Literal["draft", "target", "cache"]  # cache: replayed by the pipeline, not generated
+# Where a token came from: "draft", a drafter's (draft model or prompt lookup) proposal the target
+# accepted; "prediction", a token of the request's prediction (Predicted Outputs) the target accepted;
+# "target", the target's own choice; "cache", replayed by the pipeline, not generated.
+Origin = Literal["draft", "prediction", "target", "cache"]
+ORIGINS: tuple[Origin, ...] = ("draft", "prediction", "target", "cache")
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 

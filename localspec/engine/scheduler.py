@@ -560,7 +560,8 @@ class Engine:
         # Roll back the target KV to what the accepted history shares with it.
         self._truncate(slot, min(common_prefix(slot.kv, history), len(history) - 1))
         if accepted:
-            self._emit(slot, accepted, "draft", now, rows=rows[: len(accepted)])
+            origin: Origin = "prediction" if d.source == "prediction" else "draft"
+            self._emit(slot, accepted, origin, now, rows=rows[: len(accepted)])
         if slot.active is a:  # not finished by a stop among the accepted tokens
             self._emit(slot, [verdict.next_token], "target", now, rows=rows[len(accepted) : len(accepted) + 1])
         if slot.active is a and self.drafter is not None and a.mode in ("draft", "auto"):

@@ -46,6 +46,9 @@ class PromCollectors:
         self.accepted_at = Counter("localspec_spec_accepted_by_position_total",
                                    "Drafted tokens accepted at a position (1 = first drafted token).",
                                    ["position"], registry=r)
+        self.prediction = Counter("localspec_prediction_tokens_total",
+                                  "Predicted Outputs: prediction tokens verified, by outcome (accepted: kept in "
+                                  "the answer; rejected: drafted and not kept).", ["outcome"], registry=r)
         self.dropped = Counter("localspec_metrics_dropped_total",
                                "Records not logged because the metrics queue was full.", registry=r)
 
@@ -75,3 +78,6 @@ class PromCollectors:
                 label = str(min(i + 1, MAX_POSITION_LABELS))
                 self.drafted_at.labels(label).inc(d)
                 self.accepted_at.labels(label).inc(a)
+        if rec.prediction_drafted:
+            self.prediction.labels("accepted").inc(rec.prediction_accepted)
+            self.prediction.labels("rejected").inc(rec.prediction_rejected)

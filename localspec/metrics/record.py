@@ -45,6 +45,12 @@ class RequestRecord:
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     mean_accepted_length: float = 0.0
+    # Predicted Outputs: the prediction's length in tokens (0: the request had none), its tokens sent
+    # to verification, and of those the kept and the rejected ones (also counted in drafted/accepted).
+    prediction_tokens: int = 0
+    prediction_drafted: int = 0
+    prediction_accepted: int = 0
+    prediction_rejected: int = 0
     finish_reason: str | None = None
     error_class: str | None = None
     prompt_text: str | None = None  # kept only when the store_prompts setting is on
@@ -107,6 +113,10 @@ class RequestRecord:
             drafted_by_position=list(stats.drafted_by_position),
             accepted_by_position=list(stats.accepted_by_position),
             mean_accepted_length=stats.mean_accepted_length,
+            prediction_tokens=stats.prediction_tokens,
+            prediction_drafted=stats.prediction_drafted,
+            prediction_accepted=stats.prediction_accepted,
+            prediction_rejected=stats.prediction_rejected,
             finish_reason=finish_reason,
             error_class=error_class,
             prompt_text=prompt_text,
@@ -130,7 +140,8 @@ class RequestRecord:
             raw = values.get(key)
             values[key] = json.loads(raw) if isinstance(raw, str) and raw else []
         for key, default in (("reused_tokens", 0), ("prefill_ms", 0.0), ("decode_ms", 0.0), ("compute_s", 0.0),
-                             ("target_passes", 0), ("mean_accepted_length", 0.0)):
+                             ("target_passes", 0), ("mean_accepted_length", 0.0), ("prediction_tokens", 0),
+                             ("prediction_drafted", 0), ("prediction_accepted", 0), ("prediction_rejected", 0)):
             if values.get(key) is None:
                 values[key] = default
         return cls(**values)

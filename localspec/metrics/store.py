@@ -78,7 +78,16 @@ CREATE TABLE feedback (
 CREATE INDEX feedback_request ON feedback (request_id);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# Version 3: Predicted Outputs (issue #26): the prediction's length and its drafted, accepted and
+# rejected tokens. Older rows had no prediction, so 0 is their true value.
+_V3 = """
+ALTER TABLE requests ADD COLUMN prediction_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE requests ADD COLUMN prediction_drafted INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE requests ADD COLUMN prediction_accepted INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE requests ADD COLUMN prediction_rejected INTEGER NOT NULL DEFAULT 0;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Event, FinishReason, ProgressFn, Stats, Token
@@ -225,6 +225,8 @@ class _RemoteGeneration:
                           temperature=req.sampling.temperature, stream_options={"include_usage": True})
             if req.stop:
                 kwargs["stop"] = req.stop
+            if req.prediction is not None:  # Predicted Outputs; extra_body: clients before openai 1.54 lack the field
+                kwargs["extra_body"] = {"prediction": {"type": "content", "content": req.prediction}}
             if messages:
                 self._stream = self._client.chat.completions.create(messages=messages, **kwargs)
             else:
@@ -237,6 +239,7 @@ class _RemoteGeneration:
                 if getattr(chunk, "usage", None):
                     stats.prompt_tokens = chunk.usage.prompt_tokens or 0
                     stats.completion_tokens = chunk.usage.completion_tokens or stats.completion_tokens
+                    _read_prediction_usage(stats, getattr(chunk.usage, "completion_tokens_details", None))
                 for choice in chunk.choices or []:
                     piece = choice.delta.content if choice.delta else None
                     if piece:
@@ -285,6 +288,20 @@ class _RemoteGeneration:
     def cancel(self) -> None:
         self._cancel.set()
         self._close_stream()  # unblocks a read waiting on the socket
+
+
+def _read_prediction_usage(stats: Stats, details: Any) -> None:
+    """The server's Predicted Outputs counts (usage.completion_tokens_details) into the reply's stats.
+    Every prediction token it drafted was accepted or rejected, so drafted is their sum. Counts that
+    are not non-negative integers (another server's idea of the field) are ignored."""
+    accepted = getattr(details, "accepted_prediction_tokens", None)
+    rejected = getattr(details, "rejected_prediction_tokens", None)
+    if _count(accepted) and _count(rejected):
+        stats.prediction_accepted, stats.prediction_drafted = accepted, accepted + rejected
+
+
+def _count(n: object) -> TypeGuard[int]:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def _remote_error(exc: Exception) -> str:

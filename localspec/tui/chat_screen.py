@@ -44,7 +44,7 @@ KEYS: list[tuple[str, str, str, str, bool]] = [
     ("escape", "cancel", "Cancel", "Cancel the running reply", True),
     ("ctrl+r", "regenerate", "Regenerate", "Regenerate the last answer", True),
     ("ctrl+o", "edit_last", "Edit", "Edit and resend a message", False),
-    ("ctrl+t", "toggle_origins", "Tokens", "Accepted-token view (draft vs target)", True),
+    ("ctrl+t", "toggle_origins", "Tokens", "Accepted-token view (draft, prediction, target)", True),
     ("ctrl+g", "toggle_metrics", "Metrics", "Metrics pane", True),
     ("ctrl+n", "new_chat", "New", "New chat", True),
     ("f2", "rename_chat", "Rename", "Rename chat", False),

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Input, Label, Select, Static, TextArea
+from textual.widgets import Button, Checkbox, DataTable, Input, Label, Select, Static, TextArea
 
 from localspec.tui.store import ChatParams
 
@@ -128,6 +128,8 @@ class ChatSettingsDialog(_Dialog):
             yield Select([(m, m) for m in MODES], value=p.mode or Select.NULL, id="mode", prompt="engine default")
             yield Label("Draft k (most tokens drafted per step; empty = default)")
             yield Input("" if p.draft_k is None else str(p.draft_k), id="draft_k")
+            yield Checkbox("Predict the reply from code in my message (Predicted Outputs)", p.predict_code,
+                           id="predict_code")
             yield Static("", id="settings-error", classes="fix", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
@@ -149,7 +151,8 @@ class ChatSettingsDialog(_Dialog):
         if k is not None and not 0 <= k <= 64:
             raise ValueError("draft k must be between 0 and 64")
         return ChatParams(profile=select("#profile"), temperature=temperature, max_tokens=max_tokens,
-                          mode=select("#mode"), draft_k=k, route=select("#route"))
+                          mode=select("#mode"), draft_k=k, route=select("#route"),
+                          predict_code=self.query_one("#predict_code", Checkbox).value)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id != "save":

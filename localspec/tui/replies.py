@@ -25,7 +25,7 @@ from localspec.tui.base import ScreenPart
 from localspec.tui.dialogs import ErrorDialog
 from localspec.tui.store import PartialReply, interrupted_meta
 from localspec.tui.streaming import FRAMES_PER_S, ContextTrimmed, Reply, ReplyEnded, ReplyRefused
-from localspec.tui.widgets import MessageView, PromptInput, add_segment
+from localspec.tui.widgets import MessageView, PromptInput, add_segment, predicted_reply
 
 if TYPE_CHECKING:
     from localspec.tui.chat_screen import ChatScreen
@@ -67,9 +67,12 @@ class Replies(ScreenPart):
         # An empty reply (interrupted before its first token) says nothing to the model.
         messages += [{"role": m.role, "content": m.content} for m in self.store.messages(chat.id)
                      if m.content or m.role != "assistant"]
+        # Predicted Outputs: the code the user pasted into the message being answered (not earlier turns).
+        last = messages[-1] if messages and messages[-1]["role"] == "user" else None
+        prediction = predicted_reply(last["content"]) if last is not None and p.predict_code else None
         return GenerationRequest(  # pydantic validates the dicts and the mode string
             messages=messages, max_tokens=p.max_tokens, sampling=SamplingParams(temperature=p.temperature),
-            mode=p.mode, k=p.draft_k, truncate=True,
+            mode=p.mode, k=p.draft_k, truncate=True, prediction=prediction,
         )
 
     async def start(self, view: MessageView | None = None) -> None:

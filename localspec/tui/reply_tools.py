@@ -1,12 +1,12 @@
 """What the user does with a finished reply: copy it or its code, mark a cached one wrong, and the
-accepted-token view (draft vs target) across all replies."""
+accepted-token view (draft, prediction, target) across all replies."""
 
 from __future__ import annotations
 
 import asyncio
 
 from localspec.tui.base import ScreenPart
-from localspec.tui.widgets import code_blocks
+from localspec.tui.widgets import ORIGIN_LEGEND, code_blocks
 
 
 class ReplyTools(ScreenPart):
@@ -48,4 +48,4 @@ class ReplyTools(ScreenPart):
         for v in self.screen.message_views():
             v.set_show_origins(self.show_origins)
         if self.show_origins:
-            self.app.notify("Accepted-token view: green = drafted and accepted, grey = produced by the target.")
+            self.app.notify(ORIGIN_LEGEND)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from localspec.engine.events import Stats
 from localspec.metrics import Metrics, RequestRecord
@@ -29,6 +29,10 @@ class SessionSnapshot:
     cache_hits: int = 0
     route_decisions: int = 0
     errors: int = 0
+    # Replies asked with a prediction (Predicted Outputs), and their prediction tokens kept and rejected.
+    prediction_replies: int = 0
+    prediction_accepted: int = 0
+    prediction_rejected: int = 0
     tokens_per_second: list[float] = field(default_factory=list)
     acceptance: list[float] = field(default_factory=list)
     last_ttft_ms: float | None = None
@@ -71,6 +75,10 @@ class SessionMetrics:
         s.cache_hits += rec.cache == "hit"
         s.route_decisions += rec.route is not None
         s.errors += rec.finish_reason == "error"
+        if rec.prediction_tokens or rec.prediction_drafted:
+            s.prediction_replies += 1
+            s.prediction_accepted += rec.prediction_accepted
+            s.prediction_rejected += rec.prediction_rejected
         if rec.completion_tokens > 1:
             self._tps.append(rec.decode_tps)
         if rec.drafted:
@@ -95,10 +103,7 @@ class SessionMetrics:
 
     def snapshot(self) -> SessionSnapshot:
         s = self._snap
-        return SessionSnapshot(
-            s.requests, s.prompt_tokens, s.completion_tokens, s.cache_hits, s.route_decisions, s.errors,
-            list(self._tps), list(self._acc), s.last_ttft_ms, s.last_context_tokens, self.drift_flags(),
-        )
+        return replace(s, tokens_per_second=list(self._tps), acceptance=list(self._acc), drift=self.drift_flags())
 
     def close(self) -> None:
         if self.sink is not None:

@@ -1,13 +1,15 @@
 """Chats on disk: one SQLite file under the data dir, written only from the UI thread.
 
-Assistant messages keep their stats and the token origins (draft/target runs), so the
-accepted-token view and the per-reply figures survive a restart.
+Assistant messages keep their stats and the token origins (draft/prediction/target runs), so the
+accepted-token view and the per-reply figures survive a restart. What a row holds is read as untrusted
+(a hand-edited file, one written by a newer version): `messages` hands the app only well-formed meta.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import sqlite3
 import time
@@ -54,11 +56,14 @@ class ChatParams:
     mode: str | None = None  # off | draft | lookup
     draft_k: int | None = None
     route: str | None = None  # "auto" (the router), "small", "large"; None: the profile's target
+    predict_code: bool = True  # send the code blocks of the user's message as the prediction (Predicted Outputs)
 
     @classmethod
     def from_json(cls, text: str) -> ChatParams:
         data = json.loads(text or "{}")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if not isinstance(known.get("predict_code", True), bool):  # "false" would read as true
+            del known["predict_code"]
         return cls(**known)
 
 
@@ -169,7 +174,7 @@ class ChatStore:
 
     def messages(self, chat_id: int) -> list[Message]:
         rows = self._db.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
-        return [Message(r["id"], r["chat_id"], r["role"], r["content"], json.loads(r["meta"])) for r in rows]
+        return [Message(r["id"], r["chat_id"], r["role"], r["content"], stored_meta(r["meta"])) for r in rows]
 
     def update_meta(self, message_id: int, meta: dict[str, Any]) -> None:
         self._db.execute("UPDATE messages SET meta = ? WHERE id = ?", (json.dumps(meta), message_id))
@@ -285,16 +290,84 @@ def export_chat(chat: Chat, messages: list[Message], directory: Path) -> Path:
     return path
 
 
-def stats_from_dict(data: dict[str, Any]) -> Stats:
-    known = {k: v for k, v in data.items() if k in Stats.__dataclass_fields__}
+# ---------------------------------------------------------------------- reading stored meta
+
+
+def stored_meta(text: str) -> dict[str, Any]:
+    """A message's meta as the app may use it: a dict whose token runs and stats are well formed.
+    Anything else a row holds (not JSON, not an object, runs or stats of the wrong shape) is dropped
+    or repaired here, so a bad row shows what it can instead of stopping the app."""
+    try:
+        meta = json.loads(text or "{}")
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
+        return {}
+    if not isinstance(meta, dict):
+        return {}
+    if "segments" in meta:
+        meta["segments"] = stored_runs(meta["segments"])
+    if not isinstance(meta.get("stats", {}), dict):
+        del meta["stats"]
+    if not isinstance(meta.get("cache_entry"), str | None):
+        meta["cache_entry"] = None
+    return meta
+
+
+def stored_runs(raw: object) -> list[list[str]]:
+    """Token runs ([text, origin] pairs) from a stored reply. A run whose text is not a string is
+    dropped; an origin this version does not know (a newer one's, say) is kept as it is: it shows
+    without a colour and is saved back unchanged. An origin that is not a string becomes ""."""
+    runs: list[list[str]] = []
+    for item in raw if isinstance(raw, list) else []:
+        if not isinstance(item, list | tuple) or len(item) != 2 or not isinstance(item[0], str):
+            continue
+        runs.append([item[0], item[1] if isinstance(item[1], str) else ""])
+    return runs
+
+
+def stats_from_dict(data: object) -> Stats:
+    """Stats from a stored reply; a field of the wrong type keeps its default (rows are untrusted)."""
+    if not isinstance(data, dict):
+        return Stats()
+    defaults = Stats()
+    known = {k: v for k, v in data.items()
+             if k in Stats.__dataclass_fields__ and _same_kind(v, getattr(defaults, k))}
     return Stats(**known)
 
 
+_EXACT = 2**53  # ints past this do not convert to float exactly, and far past it not at all (OverflowError)
+
+
+def _same_kind(value: object, default: object) -> bool:
+    def count(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and abs(v) < _EXACT
+
+    if isinstance(default, float):
+        return count(value) or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(default, int):
+        return count(value)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    if isinstance(default, list):
+        return isinstance(value, list) and all(count(v) for v in value)
+    if isinstance(default, dict):
+        return isinstance(value, dict) and all(isinstance(k, str) and count(v) for k, v in value.items())
+    return False
+
+
+def had_prediction(s: Stats) -> bool:
+    """Whether the reply was asked with a prediction: the engine tokenized one, or a server reported
+    prediction tokens (a remote backend knows no token count of its own)."""
+    return s.prediction_tokens > 0 or s.prediction_drafted > 0
+
+
 def reply_summary(stats: dict[str, Any] | Stats) -> str:
-    """The one line under a reply: tokens, speed, TTFT and the draft's acceptance."""
+    """The one line under a reply: tokens, speed, TTFT, the draft's acceptance and, when the reply had
+    a prediction, how many of the prediction's tokens were accepted and rejected."""
     s = stats if isinstance(stats, Stats) else stats_from_dict(stats)
     parts = [f"{s.completion_tokens} tokens", f"{s.tokens_per_second:.1f} tok/s", f"TTFT {s.ttft_ms:.0f} ms"]
     if s.drafted:
         parts.append(f"accepted {s.accepted}/{s.drafted} ({s.acceptance_rate:.0%})")
+    if had_prediction(s):
+        parts.append(f"prediction {s.prediction_accepted} accepted, {s.prediction_rejected} rejected")
     parts.append(f"mode {s.mode}")
     return " · ".join(parts)

@@ -18,10 +18,16 @@ from localspec.tui.backend import BackendInfo
 from localspec.tui.session_metrics import SessionSnapshot
 from localspec.tui.store import reply_summary, stats_from_dict
 
-# Accepted-token view: tokens the draft proposed and the target accepted, versus the target's own.
-ORIGIN_STYLES = {"draft": "bold #0b2e13 on #7fd88f", "target": "#e0e0e0 on #2a2f3a"}
+# Accepted-token view: tokens a drafter proposed and the target accepted (green), tokens of the
+# prediction the target accepted (blue), the target's own (grey). Other origins show unstyled.
+ORIGIN_STYLES = {"draft": "bold #0b2e13 on #7fd88f", "prediction": "bold #0a1f3d on #7fb2f0",
+                 "target": "#e0e0e0 on #2a2f3a"}
+ORIGIN_LEGEND = ("Accepted-token view: green = drafted and accepted, blue = from the prediction (your code) "
+                 "and accepted, grey = produced by the target.")
 NEWLINE_KEYS = ("ctrl+j", "shift+enter")
 _CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
+# A fence line as CommonMark has it: up to 3 spaces, then 3 or more backticks or tildes, then the info string.
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)")
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -32,6 +38,41 @@ def code_blocks(markdown: str) -> list[str]:
         if len(tail) == 2:
             blocks.append(tail[1].rstrip("\n"))
     return blocks
+
+
+def predicted_reply(message: str) -> str | None:
+    """The prediction for a reply to `message` (Predicted Outputs): its fenced code blocks, or None.
+
+    The flow this serves is "paste code, ask for an edit": the answer then mostly repeats the code,
+    each block fenced the way a model writes one ("```python", the code, "```"). So the prediction is
+    every block of the message, in order, fences included (info string trimmed; an unclosed last block
+    runs to the end and is closed), joined by a blank line: prose the reply adds around them is not
+    predicted, and the engine realigns on the next block after it. Blocks without code are skipped.
+    A prediction the reply does not follow costs only its rejected drafts; the answer is unchanged.
+    """
+    lines = message.splitlines()
+    blocks: list[str] = []
+    i = 0
+    while i < len(lines):
+        m = _FENCE.fullmatch(lines[i])
+        i += 1
+        if m is None or (m.group(1)[0] == "`" and "`" in m.group(2)):  # `x```y` is inline code, not a fence
+            continue
+        fence, info = m.group(1), m.group(2).strip()
+        body: list[str] = []
+        while i < len(lines) and not _closes(lines[i], fence):
+            body.append(lines[i])
+            i += 1
+        i += 1  # past the closing fence
+        if any(line.strip() for line in body):
+            blocks.append("\n".join([fence + info, *body, fence]))
+    return "\n\n".join(blocks) or None
+
+
+def _closes(line: str, fence: str) -> bool:
+    """A closing fence: the opening's character, at least as many, nothing else on the line."""
+    text = line.strip()
+    return len(text) >= len(fence) and text == fence[0] * len(text) and len(line) - len(line.lstrip(" ")) <= 3
 
 
 def origin_text(segments: Sequence[Sequence[str]]) -> Text:
@@ -224,6 +265,8 @@ def metrics_text(snap: SessionSnapshot, info: BackendInfo | None, rss_bytes: int
     row("cache hits", str(snap.cache_hits))
     row("routed", str(snap.route_decisions))
     row("errors", str(snap.errors))
+    if snap.prediction_replies:  # replies asked with a prediction (code in the message), their tokens' fate
+        row("prediction", f"{snap.prediction_accepted} accepted, {snap.prediction_rejected} rejected")
     t.append("\nmodels\n", style="bold")
     if info is None:
         row("backend", "loading…")
