@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from localspec.engine import calibrate
 from localspec.engine.controller import AcceptanceBook, Controller, Explorer
 from localspec.engine.costs import Costs, Obtained, context_bucket, isotonic, load
 
@@ -247,11 +248,11 @@ def test_exploring_drafts_where_a_busy_box_curve_says_not_to_and_the_output_is_u
 def test_the_engine_learns_from_its_passes_and_persists_it(tmp_path):
     costs = Costs(verify=BUSY_BOX, draft_step=0.02, draft_row=0.005)
     engine, copy = _auto_engine(costs)
-    engine.costs_path = tmp_path / "calibration-x.json"
+    engine.cost_file = calibrate.CostFile(tmp_path / "calibration-x.json")
     _answer(engine, "Copy this:\n" + copy)
     assert costs.passes > 0
     engine.close()
-    saved = load(engine.costs_path)
+    saved = load(tmp_path / "calibration-x.json")
     assert saved is not None and saved.passes == costs.passes
 
 
@@ -279,7 +280,6 @@ def test_doctor_shows_and_resets_the_curves(tmp_path, monkeypatch, capsys):
 
 
 def test_a_disturbed_calibration_is_retried_then_used_but_not_saved(tmp_path, monkeypatch, caplog):
-    from localspec.engine import calibrate
 
     attempts: list[int] = []
 
@@ -298,7 +298,8 @@ def test_a_disturbed_calibration_is_retried_then_used_but_not_saved(tmp_path, mo
     rt = Runtime()
     rt.config = type("C", (), {"n_gpu_layers": 0})()
     with caplog.at_level(logging.WARNING):
-        costs, path = calibrate.load_or_measure(rt, None, 8, tmp_path)
+        costs, cost_file = calibrate.load_or_measure(rt, None, 8, tmp_path)
+    path = cost_file.path if cost_file else None
     assert len(attempts) == calibrate.ATTEMPTS and "retrying" in caplog.text and "unsaved" in caplog.text
     assert costs.obtained is Obtained.UNSETTLED and path == tmp_path / "calibration-k.json" and not path.exists()
     assert costs.steps(3) >= costs.steps(2)  # the dip after the bad 2-row point is fitted away
@@ -307,7 +308,6 @@ def test_a_disturbed_calibration_is_retried_then_used_but_not_saved(tmp_path, mo
 def test_a_calibration_past_its_budget_is_not_retried(tmp_path, monkeypatch, caplog):
     """With a CPU hog beside llama.cpp's threads a single step took 4-6 s: a second attempt would
     keep the user waiting minutes for what the first passes teach anyway."""
-    from localspec.engine import calibrate
 
     attempts: list[int] = []
 

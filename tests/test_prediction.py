@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.controller import AcceptanceBook, Controller
 from localspec.engine.events import Done, Token
-from localspec.engine.prediction import MIN_MATCH_BYTES, Prediction
+from localspec.engine.prediction import MIN_MATCH_BYTES, Prediction, prepare
 from localspec.engine.scheduler import Engine
 from localspec.errors import PredictionTooLongError
 from tests.fake_tier import SPECIAL, ScriptedRuntime, scripted, scripted_costs, scripted_engine
@@ -206,8 +206,8 @@ def test_the_engine_drafts_again_after_the_output_spells_a_predicted_token_diffe
     merged = "def f():\n    return '<|fim_prefix|>'\n\n\nprint(f(), f(), f(), f(), f(), f())\n"
     engine = Engine(target=MergingRuntime(scripted(default=merged), n_seq_max=1),
                     config=EngineConfig(parallel=1, mode="lookup", pinned_prefix_cells=0))
-    prediction = engine._prediction(GenerationRequest(prompt="x", prediction=merged))
-    assert prediction is not None and SPECIAL["<|fim_prefix|>"] in prediction.tokens
+    prediction = prepare(merged, engine.target, n_ctx=engine.config.n_ctx)
+    assert SPECIAL["<|fim_prefix|>"] in prediction.tokens
     tokens, done = run(engine, prediction=merged)
     assert done.text == merged
     st = done.stats

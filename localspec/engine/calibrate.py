@@ -30,6 +30,7 @@ ROUNDS = 4  # each batch size this many times, sizes interleaved, so a burst of 
 SPREAD_LIMIT = 0.5  # a size whose timings spread more than this (max − min, over the median) is noise
 STEP_DRIFT_LIMIT = 0.3  # single steps timed before and after must agree within this, and with verify(1)
 ATTEMPTS = 2
+SAVE_EVERY = 200  # learned passes between saves of the cost curve (at a request's end)
 BUDGET_S = 20.0  # an attempt past this stops after the round in flight: on a box this busy the passes
 # that follow teach more than more rounds would, and the user is waiting for the model to load
 
@@ -184,13 +185,37 @@ def costs_path(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, cac
     return cache_dir / f"calibration-{cache_key(target, draft, k_max)}.json"
 
 
+@dataclass
+class CostFile:
+    """Where an engine's learned costs persist, and how many of their passes are saved there."""
+
+    path: Path
+    passes_saved: int = 0
+
+    def save(self, learned: Costs, *, every: int = 0) -> bool:
+        """Persist what the passes taught (atomically) once more than `every` passes were learned
+        since the last save. A disturbed calibration waits until real passes have corrected it.
+        False when the disk refused: a read-only or full disk only costs re-learning next time."""
+        if learned.passes - self.passes_saved <= every:
+            return True
+        if learned.obtained is Obtained.UNSETTLED and learned.passes < SAVE_EVERY:
+            return True
+        try:
+            learned.save(self.path)
+        except OSError as exc:
+            logger.warning("could not save speculative costs to %s: %s", self.path, exc)
+            return False
+        self.passes_saved = learned.passes
+        return True
+
+
 def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, cache_dir: Path | None, *,
-                    on_progress: ProgressFn | None = None) -> tuple[Costs, Path | None]:
+                    on_progress: ProgressFn | None = None) -> tuple[Costs, CostFile | None]:
     """This machine's costs as the last process left them, or a fresh measurement (reported to
     `on_progress`), and where to persist what the engine learns from here on."""
     path = costs_path(target, draft, k_max, cache_dir) if cache_dir else None
     if path is not None and (known := costs.load(path)) is not None:
-        return known, path
+        return known, CostFile(path, passes_saved=known.passes)
     logger.info("calibrating speculative costs (one-time per model, build and thread count)")
     progress = StageReporter(on_progress, LoadStage.CALIBRATE, target.path.stem) if on_progress else None
     t0 = time.perf_counter()
@@ -202,4 +227,4 @@ def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int
             measured.save(path)
         except OSError as exc:  # a read-only or full disk only costs a re-measure next time
             logger.warning("could not save calibration to %s: %s", path, exc)
-    return measured, path
+    return measured, CostFile(path, passes_saved=measured.passes) if path else None

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from localspec.engine.verify import Draft
+from localspec.errors import PredictionTooLongError
 
 # The output's recent bytes searched for after a divergence: long enough to tell two similar lines
 # apart, short enough that the search (a few bytes.find over the prediction) stays cheap per step.
@@ -31,6 +33,21 @@ TAIL_BYTES = 64
 MIN_MATCH_BYTES = 8
 
 Piece = Callable[[int], bytes]
+
+
+class Tokenizer(Protocol):
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+
+    def piece(self, token: int) -> bytes: ...
+
+
+def prepare(text: str, tokenizer: Tokenizer, *, n_ctx: int) -> Prediction:
+    """A request's prediction, tokenized as plain text (special-token spellings stay text). One
+    longer than the context is refused: no answer could follow it to its end."""
+    tokens = tokenizer.tokenize(text, add_special=False, parse_special=False)
+    if len(tokens) > n_ctx:
+        raise PredictionTooLongError(len(tokens), n_ctx)
+    return Prediction.build(tokens, piece=tokenizer.piece)
 
 
 @dataclass

@@ -36,21 +36,22 @@ import numpy as np
 
 from localspec.engine import calibrate
 from localspec.engine.chat import check_jinja
-from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
+from localspec.engine.config import EngineConfig, GenerationRequest
 from localspec.engine.controller import AcceptanceBook, Controller, Explorer
-from localspec.engine.costs import Costs, Obtained
+from localspec.engine.costs import Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
 from localspec.engine.events import Done, Event, FinishReason, Origin, ProgressFn, Stats, Token
 from localspec.engine.grammar import Grammar
-from localspec.engine.prediction import Prediction
-from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
+from localspec.engine.prediction import prepare
+from localspec.engine.loading import check_vocabularies, load_runtimes
+from localspec.engine.runtime import ModelRuntime, Row
 from localspec.engine.prompt import Prompter
 from localspec.engine.picking import grammar_tokens, pick, target_rows, target_tokens
 from localspec.engine.batch import Batch
 from localspec.engine.slots import Active, EventSink, Handle, Lane, Pending, Slot, token_logprob
 from localspec.engine.text import StopMatcher
 from localspec.engine.verify import Draft, PositionRng, verify, verify_greedy
-from localspec.errors import IncompatibleDraftError, PredictionTooLongError, RequestError
+from localspec.errors import RequestError
 
 __all__ = ["Engine", "Handle", "Lane"]
 
@@ -58,9 +59,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# llama.cpp accepts a draft whose vocabulary differs from the target's by up to this many tokens.
-MAX_VOCAB_DIFFERENCE = 128
-SAVE_COSTS_EVERY = 200  # learned passes between saves of the cost curve (at a request's end)
 
 
 class Engine:
@@ -79,19 +77,12 @@ class Engine:
         self.draft = draft
         self.drafter: DraftModelDrafter | None = None
         if draft is not None:
-            diff = abs(draft.n_vocab - target.n_vocab)
-            if diff > MAX_VOCAB_DIFFERENCE:
-                raise IncompatibleDraftError(
-                    f"The draft's vocabulary has {draft.n_vocab} tokens and the target's {target.n_vocab} "
-                    f"(a difference of {diff}; at most {MAX_VOCAB_DIFFERENCE} is tolerated).",
-                    "Use a draft model of the target's family with the same tokenizer.",
-                )
+            check_vocabularies(target, draft)
             self.drafter = DraftModelDrafter(draft, target.n_vocab, self.config.draft_p_min)
         self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
         self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
         self.explorer = Explorer(budget=self.config.auto_explore)  # shared: the budget is the engine's time
-        self.costs_path: Path | None = None  # where learned costs persist (set by calibrate)
-        self._passes_saved = 0
+        self.cost_file: calibrate.CostFile | None = None  # where learned costs persist (set by calibrate)
         self.slots = [Slot(seq=i) for i in range(self.config.parallel)]
         # One prompt prefix that many requests share (the cache judge's instructions and examples)
         # lives in a sequence of its own, past the slots: a slot used since for other work gets it
@@ -120,31 +111,7 @@ class Engine:
         *, on_progress: ProgressFn | None = None,  # hears each model's load and the calibration
     ) -> Engine:
         config = config or EngineConfig()
-        rc = RuntimeConfig(
-            n_ctx=config.n_ctx,
-            n_seq_max=config.parallel,
-            pinned_cells=config.pinned_prefix_cells,
-            n_batch=config.n_batch,
-            n_ubatch=config.n_batch,
-            n_outputs_max=output_rows(config),
-            n_threads=config.n_threads,
-            n_gpu_layers=config.n_gpu_layers,
-            flash_attn=config.flash_attn,
-            lora_path=config.lora_path,
-            repack_weights=config.repack_weights,
-            mmap=config.mmap,
-        )
-        target = ModelRuntime(target_path, rc, on_progress=on_progress)
-        draft = None
-        if draft_path:
-            try:
-                # The draft asks for one logits row per sequence and step (16 when calibrating).
-                draft = ModelRuntime(draft_path, replace(rc, lora_path=None, pinned_cells=0,
-                                                         n_outputs_max=max(config.parallel, 16)),
-                                     on_progress=on_progress)
-            except BaseException:
-                target.close()
-                raise
+        target, draft = load_runtimes(target_path, draft_path, config, on_progress=on_progress)
         try:
             engine = cls(target, draft, config, calibration_dir)
             if config.mode == "auto":
@@ -164,24 +131,14 @@ class Engine:
             cache = Path(self.calibration_dir) if self.calibration_dir else None
             for slot in self.slots[:1]:
                 self._reset_kv(slot)
-            self.costs, self.costs_path = calibrate.load_or_measure(self.target, self.draft, self.config.auto_k_max,
+            self.costs, self.cost_file = calibrate.load_or_measure(self.target, self.draft, self.config.auto_k_max,
                                                                     cache, on_progress=on_progress)
-            self._passes_saved = self.costs.passes
         return self.costs
 
     def save_costs(self, *, every: int = 0) -> None:
-        """Persist what the passes taught (atomically), so the next process starts from it; with
-        `every`, only once that many passes were learned since the last save."""
-        if self.costs is None or self.costs_path is None or self.costs.passes - self._passes_saved <= every:
-            return
-        if self.costs.obtained is Obtained.UNSETTLED and self.costs.passes < SAVE_COSTS_EVERY:
-            return  # a disturbed calibration is saved only once real passes have corrected it
-        try:
-            self.costs.save(self.costs_path)
-            self._passes_saved = self.costs.passes
-        except OSError as exc:  # a read-only or full disk only costs re-learning next time
-            logger.warning("could not save speculative costs to %s: %s", self.costs_path, exc)
-            self.costs_path = None
+        """Persist what the passes taught, so the next process starts from it (see CostFile.save)."""
+        if self.costs is not None and self.cost_file is not None and not self.cost_file.save(self.costs, every=every):
+            self.cost_file = None
 
     def close(self) -> None:
         self.save_costs()
@@ -214,7 +171,8 @@ class Engine:
             if request.grammar else None
         )
         pin_len = self.prompter.pin_length(request, tokens)  # renders the shared messages: outside the lock
-        prediction = self._prediction(request)
+        prediction = None if request.prediction is None else \
+            prepare(request.prediction, self.target, n_ctx=self.config.n_ctx)
         with self._lock:
             handle = Handle(self._next_id, sink=sink, lane=lane)
             handle.grammar = grammar
@@ -229,16 +187,6 @@ class Engine:
             else:
                 self._pending.append(entry)
         return handle
-
-    def _prediction(self, request: GenerationRequest) -> Prediction | None:
-        """The request's prediction, tokenized as plain text (special-token spellings stay text).
-        One longer than the context is refused: no answer could follow it to its end."""
-        if request.prediction is None:
-            return None
-        tokens = self.target.tokenize(request.prediction, add_special=False, parse_special=False)
-        if len(tokens) > self.config.n_ctx:
-            raise PredictionTooLongError(len(tokens), self.config.n_ctx)
-        return Prediction.build(tokens, piece=self.target.piece)
 
     def generate(self, request: GenerationRequest) -> Iterator[Event]:
         """Submit one request and step the engine until it is done, yielding its events."""
@@ -380,7 +328,7 @@ class Engine:
         if a.t_first:
             a.stats.decode_ms = (a.t_last - a.t_first) * 1000
         slot.active = None
-        self.save_costs(every=SAVE_COSTS_EVERY)
+        self.save_costs(every=calibrate.SAVE_EVERY)
         a.handle.finish(Done(finish_reason="error", stats=a.stats, text="".join(a.text), error=error))
 
     def fail_all(self, exc: BaseException) -> None:
@@ -618,7 +566,7 @@ class Engine:
         if a.grammar is not None:
             a.grammar.close()
         slot.active = None
-        self.save_costs(every=SAVE_COSTS_EVERY)
+        self.save_costs(every=calibrate.SAVE_EVERY)
         a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error))
 
     # ------------------------------------------------------------------ KV bookkeeping
