@@ -379,6 +379,31 @@ def test_draft_pairing_for_any_target(tmp_path, tmp_store, monkeypatch):  # noqa
     assert "auto drafts with small-draft" in info.stdout and "other-tok" in info.stdout
 
 
+def test_generate_logs_the_paired_draft(tmp_path, tmp_store):  # noqa: F811
+    """The metrics row names the draft that was loaded, not the profile's (which may not fit the target)."""
+    import argparse
+
+    from localspec.cli.generate_cmd import _log_metrics
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.events import Done, Stats
+    from localspec.metrics import fetch_rows, open_reader
+    from localspec.metrics.store import default_db_path
+    from localspec.models import ModelManager
+
+    mm = ModelManager()
+    mm.import_file(make_gguf(tmp_path / "big.gguf", n_embd=64, n_layers=4), model_id="big-target")
+    mm.import_file(make_gguf(tmp_path / "small.gguf", seed=2), model_id="small-draft", role="draft")
+    args = argparse.Namespace(profile=None, model="big-target", draft_model=None)
+    done = Done("stop", Stats(mode="draft", completion_tokens=3, drafted=2, accepted=1), "hi")
+    _log_metrics(args, GenerationRequest(prompt="x", max_tokens=3), done, 5.0, True, mm.installed_path("small-draft"))
+    conn = open_reader(default_db_path())
+    try:
+        rows = list(fetch_rows(conn))
+    finally:
+        conn.close()
+    assert [(r["target_model"], r["draft_model"]) for r in rows] == [("big-target", "small-draft")]
+
+
 # ---------------------------------------------------------------- search
 
 
@@ -420,3 +445,16 @@ def test_search_offline_or_unreachable_is_one_line_and_the_registry_still_answer
     assert "Cannot reach the Hub" in one_error_line(down.stderr)
     d = json.loads(down.stdout)
     assert d["hub"] == [] and "Cannot reach the Hub" in d["hub_error"] and d["registry"]
+
+
+def test_a_file_the_registry_already_describes_is_pulled_as_that_entry(env, fake_hub, files, tmp_store):  # noqa: F811
+    """hf.co/... of a curated model installs the registry's entry (its id, its pins, its mirrors)."""
+    from tests.models_helpers import write_overlay
+
+    write_overlay('[[models]]\nid = "curated-tiny"\nrole = "target"\n  [[models.sources]]\n  kind = "hf"\n'
+                  f'  repo = "{TINY}"\n  files = [{{ name = "Tiny-Q4_K_M.gguf", sha256 = "{sha256(files["q4"])}" }}]\n')
+    code, lines, err = cli_json(env, "models", "pull", "hf.co/acme/tiny-GGUF")
+    assert code == 0, err
+    assert lines[-1]["model"] == "curated-tiny" and (tmp_store / "curated-tiny" / "manifest.json").is_file()
+    listed = json.loads(run_cli("models", "list", "--json", "--no-fit", env=env).stdout)
+    assert "acme-tiny-q4_k_m" not in [r["id"] for r in listed]  # no second entry for the same file
