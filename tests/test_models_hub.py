@@ -161,6 +161,19 @@ def test_splits_group_in_order_and_an_incomplete_split_is_not_offered():
     assert listing.incomplete_splits == ("M-Q2_K (2 of 3 shards)",)
 
 
+def test_a_hostile_listing_offers_only_safe_paths():
+    from types import SimpleNamespace as NS
+
+    from localspec.models.hub import _files_of
+
+    lfs = NS(sha256="AB" * 32, size=5)
+    siblings = [NS(rfilename=p, size=5, lfs=lfs) for p in (
+        "../../etc/x-Q4_K_M.gguf", "/abs-Q4_K_M.gguf", ".hidden/x-Q4_K_M.gguf", "a\\b-Q4_K_M.gguf",
+        "ok/M-Q4_K_M.gguf", "bad\nname-Q8_0.gguf")] + [NS(rfilename="M-Q8_0.gguf", size=-1, lfs=None)]
+    files = _files_of(siblings)
+    assert [(f.path, f.sha256) for f in files] == [("ok/M-Q4_K_M.gguf", "ab" * 32)]
+
+
 def test_quant_choice():
     listing = _listing(("M-Q8_0.gguf", 80), ("M-Q4_K_M.gguf", 40), ("M-Q2_K.gguf", 20))
     assert pick_quant(listing, HubRef("u/r"), lambda q: True).quant.quant == "Q4_K_M"  # the default

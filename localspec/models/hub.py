@@ -72,8 +72,7 @@ def _check_repo(text: str, repo: str) -> str:
 
 
 def _check_path(text: str, path: str) -> str:
-    parts = path.split("/")
-    if any(p in ("", ".", "..") or p.startswith(".") for p in parts) or "\\" in path or not path.isprintable():
+    if not _safe_path(path):
         raise _bad_ref(text, f"{path!r} is not a plain file path in the repo")
     return path
 
@@ -310,12 +309,19 @@ def unreachable_error(exc: BaseException, what: str) -> DownloadError:
                          "(`localspec models pull ID`).")
 
 
+def _safe_path(path: str) -> bool:
+    """A path the Hub listed is untrusted: it becomes a path under the HF cache's snapshot folder."""
+    parts = path.split("/")
+    return (0 < len(path) <= 1000 and "\\" not in path and path.isprintable()
+            and not any(p in ("", ".", "..") or p.startswith(".") for p in parts))
+
+
 def _files_of(siblings: Iterable[Any]) -> list[HubFile]:
     out = []
     for s in siblings or ():
         path = getattr(s, "rfilename", None)
         size = getattr(s, "size", None)
-        if not isinstance(path, str) or not _is_model_file(path):
+        if not isinstance(path, str) or not _safe_path(path) or not _is_model_file(path):
             continue
         lfs = getattr(s, "lfs", None)
         sha = getattr(lfs, "sha256", None) if lfs is not None else None
