@@ -72,13 +72,21 @@ class ModelFiles:
 def resolve_models(
     profile: str | None = None, target: str | None = None, draft: str | None = None, need_draft: bool = True
 ) -> tuple[ModelFiles, int]:
-    """Profile (or explicit ids) to checked files on disk; returns the files and the profile's n_ctx."""
+    """Profile (or explicit ids) to checked files on disk; returns the files and the profile's n_ctx.
+
+    A target named without a draft (any installed model, one pulled from the Hub included) gets the
+    draft that pairing finds for it (the profile's when its tokenizer matches), or none: `auto` then
+    speculates with prompt lookup and prediction."""
     mm = ModelManager()
     prof = mm.profile(profile)
     target_id = mm.resolve(target or prof.target).id
     target_path = mm.require_path(target_id)
     validate_gguf(target_path)
     draft_id = draft or prof.draft
+    if need_draft and draft is None and target_id != prof.target:
+        pairing = mm.pair_draft(target_id, profile)
+        logger.info("%s", pairing.summary)
+        draft_id = pairing.draft_id
     draft_path = None
     if need_draft and draft_id:
         draft_id = mm.resolve(draft_id).id

@@ -3,20 +3,28 @@
 huggingface-hub's hf_hub_download makes a HEAD to ``/{repo}/resolve/{revision}/{filename}``
 (reading ETag / X-Linked-Etag, X-Linked-Size, X-Repo-Commit, Content-Length) and then a GET of
 the same URL, with ``Range: bytes=N-`` when it resumes after a dropped connection. It makes no
-``/api/models`` call for a single file. Faults are injected per test through attributes.
+``/api/models`` call for a single file.
+
+A Hub pull (`models pull hf.co/USER/REPO:QUANT`) first lists the repo through
+``/api/models/{repo}/revision/{rev}?blobs=true`` (HfApi.model_info with files_metadata), and
+`models search` asks ``/api/models?search=...&filter=gguf``. Gated repos answer the listing but
+refuse their files (401, X-Error-Code GatedRepo); private ones answer nothing (401, RepoNotFound).
+Faults are injected per test through attributes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 _PATH_RE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
+_INFO_RE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+?)(?:/revision/(?P<rev>[^/]+))?$")
 
 
 @dataclass
@@ -24,6 +32,7 @@ class Request:
     method: str
     path: str
     headers: dict[str, str]
+    served: int = 0  # body bytes of a file the client took (GETs of /resolve/ only)
 
 
 @dataclass
@@ -37,6 +46,9 @@ class FakeHub:
     requests: list[Request] = field(default_factory=list)
     stalled: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    gated: set[str] = field(default_factory=set)  # repos whose files need an accepted licence
+    private: set[str] = field(default_factory=set)  # repos that answer as if they did not exist
+    downloads: dict[str, int] = field(default_factory=dict)  # repo -> download count, for search order
     _gets: int = 0
 
     def add(self, repo: str, filename: str, content: bytes) -> str:
@@ -76,17 +88,68 @@ class FakeHub:
         return f"http://{host}:{port}"
 
     def gets(self) -> list[Request]:
-        return [r for r in self.requests if r.method == "GET"]
+        """The file downloads (GETs of /resolve/), not the API calls."""
+        return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path]
+
+    def api_calls(self) -> list[Request]:
+        return [r for r in self.requests if r.path.startswith("/api/")]
+
+    def repos(self) -> list[str]:
+        return sorted({r for r, _ in self.files})
+
+    # ---------------------------------------------------------------- the API
+    def _sibling(self, repo: str, filename: str) -> dict:
+        content = self.files[(repo, filename)]
+        sha = self.etag_override.get(filename, hashlib.sha256(content).hexdigest())
+        size = self.size_override.get(filename, len(content))
+        return {"rfilename": filename, "size": size, "blobId": hashlib.sha1(content).hexdigest(),
+                "lfs": {"size": size, "sha256": sha, "pointerSize": 134}}
+
+    def _info(self, repo: str) -> dict:
+        return {"id": repo, "modelId": repo, "sha": COMMIT, "private": repo in self.private,
+                "gated": "manual" if repo in self.gated else False, "downloads": self.downloads.get(repo, 0),
+                "tags": ["gguf"], "siblings": [self._sibling(repo, f) for r, f in sorted(self.files) if r == repo]}
+
+    def _api(self, h: BaseHTTPRequestHandler) -> None:
+        url = urlsplit(h.path)
+        if url.path == "/api/models":
+            query = parse_qs(url.query)
+            words = " ".join(query.get("search", [""])).lower().split()
+            found = [r for r in self.repos() if r not in self.private and all(w in r.lower() for w in words)]
+            found.sort(key=lambda r: -self.downloads.get(r, 0))
+            limit = int(query.get("limit", ["1000"])[0])
+            items = [{k: v for k, v in self._info(r).items() if k != "siblings"} for r in found[:limit]]
+            return self._json(h, items)
+        m = _INFO_RE.match(url.path)
+        if not m or unquote(m["repo"]) not in self.repos() or unquote(m["repo"]) in self.private:
+            return self._error(h, 401, "RepoNotFound")
+        if m["rev"] not in (None, "main", COMMIT):
+            return self._error(h, 404, "RevisionNotFound")
+        self._json(h, self._info(unquote(m["repo"])))
+
+    def _json(self, h: BaseHTTPRequestHandler, obj: object) -> None:
+        body = json.dumps(obj).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(body)
 
     # ---------------------------------------------------------------- responses
     def _serve(self, h: BaseHTTPRequestHandler, body: bool) -> None:
-        self.requests.append(Request(h.command, h.path, {k.lower(): v for k, v in h.headers.items()}))
+        request = Request(h.command, h.path, {k.lower(): v for k, v in h.headers.items()})
+        self.requests.append(request)
+        if h.path.startswith("/api/"):
+            return self._api(h)
         m = _PATH_RE.match(h.path.split("?", 1)[0])
         if not m:
             return self._error(h, 404, "RepoNotFound")
         repo, filename = unquote(m["repo"]), unquote(m["file"])
-        if not any(r == repo for r, _ in self.files):
-            return self._error(h, 404, "RepoNotFound")
+        if not any(r == repo for r, _ in self.files) or repo in self.private:
+            return self._error(h, 401 if repo in self.private else 404, "RepoNotFound")
+        if repo in self.gated and "authorization" not in request.headers:
+            return self._error(h, 401, "GatedRepo")
         content = self.files.get((repo, filename))
         if content is None:
             return self._error(h, 404, "EntryNotFound")
@@ -116,12 +179,14 @@ class FakeHub:
         if first and self.cut_first_get_after is not None:
             h.wfile.write(payload[: self.cut_first_get_after])
             h.wfile.flush()
+            request.served = min(self.cut_first_get_after, len(payload))
             h.close_connection = True
             h.connection.shutdown(2)  # drop mid-body: the client sees a short read
             return
         if first and self.stall_first_get_after is not None:
             h.wfile.write(payload[: self.stall_first_get_after])
             h.wfile.flush()
+            request.served = min(self.stall_first_get_after, len(payload))
             self.stalled.set()
             self.release.wait(30)
             h.close_connection = True
@@ -133,6 +198,7 @@ class FakeHub:
                 h.close_connection = True
                 return
             self.sent += min(1 << 20, len(payload) - i)
+            request.served += min(1 << 20, len(payload) - i)
 
     def _error(self, h: BaseHTTPRequestHandler, status: int, code: str) -> None:
         body = f'{{"error": "{code}"}}'.encode()

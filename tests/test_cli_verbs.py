@@ -64,7 +64,10 @@ class Workspace:
     def env(self, phase: str, models: bool) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
                if k not in ("LOCALSPEC_API_KEY", "XDG_CONFIG_HOME", "_ARGCOMPLETE")}
+        # HF_HUB_OFFLINE: no call may depend on reaching the Hub (`models search` then answers from the
+        # registry and says in one line why the Hub was not asked).
         env.update(PYTHONPATH=str(REPO), COLUMNS="80", LOCALSPEC_HOME=str(self.root / phase / "home"),
+                   HF_HUB_OFFLINE="1",
                    LOCALSPEC_MODEL_DIRS=str(self.root / "model-dirs"),
                    HOME=str(self.root / phase / "user"),
                    LOCALSPEC_MODELS_DIR=str(SHARED_STORE if models else self.root / phase / "store"))
@@ -120,10 +123,14 @@ def calls(ws: Workspace) -> list[tuple[tuple[str, ...], Call]]:
     """What each verb runs, in order (import before info, verify and rm; each phase has its own home)."""
     f, port = ws.files, str(ws.port)
     real = (SHARED_STORE / DRAFT_ID).is_dir()
+    qwen_coder = tuple(i for i in ws.registry_ids if "qwen" in i and "coder" in i)  # offline: the registry answers
     out: list[tuple[tuple[str, ...], Call]] = [
         (("models", "list"), Call((), 0, table=True, shows=ws.registry_ids)),
         (("models", "list"), Call(("--json",), 0, json=True, shows=ws.registry_ids)),
+        (("models", "search"), Call(("qwen coder",), 1, shows=qwen_coder)),
+        (("models", "search"), Call(("qwen", "--json"), 1, json=True, shows=qwen_coder)),
         (("models", "pull"), Call(("no-such-model",), 1)),
+        (("models", "pull"), Call(("hf.co/no-such-user",), 2)),
         (("models", "import"), Call((str(f["tiny"]), "--id", "cli-tiny", "--json"), 0, json=True)),
         (("models", "info"), Call(("cli-tiny", "--json"), 0, json=True)),
         (("models", "verify"), Call(("--json",), 0, json=True, shows=("cli-tiny",))),

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from localspec.cli.options import MODES
 
 if TYPE_CHECKING:  # the engine (numpy, pydantic) loads only when a prompt runs, not for every command
+    from pathlib import Path
+
     from localspec.engine.config import GenerationRequest
     from localspec.engine.events import Done, Token
 
@@ -117,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     colour = args.show_draft and sys.stdout.isatty()
     out = sys.stdout
     done: Done | None = None
-    draft_loaded, t_gen = engine.draft is not None, time.perf_counter()
+    t_gen = time.perf_counter()
+    draft_file = engine.draft.path if engine.draft is not None else None
     try:
         for event in engine.generate(request):
             if isinstance(event, Token) and not args.json:
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     assert done is not None
-    _log_metrics(args, request, done, (time.perf_counter() - t_gen) * 1000, draft_loaded)
+    _log_metrics(args, request, done, (time.perf_counter() - t_gen) * 1000, draft_file is not None, draft_file)
     s = done.stats
     peak_rss_mb = _peak_rss_mb()
     if args.json:
@@ -162,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _log_metrics(args: argparse.Namespace, request: GenerationRequest, done: Done, e2e_ms: float,
-                 draft_loaded: bool) -> None:
+                 draft_loaded: bool, draft_file: Path | None = None) -> None:
     """Log the run with face "cli"; a metrics failure is reported, never fatal to generation."""
     try:
         from localspec.metrics import Metrics, RequestRecord
@@ -174,7 +177,10 @@ def _log_metrics(args: argparse.Namespace, request: GenerationRequest, done: Don
             return mm.resolve(name).id if name in mm.registry else name
 
         target = model_id(args.model or prof.target)
-        draft_id = args.draft_model or prof.draft
+        # The draft that was loaded: a target named with --model may have been paired with another.
+        paired = next((m.model_id for m in mm.store.manifests()
+                       if draft_file is not None and mm.installed_path(m.model_id) == draft_file), None)
+        draft_id = args.draft_model or paired or prof.draft
         used_draft = draft_loaded and done.stats.mode in ("draft", "auto")
         draft = model_id(draft_id) if draft_id and used_draft else None
         hashes = {}

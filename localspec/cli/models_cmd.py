@@ -1,4 +1,4 @@
-"""`localspec models …`: list, pull, rm, info, verify, import, du."""
+"""`localspec models …`: list, search, pull, rm, info, verify, import, du."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localspec.errors import IntegrityError
+from localspec.errors import IntegrityError, ModelNotFoundError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,8 +22,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_list)
 
-    v = verbs.add_parser("pull", help="download models (no ids: the default profile)")
-    v.add_argument("ids", nargs="*", metavar="ID")
+    v = verbs.add_parser("search", help="GGUF models on the Hugging Face Hub: quants, sizes, fit (downloads nothing)")
+    v.add_argument("query", metavar="QUERY")
+    v.add_argument("--limit", type=int, default=10, help="most Hub repos to show (default: 10)")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_search)
+
+    v = verbs.add_parser("pull", help="download models (no ids: the default profile); "
+                                      "any GGUF on the Hub as hf.co/USER/REPO[:QUANT]")
+    v.add_argument("ids", nargs="*", metavar="ID",
+                   help="registry ids, or hf.co/USER/REPO[:QUANT], USER/REPO:QUANT, or a file URL on the Hub")
     v.add_argument("--profile", help="pull every model of this profile")
     v.add_argument("--include-embedding", action="store_true",
                    help="fail when the profile's embedding model cannot be fetched (default: skip it)")
@@ -132,35 +140,110 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from localspec.cli.pull_progress import JsonView, pull_view
+    from localspec.models.hub import parse_hub_ref
+    from localspec.models.manager import HubPull, InstallRecord
 
     mgr = _manager()
     if args.ids and args.profile:
         from localspec.errors import UsageError
 
         raise UsageError("Give model ids or --profile, not both.", "Run one pull per profile.")
+    refs = {i: parse_hub_ref(i) for i in args.ids}  # a malformed reference is a usage error before any pull
     view = pull_view(json_lines=args.json)
+    results: list[InstallRecord | HubPull] = []
     try:
         if args.ids:
-            records = [mgr.pull(i, progress=view, force=args.force) for i in args.ids]
+            for i in args.ids:
+                results.append(mgr.pull_hub(i, progress=view, force=args.force) if refs[i]
+                               else mgr.pull(i, progress=view, force=args.force))
             skipped: dict[str, str] = {}
         else:
             result = mgr.pull_profile(args.profile, progress=view, include_embedding=args.include_embedding)
-            records, skipped = result.installed, result.skipped
+            results, skipped = list(result.installed), result.skipped
     finally:
         view.close()
     if isinstance(view, JsonView):
-        for r in records:
-            view.emit({"event": "installed", "model": r.model_id, "source": r.source, "path": str(r.path),
-                       "size": r.size, "downloaded": r.downloaded})
+        for r in results:
+            rec = r.record if isinstance(r, HubPull) else r
+            record: dict[str, object] = {"event": "installed", "model": rec.model_id, "source": rec.source,
+                                         "path": str(rec.path), "size": rec.size, "downloaded": rec.downloaded}
+            if isinstance(r, HubPull):
+                record.update(repo=r.repo, quant=r.quant, quant_note=r.note or None, draft=r.pairing.to_dict())
+            view.emit(record)
         for mid, why in skipped.items():
             view.emit({"event": "skipped", "model": mid, "optional": True, "reason": why})
         return 0
-    for r in records:
-        state = f"installed from {r.source}" if r.downloaded else f"already installed (from {r.source})"
-        print(f"{r.model_id}: {state}: {r.path}")
+    for r in results:
+        rec = r.record if isinstance(r, HubPull) else r
+        state = f"installed from {rec.source}" if rec.downloaded else f"already installed (from {rec.source})"
+        print(f"{rec.model_id}: {state}: {rec.path}")
+        if isinstance(r, HubPull):
+            if r.note:
+                print(f"  quant: {r.note}")
+            print(f"  use it as: --model {rec.model_id}  (or the name you pulled)")
+            print(f"  draft: {r.pairing.summary}")
     for mid, why in skipped.items():
         print(f"{mid}: skipped (optional embedding model): {why}")
     return 0
+
+
+# ---------------------------------------------------------------- search
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from localspec.errors import DownloadError, UsageError
+    from localspec.models import hub
+    from localspec.models.fit import fit_verdict_for_size
+
+    if not 1 <= args.limit <= 100:
+        raise UsageError(f"--limit {args.limit} is out of range.", "Use 1 to 100.")
+    query = args.query.strip()
+    if not query:
+        raise UsageError("The search query is empty.", "Give a word of the model's name, e.g. `qwen coder`.")
+    mgr = _manager()
+    words = query.lower().split()
+    curated = [e for e in mgr.registry.models.values()
+               if all(w in " ".join([e.id, e.family, *e.aliases, *(getattr(s, "repo", "") for s in e.sources)]).lower()
+                      for w in words)]
+    failure: DownloadError | None = None
+    try:
+        hits = hub.search(query, limit=args.limit)
+    except DownloadError as exc:  # the registry still answers; the one line says why the Hub did not
+        hits, failure = [], exc
+    rows = [{"repo": h.repo, "downloads": h.downloads, "gated": h.gated, "error": h.error,
+             "quants": [{"quant": q.quant, "size": q.size, "files": len(q.files), "bits_per_weight": q.bits_per_weight,
+                         "fit": fit_verdict_for_size(q.size), "pull": f"hf.co/{h.repo}:{q.quant}"}
+                        for q in h.quants]} for h in hits]
+    registry = [{"id": e.id, "role": e.role, "quant": e.quant, "size": e.expected_size(),
+                 "installed": mgr.installed_path(e.id) is not None} for e in curated]
+    if args.json:
+        _print_json({"query": query, "registry": registry, "hub": rows,
+                     "hub_error": str(failure) if failure else None})
+    else:
+        _print_search(registry, rows)
+    if failure is not None:
+        raise failure
+    return 0
+
+
+def _print_search(registry: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    if registry:
+        print("registry (localspec models pull ID):")
+        for r in registry:
+            mark = "installed" if r["installed"] else _human(r["size"])
+            print(f"  {r['id']}  {r['role']}  {mark}")
+    for h in rows:
+        gated = "  gated: needs a login" if h["gated"] else ""
+        print(f"hf.co/{h['repo']}  ({h['downloads'] or 0:,} downloads){gated}")
+        if h["error"]:
+            print(f"  {h['error']}")
+        elif not h["quants"]:
+            print("  no GGUF model files")
+        for q in h["quants"]:
+            files = f" in {q['files']} files" if q["files"] > 1 else ""
+            print(f"  {q['quant']:<9} {_human(q['size']):>9}{files}  {q['fit']}")
+    if not registry and not rows:
+        print("nothing found")
 
 
 # ---------------------------------------------------------------- rm / info / verify / import / du
@@ -181,9 +264,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     mgr = _manager()
     path = Path(args.target).expanduser()
     model_id = None
-    if not path.exists() and not args.target.endswith(".gguf"):
-        model_id = mgr.resolve(args.target).id
-        path = mgr.require_path(model_id)
+    if not path.exists():
+        try:  # an id, an alias, or the Hub reference a model was pulled as (it may end in .gguf)
+            model_id = mgr.resolve(args.target).id
+        except ModelNotFoundError:
+            if not args.target.endswith(".gguf"):
+                raise
+        else:
+            path = mgr.require_path(model_id)
     info = read_gguf_info(path)
     n_ctx = args.n_ctx
     if n_ctx is None:
@@ -192,10 +280,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         except Exception:
             n_ctx = 4096
     fit = estimate_fit(info, n_ctx=n_ctx)
+    pairing = mgr.pair_draft(model_id) if model_id else None  # a bare file has no store id to pair
     if args.json:
         d = info.to_dict()
         d["model_id"] = model_id
         d["fit"] = fit.to_dict()
+        d["draft"] = pairing.to_dict() if pairing else None
         _print_json(d)
         return 0
     rows = [
@@ -217,6 +307,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                                  f"free RAM {_human(fit.free_ram)}"
                                  + (f", free VRAM {_human(fit.free_vram)})" if fit.free_vram is not None else ")")),
     ]
+    if pairing is not None:
+        rows.append(("draft (auto)", pairing.summary))
+        rows += [(f"  {c.model_id}", f"{c.compat.value}: {c.detail}") for c in pairing.candidates]
     for k, v in rows:
         print(f"{k:18} {v}")
     return 0

@@ -106,3 +106,13 @@ def fit_verdict(total: int, ram: int, vram: int | None) -> str:
     if total <= ram * 0.9:
         return "fits in RAM"
     return "too large"
+
+
+def fit_verdict_for_size(file_bytes: int, ram: int | None = None, vram: int | None = None) -> str:
+    """The verdict for a model known only by its file size (before its header is read): weights and
+    the compute allowance; the KV cache is not counted, so a long context can still not fit."""
+    if ram is None:
+        ram = free_ram()
+    if vram is None:
+        vram, _ = free_vram()
+    return fit_verdict(file_bytes + compute_allowance(file_bytes), ram, vram)

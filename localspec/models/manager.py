@@ -8,8 +8,17 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from localspec.errors import ConfigError, DiskFullError, DownloadError, IntegrityError, ModelNotFoundError
+from localspec.errors import (
+    ConfigError,
+    DiskFullError,
+    DownloadError,
+    IntegrityError,
+    ModelNotFoundError,
+    UsageError,
+)
 from localspec.models.fit import FitEstimate, estimate_fit
+from localspec.models.hub import HubRef, QuantPick, RepoListing, parse_hub_ref
+from localspec.models.pairing import DraftPairing
 from localspec.models.progress import Emitter, ProgressCallback
 from localspec.models.registry import (
     FileSource,
@@ -37,6 +46,18 @@ class InstallRecord:
     @property
     def path(self) -> Path:
         return self.files[0]
+
+
+@dataclass(frozen=True)
+class HubPull:
+    """A model pulled from the Hub by reference: what was installed, which quant and why, and the
+    draft `auto` will pair it with."""
+
+    record: InstallRecord
+    repo: str
+    quant: str
+    note: str  # why this quant, when it is not the one asked for; else ""
+    pairing: DraftPairing
 
 
 @dataclass
@@ -106,6 +127,12 @@ class ModelManager:
         return self._registry
 
     def resolve(self, id_or_alias: str) -> ModelEntry:
+        alias = _hub_alias(id_or_alias)
+        if alias is not None and id_or_alias not in self.registry:
+            if alias in self.registry:  # hf.co/u/r:q4_k_m, u/r:Q4_K_M and the URL all name one pull
+                return self.registry.resolve(alias)
+            raise ModelNotFoundError(f"{id_or_alias} has not been pulled.",
+                                     f"Run `localspec models pull {id_or_alias}`.")
         return self.registry.resolve(id_or_alias)
 
     def profile(self, name: str | None = None) -> Profile:
@@ -113,7 +140,7 @@ class ModelManager:
 
     def _model_id(self, id_or_alias: str) -> str:
         """Registry id for a known id/alias; a bare id for store-only (imported) models."""
-        if id_or_alias in self.registry:
+        if id_or_alias in self.registry or _hub_alias(id_or_alias) is not None:
             return self.resolve(id_or_alias).id
         check_model_id(id_or_alias)
         if self.store.read_manifest(id_or_alias) is not None:
@@ -199,6 +226,110 @@ class ModelManager:
             "check the network (or HF_ENDPOINT / HF_HUB_OFFLINE) and retry, or import a local copy "
             f"with `localspec models import PATH --id {entry.id}`.",
         )
+
+    # ---------------------------------------------------------------- any GGUF on the Hub
+
+    def pull_hub(self, reference: str, progress: ProgressCallback | None = None, force: bool = False) -> HubPull:
+        """Pull ``hf.co/USER/REPO[:QUANT]`` (or ``USER/REPO:QUANT``, or a file URL): list the repo,
+        pick the quant, refuse what cannot work before downloading, fetch and verify every shard,
+        and register it under a generated id (its alias: the reference)."""
+        from localspec.models import hub
+
+        ref = parse_hub_ref(reference)
+        if ref is None:
+            raise UsageError(f"{reference!r} is not a Hugging Face reference.", "Use hf.co/USER/REPO[:QUANT].")
+        self.store.prune_quarantine()
+        if not force and ref.alias in self.registry:  # pulled before: no need to ask the Hub
+            entry = self.resolve(ref.alias)
+            done = self._already_installed(entry)
+            if done is not None:
+                Emitter(progress, entry.id)("skip", done.size, done.size, f"already installed from {done.source}")
+                return HubPull(done, ref.repo, entry.quant or "?", "", self.pair_draft(entry.id))
+        listing = hub.list_repo(ref.repo, ref.revision)
+        if listing.gated and not hub.has_token():
+            raise hub.gated_error(ref.repo)  # refused before a byte: the download would be a 401
+        pick = hub.pick_quant(listing, ref, _fits_here)
+        known = self._registry_entry_for(listing, pick)
+        if known is not None:  # the curated registry has this very file: pull it from there (mirrors too)
+            rec = self.pull(known.id, progress, force)
+            return HubPull(rec, ref.repo, pick.quant.quant, pick.note, self.pair_draft(known.id))
+        entry = self._hub_entry(ref, listing, pick)
+        rec = self._install_hub(entry, pick, progress, force)
+        return HubPull(rec, ref.repo, pick.quant.quant, pick.note, self.pair_draft(rec.model_id))
+
+    def _registry_entry_for(self, listing: RepoListing, pick: QuantPick) -> ModelEntry | None:
+        names = [f.path for f in pick.quant.files]
+        for entry in self.registry.models.values():
+            for src in entry.sources:
+                if (isinstance(src, HFSource) and src.repo.lower() == listing.repo.lower()
+                        and [f.hub_path for f in src.files] == names and not _pulled_from_hub(entry)):
+                    return entry
+        return None
+
+    def _hub_entry(self, ref: HubRef, listing: RepoListing, pick: QuantPick) -> ModelEntry:
+        from localspec.models import hub
+        from localspec.models.registry import FileSpec
+
+        files = [FileSpec(name=f.name, repo_path=f.path if f.path != f.name else None, size=f.size,
+                          sha256=f.sha256) for f in pick.quant.files]
+        # Pinned to the commit listed: what was checked is what gets downloaded, now and on a re-pull.
+        src = HFSource(kind="hf", repo=listing.repo, revision=listing.commit or ref.revision, files=files)
+        aliases = [ref.alias]
+        exact = f"hf.co/{listing.repo}:{pick.quant.quant}"
+        if exact != ref.alias:
+            aliases.append(exact)
+        mid = hub.generated_id(listing.repo, pick.quant.quant)
+        taken = self.registry.models.get(mid)
+        n = 2
+        while taken is not None and not _same_hub_model(taken, src):
+            mid = f"{hub.generated_id(listing.repo, pick.quant.quant)}-{n}"
+            taken, n = self.registry.models.get(mid), n + 1
+        return ModelEntry(id=mid, aliases=aliases, role="target", quant=pick.quant.quant, sources=[src])
+
+    def _install_hub(self, entry: ModelEntry, pick: QuantPick, progress: ProgressCallback | None,
+                     force: bool) -> InstallRecord:
+        from localspec.models import overlay
+        from localspec.models.gguf_info import read_gguf_info
+        from localspec.models.sources import hf
+
+        src = entry.sources[0]
+        assert isinstance(src, HFSource)
+        emit = Emitter(progress, entry.id, "hf")
+        with self.store.lock(entry.id):
+            done = None if force else self._already_installed(entry)
+            if done is not None:
+                emit("skip", done.size, done.size, f"already installed from {done.source}")
+                return done
+            shards = f", {len(src.files)} files" if len(src.files) > 1 else ""
+            emit("start", 0, pick.quant.size, pick.note or f"pulling {src.repo} {pick.quant.quant}{shards}")
+            try:
+                result = hf.fetch(entry, src, self.store, emit)
+            except SourceUnavailable as exc:
+                raise DownloadError(f"Could not pull {entry.aliases[0]}: {exc.reason}.",
+                                    exc.fix or "Check the network (or HF_ENDPOINT) and pull again; "
+                                               "a pull that stopped resumes where it was.") from None
+            self._check_gguf(entry, result)
+            info = read_gguf_info(_first_gguf([Path(f.path) for f in result.files]))
+            entry = entry.model_copy(update={
+                "family": info.architecture, "quant": info.quant or entry.quant, "parameters": info.parameters,
+                "context_length": info.context_length})
+            overlay.put_hub_entry(self.paths.user_registry, entry)
+            self._registry = None  # reload with the new entry
+            manifest = Manifest(entry.id, result.source, result.files)
+            self.store.write_manifest(manifest)
+        rec = self._record(entry.id, manifest, downloaded=True, desc=src.describe())
+        emit("done", rec.size, rec.size, f"installed as {entry.id}")
+        return rec
+
+    def pair_draft(self, target: str, profile: str | None = None) -> DraftPairing:
+        """The draft `auto` uses with ``target`` (the profile's draft first when it fits), and why."""
+        from localspec.models.pairing import pair_draft
+
+        try:
+            preferred = self.profile(profile).draft
+        except (ConfigError, ModelNotFoundError):
+            preferred = None
+        return pair_draft(self, self._model_id(target), preferred=preferred)
 
     def _from_model_dirs(self, entry: ModelEntry, emit: Emitter) -> InstallRecord | None:
         """The model from the user's own folders (LOCALSPEC_MODEL_DIRS), before any download."""
@@ -422,6 +553,34 @@ class ModelManager:
             in_registry=entry is not None,
             unpinned=_unpinned(entry, m),
         )
+
+
+def _hub_alias(text: str) -> str | None:
+    """The canonical alias of a Hub reference; None for anything else (a registry id, a bad ref)."""
+    try:
+        ref = parse_hub_ref(text)
+    except UsageError:
+        return None
+    return ref.alias if ref else None
+
+
+def _pulled_from_hub(entry: ModelEntry) -> bool:
+    return any(a.startswith("hf.co/") for a in entry.aliases)
+
+
+def _same_hub_model(entry: ModelEntry, src: HFSource) -> bool:
+    """An entry this pull may replace: one an earlier pull of the same repo and files wrote."""
+    paths = [f.hub_path for f in src.files]
+    return _pulled_from_hub(entry) and any(
+        isinstance(s, HFSource) and s.repo == src.repo and [f.hub_path for f in s.files] == paths
+        for s in entry.sources)
+
+
+def _fits_here(q) -> bool:
+    """Would this quant fit in free memory? From its size alone (no header read yet)."""
+    from localspec.models.fit import fit_verdict_for_size
+
+    return fit_verdict_for_size(q.size) != "too large"
 
 
 def _unpinned(entry: ModelEntry | None, m: Manifest | None) -> str | None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from localspec.errors import ConfigError
 from localspec.models.gguf_info import GGUFInfo
-from localspec.models.registry import FileSource, FileSpec, ModelEntry, parse_registry_file
+from localspec.models.registry import FileSource, FileSpec, HFSource, ModelEntry, parse_registry_file
 
 HEADER = (
     "# localspec user registry: entries here add to or replace the built-in models.toml.\n"
-    "# `localspec models import` appends to this file.\n"
+    "# `localspec models import` and `localspec models pull hf.co/...` append to this file.\n"
 )
 
 
@@ -74,3 +74,60 @@ def add_entry(overlay: Path, model_id: str, role: str, origin: Path, info: GGUFI
         raise
     os.replace(tmp, overlay)
     return entry
+
+
+# ---------------------------------------------------------------- models pulled from the Hub
+
+_BEGIN = "# >>> pulled from the Hub: "
+_END = "# <<< pulled from the Hub: "
+
+
+def _file_line(f: FileSpec) -> str:
+    parts = [f"name = {_q(f.name)}"]
+    if f.repo_path:
+        parts.append(f"repo_path = {_q(f.repo_path)}")
+    if f.size is not None:
+        parts.append(f"size = {f.size}")
+    if f.sha256:
+        parts.append(f"sha256 = {_q(f.sha256)}")
+    return "    { " + ", ".join(parts) + " },"
+
+
+def _hub_block(entry: ModelEntry, src: HFSource) -> str:
+    lines = [f"{_BEGIN}{entry.id}", "[[models]]", f"id = {_q(entry.id)}",
+             f"aliases = [{', '.join(_q(a) for a in entry.aliases)}]", f"family = {_q(entry.family)}",
+             f"role = {_q(entry.role)}"]
+    if entry.quant:
+        lines.append(f"quant = {_q(entry.quant)}")
+    if entry.parameters is not None:
+        lines.append(f"parameters = {entry.parameters}")
+    if entry.context_length is not None:
+        lines.append(f"context_length = {entry.context_length}")
+    lines += ["", "  [[models.sources]]", '  kind = "hf"', f"  repo = {_q(src.repo)}",
+              f"  revision = {_q(src.revision)}", "  files = ["]
+    lines += [_file_line(f) for f in src.files]
+    lines += ["  ]", f"{_END}{entry.id}"]
+    return "\n".join(lines) + "\n"
+
+
+def put_hub_entry(overlay: Path, entry: ModelEntry) -> None:
+    """Write (or rewrite) the entry of a model pulled from the Hub, between marker lines so that a
+    later pull of the same model replaces it; the overlay is re-validated and kept on failure."""
+    src = entry.sources[0]
+    assert isinstance(src, HFSource)
+    before = overlay.read_text(encoding="utf-8") if overlay.is_file() else HEADER
+    block = _hub_block(entry, src)
+    pattern = re.compile(rf"^{re.escape(_BEGIN + entry.id)}\n.*?^{re.escape(_END + entry.id)}\n", re.S | re.M)
+    if pattern.search(before):
+        text = pattern.sub(lambda _m: block, before, count=1)
+    else:
+        text = before + ("" if before.endswith("\n\n") else "\n" if before.endswith("\n") else "\n\n") + block
+    overlay.parent.mkdir(parents=True, exist_ok=True)
+    tmp = overlay.with_name(overlay.name + ".partial")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        parse_registry_file(tmp)
+    except ConfigError:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, overlay)

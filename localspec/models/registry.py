@@ -52,6 +52,9 @@ class FileSpec(_Strict):
     # Why a file has no sha256 (say, nobody could record it yet): `models verify` reports such a
     # model as "unpinned" rather than "ok". Every file in the built-in registry has one or the other.
     unpinned: str | None = None
+    # Where a Hub source keeps the file when not at the repo's top level ("Q4_K_M/x-00001-of-00002.gguf");
+    # `name` stays the plain file name.
+    repo_path: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -59,6 +62,18 @@ class FileSpec(_Strict):
         # A file name, not a path: the store joins it under the model's directory.
         if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith(".") or not v.isprintable():
             raise ValueError("must be a plain file name (no directories or control characters)")
+        return v
+
+    @field_validator("repo_path")
+    @classmethod
+    def _relative_path(cls, v: str | None) -> str | None:
+        # It becomes a path under the HF cache's snapshot folder: no way out of it.
+        if v is None:
+            return v
+        parts = v.split("/")
+        if (len(v) > 1000 or "\\" in v or not v.isprintable()
+                or any(p in ("", ".", "..") or p.startswith(".") for p in parts)):
+            raise ValueError("must be a relative path in the repo (no '..', hidden or empty parts)")
         return v
 
     @field_validator("sha256")
@@ -82,7 +97,14 @@ class FileSpec(_Strict):
     def _pinned_or_why(self) -> FileSpec:
         if self.sha256 and self.unpinned:
             raise ValueError("has a sha256 and says it is unpinned; drop `unpinned`")
+        if self.repo_path is not None and self.repo_path.rsplit("/", 1)[-1] != self.name:
+            raise ValueError("repo_path must end with the file's name")
         return self
+
+    @property
+    def hub_path(self) -> str:
+        """The file's path in a Hub repo."""
+        return self.repo_path or self.name
 
 
 class HFSource(_Strict):

@@ -93,8 +93,9 @@ def disk_full_error(path: Path, needed: int | None) -> DiskFullError:
     )
 
 
-def check_free_space(directory: Path, needed: int | None) -> None:
-    """Fail before downloading anything when the target disk cannot hold the file."""
+def check_free_space(directory: Path, needed: int | None, *, what: str | None = None,
+                     fix: str | None = None) -> None:
+    """Fail before downloading anything when the target disk cannot hold the file(s)."""
     if not needed:
         return
     while not directory.exists() and directory != directory.parent:
@@ -104,7 +105,13 @@ def check_free_space(directory: Path, needed: int | None) -> None:
     except OSError:
         return
     if free < needed:
-        raise disk_full_error(directory / "(new file)", needed)
+        from localspec.models.units import human_bytes
+
+        raise DiskFullError(
+            f"Not enough disk space for {what or 'the file'}: it needs {needed:,} bytes ({human_bytes(needed)}), "
+            f"{directory} has {free:,} ({human_bytes(free)}) free; nothing was downloaded.",
+            fix or "Free space on that disk, or set LOCALSPEC_MODELS_DIR to a disk with room.",
+        )
 
 
 def too_large_error(name: str, limit: int) -> IntegrityError:
