@@ -17,7 +17,7 @@ from localspec.errors import (
     UsageError,
 )
 from localspec.models.fit import FitEstimate, estimate_fit
-from localspec.models.hub import HubRef, QuantPick, RepoListing, parse_hub_ref
+from localspec.models.hub import parse_hub_ref
 from localspec.models.pairing import DraftPairing
 from localspec.models.progress import Emitter, ProgressCallback
 from localspec.models.registry import (
@@ -106,7 +106,7 @@ class DiskUsage:
     free_bytes: int | None
 
 
-def _first_gguf(paths: list[Path]) -> Path:
+def first_gguf(paths: list[Path]) -> Path:
     ggufs = [p for p in paths if p.name.endswith(".gguf")]
     # Split models load from their first shard (-00001-of-0000N); sorting puts it first.
     return sorted(ggufs or paths, key=lambda p: p.name)[0]
@@ -154,7 +154,7 @@ class ModelManager:
         except (ModelNotFoundError, ConfigError):
             return None  # unknown or unsafe ids are simply not installed
         m = self.store.installed(mid)
-        return _first_gguf([Path(f.path) for f in m.files]) if m else None
+        return first_gguf([Path(f.path) for f in m.files]) if m else None
 
     def require_path(self, id_or_alias: str) -> Path:
         path = self.installed_path(id_or_alias)
@@ -182,7 +182,7 @@ class ModelManager:
         emit = Emitter(progress, entry.id)
         with self.store.lock(entry.id):
             if not force:
-                done = self._already_installed(entry)
+                done = self.already_installed(entry)
                 if done is not None:
                     emit("skip", done.size, done.size, f"already installed from {done.source}")
                     return done
@@ -210,10 +210,10 @@ class ModelManager:
                     failures.append(f"{src.describe()}: {exc.cause}")
                     semit("failed", message=exc.cause)
                     continue
-                self._check_gguf(entry, result)
+                self.check_fetched_gguf(entry, result)
                 manifest = Manifest(entry.id, result.source, result.files)
                 self.store.write_manifest(manifest)
-                rec = self._record(entry.id, manifest, downloaded=True, desc=src.describe())
+                rec = self.install_record(entry.id, manifest, downloaded=True, desc=src.describe())
                 semit("done", rec.size, rec.size, f"installed from {src.describe()}")
                 return rec
         if not entry.sources:
@@ -230,96 +230,14 @@ class ModelManager:
     # ---------------------------------------------------------------- any GGUF on the Hub
 
     def pull_hub(self, reference: str, progress: ProgressCallback | None = None, force: bool = False) -> HubPull:
-        """Pull ``hf.co/USER/REPO[:QUANT]`` (or ``USER/REPO:QUANT``, or a file URL): list the repo,
-        pick the quant, refuse what cannot work before downloading, fetch and verify every shard,
-        and register it under a generated id (its alias: the reference)."""
-        from localspec.models import hub
+        """Pull ``hf.co/USER/REPO[:QUANT]`` (or ``USER/REPO:QUANT``, or a file URL); see hub_pull.py."""
+        from localspec.models.hub_pull import pull_hub
 
-        ref = parse_hub_ref(reference)
-        if ref is None:
-            raise UsageError(f"{reference!r} is not a Hugging Face reference.", "Use hf.co/USER/REPO[:QUANT].")
-        self.store.prune_quarantine()
-        if not force and ref.alias in self.registry:  # pulled before: no need to ask the Hub
-            entry = self.resolve(ref.alias)
-            done = self._already_installed(entry)
-            if done is not None:
-                Emitter(progress, entry.id)("skip", done.size, done.size, f"already installed from {done.source}")
-                return HubPull(done, ref.repo, entry.quant or "?", "", self.pair_draft(entry.id))
-        listing = hub.list_repo(ref.repo, ref.revision)
-        if listing.gated and not hub.has_token():
-            raise hub.gated_error(ref.repo)  # refused before a byte: the download would be a 401
-        pick = hub.pick_quant(listing, ref, _fits_here)
-        known = self._registry_entry_for(listing, pick)
-        if known is not None:  # the curated registry has this very file: pull it from there (mirrors too)
-            rec = self.pull(known.id, progress, force)
-            return HubPull(rec, ref.repo, pick.quant.quant, pick.note, self.pair_draft(known.id))
-        entry = self._hub_entry(ref, listing, pick)
-        rec = self._install_hub(entry, pick, progress, force)
-        return HubPull(rec, ref.repo, pick.quant.quant, pick.note, self.pair_draft(rec.model_id))
+        return pull_hub(self, reference, progress, force)
 
-    def _registry_entry_for(self, listing: RepoListing, pick: QuantPick) -> ModelEntry | None:
-        names = [f.path for f in pick.quant.files]
-        for entry in self.registry.models.values():
-            for src in entry.sources:
-                if (isinstance(src, HFSource) and src.repo.lower() == listing.repo.lower()
-                        and [f.hub_path for f in src.files] == names and not _pulled_from_hub(entry)):
-                    return entry
-        return None
-
-    def _hub_entry(self, ref: HubRef, listing: RepoListing, pick: QuantPick) -> ModelEntry:
-        from localspec.models import hub
-        from localspec.models.registry import FileSpec
-
-        files = [FileSpec(name=f.name, repo_path=f.path if f.path != f.name else None, size=f.size,
-                          sha256=f.sha256) for f in pick.quant.files]
-        # Pinned to the commit listed: what was checked is what gets downloaded, now and on a re-pull.
-        src = HFSource(kind="hf", repo=listing.repo, revision=listing.commit or ref.revision, files=files)
-        aliases = [ref.alias]
-        exact = f"hf.co/{listing.repo}:{pick.quant.quant}"
-        if exact != ref.alias:
-            aliases.append(exact)
-        mid = hub.generated_id(listing.repo, pick.quant.quant)
-        taken = self.registry.models.get(mid)
-        n = 2
-        while taken is not None and not _same_hub_model(taken, src):
-            mid = f"{hub.generated_id(listing.repo, pick.quant.quant)}-{n}"
-            taken, n = self.registry.models.get(mid), n + 1
-        return ModelEntry(id=mid, aliases=aliases, role="target", quant=pick.quant.quant, sources=[src])
-
-    def _install_hub(self, entry: ModelEntry, pick: QuantPick, progress: ProgressCallback | None,
-                     force: bool) -> InstallRecord:
-        from localspec.models import overlay
-        from localspec.models.gguf_info import read_gguf_info
-        from localspec.models.sources import hf
-
-        src = entry.sources[0]
-        assert isinstance(src, HFSource)
-        emit = Emitter(progress, entry.id, "hf")
-        with self.store.lock(entry.id):
-            done = None if force else self._already_installed(entry)
-            if done is not None:
-                emit("skip", done.size, done.size, f"already installed from {done.source}")
-                return done
-            shards = f", {len(src.files)} files" if len(src.files) > 1 else ""
-            emit("start", 0, pick.quant.size, pick.note or f"pulling {src.repo} {pick.quant.quant}{shards}")
-            try:
-                result = hf.fetch(entry, src, self.store, emit)
-            except SourceUnavailable as exc:
-                raise DownloadError(f"Could not pull {entry.aliases[0]}: {exc.reason}.",
-                                    exc.fix or "Check the network (or HF_ENDPOINT) and pull again; "
-                                               "a pull that stopped resumes where it was.") from None
-            self._check_gguf(entry, result)
-            info = read_gguf_info(_first_gguf([Path(f.path) for f in result.files]))
-            entry = entry.model_copy(update={
-                "family": info.architecture, "quant": info.quant or entry.quant, "parameters": info.parameters,
-                "context_length": info.context_length})
-            overlay.put_hub_entry(self.paths.user_registry, entry)
-            self._registry = None  # reload with the new entry
-            manifest = Manifest(entry.id, result.source, result.files)
-            self.store.write_manifest(manifest)
-        rec = self._record(entry.id, manifest, downloaded=True, desc=src.describe())
-        emit("done", rec.size, rec.size, f"installed as {entry.id}")
-        return rec
+    def forget_registry(self) -> None:
+        """Read the registry again on next use (an overlay entry was written)."""
+        self._registry = None
 
     def pair_draft(self, target: str, profile: str | None = None) -> DraftPairing:
         """The draft `auto` uses with ``target`` (the profile's draft first when it fits), and why."""
@@ -342,10 +260,11 @@ class ModelManager:
         result = file.fetch_from_dirs(entry, dirs, self.store, femit)
         if result is None:
             return None
-        self._check_gguf(entry, result)
+        self.check_fetched_gguf(entry, result)
         manifest = Manifest(entry.id, result.source, result.files)
         self.store.write_manifest(manifest)
-        rec = self._record(entry.id, manifest, downloaded=True, desc=f"local folder copy {result.source['origin']}")
+        rec = self.install_record(entry.id, manifest, downloaded=True,
+                                  desc=f"local folder copy {result.source['origin']}")
         femit("done", rec.size, rec.size, f"installed from {result.source['origin']}")
         return rec
 
@@ -365,7 +284,7 @@ class ModelManager:
             return file.fetch(entry, src, self.store, emit)
         raise SourceUnavailable(f"unsupported source kind {getattr(src, 'kind', '?')!r}")
 
-    def _check_gguf(self, entry: ModelEntry, result: FetchResult) -> None:
+    def check_fetched_gguf(self, entry: ModelEntry, result: FetchResult) -> None:
         """A file that passed its hash but is not a valid GGUF model (a registry entry may pin a bad
         file's hash, or none) is quarantined. The header check reads no weights: well under a second."""
         from localspec.models.gguf_info import validate_gguf
@@ -378,7 +297,7 @@ class ModelManager:
                     self.store.quarantine(Path(f.path).resolve(), model_id=entry.id, name=f.name)
                     raise
 
-    def _already_installed(self, entry: ModelEntry) -> InstallRecord | None:
+    def already_installed(self, entry: ModelEntry) -> InstallRecord | None:
         m = self.store.installed(entry.id)
         if m is None:
             return None
@@ -386,11 +305,11 @@ class ModelManager:
         for f in m.files:
             if f.name in expected and expected[f.name] != f.size:
                 return None  # the registry moved on (new quantisation, fixed file): fetch again
-        return self._record(entry.id, m, downloaded=False)
+        return self.install_record(entry.id, m, downloaded=False)
 
-    def _record(self, mid: str, m: Manifest, downloaded: bool, desc: str | None = None) -> InstallRecord:
+    def install_record(self, mid: str, m: Manifest, downloaded: bool, desc: str | None = None) -> InstallRecord:
         paths = [Path(f.path) for f in m.files]
-        first = _first_gguf(paths)
+        first = first_gguf(paths)
         ordered = tuple([first] + [p for p in paths if p != first])
         return InstallRecord(mid, desc or _source_desc(m.source), ordered, m.size, downloaded)
 
@@ -439,7 +358,7 @@ class ModelManager:
         else:
             info = read_gguf_info(origin)
             entry = overlay.add_entry(self.paths.user_registry, mid, role, origin, info)
-            self._registry = None  # reload with the new overlay entry
+            self.forget_registry()  # reload with the new overlay entry
             name, want_sha, want_size = overlay.stored_name(origin.name, entry.id), None, None
         emit = Emitter(progress, entry.id, "file")
         with self.store.lock(entry.id):
@@ -447,13 +366,13 @@ class ModelManager:
             if current is not None and len(current.files) == 1 and current.files[0].size == origin.stat().st_size:
                 # Re-importing the same file (CI does it every run): hash instead of copying.
                 if sha256_file(origin) == current.files[0].sha256:
-                    rec = self._record(entry.id, current, downloaded=False)
+                    rec = self.install_record(entry.id, current, downloaded=False)
                     emit("skip", rec.size, rec.size, "already installed")
                     return rec
             result = copy_into_store(entry, origin, name, self.store, emit, want_size, want_sha)
             manifest = Manifest(entry.id, result.source, result.files)
             self.store.write_manifest(manifest)
-        rec = self._record(entry.id, manifest, downloaded=True, desc=f"local file {origin}")
+        rec = self.install_record(entry.id, manifest, downloaded=True, desc=f"local file {origin}")
         emit("done", rec.size, rec.size, f"imported {origin}")
         return rec
 
@@ -532,7 +451,7 @@ class ModelManager:
         return rows
 
     def _row(self, mid: str, entry: ModelEntry | None, m: Manifest | None, n_ctx: int, with_fit: bool) -> ModelRow:
-        path = _first_gguf([Path(f.path) for f in m.files]) if m else None
+        path = first_gguf([Path(f.path) for f in m.files]) if m else None
         fit = None
         if with_fit and m is not None and path is not None:
             try:
@@ -562,25 +481,6 @@ def _hub_alias(text: str) -> str | None:
     except UsageError:
         return None
     return ref.alias if ref else None
-
-
-def _pulled_from_hub(entry: ModelEntry) -> bool:
-    return any(a.startswith("hf.co/") for a in entry.aliases)
-
-
-def _same_hub_model(entry: ModelEntry, src: HFSource) -> bool:
-    """An entry this pull may replace: one an earlier pull of the same repo and files wrote."""
-    paths = [f.hub_path for f in src.files]
-    return _pulled_from_hub(entry) and any(
-        isinstance(s, HFSource) and s.repo == src.repo and [f.hub_path for f in s.files] == paths
-        for s in entry.sources)
-
-
-def _fits_here(q) -> bool:
-    """Would this quant fit in free memory? From its size alone (no header read yet)."""
-    from localspec.models.fit import fit_verdict_for_size
-
-    return fit_verdict_for_size(q.size) != "too large"
 
 
 def _unpinned(entry: ModelEntry | None, m: Manifest | None) -> str | None:
