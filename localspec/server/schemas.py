@@ -376,5 +376,9 @@ class CacheVerdictRequest(_Body):
 
 
 class Health(BaseModel):
+    """`server` and `version` let a face tell a localspec server from anything else on the port."""
+
     status: Literal["ok", "loading", "error"]
     detail: str | None = None
+    server: Literal["localspec"] = "localspec"
+    version: str

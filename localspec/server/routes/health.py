@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from localspec import __version__
 from localspec.server.redact import redact_paths
 from localspec.server.schemas import Health
 from localspec.server.state import State
@@ -16,7 +17,8 @@ router = APIRouter()
 @router.get("/health", response_model=Health, responses={503: {"model": Health, "description": "Loading"}})
 async def health(state: State) -> JSONResponse:
     loader = state.loader
-    body = Health(status=loader.state, detail=redact_paths(loader.error) if loader.error else None)
+    body = Health(status=loader.state, detail=redact_paths(loader.error) if loader.error else None,
+                  version=__version__)
     return JSONResponse(body.model_dump(exclude_none=True), 200 if loader.state == "ok" else 503)
 
 
