@@ -6,15 +6,20 @@ no model file is read, so what is asserted is the control flow of attaching, not
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import stat
 import subprocess
 import sys
 
+import pytest
+
 from localspec import __version__
 from localspec.attach.state import ServeState, read_state, state_path, write_state
+from localspec.cli import main
 from localspec.server import ServerSettings
-from tests.fake_tier import scripted_app
+from tests.fake_tier import scripted, scripted_app, scripted_backend, scripted_engine, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread
 
 
@@ -46,3 +51,117 @@ def test_a_state_file_others_may_write_is_ignored():
     path.write_text("{not json")
     path.chmod(0o600)
     assert read_state() is None
+
+
+# ---------------------------------------------------------------- attaching
+
+
+SCRIPT = scripted({"capital of France": "The capital of France is Paris, and Paris is lovely."},
+                  default="I do not know.")
+TARGET = "scripted-large"
+
+
+def _backend():
+    tier = scripted_tier(model_id=TARGET, script=SCRIPT, draft_script=SCRIPT, mode="draft")
+    return scripted_backend(pipeline=scripted_pipeline(tiers=[tier]))
+
+
+@pytest.fixture
+def served():
+    """A server as `localspec serve` runs it (announced in serve.json), answering from the scripted pair."""
+    settings = ServerSettings(cache=False, router=False)
+    with ServerThread(scripted_app(backend=_backend(), settings=settings), announce=settings) as srv:
+        yield srv
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """Counts the engines this process loads; each is the scripted pair the server has."""
+    from localspec import service
+
+    count = []
+
+    def open_engine(**_kw):
+        count.append(1)
+        return scripted_engine(script=SCRIPT, draft_script=SCRIPT, mode="draft")
+
+    monkeypatch.setattr(service, "open_engine", open_engine)
+    return count
+
+
+def test_generate_attaches_prints_the_same_text_and_a_stats_line(served, loads, capsys):
+    assert main(["generate", "--no-pull", "--local", "What is the capital of France?"]) == 0
+    local = capsys.readouterr()
+    assert len(loads) == 1
+    assert main(["generate", "--no-pull", "What is the capital of France?"]) == 0
+    attached = capsys.readouterr()
+    assert len(loads) == 1, "generate loaded a model although a server was running"
+    assert attached.out == local.out and "Paris" in attached.out
+    line = attached.err.strip().splitlines()[-1]
+    assert line.startswith("[draft] ") and f"attached to {served.base_url}" in line
+    assert "accepted" in line and "tokens/pass" in line  # the server's speculation stats, read from the stream
+
+
+def test_generate_json_attached(served, loads, capsys):
+    assert main(["generate", "--no-pull", "--json", "What is the capital of France?"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert not loads
+    assert record["attached"] == served.base_url and "Paris" in record["text"]
+    assert record["stats"]["mode"] == "draft" and record["stats"]["drafted"] > 0
+    assert record["stats"]["completion_tokens"] == len(record["text"].encode())  # one token a byte (fake_tier)
+
+
+def test_origins_arrive_attached(served):
+    """Each streamed token's origin travels in the chunk's localspec object: Ctrl+T's colours attached,
+    token for token what the same engine in this process gives."""
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.events import Done, Token
+    from localspec.tui import RemoteBackend
+
+    request = GenerationRequest(messages=[{"role": "user", "content": "the capital of France?"}], max_tokens=64)
+    backend = RemoteBackend(served.base_url)  # as `chat --connect` builds it: it finds out the server is localspec
+    try:
+        events = list(backend.start(request))
+    finally:
+        backend.close()
+    engine = scripted_engine(script=SCRIPT, draft_script=SCRIPT, mode="draft")
+    try:
+        here = [(e.text, e.origin) for e in engine.generate(request) if isinstance(e, Token) and e.text]
+    finally:
+        engine.close()
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "stop" and done.stats.mode == "draft"
+    assert [(e.text, e.origin) for e in events if isinstance(e, Token)] == here
+    assert {origin for _, origin in here} == {"draft", "target"}
+
+
+def test_a_server_with_another_model_is_named_and_the_models_load_here(served, loads, capsys):
+    assert main(["generate", "--no-pull", "--model", "other-model", "What is the capital of France?"]) == 0
+    out = capsys.readouterr()
+    assert len(loads) == 1 and "Paris" in out.out
+    assert f"localspec: the server at {served.base_url} serves {TARGET}, not other-model; loading the models here" \
+        in out.err.splitlines()
+
+
+def test_a_wrong_key_is_named_and_the_models_load_here(loads, capsys, monkeypatch):
+    settings = ServerSettings(api_key="right-key-123", cache=False, router=False)
+    with ServerThread(scripted_app(backend=_backend(), settings=settings), announce=settings) as srv:
+        monkeypatch.setenv("LOCALSPEC_API_KEY", "wrong-key-456")
+        assert main(["generate", "--no-pull", "What is the capital of France?"]) == 0
+        assert f"localspec: the server at {srv.base_url} refused our API key; loading the models here" \
+            in capsys.readouterr().err.splitlines()
+        assert len(loads) == 1
+        monkeypatch.setenv("LOCALSPEC_API_KEY", "right-key-123")
+        assert main(["generate", "--no-pull", "What is the capital of France?"]) == 0
+        assert len(loads) == 1 and "attached to" in capsys.readouterr().err
+
+
+def test_a_stale_state_file_is_ignored_without_a_word(loads, capsys):
+    """The process is alive (ours) but nothing listens on its port: as if there were no server."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    write_state(ServeState(pid=os.getpid(), host="127.0.0.1", port=port, version=__version__))
+    assert main(["generate", "--no-pull", "What is the capital of France?"]) == 0
+    out = capsys.readouterr()
+    assert len(loads) == 1 and "localspec:" not in out.err and "Paris" in out.out

@@ -56,6 +56,8 @@ class LocalspecOptions(_Request):
                                                                    description="speculation mode for this request")
     k: int | None = Field(None, ge=0, le=32, description="draft length")
     cache: bool | None = Field(None, description="false: never answer this request from the cache nor store it")
+    origins: bool = Field(False, description="stream=true: each text chunk says where its token came from "
+                                             "(localspec.origin), as the in-process faces colour it")
 
 
 class ContentPart(_Request):
@@ -226,9 +228,18 @@ class Extension(BaseModel):
     prompt_tokens: int = 0
     reused_prefix_tokens: int = 0
     timings: dict[str, float] = Field(default_factory=dict)
+    target_passes: int = Field(0, description="target forward passes after the first token")
     cache: dict[str, Any] | None = None
     route: dict[str, Any] | None = None
     auto: AutoReport | None = None
+
+
+class ChunkExtension(BaseModel):
+    """The `localspec` object on a streamed text chunk, when the request asked for `origins`."""
+
+    origin: Literal["draft", "prediction", "target", "cache"] = Field(
+        description="draft: a drafter's token the target accepted; prediction: a predicted token it accepted; "
+                    "target: its own; cache: replayed from the semantic cache")
 
 
 class ChatChoice(BaseModel):
@@ -276,7 +287,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
-    localspec: Extension | None = None
+    localspec: Extension | ChunkExtension | None = None
 
 
 # ---------------------------------------------------------------- completions
@@ -310,7 +321,7 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
-    localspec: Extension | None = None
+    localspec: Extension | ChunkExtension | None = None
 
 
 # ---------------------------------------------------------------- models, embeddings, errors

@@ -12,7 +12,7 @@ from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES
-from localspec.server.replies import StreamedReply, completion_logprobs, extension, usage
+from localspec.server.replies import StreamedReply, completion_logprobs, extension, origin_of, usage
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import Completion, CompletionChoice, CompletionRequest
 from localspec.server.state import Principal, ServerState, State, check_model
@@ -77,7 +77,9 @@ class CompletionReply(StreamedReply):
         if not piece.text:
             return None
         lp = completion_logprobs(self.b, piece.tokens) if self.body.logprobs is not None else None
-        return sse(self.chunk(piece.text, finish_reason=None, logprobs=lp))
+        chunk = self.chunk(piece.text, finish_reason=None, logprobs=lp)
+        chunk.localspec = origin_of(self.body, piece)
+        return sse(chunk)
 
     def tail(self, done: Done) -> list[bytes]:
         final = self.chunk("", finish_reason=done.finish_reason)

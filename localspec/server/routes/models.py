@@ -16,7 +16,8 @@ router = APIRouter()
 async def list_models(state: State) -> ModelList:
     b = state.backend()
     cards = [ModelCard(id=n, localspec={"model": b.model_behind(n), "role": "chat",
-                                        "route": b.route_for(n) or str(TierName.LARGE)})
+                                        "route": b.route_for(n) or str(TierName.LARGE),
+                                        "target": b.target_id, "profile": b.profile})
              for n in sorted(b.target_names)]
     cards += [ModelCard(id=n, localspec={"model": b.embedding_id, "role": "embedding"})
               for n in sorted(b.embedding_names)]
