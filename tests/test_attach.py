@@ -12,15 +12,16 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
 from localspec import __version__
 from localspec.attach.state import ServeState, read_state, state_path, write_state
 from localspec.cli import main
-from localspec.server import ServerSettings
+from localspec.server import ServerSettings, create_app
 from tests.fake_tier import scripted, scripted_app, scripted_backend, scripted_engine, scripted_pipeline, scripted_tier
-from tests.server_harness import ServerThread
+from tests.server_harness import ServerThread, request, wait_until
 
 
 def test_serve_writes_its_state_file_0600_without_the_key_and_removes_it():
@@ -165,3 +166,96 @@ def test_a_stale_state_file_is_ignored_without_a_word(loads, capsys):
     assert main(["generate", "--no-pull", "What is the capital of France?"]) == 0
     out = capsys.readouterr()
     assert len(loads) == 1 and "localspec:" not in out.err and "Paris" in out.out
+
+
+# ---------------------------------------------------------------- ps, stop, keep_alive
+
+
+class Loads:
+    """The server's `load`: a fresh scripted pair each time, counted, so an unload and a reload show."""
+
+    def __init__(self) -> None:
+        self.engines: list = []
+
+    def __call__(self, _settings):
+        tier = scripted_tier(model_id=TARGET, script=SCRIPT, draft_script=SCRIPT, mode="draft")
+        self.engines.append(tier.engine)
+        return scripted_backend(pipeline=scripted_pipeline(tiers=[tier]))
+
+
+def _complete(url: str, **extra) -> str:
+    r = request(url, "POST", "/v1/completions", json_body={"model": TARGET, "prompt": "the capital of France",
+                                                            "max_tokens": 16, "temperature": 0, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+@pytest.fixture
+def on_demand():
+    """A server whose models unload after their keep-alive (default one second) and load on demand."""
+    loads = Loads()
+    settings = ServerSettings(cache=False, router=False, keep_alive="1s")
+    app = create_app(settings=settings, load=loads)
+    with ServerThread(app, announce=settings) as srv:
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=30)
+        srv.loads, srv.state = loads, app.state.server
+        yield srv
+
+
+def test_keep_alive_zero_unloads_after_the_request_and_the_next_request_loads_again(on_demand):
+    url, loads, state = on_demand.base_url, on_demand.loads, on_demand.state
+    first = _complete(url, keep_alive=0)
+    assert wait_until(lambda: state.loader.state == "idle", timeout=10)
+    assert loads.engines[0].target.closed  # the model's memory is given back, not just forgotten
+    health = request(url, "GET", "/health")
+    assert health.status_code == 200 and health.json()["status"] == "idle"
+    ps = request(url, "GET", "/v1/ps").json()
+    assert ps["status"] == "idle" and ps["models"] == []
+    models = request(url, "GET", "/v1/models").json()["data"]  # the names stay listed, marked unloaded
+    assert {m["id"] for m in models} == {TARGET} and models[0]["localspec"]["loaded"] is False
+    assert _complete(url) == first  # loaded again on demand, the same answer
+    assert len(loads.engines) == 2 and not loads.engines[1].target.closed
+
+
+def test_the_server_default_keep_alive_unloads_an_idle_server_and_minus_one_keeps_it(on_demand):
+    url, state = on_demand.base_url, on_demand.state
+    _complete(url, keep_alive="-1")
+    ps = request(url, "GET", "/v1/ps").json()
+    assert ps["keep_alive_s"] is None and ps["expires_at"] is None
+    _complete(url)  # the server default again: one second
+    assert wait_until(lambda: state.loader.state == "idle", timeout=10)
+
+
+def test_a_bad_keep_alive_is_a_400_naming_the_forms(on_demand):
+    r = request(on_demand.base_url, "POST", "/v1/completions",
+                json_body={"model": TARGET, "prompt": "hi", "keep_alive": "soon"})
+    assert r.status_code == 400 and "5m" in r.text
+
+
+def test_ps_json_lists_the_loaded_pair_with_slots_and_expiry(on_demand, capsys):
+    _complete(on_demand.base_url, keep_alive="10m")
+    assert main(["ps", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["url"] == on_demand.base_url and report["status"] == "ok"
+    assert [(m["name"], m["role"]) for m in report["models"]] == [(TARGET, "target"), (f"{TARGET}-draft", "draft")]
+    target = report["models"][0]
+    assert (target["slots"], target["slots_busy"], target["processor"]) == (2, 0, "CPU")
+    assert report["keep_alive_s"] == 600 and 590 < report["expires_at"] - time.time() <= 600
+    assert main(["ps"]) == 0
+    assert TARGET in capsys.readouterr().out
+
+
+def test_stop_unloads_and_the_next_request_loads_again(on_demand, capsys):
+    url, loads, state = on_demand.base_url, on_demand.loads, on_demand.state
+    first = _complete(url, keep_alive="-1")
+    assert main(["stop", TARGET]) == 0
+    assert capsys.readouterr().out.strip() == f"Unloaded {TARGET}."
+    assert state.loader.state == "idle" and loads.engines[0].target.closed
+    assert main(["stop", TARGET]) == 0 and "was not loaded" in capsys.readouterr().out
+    assert main(["stop", "no-such-model"]) == 1 and "does not exist" in capsys.readouterr().err
+    assert _complete(url) == first and len(loads.engines) == 2
+
+
+def test_ps_without_a_server_says_so(capsys):
+    assert main(["ps", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["models"] == []

@@ -29,10 +29,10 @@ router = APIRouter()
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State,
                            who: Principal) -> ChatCompletion | EventStream:
-    b = state.backend()
-    check_model(body.model, b.target_names)
-    plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
-    job = await state.submit(b, plan_, model=body.model, owner=who)
+    async with state.serving(body.keep_alive) as b:
+        check_model(body.model, b.target_names)
+        plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
+        job = await state.submit(b, plan_, model=body.model, owner=who)
     reply = ChatReply(state, b, body, plan_, job, who)
     if body.stream:
         return EventStream(reply.stream())

@@ -27,10 +27,10 @@ router = APIRouter()
 )
 async def completions(body: CompletionRequest, request: Request, state: State,
                       who: Principal) -> Completion | EventStream:
-    b = state.backend()
-    check_model(body.model, b.target_names)
-    plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
-    job = await state.submit(b, plan_, model=body.model, owner=who)
+    async with state.serving(body.keep_alive) as b:
+        check_model(body.model, b.target_names)
+        plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
+        job = await state.submit(b, plan_, model=body.model, owner=who)
     echo = body.prompt if (body.echo and body.suffix is None and isinstance(body.prompt, str)) else ""
     reply = CompletionReply(state, b, body, plan_, job, who, echo)
     if body.stream:

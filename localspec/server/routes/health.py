@@ -19,7 +19,8 @@ async def health(state: State) -> JSONResponse:
     loader = state.loader
     body = Health(status=loader.state, detail=redact_paths(loader.error) if loader.error else None,
                   version=__version__)
-    return JSONResponse(body.model_dump(exclude_none=True), 200 if loader.state == "ok" else 503)
+    # idle: unloaded after its keep-alive, and ready to load on the next request: a healthy server.
+    return JSONResponse(body.model_dump(exclude_none=True), 200 if loader.state in ("ok", "idle") else 503)
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
