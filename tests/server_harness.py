@@ -11,9 +11,16 @@ import uvicorn
 
 
 class ServerThread:
-    def __init__(self, app) -> None:
+    """`announce`: the settings `localspec serve` would announce in serve.json (its AnnouncingServer)."""
+
+    def __init__(self, app, announce=None) -> None:
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
+        if announce is not None:
+            from localspec.server.announce import AnnouncingServer
+
+            self.server = AnnouncingServer(config, announce)
+        else:
+            self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
 
     def __enter__(self) -> ServerThread:

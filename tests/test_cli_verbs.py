@@ -150,6 +150,11 @@ def calls(ws: Workspace) -> list[tuple[tuple[str, ...], Call]]:
         (("chat",), Call((), 0)),
         (("serve",), Call(("--host", "0.0.0.0", "--no-pull"), 2)),
         (("serve",), Call(("--port", "eighty"), 2)),
+        (("serve",), Call(("--keep-alive", "soon", "--no-pull"), 2)),
+        # No server runs in the workspace: ps and stop say so (ps --json in its one shape).
+        (("ps",), Call((), 1)),
+        (("ps",), Call(("--json",), 1, json=True)),
+        (("stop",), Call(("qwen2.5-coder-1.5b-instruct-q4_k_m",), 1)),
         (("bench",), Call(("--from-json", str(f["missing"])), 1)),
         (("doctor",), Call(("--port", port), 1)),  # the empty store: the default profile is not installed
         (("doctor",), Call(("--json", "--port", port), 1, json=True)),

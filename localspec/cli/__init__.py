@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "localspec.cli.chat_cmd",
     "localspec.cli.stats_cmd",
     "localspec.cli.serve_cmd",
+    "localspec.cli.ps_cmd",
     "localspec.cli.bench_cmd",
     "localspec.cli.doctor_cmd",
     "localspec.cli.service_cmd",

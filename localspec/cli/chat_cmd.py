@@ -1,20 +1,26 @@
 """`localspec chat` (also plain `localspec`): the terminal chat app.
 
-By default the models run in this process; `--connect URL` attaches to a running
-`localspec serve` (or any OpenAI-compatible endpoint) so they are not loaded twice.
+A `localspec serve` running on this machine is found and attached to (its models are not loaded
+twice); `--connect URL` names a server (any OpenAI-compatible endpoint); `--local` loads the models
+in this process.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import TYPE_CHECKING
 
+from localspec.cli.attaching import LOCAL_HELP, attach_or_local
 from localspec.cli.options import MODES, add_cache_judge_arguments
 
 if TYPE_CHECKING:
+    from localspec.attach.probe import Server
     from localspec.engine.events import ProgressFn
     from localspec.tui.backend import Backend
+
+logger = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect", metavar="URL", help="use an OpenAI-compatible server instead of loading models")
-    p.add_argument("--api-key", help="API key for --connect (default: none needed)")
+    p.add_argument("--api-key", help="API key for --connect or the local server (default: $LOCALSPEC_API_KEY, "
+                                     "else the server's key file)")
+    p.add_argument("--local", action="store_true", help=LOCAL_HELP)
     p.add_argument("--model", help="with --connect: the server's model name (default: the first it lists)")
     p.add_argument("--profile", help="model profile from models.toml (default: the active one)")
     p.add_argument("--mode", choices=MODES, help="speculation mode for in-process models")
@@ -45,26 +53,38 @@ def run(args: argparse.Namespace) -> int:
     from localspec.tui.logsetup import route_logs_to_file
 
     log = route_logs_to_file()
-    app = make_app(args)
+    # Found before the app takes the screen, so that why a server is not used shows on stderr.
+    first = None if args.connect else attach_or_local(model=None, profile=args.profile, api_key=args.api_key,
+                                                      local=args.local)
+    app = make_app(args, attached={args.profile: first})
     app.run()
     if app.return_code:
         print(f"localspec: the chat app stopped with an error; see {log}", file=sys.stderr)
     return int(app.return_code or 0)
 
 
-def make_app(args: argparse.Namespace):
+def make_app(args: argparse.Namespace, attached: dict[str | None, Server | None] | None = None):
+    """The app; `attached`: what was decided already for a profile (a server, or None: in-process)."""
     from localspec.tui import ChatApp
 
     connect = getattr(args, "connect", None)
+    decided = dict(attached or {})
     if connect:
         from localspec.tui import RemoteBackend
 
         def factory(profile: str | None, *, on_progress: ProgressFn) -> Backend:  # loads nothing: no progress
             return RemoteBackend(connect, model=args.model, api_key=args.api_key)
     else:
-        from localspec.tui import LocalBackend
+        from localspec.tui import LocalBackend, RemoteBackend
 
         def factory(profile: str | None, *, on_progress: ProgressFn) -> Backend:
+            if profile not in decided:  # another profile chosen in the app: is it the server's?
+                decided[profile] = attach_or_local(model=None, profile=profile, api_key=getattr(args, "api_key", None),
+                                                   local=getattr(args, "local", False), say=logger.warning)
+            server = decided[profile]
+            if server is not None:
+                return RemoteBackend(server.url, model=server.target or min(server.names), api_key=server.key,
+                                     localspec=True, profile=server.profile)
             return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
                                      cache_semantic=getattr(args, "cache_semantic", False),
                                      cache_judge=getattr(args, "cache_judge", "model"), on_progress=on_progress)

@@ -1,4 +1,8 @@
-"""`localspec generate`: one prompt, streamed to the terminal, then a one-line stats summary."""
+"""`localspec generate`: one prompt, streamed to the terminal, then a one-line stats summary.
+
+With a `localspec serve` running on this machine it attaches to it (no second copy of the models);
+--local loads them in this process instead.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,16 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from localspec.cli.attaching import LOCAL_HELP, attach_or_local
 from localspec.cli.options import MODES
 
 if TYPE_CHECKING:  # the engine (numpy, pydantic) loads only when a prompt runs, not for every command
+    from collections.abc import Iterator
     from pathlib import Path
 
+    from localspec.attach.probe import Server
     from localspec.engine.config import GenerationRequest
-    from localspec.engine.events import Done, Token
+    from localspec.engine.events import Done, Event, Token
 
 # --show-draft: accepted drafts green, accepted prediction tokens blue (the chat app's Ctrl+T colours).
 ORIGIN_COLOURS = {"draft": "\x1b[32m", "prediction": "\x1b[34m"}
@@ -46,7 +53,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--show-draft", action="store_true",
                    help="colour accepted tokens: green from a drafter, blue from a prediction")
     p.add_argument("--json", action="store_true", help="print the text, finish reason and stats as one JSON object")
+    p.add_argument("--local", action="store_true", help=LOCAL_HELP)
+    p.add_argument("--keep-alive", metavar="DURATION",
+                   help="attached: how long the server keeps the models loaded after this request "
+                        "(5m, 30s, 0 = unload now, -1 = always; default: the server's)")
     p.set_defaults(func=run)
+
+
+def _blockers(args: argparse.Namespace) -> list[str]:
+    """Flags only an engine of this process honours (a server has its own engine and sampler)."""
+    out = [f"{flag} sets up an engine of its own" for flag, value in
+           (("--n-ctx", args.n_ctx), ("--threads", args.threads), ("--draft-model", args.draft_model))
+           if value is not None]
+    out += [f"{flag} is not part of the OpenAI API" for flag, value, default in
+            (("--top-k", args.top_k, 0), ("--min-p", args.min_p, 0.0), ("--repeat-penalty", args.repeat_penalty, 1.0))
+            if value != default]
+    return out
 
 
 def shown(token: Token, *, colour: bool) -> str:
@@ -99,10 +121,50 @@ def _peak_rss_mb() -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    request = _request(args)
+    t0 = time.perf_counter()
+    server = attach_or_local(model=args.model, profile=args.profile, local=args.local, blockers=_blockers(args))
+    if server is not None:
+        return _run_attached(args, request, server, t0)
+    return _run_local(args, request)
+
+
+def _run_attached(args: argparse.Namespace, request: GenerationRequest, server: Server, t0: float) -> int:
+    """The server's engine answers; this process streams and reports as if it had (no model loaded).
+    The server logs the request in the shared metrics (face "api"): logging it here too would count it twice."""
+    from openai import OpenAI
+
+    from localspec.attach.remote import RemoteGeneration
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=server.key or "localspec", max_retries=0, timeout=3600)
+    model = args.model or server.target or min(server.names)
+    load_s = time.perf_counter() - t0
+    gen = RemoteGeneration(client, model, request, localspec=True, keep_alive=args.keep_alive)
+    try:
+        done = _stream(args, iter(gen))
+    finally:
+        client.close()
+    return _report(args, done, load_s, attached=server.url)
+
+
+def _stream(args: argparse.Namespace, events: Iterator[Event]) -> Done:
     from localspec.engine.events import Done, Token
+
+    colour = args.show_draft and sys.stdout.isatty()
+    done: Done | None = None
+    for event in events:
+        if isinstance(event, Token) and not args.json:
+            sys.stdout.write(shown(event, colour=colour))
+            sys.stdout.flush()
+        elif isinstance(event, Done):
+            done = event
+    assert done is not None
+    return done
+
+
+def _run_local(args: argparse.Namespace, request: GenerationRequest) -> int:
     from localspec.service import open_engine  # heavy import (llama.cpp) only for this verb
 
-    request = _request(args)
     if not args.no_pull:
         from localspec.cli.models_cmd import ensure_models
 
@@ -116,22 +178,19 @@ def run(args: argparse.Namespace) -> int:
             mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads, on_progress=show_progress,
         )
     load_s = time.perf_counter() - t0
-    colour = args.show_draft and sys.stdout.isatty()
-    out = sys.stdout
-    done: Done | None = None
     t_gen = time.perf_counter()
     draft_file = engine.draft.path if engine.draft is not None else None
     try:
-        for event in engine.generate(request):
-            if isinstance(event, Token) and not args.json:
-                out.write(shown(event, colour=colour))
-                out.flush()
-            elif isinstance(event, Done):
-                done = event
+        done = _stream(args, iter(engine.generate(request)))
     finally:
         engine.close()
-    assert done is not None
     _log_metrics(args, request, done, (time.perf_counter() - t_gen) * 1000, draft_file is not None, draft_file)
+    return _report(args, done, load_s)
+
+
+def _report(args: argparse.Namespace, done: Done, load_s: float, attached: str | None = None) -> int:
+    """The JSON record or the summary line; `attached`: the server that answered."""
+    out = sys.stdout
     s = done.stats
     peak_rss_mb = _peak_rss_mb()
     if args.json:
@@ -141,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
             "stats": s.to_dict(),
             "load_s": round(load_s, 3),
             "peak_rss_mb": round(peak_rss_mb, 1),
+            "attached": attached,
         }
         print(json.dumps(record, ensure_ascii=False))
     else:
@@ -155,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{s.mean_accepted_length:.2f} tokens/pass"
             )
         summary += f", finish={done.finish_reason}, peak RSS {peak_rss_mb:.0f} MB"
+        if attached:
+            summary += f", attached to {attached}"
         if s.auto_steps:
             summary += f"\n{s.auto_summary()}"
         print(summary, file=sys.stderr)

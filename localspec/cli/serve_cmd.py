@@ -44,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cache_judge_arguments(p)
     p.add_argument("--cache-sampled", action="store_true",
                    help="also cache sampled answers (temperature > 0 without a seed); off by default")
+    p.add_argument("--keep-alive", default="5m", metavar="DURATION",
+                   help="unload the models after this long without a request (5m, 30s, 1h, seconds; 0 = after "
+                        "each request, -1 = never); the next request loads them again; a request's keep_alive "
+                        "overrides it")
     p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
     p.set_defaults(func=run)
 
@@ -63,7 +67,7 @@ def settings_from_args(args: argparse.Namespace):
             allowed_hosts=args.allowed_hosts, allowed_origins=[*args.allowed_origins, *args.cors_origin],
             ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
             embeddings=not args.no_embeddings, cache=not args.no_cache, cache_sampled=args.cache_sampled,
-            cache_semantic=args.cache_semantic, cache_judge=args.cache_judge,
+            cache_semantic=args.cache_semantic, cache_judge=args.cache_judge, keep_alive=args.keep_alive,
         ).with_env_key()
     except ValidationError as exc:
         err = exc.errors()[0]

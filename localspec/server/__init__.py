@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP endpoint (`localspec serve`)."""
 
+import sys
 from typing import Any
 
+from localspec.server.announce import AnnouncingServer
 from localspec.server.app import create_app
 from localspec.server.backend import Backend
 from localspec.server.settings import API_KEY_ENV, ServerSettings, is_loopback
@@ -12,6 +14,7 @@ __all__ = ["API_KEY_ENV", "Backend", "ServerSettings", "create_app", "is_loopbac
 def serve(settings: ServerSettings) -> None:
     """Run the app under uvicorn until interrupted. Refuses an unauthenticated non-loopback bind."""
     import uvicorn
+    from uvicorn.main import STARTUP_FAILURE
 
     settings = settings.with_env_key()
     settings.check_bind()
@@ -20,4 +23,14 @@ def serve(settings: ServerSettings) -> None:
     tls: dict[str, Any] = {}
     if settings.ssl_certfile:
         tls = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)}
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10, **tls)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            timeout_graceful_shutdown=10, **tls)
+    server = AnnouncingServer(config, settings)  # writes serve.json while it listens: faces attach through it
+    try:
+        server.run()
+    except KeyboardInterrupt:  # as uvicorn.run: a second Ctrl+C during shutdown
+        pass
+    finally:
+        server.withdraw()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)  # uvicorn.run's status for a failed start (the port taken, say)

@@ -8,6 +8,7 @@ goes away cancels its request, which frees its slot at the engine's next step, q
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,9 +21,13 @@ from localspec import __version__
 from localspec.server.backend import Backend, Loader
 from localspec.server.errors import install as install_errors
 from localspec.server.guards import Allowed, Auth, BodyLimit, HostGuard, loopback_origin_regex
+from localspec.server.keepalive import KeepAlive, parse_keep_alive
 from localspec.server.routes import ROUTERS
 from localspec.server.settings import ServerSettings
 from localspec.server.state import Admission, ServerState
+
+logger = logging.getLogger(__name__)
+REAP_EVERY_S = 0.25  # how often idle models are checked against their keep-alive
 
 
 def create_app(settings: ServerSettings | None = None, load: Callable[[ServerSettings], Backend] | None = None,
@@ -33,13 +38,16 @@ def create_app(settings: ServerSettings | None = None, load: Callable[[ServerSet
         from localspec.metrics import Metrics
 
         metrics = Metrics.from_settings(registry=CollectorRegistry())
-    state = ServerState(s, Loader(s, load), Admission(s.parallel + s.max_queue, s.retry_after_s), metrics)
+    state = ServerState(s, Loader(s, load), Admission(s.parallel + s.max_queue, s.retry_after_s), metrics,
+                        KeepAlive(parse_keep_alive(s.keep_alive)))
     state.loader.on_ready = state.attach
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.loader.start()
+        reaper = asyncio.create_task(reap(state))
         yield
+        reaper.cancel()
         # uvicorn has already let running requests finish (its graceful timeout); cancel the rest.
         await asyncio.to_thread(state.loader.close, False)
         state.metrics.close()
@@ -53,6 +61,16 @@ def create_app(settings: ServerSettings | None = None, load: Callable[[ServerSet
         app.include_router(router)
     install_guards(app, s)
     return app
+
+
+async def reap(state: ServerState) -> None:
+    """Unload the models once idle past their keep-alive (see localspec.server.keepalive)."""
+    while True:
+        await asyncio.sleep(REAP_EVERY_S)
+        try:
+            await state.reap()
+        except Exception:  # a failed close must not end the reaper
+            logger.exception("unloading the idle models failed")
 
 
 def install_guards(app: FastAPI, s: ServerSettings) -> None:

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from localspec.engine.embedder import Embedder
 from localspec.engine.scheduler import Engine
@@ -124,20 +125,50 @@ class Backend:
             self._shared_embedder.close()
 
 
+@dataclass(frozen=True)
+class Catalog:
+    """What the server answers to, kept while its models are unloaded (keep-alive, `stop`), so that
+    /v1/models and a request's model check need no load."""
+
+    target_id: str
+    draft_id: str | None
+    profile: str | None
+    names: dict[str, tuple[str, str]]  # chat name -> (the model behind it, its route)
+    embedding_id: str | None
+    embedding_names: frozenset[str]
+
+    @classmethod
+    def of(cls, b: Backend) -> Catalog:
+        from localspec.router import TierName
+
+        names = {n: (b.model_behind(n), b.route_for(n) or str(TierName.LARGE)) for n in b.target_names}
+        return cls(b.target_id, b.draft_id, b.profile, names, b.embedding_id, frozenset(b.embedding_names))
+
+
 class Loader:
-    """Loads the backend on a thread; the app reads `state` and `backend`."""
+    """Loads the backend on a thread, and again on demand after an unload; the app reads `state` and `backend`."""
 
     def __init__(self, settings: ServerSettings, load: Callable[[ServerSettings], Backend] | None = None) -> None:
         self.settings = settings
         self._load = load or Backend.load
         self.backend: Backend | None = None
+        self.catalog: Catalog | None = None
         self.error: str | None = None
+        self.loads = 0  # loads started: past the first, a request waits for one instead of getting a 503
         self.on_ready: Callable[[Backend], None] | None = None  # hears the backend once it is loaded
-        self._thread = threading.Thread(target=self._run, name="localspec-load", daemon=True)
+        self._loading = threading.Event()
+        self._lock = threading.Lock()
         self._closed = False
 
     def start(self) -> None:
-        self._thread.start()
+        """Load on a thread, unless loaded or loading already."""
+        with self._lock:
+            if self.backend is not None or self._loading.is_set() or self._closed:
+                return
+            self._loading.set()
+            self.error = None
+            self.loads += 1
+        threading.Thread(target=self._run, name="localspec-load", daemon=True).start()
 
     def _run(self) -> None:
         try:
@@ -145,17 +176,40 @@ class Loader:
         except Exception as exc:  # shown on /health and in the log; the server keeps answering
             logger.exception("loading the models failed")
             self.error = str(exc)
+            self._loading.clear()
             return
         if self._closed:
             backend.close()
+            self._loading.clear()
             return
         if self.on_ready is not None:
             self.on_ready(backend)
+        if isinstance(backend, Backend):  # tests of the routes alone load something else
+            self.catalog = Catalog.of(backend)
         self.backend = backend
+        self._loading.clear()
 
     @property
-    def state(self) -> str:
-        return "ok" if self.backend else "error" if self.error else "loading"
+    def loading(self) -> bool:
+        return self._loading.is_set()
+
+    @property
+    def state(self) -> Literal["ok", "loading", "error", "idle"]:
+        """ok, loading, error, or idle: unloaded after its keep-alive (or `stop`), loaded again on demand."""
+        if self.backend is not None:
+            return "ok"
+        if self.loading:
+            return "loading"
+        return "error" if self.error else "idle" if self.loads else "loading"
+
+    def detach(self) -> Backend | None:
+        """Take the loaded models out of service (the next request loads them again); the caller closes
+        them, off the event loop. Requests still running on them are cancelled by that close."""
+        with self._lock:
+            backend, self.backend = self.backend, None
+        if backend is not None:
+            logger.info("models unloaded; the next request loads them again")
+        return backend
 
     def close(self, drain: bool = True) -> None:
         self._closed = True

@@ -14,8 +14,8 @@ from localspec.engine.events import Done, Token
 from localspec.jobs import Job
 from localspec.server.backend import Backend
 from localspec.server.errors import APIError, ClientGone, error_json
-from localspec.server.schemas import (AutoReport, ChoiceLogprobs, CompletionLogprobs, CompletionTokensDetails,
-                                      Extension, TokenLogprobOut, TopLogprob, Usage)
+from localspec.server.schemas import (AutoReport, ChoiceLogprobs, ChunkExtension, CompletionLogprobs,
+                                      CompletionTokensDetails, Extension, TokenLogprobOut, TopLogprob, Usage, _Sampling)
 from localspec.server.state import ServerState
 from localspec.server.streaming import SSE_DONE, SSE_KEEPALIVE, Piece, Waiting, collect, pieces, unless_disconnected
 from localspec.server.translate import Plan
@@ -50,7 +50,7 @@ def extension(b: Backend, done: Done, plan: Plan, job: Job, who: str) -> Extensi
         fallback=plan.fallback, drafted=st.drafted, accepted=st.accepted,
         acceptance_rate=round(st.acceptance_rate, 4),
         drafted_by_position=st.drafted_by_position, accepted_by_position=st.accepted_by_position,
-        prompt_tokens=st.prompt_tokens, reused_prefix_tokens=st.reused_prefix_tokens,
+        prompt_tokens=st.prompt_tokens, reused_prefix_tokens=st.reused_prefix_tokens, target_passes=st.target_passes,
         timings={
             "prefill_ms": round(st.prefill_ms, 2), "ttft_ms": round(st.ttft_ms, 2),
             "decode_ms": round(st.decode_ms, 2), "tokens_per_second": round(st.tokens_per_second, 2),
@@ -60,6 +60,11 @@ def extension(b: Backend, done: Done, plan: Plan, job: Job, who: str) -> Extensi
         auto=AutoReport(steps=st.auto_steps, explored=st.explored, why_not_draft=st.auto_why_not or None)
         if st.auto_steps else None,
     )
+
+
+def origin_of(body: _Sampling, piece: Piece) -> ChunkExtension | None:
+    """A text chunk's origin, for a client that asked (`localspec.origins`): the others pay nothing."""
+    return ChunkExtension(origin=piece.origin) if body.localspec and body.localspec.origins else None
 
 
 def _piece(b: Backend, token: int) -> tuple[str, list[int]]:

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from localspec.server.keepalive import parse_keep_alive
+
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when `temperature` is omitted
 
 
@@ -56,6 +58,8 @@ class LocalspecOptions(_Request):
                                                                    description="speculation mode for this request")
     k: int | None = Field(None, ge=0, le=32, description="draft length")
     cache: bool | None = Field(None, description="false: never answer this request from the cache nor store it")
+    origins: bool = Field(False, description="stream=true: each text chunk says where its token came from "
+                                             "(localspec.origin), as the in-process faces colour it")
 
 
 class ContentPart(_Request):
@@ -88,6 +92,15 @@ class _Sampling(_Body):
     prediction: PredictionIn | None = Field(None, description="Predicted Outputs (on /v1/completions: a localspec "
                                                               "extension)")
     localspec: LocalspecOptions | None = None
+    keep_alive: str | float | None = Field(None, description="(localspec, as Ollama) how long the models stay loaded "
+                                                             "after this request: 5m, seconds, 0, -1 = forever")
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, v: str | float | None) -> str | float | None:
+        if v is not None:
+            parse_keep_alive(v)  # ValueError: a 400 naming the forms
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -226,9 +239,18 @@ class Extension(BaseModel):
     prompt_tokens: int = 0
     reused_prefix_tokens: int = 0
     timings: dict[str, float] = Field(default_factory=dict)
+    target_passes: int = Field(0, description="target forward passes after the first token")
     cache: dict[str, Any] | None = None
     route: dict[str, Any] | None = None
     auto: AutoReport | None = None
+
+
+class ChunkExtension(BaseModel):
+    """The `localspec` object on a streamed text chunk, when the request asked for `origins`."""
+
+    origin: Literal["draft", "prediction", "target", "cache"] = Field(
+        description="draft: a drafter's token the target accepted; prediction: a predicted token it accepted; "
+                    "target: its own; cache: replayed from the semantic cache")
 
 
 class ChatChoice(BaseModel):
@@ -276,7 +298,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
-    localspec: Extension | None = None
+    localspec: Extension | ChunkExtension | None = None
 
 
 # ---------------------------------------------------------------- completions
@@ -310,7 +332,7 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
-    localspec: Extension | None = None
+    localspec: Extension | ChunkExtension | None = None
 
 
 # ---------------------------------------------------------------- models, embeddings, errors
@@ -375,6 +397,45 @@ class CacheVerdictRequest(_Body):
                                                    "the entry")
 
 
+class PsModel(BaseModel):
+    """One loaded model, as `ollama ps` shows it."""
+
+    name: str
+    role: Literal["target", "draft", "embedding"]
+    tier: str | None = Field(None, description="the router tier it answers for (large, small)")
+    size_bytes: int = Field(description="its weights file; about what it takes in memory, KV cache aside")
+    processor: str = Field(description="where it runs: CPU, or the GPU with the layers offloaded")
+    n_ctx: int | None = Field(None, description="context tokens per slot")
+    slots: int | None = Field(None, description="sequence slots (parallel requests)")
+    slots_busy: int | None = None
+
+
+class PsReport(BaseModel):
+    status: Literal["ok", "loading", "error", "idle"]
+    profile: str | None = None
+    models: list[PsModel] = Field(default_factory=list, description="loaded models (none while idle)")
+    queue: int = Field(0, description="requests admitted and waiting for a slot")
+    running: int = Field(0, description="requests decoding or waiting")
+    keep_alive_s: float | None = Field(None, description="what the last request asked for (null: forever)")
+    expires_at: float | None = Field(None, description="Unix time the models unload if no request comes (null: "
+                                                       "never, or busy now)")
+    rss_bytes: int = Field(0, description="the server process's resident memory")
+
+
+class StopRequest(_Body):
+    model: str = Field(max_length=512, description="a model name the server serves")
+
+
+class StopReply(BaseModel):
+    model: str
+    unloaded: bool = Field(description="false: it was not loaded")
+
+
 class Health(BaseModel):
-    status: Literal["ok", "loading", "error"]
+    """`server` and `version` let a face tell a localspec server from anything else on the port."""
+
+    status: Literal["ok", "loading", "error", "idle"] = Field(
+        description="idle: the models were unloaded (keep_alive, stop) and load again on the next request")
     detail: str | None = None
+    server: Literal["localspec"] = "localspec"
+    version: str

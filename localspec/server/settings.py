@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localspec.cache.policy import cache_judge_kind
 from localspec.errors import ConfigError, UsageError
+from localspec.server.keepalive import parse_keep_alive
 
 API_KEY_ENV = "LOCALSPEC_API_KEY"
 
@@ -57,6 +58,15 @@ class ServerSettings(BaseModel):
     def _judge_switch(cls, value: object) -> object:
         return cache_judge_kind(value) if isinstance(value, bool) else value  # the older on/off form
     router: bool = Field(True, description="model 'auto' routes between the profile's tiers")
+    keep_alive: str = Field("5m", description="how long the models stay loaded after the last request (5m, "
+                                              "seconds, 0 = after each request, -1 = forever); a request's "
+                                              "keep_alive overrides it")
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, v: str) -> str:
+        parse_keep_alive(v)
+        return v
 
     def with_env_key(self) -> ServerSettings:
         if self.api_key is None and os.environ.get(API_KEY_ENV):

@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
@@ -17,6 +17,7 @@ from localspec.jobs import CacheStatus, Job
 from localspec.server.backend import Backend, Loader
 from localspec.server.errors import APIError
 from localspec.server.guards import LOCAL_PRINCIPAL, PRINCIPAL_KEY
+from localspec.server.keepalive import KeepAlive
 from localspec.server.redact import redact_paths
 from localspec.server.settings import ServerSettings
 from localspec.server.translate import Plan
@@ -63,6 +64,54 @@ class ServerState:
     loader: Loader
     admission: Admission
     metrics: Metrics
+    keep_alive: KeepAlive = field(default_factory=KeepAlive)
+    in_hand: int = 0  # requests between finding the models and submitting to them: not to be unloaded under
+
+    async def ready(self) -> Backend:
+        """The loaded models; after an unload (keep-alive, stop) this request loads them again and waits.
+        The first load at start-up keeps its 503 + Retry-After: clients already retry on it."""
+        loader = self.loader
+        if loader.backend is None and loader.state == "idle":
+            loader.start()
+        if loader.loads > 1:
+            while loader.backend is None and loader.loading:
+                await asyncio.sleep(0.05)
+        return self.backend()
+
+    @contextlib.asynccontextmanager
+    async def serving(self, keep_alive: str | float | None) -> AsyncIterator[Backend]:
+        """The models for one request, from its model check to its submission (then admission holds
+        them): the keep-alive reaper never unloads them in between. `keep_alive`: the request's."""
+        self.in_hand += 1
+        try:
+            b = await self.ready()
+            self.keep_alive.ask(keep_alive)
+            yield b
+        finally:
+            self.in_hand -= 1
+            self.keep_alive.touch()
+
+    def busy(self) -> bool:
+        return self.in_hand > 0 or self.admission.unfinished() > 0
+
+    async def reap(self) -> bool:
+        """One pass of the keep-alive reaper (on the event loop): unload idle models past their expiry."""
+        if self.loader.backend is None:
+            return False
+        if self.busy():
+            self.keep_alive.touch()  # expiry counts from the last request's end
+            return False
+        if not self.keep_alive.expired():
+            return False
+        return await self.unload()
+
+    async def unload(self) -> bool:
+        """Unload now (`stop`, or the reaper); False when nothing was loaded."""
+        b = self.loader.detach()
+        if b is None:
+            return False
+        await asyncio.to_thread(b.close, False)
+        return True
 
     def backend(self) -> Backend:
         """The loaded models, or a 503 that says whether they are loading or failed."""

@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from localspec.engine.events import Done, Event, Token
+from localspec.engine.events import Done, Event, Origin, Token
 from localspec.jobs import Job
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ class Piece:
 
     text: str
     tokens: list[Token]
+    origin: Origin = "target"  # the origin of the token whose text this is
 
 
 async def pieces(job: Job, metrics: Metrics, *, hold_text: bool = False) -> AsyncIterator[Piece | Done | Waiting]:
@@ -80,7 +81,7 @@ async def pieces(job: Job, metrics: Metrics, *, hold_text: bool = False) -> Asyn
             if event.logprob is not None:
                 pending.append(event)
             if event.text and not hold_text:
-                yield Piece(event.text, pending)
+                yield Piece(event.text, pending, event.origin)
                 pending = []
 
 

@@ -16,10 +16,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localspec.engine.config import GenerationRequest
-from localspec.engine.events import Done, Event, FinishReason, ProgressFn, Stats, Token
+from localspec.attach.remote import RemoteGeneration, remote_error
+from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
 from localspec.errors import LocalspecError
 
 if TYPE_CHECKING:  # the engine and the pipeline load only when a backend is built
@@ -199,123 +200,15 @@ class LocalBackend:
 # ---------------------------------------------------------------------- remote
 
 
-class _RemoteGeneration:
-    def __init__(self, client: Any, model: str, request: GenerationRequest, clock: Callable[[], float]) -> None:
-        self._client = client
-        self._model = model
-        self._request = request
-        self._clock = clock
-        self._cancel = threading.Event()
-        self._stream: Any = None  # the openai client's stream while one is open
-        self.dropped_messages = 0
-        self.cached: bool | None = None
-        self.cache_entry: str | None = None
-        self.route: str | None = None
-
-    def __iter__(self) -> Iterator[Event]:
-        req = self._request
-        stats = Stats(mode="remote")
-        text: list[str] = []
-        t0 = self._clock()
-        t_first = t_last = 0.0
-        finish: FinishReason = "stop"
-        try:
-            messages = [m.model_dump(include={"role", "content"}) for m in req.messages or []]
-            kwargs = dict(model=self._model, stream=True, max_tokens=req.max_tokens,
-                          temperature=req.sampling.temperature, stream_options={"include_usage": True})
-            if req.stop:
-                kwargs["stop"] = req.stop
-            if req.prediction is not None:  # Predicted Outputs; extra_body: clients before openai 1.54 lack the field
-                kwargs["extra_body"] = {"prediction": {"type": "content", "content": req.prediction}}
-            if messages:
-                self._stream = self._client.chat.completions.create(messages=messages, **kwargs)
-            else:
-                raise LocalspecError("The remote backend takes chat messages only.", "Use the chat screen.")
-            for chunk in self._stream:
-                if self._cancel.is_set():
-                    finish = "cancelled"
-                    break
-                self._read_extension(getattr(chunk, "model_extra", None) or {})
-                if getattr(chunk, "usage", None):
-                    stats.prompt_tokens = chunk.usage.prompt_tokens or 0
-                    stats.completion_tokens = chunk.usage.completion_tokens or stats.completion_tokens
-                    _read_prediction_usage(stats, getattr(chunk.usage, "completion_tokens_details", None))
-                for choice in chunk.choices or []:
-                    piece = choice.delta.content if choice.delta else None
-                    if piece:
-                        now = self._clock()
-                        if not t_first:
-                            t_first = now
-                            stats.ttft_ms = (now - t0) * 1000
-                        t_last = now
-                        text.append(piece)
-                        stats.completion_tokens += 1  # one chunk ~ one token; usage corrects it
-                        yield Token(text=piece, ids=(), origin="target")
-                    if choice.finish_reason:
-                        finish = "length" if choice.finish_reason == "length" else "stop"
-        except Exception as exc:  # network, HTTP or server errors end the reply, not the app
-            if self._cancel.is_set():
-                finish = "cancelled"
-            else:
-                stats.decode_ms = (t_last - t_first) * 1000 if t_first else 0.0
-                yield Done("error", stats, "".join(text), error=_remote_error(exc))
-                return
-        finally:
-            self._close_stream()
-        stats.decode_ms = (t_last - t_first) * 1000 if t_first else 0.0
-        yield Done(finish, stats, "".join(text))
-
-    def _read_extension(self, extra: dict[str, Any]) -> None:
-        """A localspec server says in its last chunk whether the answer came from its cache, and the route."""
-        ext = extra.get("localspec") or {}
-        cache, route = ext.get("cache") or {}, ext.get("route")
-        if cache:
-            self.cached = cache.get("status") == "hit"
-            # The handle F3 gives back: the entry and the token that lets this client mark it wrong.
-            entry, token = cache.get("entry_id"), cache.get("verdict_token")
-            self.cache_entry = f"{entry}.{token}" if self.cached and entry and token else None
-        if route:
-            self.route = f"{route.get('tier')} ({route.get('reason')})"
-
-    def _close_stream(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            try:
-                stream.close()
-            except Exception:
-                pass
-
-    def cancel(self) -> None:
-        self._cancel.set()
-        self._close_stream()  # unblocks a read waiting on the socket
-
-
-def _read_prediction_usage(stats: Stats, details: Any) -> None:
-    """The server's Predicted Outputs counts (usage.completion_tokens_details) into the reply's stats.
-    Every prediction token it drafted was accepted or rejected, so drafted is their sum. Counts that
-    are not non-negative integers (another server's idea of the field) are ignored."""
-    accepted = getattr(details, "accepted_prediction_tokens", None)
-    rejected = getattr(details, "rejected_prediction_tokens", None)
-    if _count(accepted) and _count(rejected):
-        stats.prediction_accepted, stats.prediction_drafted = accepted, accepted + rejected
-
-
-def _count(n: object) -> TypeGuard[int]:
-    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
-
-
-def _remote_error(exc: Exception) -> str:
-    if isinstance(exc, LocalspecError):
-        return str(exc)
-    name = type(exc).__name__
-    return f"{name}: {exc}"
-
-
 class RemoteBackend:
-    """An OpenAI-compatible endpoint; `model` defaults to the first model the server lists."""
+    """An OpenAI-compatible endpoint; `model` defaults to the first model the server lists.
+
+    `localspec`: the server is localspec, so replies carry token origins and stats (None: ask its
+    /health). `profile`: the profile the server runs, when known (shown as the app's)."""
 
     def __init__(self, url: str, model: str | None = None, api_key: str | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, *, localspec: bool | None = None,
+                 profile: str | None = None) -> None:
         try:
             from openai import OpenAI
         except ImportError as exc:  # pragma: no cover - openai is a dependency
@@ -331,14 +224,16 @@ class RemoteBackend:
                 model = next(iter(listed)).id
             except Exception as exc:
                 raise LocalspecError(
-                    f"Could not reach an OpenAI-compatible server at {base}: {_remote_error(exc)}.",
+                    f"Could not reach an OpenAI-compatible server at {base}: {remote_error(exc)}.",
                     "Start it with `localspec serve`, or check the --connect URL.",
                 ) from exc
         self.model = model
-        self.info = BackendInfo(kind="remote", target=model, accelerator="remote", url=base)
+        self.localspec = is_localspec(base.removesuffix("/v1")) if localspec is None else localspec
+        self.info = BackendInfo(kind="remote", target=model, accelerator="remote", url=base, profile=profile)
 
-    def start(self, request: GenerationRequest, route: str | None = None) -> _RemoteGeneration:
-        return _RemoteGeneration(self.client, "auto" if route == "auto" else self.model, request, self._clock)
+    def start(self, request: GenerationRequest, route: str | None = None) -> RemoteGeneration:
+        return RemoteGeneration(self.client, "auto" if route == "auto" else self.model, request, self._clock,
+                                localspec=self.localspec)
 
     def mark_wrong(self, entry_id: str) -> bool:
         """Tell the server a cached answer was wrong (POST /v1/cache/{id}/wrong with the answer's token)."""
@@ -352,6 +247,13 @@ class RemoteBackend:
 
     def close(self) -> None:
         self.client.close()
+
+
+def is_localspec(root: str) -> bool:
+    """Whether the server answers /health as localspec (then it takes the `localspec` extension)."""
+    from localspec.attach.probe import health
+
+    return health(root) is not None
 
 
 # ---------------------------------------------------------------------- replay

@@ -1,5 +1,6 @@
 """The endpoint's routes, one module per resource; `create_app` includes them all."""
 
-from localspec.server.routes import cache, chat, completions, embeddings, health, models
+from localspec.server.routes import cache, chat, completions, embeddings, health, models, ps
 
-ROUTERS = (health.router, models.router, chat.router, completions.router, embeddings.router, cache.router)
+ROUTERS = (health.router, models.router, chat.router, completions.router, embeddings.router, cache.router,
+           ps.router)

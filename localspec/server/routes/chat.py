@@ -12,7 +12,7 @@ from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES
-from localspec.server.replies import StreamedReply, chat_logprobs, extension, usage
+from localspec.server.replies import StreamedReply, chat_logprobs, extension, origin_of, usage
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
                                       ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCall,
@@ -29,10 +29,10 @@ router = APIRouter()
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State,
                            who: Principal) -> ChatCompletion | EventStream:
-    b = state.backend()
-    check_model(body.model, b.target_names)
-    plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
-    job = await state.submit(b, plan_, model=body.model, owner=who)
+    async with state.serving(body.keep_alive) as b:
+        check_model(body.model, b.target_names)
+        plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
+        job = await state.submit(b, plan_, model=body.model, owner=who)
     reply = ChatReply(state, b, body, plan_, job, who)
     if body.stream:
         return EventStream(reply.stream())
@@ -75,7 +75,9 @@ class ChatReply(StreamedReply):
             self.unreported = piece.tokens
             return None
         lp = chat_logprobs(self.b, piece.tokens) if self.body.logprobs else None
-        return sse(self.chunk(ChatDelta(content=piece.text), logprobs=lp))
+        chunk = self.chunk(ChatDelta(content=piece.text), logprobs=lp)
+        chunk.localspec = origin_of(self.body, piece)
+        return sse(chunk)
 
     def tail(self, done: Done) -> list[bytes]:
         out = []

@@ -12,7 +12,7 @@ from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES
-from localspec.server.replies import StreamedReply, completion_logprobs, extension, usage
+from localspec.server.replies import StreamedReply, completion_logprobs, extension, origin_of, usage
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import Completion, CompletionChoice, CompletionRequest
 from localspec.server.state import Principal, ServerState, State, check_model
@@ -27,10 +27,10 @@ router = APIRouter()
 )
 async def completions(body: CompletionRequest, request: Request, state: State,
                       who: Principal) -> Completion | EventStream:
-    b = state.backend()
-    check_model(body.model, b.target_names)
-    plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
-    job = await state.submit(b, plan_, model=body.model, owner=who)
+    async with state.serving(body.keep_alive) as b:
+        check_model(body.model, b.target_names)
+        plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
+        job = await state.submit(b, plan_, model=body.model, owner=who)
     echo = body.prompt if (body.echo and body.suffix is None and isinstance(body.prompt, str)) else ""
     reply = CompletionReply(state, b, body, plan_, job, who, echo)
     if body.stream:
@@ -77,7 +77,9 @@ class CompletionReply(StreamedReply):
         if not piece.text:
             return None
         lp = completion_logprobs(self.b, piece.tokens) if self.body.logprobs is not None else None
-        return sse(self.chunk(piece.text, finish_reason=None, logprobs=lp))
+        chunk = self.chunk(piece.text, finish_reason=None, logprobs=lp)
+        chunk.localspec = origin_of(self.body, piece)
+        return sse(chunk)
 
     def tail(self, done: Done) -> list[bytes]:
         final = self.chunk("", finish_reason=done.finish_reason)

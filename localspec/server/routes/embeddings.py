@@ -18,7 +18,7 @@ router = APIRouter()
 
 @router.post("/v1/embeddings", response_model=EmbeddingList, responses=ERROR_RESPONSES)
 async def embeddings(body: EmbeddingRequest, state: State) -> EmbeddingList:
-    b = state.backend()
+    b = await state.ready()
     check_model(body.model, b.embedding_names)
     s = state.settings
     given = [body.input] if isinstance(body.input, str) else body.input

@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from localspec import __version__
 from localspec.server.redact import redact_paths
 from localspec.server.schemas import Health
 from localspec.server.state import State
@@ -16,8 +17,10 @@ router = APIRouter()
 @router.get("/health", response_model=Health, responses={503: {"model": Health, "description": "Loading"}})
 async def health(state: State) -> JSONResponse:
     loader = state.loader
-    body = Health(status=loader.state, detail=redact_paths(loader.error) if loader.error else None)
-    return JSONResponse(body.model_dump(exclude_none=True), 200 if loader.state == "ok" else 503)
+    body = Health(status=loader.state, detail=redact_paths(loader.error) if loader.error else None,
+                  version=__version__)
+    # idle: unloaded after its keep-alive, and ready to load on the next request: a healthy server.
+    return JSONResponse(body.model_dump(exclude_none=True), 200 if loader.state in ("ok", "idle") else 503)
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})

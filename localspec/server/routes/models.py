@@ -1,30 +1,38 @@
-"""GET /v1/models and /v1/models/{id}: the names this server answers to."""
+"""GET /v1/models and /v1/models/{id}: the names this server answers to, loaded now or not."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from localspec.router import TierName
+from localspec.server.backend import Catalog
 from localspec.server.errors import ERROR_RESPONSES
 from localspec.server.schemas import ModelCard, ModelList
-from localspec.server.state import State, check_model
+from localspec.server.state import ServerState, State, check_model
 
 router = APIRouter()
 
 
+def catalog(state: ServerState) -> Catalog:
+    """The served names: the loaded models', or, while unloaded (keep-alive, stop), the last load's."""
+    if state.loader.backend is None and state.loader.catalog is not None:
+        return state.loader.catalog
+    return Catalog.of(state.backend())  # a 503 while the first load runs
+
+
 @router.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
 async def list_models(state: State) -> ModelList:
-    b = state.backend()
-    cards = [ModelCard(id=n, localspec={"model": b.model_behind(n), "role": "chat",
-                                        "route": b.route_for(n) or str(TierName.LARGE)})
-             for n in sorted(b.target_names)]
-    cards += [ModelCard(id=n, localspec={"model": b.embedding_id, "role": "embedding"})
-              for n in sorted(b.embedding_names)]
+    c = catalog(state)
+    loaded = state.loader.backend is not None
+    cards = [ModelCard(id=n, localspec={"model": model, "role": "chat", "route": route, "target": c.target_id,
+                                        "profile": c.profile, "loaded": loaded})
+             for n, (model, route) in sorted(c.names.items())]
+    cards += [ModelCard(id=n, localspec={"model": c.embedding_id, "role": "embedding", "loaded": loaded})
+              for n in sorted(c.embedding_names)]
     return ModelList(data=cards)
 
 
 @router.get("/v1/models/{model_id}", response_model=ModelCard, responses=ERROR_RESPONSES)
 async def get_model(model_id: str, state: State) -> ModelCard:
-    b = state.backend()
-    check_model(model_id, b.target_names | b.embedding_names)
+    c = catalog(state)
+    check_model(model_id, set(c.names) | set(c.embedding_names))
     return ModelCard(id=model_id)

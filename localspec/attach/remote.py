@@ -1,0 +1,224 @@
+"""A reply from an OpenAI-compatible server, read as the engine's own events (`Token`s, then `Done`).
+
+Against a localspec server (`localspec=True`) the request asks for what the in-process faces show:
+each text chunk's token origin (`localspec.origins`), the speculation mode and draft length, and the
+final chunk's `localspec` object becomes the reply's `Stats`. Another server gets a plain request.
+Whatever comes back is untrusted: fields that do not parse are left out, never raised.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeGuard
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from localspec.engine.config import GenerationRequest
+from localspec.engine.events import ORIGINS, Done, Event, FinishReason, Origin, Stats, Token
+from localspec.errors import LocalspecError
+
+
+class _Timings(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    prefill_ms: float = Field(0.0, ge=0)
+    ttft_ms: float = Field(0.0, ge=0)
+    decode_ms: float = Field(0.0, ge=0)
+
+
+class _AutoReport(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    steps: dict[str, int] = Field(default_factory=dict)
+    explored: int = Field(0, ge=0)
+    why_not_draft: str | None = None
+
+
+class WireStats(BaseModel):
+    """The final chunk's `localspec` object (localspec.server.schemas.Extension), as a client reads it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    mode: str = Field(max_length=32)
+    drafted: int = Field(0, ge=0)
+    accepted: int = Field(0, ge=0)
+    drafted_by_position: list[int] = Field(default_factory=list, max_length=64)
+    accepted_by_position: list[int] = Field(default_factory=list, max_length=64)
+    prompt_tokens: int = Field(0, ge=0)
+    reused_prefix_tokens: int = Field(0, ge=0)
+    target_passes: int = Field(0, ge=0)
+    timings: _Timings = Field(default_factory=_Timings)
+    auto: _AutoReport | None = None
+
+    def apply(self, stats: Stats) -> None:
+        """The server's figures over the client's own (a remote reply's TTFT includes the network)."""
+        stats.mode = self.mode
+        stats.drafted, stats.accepted = self.drafted, min(self.accepted, self.drafted)
+        stats.drafted_by_position, stats.accepted_by_position = self.drafted_by_position, self.accepted_by_position
+        stats.prompt_tokens, stats.reused_prefix_tokens = self.prompt_tokens, self.reused_prefix_tokens
+        stats.target_passes = self.target_passes
+        stats.prefill_ms, stats.ttft_ms, stats.decode_ms = (self.timings.prefill_ms, self.timings.ttft_ms,
+                                                            self.timings.decode_ms)
+        if self.auto is not None:
+            stats.auto_steps, stats.explored = dict(self.auto.steps), self.auto.explored
+            stats.auto_why_not = self.auto.why_not_draft or ""
+
+
+def chunk_origin(ext: object) -> Origin:
+    """A text chunk's origin from its `localspec` object; "target" when it says nothing we know."""
+    origin = ext.get("origin") if isinstance(ext, dict) else None
+    return origin if isinstance(origin, str) and _is_origin(origin) else "target"
+
+
+def _is_origin(value: str) -> TypeGuard[Origin]:
+    return value in ORIGINS
+
+
+class RemoteGeneration:
+    """One streamed reply. `keep_alive`: how long the server keeps its models after it (localspec only)."""
+
+    def __init__(self, client: Any, model: str, request: GenerationRequest,
+                 clock: Callable[[], float] = time.perf_counter, *, localspec: bool = False,
+                 keep_alive: str | None = None) -> None:
+        self._client = client
+        self._model = model
+        self._request = request
+        self._clock = clock
+        self._localspec = localspec
+        self._keep_alive = keep_alive
+        self._cancel = threading.Event()
+        self._stream: Any = None  # the openai client's stream while one is open
+        self.dropped_messages = 0
+        self.cached: bool | None = None
+        self.cache_entry: str | None = None
+        self.route: str | None = None
+
+    def _kwargs(self) -> dict[str, Any]:
+        req = self._request
+        kwargs: dict[str, Any] = dict(model=self._model, stream=True, max_tokens=req.max_tokens,
+                                      temperature=req.sampling.temperature, stream_options={"include_usage": True})
+        if req.sampling.top_p != 1.0:
+            kwargs["top_p"] = req.sampling.top_p
+        if req.sampling.seed is not None:
+            kwargs["seed"] = req.sampling.seed
+        if req.stop:
+            kwargs["stop"] = req.stop
+        extra: dict[str, Any] = {}
+        if req.prediction is not None:  # Predicted Outputs; extra_body: clients before openai 1.54 lack the field
+            extra["prediction"] = {"type": "content", "content": req.prediction}
+        if self._localspec:
+            extra["localspec"] = {"origins": True, **({"mode": req.mode} if req.mode else {}),
+                                  **({"k": req.k} if req.k is not None else {})}
+            if self._keep_alive is not None:
+                extra["keep_alive"] = self._keep_alive
+        if extra:
+            kwargs["extra_body"] = extra
+        return kwargs
+
+    def _open(self) -> Any:
+        req = self._request
+        if req.messages:
+            messages = [m.model_dump(include={"role", "content"}) for m in req.messages]
+            return self._client.chat.completions.create(messages=messages, **self._kwargs())
+        if req.prompt is not None and self._localspec:  # a raw prompt: only a server we know completes it as we do
+            return self._client.completions.create(prompt=req.prompt, **self._kwargs())
+        raise LocalspecError("The remote backend takes chat messages only.", "Use the chat screen.")
+
+    def __iter__(self) -> Iterator[Event]:
+        stats = Stats(mode="remote")
+        text: list[str] = []
+        t0 = self._clock()
+        t_first = t_last = 0.0
+        finish: FinishReason = "stop"
+        final: WireStats | None = None
+        try:
+            self._stream = self._open()
+            for chunk in self._stream:
+                if self._cancel.is_set():
+                    finish = "cancelled"
+                    break
+                ext = (getattr(chunk, "model_extra", None) or {}).get("localspec")
+                final = self._read_extension(ext) or final
+                if getattr(chunk, "usage", None):
+                    stats.prompt_tokens = chunk.usage.prompt_tokens or 0
+                    stats.completion_tokens = chunk.usage.completion_tokens or stats.completion_tokens
+                    _read_prediction_usage(stats, getattr(chunk.usage, "completion_tokens_details", None))
+                for choice in chunk.choices or []:
+                    delta = getattr(choice, "delta", None)
+                    piece = delta.content if delta is not None else getattr(choice, "text", None)
+                    if piece:
+                        now = self._clock()
+                        if not t_first:
+                            t_first = now
+                            stats.ttft_ms = (now - t0) * 1000
+                        t_last = now
+                        text.append(piece)
+                        stats.completion_tokens += 1  # one chunk ~ one token; usage corrects it
+                        yield Token(text=piece, ids=(), origin=chunk_origin(ext))
+                    if choice.finish_reason:
+                        finish = "length" if choice.finish_reason == "length" else "stop"
+        except Exception as exc:  # network, HTTP or server errors end the reply, not the face
+            if self._cancel.is_set():
+                finish = "cancelled"
+            else:
+                stats.decode_ms = (t_last - t_first) * 1000 if t_first else 0.0
+                yield Done("error", stats, "".join(text), error=remote_error(exc))
+                return
+        finally:
+            self._close_stream()
+        stats.decode_ms = (t_last - t_first) * 1000 if t_first else 0.0
+        if final is not None:
+            final.apply(stats)
+        yield Done(finish, stats, "".join(text))
+
+    def _read_extension(self, ext: object) -> WireStats | None:
+        """A localspec server's last chunk: whether the answer came from its cache, the route, the stats."""
+        if not isinstance(ext, dict) or "mode" not in ext:
+            return None  # absent, or a text chunk's origin
+        cache, route = ext.get("cache") or {}, ext.get("route")
+        if isinstance(cache, dict) and cache:
+            self.cached = cache.get("status") == "hit"
+            # The handle F3 gives back: the entry and the token that lets this client mark it wrong.
+            entry, token = cache.get("entry_id"), cache.get("verdict_token")
+            self.cache_entry = f"{entry}.{token}" if self.cached and entry and token else None
+        if isinstance(route, dict):
+            self.route = f"{route.get('tier')} ({route.get('reason')})"
+        try:
+            return WireStats.model_validate(ext)
+        except ValidationError:
+            return None
+
+    def _close_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:
+                pass
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        self._close_stream()  # unblocks a read waiting on the socket
+
+
+def _read_prediction_usage(stats: Stats, details: Any) -> None:
+    """The server's Predicted Outputs counts (usage.completion_tokens_details) into the reply's stats.
+    Every prediction token it drafted was accepted or rejected, so drafted is their sum. Counts that
+    are not non-negative integers (another server's idea of the field) are ignored."""
+    accepted = getattr(details, "accepted_prediction_tokens", None)
+    rejected = getattr(details, "rejected_prediction_tokens", None)
+    if _count(accepted) and _count(rejected):
+        stats.prediction_accepted, stats.prediction_drafted = accepted, accepted + rejected
+
+
+def _count(n: object) -> TypeGuard[int]:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def remote_error(exc: Exception) -> str:
+    if isinstance(exc, LocalspecError):
+        return str(exc)
+    name = type(exc).__name__
+    return f"{name}: {exc}"

@@ -1,0 +1,58 @@
+"""uvicorn's server, announcing itself in `serve.json` (localspec.attach.state) while it listens."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import uvicorn
+
+from localspec import __version__
+from localspec.attach.state import ServeState, remove_state, write_state
+from localspec.server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+
+class AnnouncingServer(uvicorn.Server):
+    """Writes the state file once its socket is bound (the real port, even with `--port 0`) and
+    removes it when it shuts down cleanly."""
+
+    def __init__(self, config: uvicorn.Config, settings: ServerSettings) -> None:
+        super().__init__(config)
+        self.settings = settings
+        self.announced: ServeState | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.should_exit or not self.servers:
+            return  # the bind failed: nothing to announce
+        self.announced = state_for(self.settings, bound_port(self.servers))
+        try:
+            write_state(self.announced)
+        except OSError as exc:  # faces then find the server by its port; serving goes on
+            logger.warning("could not write the server state file: %s", exc)
+            self.announced = None
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.withdraw()
+        await super().shutdown(sockets=sockets)
+
+    def withdraw(self) -> None:
+        if self.announced is not None:
+            remove_state(self.announced.pid)
+            self.announced = None
+
+
+def bound_port(servers: list[Any]) -> int:
+    return int(servers[0].sockets[0].getsockname()[1])
+
+
+def state_for(s: ServerSettings, port: int) -> ServeState:
+    return ServeState(
+        pid=os.getpid(), host=s.host, port=port, version=__version__,
+        scheme="https" if s.ssl_certfile else "http", profile=s.profile, target=s.target, draft=s.draft,
+        keyed=bool(s.keys()), api_key_file=str(s.api_key_file.resolve()) if s.api_key_file else None,
+    )

@@ -1,0 +1,85 @@
+"""GET /v1/ps (what is loaded, like `ollama ps`) and POST /v1/stop (unload now, like `ollama stop`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from localspec.engine.scheduler import Engine
+from localspec.pipeline import LocalTier
+from localspec.server.errors import ERROR_RESPONSES
+from localspec.server.routes.models import catalog
+from localspec.server.schemas import PsModel, PsReport, StopReply, StopRequest
+from localspec.server.state import State, check_model
+
+router = APIRouter()
+
+
+@router.get("/v1/ps", response_model=PsReport, responses=ERROR_RESPONSES)
+async def ps(state: State) -> PsReport:
+    loader = state.loader
+    b = loader.backend
+    ka = state.keep_alive
+    report = PsReport(status=loader.state, profile=loader.catalog.profile if loader.catalog else None,
+                      keep_alive_s=ka.current, rss_bytes=_rss())
+    if b is None:
+        return report
+    report.models = [m for tier in b.pipeline.tiers.values() if isinstance(tier, LocalTier) for m in _models(tier)]
+    if b.embedding_id and b._embedder is not None:
+        report.models.append(PsModel(name=b.embedding_id, role="embedding", size_bytes=_size(b.embedding_path),
+                                     processor="CPU"))
+    report.running = state.admission.unfinished()
+    report.queue = state.queue_depth(b)
+    report.expires_at = None if state.busy() else ka.expires_at()
+    return report
+
+
+@router.post("/v1/stop", response_model=StopReply, responses=ERROR_RESPONSES)
+async def stop(body: StopRequest, state: State) -> StopReply:
+    """Unload the models behind a served name now (requests running on them are cancelled); the next
+    request loads them again. The server's models load and unload together."""
+    c = catalog(state)
+    check_model(body.model, set(c.names) | set(c.embedding_names))
+    return StopReply(model=body.model, unloaded=await state.unload())
+
+
+def _models(tier: LocalTier) -> list[PsModel]:
+    engine = tier.engine
+    busy = sum(slot.active is not None for slot in engine.slots)
+    common = dict(tier=str(tier.name), processor=_processor(engine), n_ctx=engine.config.n_ctx,
+                  slots=len(engine.slots), slots_busy=busy)
+    out = [PsModel(name=tier.model_id, role="target", size_bytes=_size(engine.target.path), **common)]
+    if engine.draft is not None:
+        out.append(PsModel(name=tier.draft_id or engine.draft.path.stem, role="draft",
+                           size_bytes=_size(engine.draft.path), **common))
+    return out
+
+
+def _processor(engine: Engine) -> str:
+    layers = engine.config.n_gpu_layers
+    try:
+        import llama_cpp
+
+        gpu = bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:  # a broken build shows in generation, not here
+        gpu = False
+    if not gpu or layers == 0:
+        return "CPU"
+    return "GPU (all layers)" if layers < 0 else f"GPU ({layers} layers) + CPU"
+
+
+def _size(path: object) -> int:
+    from pathlib import Path
+
+    try:
+        return Path(str(path)).stat().st_size
+    except OSError:
+        return 0
+
+
+def _rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+
