@@ -209,7 +209,7 @@ def test_a_file_past_the_servers_context_gets_its_refusal(srv, tmp_path, capsys)
     path.write_text("x = 1\n" * 400)
     assert edit(srv, path, "Add type hints") == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: The server refused the edit (400):") and len(err.strip().splitlines()) <= 2
+    assert err.startswith("error: the server answered 400: ") and "context" in err and len(err.strip().splitlines()) == 1
 
 
 def test_an_unreachable_server_is_one_line(tmp_path, capsys):
@@ -217,6 +217,29 @@ def test_an_unreachable_server_is_one_line(tmp_path, capsys):
     path.write_text(FILE)
     assert main(["edit", str(path), "tidy", "--connect", "http://127.0.0.1:9"]) == 1
     assert "Could not reach a server at http://127.0.0.1:9/v1" in capsys.readouterr().err
+
+
+def test_edit_attaches_to_a_running_server_and_loads_no_model(tmp_path, capsys, monkeypatch):
+    """With `localspec serve` announced in serve.json, the edit goes through it: no second copy of
+    the models, and the prediction's tokens still arrive marked (the server sends their origins)."""
+    from localspec import service
+
+    def no_engine(**_kw):
+        raise AssertionError("the edit loaded a model although a server runs")
+
+    monkeypatch.setattr(service, "open_engine", no_engine)
+    tier = scripted_tier(model_id=MODEL, script=scripted(ANSWERS, default="No."), mode="lookup", n_ctx=512)
+    settings = ServerSettings(parallel=1, max_tokens_cap=256, n_ctx=512, cache=False, router=False)
+    path = tmp_path / "geo.py"
+    path.write_text(FILE)
+    with ServerThread(scripted_app(pipeline=scripted_pipeline(tiers=[tier]), settings=settings),
+                      announce=settings) as server:
+        assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=60)
+        assert main(["edit", str(path), "Add type hints", "--max-tokens", "200", "--mode", "lookup", "--json",
+                     "--write"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["written"] and path.read_text() == TYPED
+    assert record["stats"]["mode"] == "lookup" and record["stats"]["prediction_accepted"] > 0
 
 
 # ---------------------------------------------------------------------- the real models (stage 2)

@@ -218,7 +218,14 @@ def _count(n: object) -> TypeGuard[int]:
 
 
 def remote_error(exc: Exception) -> str:
+    """One line for a failed remote reply; an HTTP refusal as the server's own message."""
     if isinstance(exc, LocalspecError):
         return str(exc)
+    status, body = getattr(exc, "status_code", None), getattr(exc, "body", None)
+    if isinstance(status, int) and isinstance(body, dict):
+        err = body.get("error", body)
+        message = err.get("message") if isinstance(err, dict) else None
+        if isinstance(message, str) and message:
+            return f"the server answered {status}: {' '.join(message.split())[:500]}"
     name = type(exc).__name__
     return f"{name}: {exc}"

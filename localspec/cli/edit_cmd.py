@@ -1,6 +1,7 @@
 """`localspec edit FILE "instruction"`: the model rewrites the file, with the file itself as the
 prediction (Predicted Outputs), so every unchanged line costs a verify pass instead of a step each.
-Shows the reply as it streams, a unified diff and the speed-up; --write replaces the file."""
+Shows the reply as it streams, a unified diff and the speed-up; --write replaces the file. With a
+`localspec serve` running on this machine it edits through it (no second copy of the models)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from localspec.cli.attaching import LOCAL_HELP, attach_or_local
 from localspec.cli.options import MODES
 
 if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when an edit runs
+    from collections.abc import Iterable
+
     from localspec.edit.task import EditTask
-    from localspec.engine.events import Stats
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.events import Done, Event
 
 _COLOURS = {"+": "\x1b[32m", "-": "\x1b[31m", "@": "\x1b[36m"}
 _ACCEPTED = "\x1b[32m"
@@ -51,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-model", help="draft model id, overriding the profile's")
     p.add_argument("--threads", type=int, help="llama.cpp threads")
     p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
+    p.add_argument("--local", action="store_true", help=LOCAL_HELP)
     p.set_defaults(func=run)
 
 
@@ -124,10 +130,29 @@ def _round_up(n: int, step: int = 256) -> int:
     return -(-n // step) * step
 
 
-def edit_locally(args: argparse.Namespace, task: EditTask, stream: TextIO | None) -> EditOutcome:
+def edit_request(args: argparse.Namespace, task: EditTask, max_tokens: int) -> GenerationRequest:
     from localspec.engine.config import GenerationRequest
-    from localspec.engine.events import Done, Token
     from localspec.engine.sampling import SamplingParams
+
+    return GenerationRequest(
+        messages=task.messages(), max_tokens=max_tokens, mode=args.mode,
+        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+        prediction=None if args.no_prediction or not task.text else task.prediction(),
+    )
+
+
+def _stream(events: Iterable[Event], stream: TextIO | None) -> Done:
+    from localspec.engine.events import Done, Token
+
+    for event in events:
+        if isinstance(event, Token):
+            _show(stream, event.text, accepted=event.origin not in ("target", "cache"))
+        elif isinstance(event, Done):
+            return event
+    raise AssertionError("a generation ends with Done")
+
+
+def edit_locally(args: argparse.Namespace, task: EditTask, stream: TextIO | None) -> EditOutcome:
     from localspec.service import open_engine, resolve_models
 
     if not args.no_pull:
@@ -138,28 +163,18 @@ def edit_locally(args: argparse.Namespace, task: EditTask, stream: TextIO | None
     need = context_need(task, files.target, args.max_tokens)
     check_fits(need, task, files.target_id)
     n_ctx = min(need.trained, max(profile_ctx or 0, _round_up(need.total)))
-    request = GenerationRequest(
-        messages=task.messages(), max_tokens=need.reply_tokens, mode=args.mode,
-        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
-        prediction=None if args.no_prediction or not task.text else task.prediction(),
-    )
+    request = edit_request(args, task, need.reply_tokens)
     from localspec.cli.load_progress import LoadProgressDisplay
 
     with LoadProgressDisplay(sys.stderr) as show_progress:
         engine = open_engine(profile=args.profile, target=args.model, draft=args.draft_model, mode=args.mode,
                              n_ctx=n_ctx, n_threads=args.threads, on_progress=show_progress)
-    done: Done | None = None
     draft_loaded, t0 = engine.draft is not None, time.perf_counter()
     try:
-        for event in engine.generate(request):
-            if isinstance(event, Token):
-                _show(stream, event.text, accepted=event.origin not in ("target", "cache"))
-            elif isinstance(event, Done):
-                done = event
+        done = _stream(engine.generate(request), stream)
         costs = engine.costs
     finally:
         engine.close()
-    assert done is not None
     from localspec.cli.generate_cmd import _log_metrics
 
     _log_metrics(args, request, done, (time.perf_counter() - t0) * 1000, draft_loaded)
@@ -169,84 +184,44 @@ def edit_locally(args: argparse.Namespace, task: EditTask, stream: TextIO | None
         # Plain decoding would have paid one single-row pass per token at this context length.
         plain = (s.completion_tokens - 1) * costs.verify_cost(1, s.prompt_tokens + s.completion_tokens // 2)
         speedup = plain / (s.decode_ms / 1000)
-    return _outcome(done.text, done.finish_reason, need.reply_tokens, s, request.prediction is not None,
-                    speedup, done.error)
+    return _outcome(done, need.reply_tokens, predicted=request.prediction is not None, speedup=speedup)
 
 
-def _outcome(reply: str, finish: str, max_tokens: int, s: Stats, predicted: bool, speedup: float | None,
-             error: str | None) -> EditOutcome:
+def _outcome(done: Done, max_tokens: int, *, predicted: bool, speedup: float | None) -> EditOutcome:
+    s = done.stats
     return EditOutcome(
-        reply=reply, finish_reason=finish, max_tokens=max_tokens, mode=s.mode, completion_tokens=s.completion_tokens,
-        accepted=s.accepted, prediction_accepted=s.prediction_accepted if predicted else None,
+        reply=done.text, finish_reason=done.finish_reason, max_tokens=max_tokens, mode=s.mode,
+        completion_tokens=s.completion_tokens, accepted=s.accepted,
+        prediction_accepted=s.prediction_accepted if predicted else None,
         prediction_rejected=s.prediction_rejected if predicted else None, decode_s=s.decode_ms / 1000,
-        speedup=speedup, error=error,
+        speedup=speedup, error=done.error,
     )
 
 
-def edit_remotely(args: argparse.Namespace, task: EditTask, stream: TextIO | None) -> EditOutcome:
-    """The same edit through a server's /v1/chat/completions, with `prediction` as OpenAI defines it."""
+def edit_remotely(args: argparse.Namespace, task: EditTask, stream: TextIO | None, *, url: str,
+                  key: str | None, model: str | None, localspec: bool) -> EditOutcome:
+    """The same edit through a server's /v1/chat/completions, with `prediction` as OpenAI defines it
+    (a localspec server also sends each token's origin and its stats)."""
     import openai
 
+    from localspec.attach.remote import RemoteGeneration
     from localspec.errors import LocalspecError
 
-    base = args.connect.rstrip("/")
-    base = base if base.endswith("/v1") else base + "/v1"
-    client = openai.OpenAI(base_url=base, api_key=args.api_key or os.environ.get("OPENAI_API_KEY") or "localspec",
-                           max_retries=0, timeout=3600)
     # No tokenizer here: UTF-8 code runs 3-4 bytes per token, so a byte count halved bounds the reply.
-    max_tokens = reply_budget(len(task.text.encode()) // 2, args.max_tokens)
-    predicted = bool(task.text) and not args.no_prediction
-    # Typed loosely on purpose: `seed` may be None and `localspec` is our extension, not OpenAI's.
-    kwargs: dict[str, Any] = dict(
-        messages=[m.model_dump(include={"role", "content"}) for m in task.messages()], max_tokens=max_tokens,
-        temperature=args.temperature, seed=args.seed, stream=True, stream_options={"include_usage": True},
-    )
-    if predicted:
-        kwargs["prediction"] = {"type": "content", "content": task.prediction()}
-    if args.mode != "auto":
-        kwargs["extra_body"] = {"localspec": {"mode": args.mode}}
-    pieces: list[str] = []
-    finish, usage, ext = "stop", None, dict[str, Any]()
-    t_first = t_last = 0.0
+    request = edit_request(args, task, reply_budget(len(task.text.encode()) // 2, args.max_tokens))
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key or os.environ.get("OPENAI_API_KEY") or "localspec",
+                           max_retries=0, timeout=3600)
     try:
-        model = args.model or next(iter(client.models.list())).id
-        chunks = client.chat.completions.create(model=model, **kwargs)
-        for chunk in chunks:
-            ext = (getattr(chunk, "model_extra", None) or {}).get("localspec") or ext
-            usage = chunk.usage or usage
-            for choice in chunk.choices:
-                if choice.delta and choice.delta.content:
-                    t_last = time.perf_counter()
-                    t_first = t_first or t_last
-                    pieces.append(choice.delta.content)
-                    _show(stream, choice.delta.content, accepted=False)
-                if choice.finish_reason:
-                    finish = choice.finish_reason
+        model = model or next(iter(client.models.list())).id
+        done = _stream(RemoteGeneration(client, model, request, localspec=localspec), stream)
     except openai.APIConnectionError as exc:
-        raise LocalspecError(f"Could not reach a server at {base}: {exc}.",
+        raise LocalspecError(f"Could not reach a server at {url}/v1: {exc}.",
                              "Start it with `localspec serve`, or check the --connect URL.") from None
-    except openai.APIStatusError as exc:
-        raise LocalspecError(f"The server refused the edit ({exc.status_code}): {_api_message(exc)}",
-                             "Nothing was written.") from None
     except StopIteration:
-        raise LocalspecError(f"The server at {base} lists no models.", "Name one with --model.") from None
-    details = getattr(usage, "completion_tokens_details", None) if usage else None
-    return EditOutcome(
-        reply="".join(pieces), finish_reason=finish, max_tokens=max_tokens, mode=str(ext.get("mode", "remote")),
-        completion_tokens=usage.completion_tokens if usage else len(pieces), accepted=int(ext.get("accepted", 0)),
-        prediction_accepted=(details.accepted_prediction_tokens or 0) if predicted and details else None,
-        prediction_rejected=(details.rejected_prediction_tokens or 0) if predicted and details else None,
-        decode_s=t_last - t_first, speedup=None,
-    )
-
-
-def _api_message(exc: Exception) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-    return str(exc)
+        raise LocalspecError(f"The server at {url} lists no models.", "Name one with --model.") from None
+    finally:
+        client.close()
+    return _outcome(done, request.max_tokens, predicted=request.prediction is not None, speedup=None)
 
 
 def _show(stream: TextIO | None, text: str, *, accepted: bool) -> None:
@@ -283,6 +258,23 @@ def summary(o: EditOutcome) -> str:
     return ", ".join(parts)
 
 
+def _edit(args: argparse.Namespace, task: EditTask, stream: TextIO | None) -> EditOutcome:
+    """Through --connect's server, else a running `localspec serve`, else models loaded here."""
+    if args.connect:
+        from localspec.attach.probe import health
+
+        url = args.connect.rstrip("/").removesuffix("/v1")
+        return edit_remotely(args, task, stream, url=url, key=args.api_key, model=args.model,
+                             localspec=health(url) is not None)
+    blockers = [f"{flag} sets up an engine of its own" for flag, value in
+                (("--threads", args.threads), ("--draft-model", args.draft_model)) if value is not None]
+    server = attach_or_local(model=args.model, profile=args.profile, local=args.local, blockers=blockers)
+    if server is not None:
+        return edit_remotely(args, task, stream, url=server.url, key=server.key,
+                             model=args.model or server.target or min(server.names), localspec=True)
+    return edit_locally(args, task, stream)
+
+
 def run(args: argparse.Namespace) -> int:
     from localspec.edit.files import read_source, write_with_backup
     from localspec.edit.reply import NotWholeFile, extract_file
@@ -297,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     source = read_source(Path(args.file))
     task = EditTask(name=source.path.name, text=source.text, instruction=args.instruction)
     stream = sys.stderr if not args.json and sys.stderr.isatty() else None
-    outcome = (edit_remotely if args.connect else edit_locally)(args, task, stream)
+    outcome = _edit(args, task, stream)
     if stream is not None:
         stream.write("\n")
     if outcome.error:
