@@ -94,6 +94,7 @@ def test_the_context_fits_the_largest_edit():
     assert edits.context_for([small], floor=4096, trained=32768) == 4096
     assert edits.context_for([small, large], floor=4096, trained=32768) == 5120  # 5000 rounded up to 256s
     assert edits.context_for([small, large], floor=4096, trained=5000) == 5000
+    assert edits.context_for([small, large], floor=4096, trained=None) == 5120  # unknown: no bound
     with pytest.raises(ConfigError, match="predicted b needs 5,000 tokens"):
         edits.context_for([large], floor=4096, trained=4999)
     with pytest.raises(ConfigError, match="no edits"):

@@ -148,16 +148,20 @@ def plan_items(plan: BenchPlan, count: TokenCount) -> list[BenchItem]:
     return items
 
 
-def context_for(items: Sequence[BenchItem], *, floor: int, trained: int) -> int:
-    """n_ctx for the largest item (prompt and reply budget), at least `floor`, at most `trained`."""
+def context_for(items: Sequence[BenchItem], *, floor: int, trained: int | None) -> int:
+    """n_ctx for the largest item (prompt and reply budget), at least `floor`, at most `trained`
+    (the model's trained context; None: unknown, no bound)."""
     if not items:
         raise ConfigError("The plan has no edits to run.", "Check --suites and --prompts.")
     largest = max(items, key=lambda i: i.context)
+    need = max(floor, -(-largest.context // CONTEXT_STEP) * CONTEXT_STEP)
+    if trained is None:
+        return need
     if largest.context > trained:
         raise ConfigError(f"{largest.suite} {largest.key} needs {largest.context:,} tokens of context (prompt "
                           f"{largest.prompt_tokens:,} + reply {largest.max_tokens:,}); the model was trained on "
                           f"{trained:,}.", "Leave that edit out with --prompts, or give --max-tokens.")
-    return min(trained, max(floor, -(-largest.context // CONTEXT_STEP) * CONTEXT_STEP))
+    return min(trained, need)
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,7 @@ def run_edits(args: argparse.Namespace, plan: BenchPlan) -> int:
     from localspec.engine.runtime import Vocabulary
     from localspec.engine.scheduler import Engine
     from localspec.errors import ConfigError
+    from localspec.models.gguf_info import read_gguf_info
     from localspec.service import calibration_dir
 
     if args.noisy:
@@ -262,7 +263,9 @@ def run_edits(args: argparse.Namespace, plan: BenchPlan) -> int:
     target, draft = _models(args.profile)
     with Vocabulary(target) as vocab:
         items = edits.plan_items(plan, lambda text: len(vocab.tokenize(text)))
-        n_ctx = edits.context_for(items, floor=plan.n_ctx, trained=vocab.n_ctx_train)
+        # A vocab-only load reports 0 for the trained context (llama.cpp as linked here): the GGUF says it.
+        trained = vocab.n_ctx_train or read_gguf_info(target).context_length
+    n_ctx = edits.context_for(items, floor=plan.n_ctx, trained=trained)
     plan.n_ctx = n_ctx
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
