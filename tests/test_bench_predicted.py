@@ -272,13 +272,19 @@ def test_the_speedup_goal_becomes_85_percent_of_a_ceiling_below_1_8():
 
 def test_the_suite_ceiling_uses_the_measured_acceptance_and_the_learned_curve():
     rows = _synthetic_rows()
-    assert predicted.acceptance(rows, "predicted") == pytest.approx(0.9)
+    assert predicted.acceptance(rows, "predicted") == (pytest.approx(0.9), "the prediction's drafts")
     costs = scripted_costs()  # verify(n) = 0.010 + 0.001 (n - 1): verify(k + 1) / verify(1) = 1 + 0.1 k
     c = predicted.suite_ceiling(rows, "predicted", costs)
     assert c is not None and c.alpha == pytest.approx(0.9)
     best = max(range(33), key=lambda k: predicted.expected_tokens(0.9, k) / (1 + 0.1 * k))
     assert c.k == best and c.speedup == pytest.approx(predicted.expected_tokens(0.9, best) / (1 + 0.1 * best))
     assert predicted.suite_ceiling([r for r in rows if r["mode"] == "off"], "predicted", costs) is None
+    # auto+prediction drafted only through lookup (it copies the same file from the prompt): every
+    # draft of the mode is what was verified.
+    lookup_only = [{**r, "prediction_drafted": 0, "prediction_accepted": 0, "drafted": 50, "accepted": 40} for r in rows]
+    alpha, source = predicted.acceptance(lookup_only, "predicted")
+    assert alpha == pytest.approx(0.8) and source == "every draft of auto+prediction: the prediction drafted none"
+    assert predicted.suite_ceiling(lookup_only, "predicted", costs).source == source
 
 
 def _edit_result(rows: list[dict]) -> dict:
@@ -295,8 +301,13 @@ def _edit_result(rows: list[dict]) -> dict:
 
 
 def test_the_report_tables_every_task_the_ceiling_identity_and_goals():
-    result = json.loads(json.dumps(_edit_result(_synthetic_rows())))  # survives a JSON round trip
+    shipped = [{**_row("0", mode, 0, tps), "suite": "editing"} for mode, tps in
+               (("off", 10.0), ("auto", 13.0), ("auto+prediction", 16.0))]
+    result = json.loads(json.dumps(_edit_result(_synthetic_rows() + shipped)))  # survives a JSON round trip
     md = predicted.markdown(result)
+    # The shipped editing prompts: by index, no shape, no lookup.
+    assert "| edit | off tok/s | auto | auto+prediction | prediction accepted / rejected |" in md
+    assert "| #0 | 10.0 | 13.0 (1.30x) | 16.0 (1.60x) | 0 / 0, 1.0 tokens/pass |" in md
     assert "| edit | shape | off tok/s | lookup | auto | auto+prediction | auto+prediction / lookup |" in md
     # Task A: off's median over the repeats 7.5, auto+prediction 18.75 (2.50x), 25/12 over lookup;
     # 180 accepted and 20 rejected over 2 repeats, 200 tokens in 40 passes.

@@ -40,12 +40,13 @@ class Ceiling:
     tokens_per_pass: float  # expected_tokens(alpha, k)
     verify_steps: float  # verify(k + 1) / verify(1): a pass of k + 1 rows in single-row passes
     speedup: float
+    source: str = ""  # what alpha counts
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def ceiling(alpha: float, verify: Callable[[int], float], k_max: int = CEILING_K_MAX) -> Ceiling:
+def ceiling(alpha: float, verify: Callable[[int], float], k_max: int = CEILING_K_MAX, source: str = "") -> Ceiling:
     """The best speed-up over plain decoding that any drafter with per-token acceptance α reaches
     on this machine: max over k of E(α, k) × verify(1) / verify(k + 1).
 
@@ -56,11 +57,11 @@ def ceiling(alpha: float, verify: Callable[[int], float], k_max: int = CEILING_K
     accepted tokens come in long runs (whole unchanged lines), which a measured run can beat.
     """
     base = verify(1)
-    best = Ceiling(alpha=alpha, k=0, tokens_per_pass=1.0, verify_steps=1.0, speedup=1.0)
+    best = Ceiling(alpha=alpha, k=0, tokens_per_pass=1.0, verify_steps=1.0, speedup=1.0, source=source)
     for k in range(1, k_max + 1):
         e, steps = expected_tokens(alpha, k), verify(k + 1) / base
         if e / steps > best.speedup:
-            best = Ceiling(alpha=alpha, k=k, tokens_per_pass=e, verify_steps=steps, speedup=e / steps)
+            best = Ceiling(alpha=alpha, k=k, tokens_per_pass=e, verify_steps=steps, speedup=e / steps, source=source)
     return best
 
 
@@ -68,22 +69,32 @@ def _rows(runs: list[dict], suite: str, mode: str) -> list[dict]:
     return [r for r in runs if r["suite"] == suite and r["mode"] == mode]
 
 
-def acceptance(runs: list[dict], suite: str, mode: str = PREDICTED) -> float | None:
-    """The prediction's per-token acceptance on a suite: accepted / drafted over its runs."""
+def _share(rows: list[dict], drafted: str, accepted: str) -> float | None:
+    total = sum(r.get(drafted) or 0 for r in rows)
+    return sum(r.get(accepted) or 0 for r in rows) / total if total else None
+
+
+def acceptance(runs: list[dict], suite: str, mode: str = PREDICTED) -> tuple[float, str] | None:
+    """The per-token acceptance of a suite's `mode` runs, accepted / drafted, and what it counts:
+    the prediction's drafts; where the prediction drafted none (auto found lookup, which copies the
+    same file from the prompt, as good), every draft of those runs."""
     rows = _rows(runs, suite, mode)
-    drafted = sum(r.get("prediction_drafted") or 0 for r in rows)
-    return sum(r.get("prediction_accepted") or 0 for r in rows) / drafted if drafted else None
+    alpha = _share(rows, "prediction_drafted", "prediction_accepted")
+    if alpha is not None:
+        return alpha, "the prediction's drafts"
+    alpha = _share(rows, "drafted", "accepted")
+    return None if alpha is None else (alpha, f"every draft of {mode}: the prediction drafted none")
 
 
 def suite_ceiling(runs: list[dict], suite: str, costs: Costs) -> Ceiling | None:
     """The ceiling at the suite's measured acceptance, on the verify curve the run learned, at the
     median context its answers decoded in (prompt plus half the answer)."""
-    alpha = acceptance(runs, suite)
+    measured = acceptance(runs, suite)
     rows = _rows(runs, suite, PREDICTED)
-    if alpha is None or not rows:
+    if measured is None or not rows:
         return None
     context = int(statistics.median(r.get("prompt_tokens", 0) + r.get("tokens", 0) // 2 for r in rows))
-    return ceiling(alpha, lambda n: costs.verify_cost(n, context))
+    return ceiling(measured[0], lambda n: costs.verify_cost(n, context), source=measured[1])
 
 
 def speedup_bar(ceiling_speedup: float | None) -> float:
@@ -167,9 +178,10 @@ def suite_lines(result: dict, suite: str, modes: list[str], shapes: dict[str, st
               *([f"{PREDICTED} / lookup"] if vs_lookup is not None else []),
               "prediction accepted / rejected"]
     rows = []
-    for key in _keys(runs, suite):
+    label = {k: k if shapes else f"#{k}" for k in _keys(runs, suite)}  # tasks by id, shipped prompts by index
+    for key in label:
         off = _median_tps(summary, suite, "off", key)
-        cells = [key, *([shapes.get(key, "")] if shapes else []), "–" if off is None else f"{off:.1f}"]
+        cells = [label[key], *([shapes.get(key, "")] if shapes else []), "–" if off is None else f"{off:.1f}"]
         for m in others:
             tps = _median_tps(summary, suite, m, key)
             cells.append("–" if tps is None else f"{tps:.1f} ({_ratio(ratios[m].get(key))})")
@@ -183,12 +195,13 @@ def suite_lines(result: dict, suite: str, modes: list[str], shapes: dict[str, st
     lines = ["", f"### {suite}", "", *report.table(header, rows), "", closing]
     if ratios.get(PREDICTED):
         key, worst = min(ratios[PREDICTED].items(), key=lambda kv: kv[1].value)
-        lines.append(f"Worst edit for {PREDICTED}: {key}, {worst.value:.2f}x off.")
+        lines.append(f"Worst edit for {PREDICTED}: {label.get(key, key)}, {worst.value:.2f}x off.")
     return lines
 
 
 def _ceiling_line(suite: str, c: dict) -> str:
-    return (f"- {suite}: acceptance α = {c['alpha']:.3f}; best k = {c['k']}: {c['tokens_per_pass']:.2f} tokens "
+    of = f" ({c['source']})" if c.get("source") else ""
+    return (f"- {suite}: acceptance α = {c['alpha']:.3f}{of}; best k = {c['k']}: {c['tokens_per_pass']:.2f} tokens "
             f"per pass for verify({c['k'] + 1}) = {c['verify_steps']:.2f} single-row passes → ceiling "
             f"{c['speedup']:.2f}x off")
 

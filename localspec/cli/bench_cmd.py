@@ -110,6 +110,13 @@ def write_docs_update(update: DocsUpdate) -> None:
     update.readme.write_text(update.readme_text, encoding="utf-8")
 
 
+def no_readme_for_edits() -> Exception:
+    from localspec.errors import ConfigError
+
+    return ConfigError("--readme writes the prompt plans' tables; an edit plan's result has none.",
+                       "Leave out --readme; docs/predicted-outputs.md quotes the predicted plan's bench.md.")
+
+
 def is_edit_result(result: dict) -> bool:
     plan = result.get("plan")
     return isinstance(plan, dict) and plan.get("workload") == "edits"
@@ -120,10 +127,7 @@ def _publish(result: dict, out: Path, readme: str | None) -> None:
 
     edit = is_edit_result(result)
     if edit and readme:
-        from localspec.errors import ConfigError
-
-        raise ConfigError("--readme writes the prompt plans' tables; an edit plan's result has none.",
-                          "Leave out --readme; docs/predicted-outputs.md quotes the predicted plan's bench.md.")
+        raise no_readme_for_edits()
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     md = predicted.markdown(result) if edit else report.markdown(result)
@@ -258,8 +262,7 @@ def run_edits(args: argparse.Namespace, plan: BenchPlan) -> int:
     if args.noisy:
         raise ConfigError("--noisy runs with the prompt plans (quick, full, goals).", "Leave out --noisy.")
     if args.readme:  # refused now, not after the run
-        raise ConfigError("--readme writes the prompt plans' tables; an edit plan's result has none.",
-                          "Leave out --readme; docs/predicted-outputs.md quotes the predicted plan's bench.md.")
+        raise no_readme_for_edits()
     target, draft = _models(args.profile)
     with Vocabulary(target) as vocab:
         items = edits.plan_items(plan, lambda text: len(vocab.tokenize(text)))
