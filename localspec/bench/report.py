@@ -27,10 +27,7 @@ def markdown(result: dict) -> str:
     modes = sorted({m for s in summary.values() for m in s},
                    key=lambda m: (m != "off", m.startswith(("llama", "anchor")), m))
     lines = [
-        f"Machine: {result['machine'].get('processor')} · {result['machine'].get('cpus')} CPUs · "
-        f"{result['machine'].get('memory_gb')} GB · {result['machine'].get('platform')}",
-        f"Command: `{result['command']}`",
-        *_noisy_lines(result.get("noisy")),
+        *head_lines(result),
         "",
         "tokens/s (median; in brackets, the median of per-run ratios to our target-only `off` on the same prompt "
         "and repeat):",
@@ -49,18 +46,7 @@ def markdown(result: dict) -> str:
             acc = f", acc {m['acceptance']:.0%}" if m.get("acceptance") is not None else ""
             cells.append(f"{m['median_tps']:.1f}{ratio}{acc}")
         lines.append(f"| {suite} | " + " | ".join(cells) + " |")
-    lines += ["", "Goals:", ""]
-    for name, g in result["goals"].items():
-        note = " (fewer than 3 paired repeats: indicative)" if g.get("indicative") and g.get("checks") else ""
-        lines.append(f"- {name}: {g['bar']}: {_goal_value(g.get('value'))} → {verdict(g['met'])}{note}")
-    checks = [(name, c) for name, g in result["goals"].items() for c in g.get("checks", [])]
-    if checks:
-        lines += ["", "| goal | check | value | bar | paired repeats | |", "|---|---|---|---|---|---|"]
-        for name, c in checks:
-            bar = f">= {c['bar']:.2f}x" if c.get("bar") is not None else "–"
-            value = f"{c['value']:.3f}x" if c.get("value") is not None else "–"
-            lines.append(f"| {name} | {c['what']} | {value} | {bar} | {c['pairs']} | {verdict(c['met'])} |")
-        lines.append("")
+    lines += goal_lines(result["goals"])
     if result.get("exploration"):
         per_suite = ", ".join(f"{s} {v:.1f}" for s, v in result["exploration"].items())
         lines.append(f"- auto's explored steps per 1k tokens: {per_suite}")
@@ -73,6 +59,36 @@ def markdown(result: dict) -> str:
     if result.get("memory"):
         lines.append(f"- peak RSS by mode (MB): {result['memory']}; budget {result.get('memory_budget_mb')}")
     return "\n".join(lines) + "\n"
+
+
+def head_lines(result: dict) -> list[str]:
+    """The machine, the command and, for a noisy run, what ran beside the engine."""
+    m = result["machine"]
+    return [f"Machine: {m.get('processor')} · {m.get('cpus')} CPUs · {m.get('memory_gb')} GB · {m.get('platform')}",
+            f"Command: `{result['command']}`", *_noisy_lines(result.get("noisy"))]
+
+
+def goal_lines(goals: dict) -> list[str]:
+    """Each goal's bar, value and verdict, then every check of every goal in one table."""
+    lines = ["", "Goals:", ""]
+    for name, g in goals.items():
+        indicative = g.get("indicative") and g.get("checks")
+        note = f" (fewer than {g.get('wanted_pairs', 3)} paired repeats: indicative)" if indicative else ""
+        lines.append(f"- {name}: {g['bar']}: {_goal_value(g.get('value'))} → {verdict(g['met'])}{note}")
+    checks = [(name, c) for name, g in goals.items() for c in g.get("checks", [])]
+    if checks:
+        lines += ["", "| goal | check | value | bar | paired repeats | |", "|---|---|---|---|---|---|"]
+        for name, c in checks:
+            bar = f">= {c['bar']:.2f}x" if c.get("bar") is not None else "–"
+            value = f"{c['value']:.3f}x" if c.get("value") is not None else "–"
+            lines.append(f"| {name} | {c['what']} | {value} | {bar} | {c['pairs']} | {verdict(c['met'])} |")
+        lines.append("")
+    return lines
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def verdict(met: bool | None) -> str:

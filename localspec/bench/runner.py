@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from importlib import resources
 
 import psutil
@@ -30,6 +31,7 @@ from localspec.engine.events import Done
 from localspec.engine.scheduler import Engine
 
 SCHEMA_VERSION = 1
+SHUFFLE_SEED = 1234  # the modes' order per prompt: shuffled, but the same in every run
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,15 @@ class ModeSpec:
     name: str  # label in reports, e.g. "draft-k4"
     mode: str
     k: int | None = None
+    prediction: bool = False  # sends the prompt's prediction (edit plans: the file being edited)
+
+
+class Workload(StrEnum):
+    """What a plan's suites hold: chat prompts (suites.json), or edit tasks whose reply is a whole file
+    and whose prediction is that file (localspec.bench.edits)."""
+
+    PROMPTS = "prompts"
+    EDITS = "edits"
 
 
 @dataclass
@@ -63,9 +74,15 @@ class BenchPlan:
     interleave_servers: bool = False
     ttft: bool = True  # the prefix-reuse TTFT phase
     python_anchor: bool = True  # llama-cpp-python's lookup decoding
+    workload: Workload = Workload.PROMPTS
+    # Modes of a suite where they differ from `modes`.
+    suite_modes: dict[str, list[ModeSpec]] = field(default_factory=dict)
 
     def prompt_count(self, suite: str) -> int | None:
         return self.suite_prompts[suite] if suite in self.suite_prompts else self.prompts_per_suite
+
+    def modes_for(self, suite: str) -> list[ModeSpec]:
+        return self.suite_modes.get(suite, self.modes)
 
     def prompts(self, suite: str, suites: dict[str, dict]) -> list[str]:
         return suites[suite]["prompts"][: self.prompt_count(suite)]
@@ -76,7 +93,8 @@ class BenchPlan:
                 "repeats": self.repeats, "max_tokens": self.max_tokens, "n_ctx": self.n_ctx, "threads": self.threads,
                 "quick": self.quick, "anchor_prompts_per_suite": self.anchor_prompts_per_suite,
                 "ttft_chars": self.ttft_chars, "llama_server_configs": [c["name"] for c in self.llama_server_configs],
-                "interleave_servers": self.interleave_servers}
+                "interleave_servers": self.interleave_servers, "workload": str(self.workload),
+                "suite_modes": {s: [m.name for m in ms] for s, ms in self.suite_modes.items()}}
 
 
 def quick_plan(threads: int | None = None) -> BenchPlan:
@@ -141,7 +159,33 @@ def goals_plan(threads: int | None = None) -> BenchPlan:
     )
 
 
-PLANS: dict[str, Callable[[int | None], BenchPlan]] = {"quick": quick_plan, "full": full_plan, "goals": goals_plan}
+PREDICTED_MODES = [ModeSpec("off", "off"), ModeSpec("lookup", "lookup"), ModeSpec("auto", "auto"),
+                   ModeSpec("auto+prediction", "auto", prediction=True)]
+
+
+def predicted_plan(threads: int | None = None) -> BenchPlan:
+    """Issue #26's goals: the held-in edit tasks (data/predicted.json) as off, lookup, auto and auto
+    with the file as the prediction, then the shipped editing prompts, untouched, with the code in each
+    prompt as the prediction (off, auto, auto+prediction). Greedy, 2 repeats, each reply's budget as
+    `localspec edit` sizes it (max_tokens 0; --max-tokens gives every reply that budget instead).
+
+    Estimate at ~11 tokens/s for `off` on the 1.5B target and 2 cores: a task's file is ~350-450
+    tokens, so ~40 s in `off` and ~90 s for its four modes; 6 tasks x 2 repeats ~ 18 min. The
+    editing prompts' code is ~150-250 tokens: 6 x 2 x 3 modes ~ 8 min. With loading ~ 30 min.
+    """
+    return BenchPlan(
+        suites=["predicted", "editing"], modes=PREDICTED_MODES,
+        suite_modes={"editing": [m for m in PREDICTED_MODES if m.name != "lookup"]},
+        # Every task and every editing prompt (another suite named by --suites: its first 8); --prompts N
+        # takes the first N of each.
+        prompts_per_suite=8, suite_prompts={"predicted": None, "editing": None}, repeats=2, max_tokens=0,
+        threads=threads, anchors=False, name="predicted", ttft=False, python_anchor=False,
+        workload=Workload.EDITS,
+    )
+
+
+PLANS: dict[str, Callable[[int | None], BenchPlan]] = {"quick": quick_plan, "full": full_plan, "goals": goals_plan,
+                                                       "predicted": predicted_plan}
 
 
 def load_suites() -> dict[str, dict]:
@@ -153,21 +197,48 @@ def _chat(prompt: str, max_tokens: int, spec: ModeSpec) -> GenerationRequest:
                              k=spec.k)
 
 
-def _run_one(engine: Engine, request: GenerationRequest) -> Done:
-    done = None
+@dataclass(frozen=True)
+class Generated:
+    done: Done
+    ids: tuple[int, ...]  # the answer's tokens, as streamed
+
+
+def run_request(engine: Engine, request: GenerationRequest) -> Generated:
+    done: Done | None = None
+    ids: list[int] = []
     for ev in engine.generate(request):
         if isinstance(ev, Done):
             done = ev
+        else:
+            ids.extend(ev.ids)
     if done is None:
         raise RuntimeError("the engine's stream ended without a Done event")
-    return done
+    return Generated(done, tuple(ids))
+
+
+def _run_one(engine: Engine, request: GenerationRequest) -> Done:
+    return run_request(engine, request).done
+
+
+def run_row(suite: str, prompt: int | str, rep: int, mode: str, done: Done) -> dict:
+    """One run as bench.json records it."""
+    s = done.stats
+    return {
+        "suite": suite, "prompt": prompt, "rep": rep, "mode": mode, "engine": "localspec",
+        "tokens": s.completion_tokens, "tps": s.tokens_per_second, "ttft_ms": s.ttft_ms,
+        "drafted": s.drafted, "accepted": s.accepted,
+        "drafted_by_position": s.drafted_by_position, "accepted_by_position": s.accepted_by_position,
+        "mean_accepted_length": s.mean_accepted_length, "finish": done.finish_reason,
+        # auto's exploration steps, once the engine counts them (Stats.explored).
+        "explored": getattr(s, "explored", None),
+    }
 
 
 def run_modes(engine: Engine, plan: BenchPlan, tick: Callable[[str], None], *,
               servers: LlamaServerPool | None = None) -> list[dict]:
     """Each prompt and repeat runs every mode (and each of `servers`' configurations) in a shuffled order."""
     suites = load_suites()
-    rng = random.Random(1234)
+    rng = random.Random(SHUFFLE_SEED)
     runs = []
     for rep in range(plan.repeats):
         for suite in plan.suites:
@@ -183,16 +254,7 @@ def run_modes(engine: Engine, plan: BenchPlan, tick: Callable[[str], None], *,
                         continue
                     tick(f"{suite} #{pid} {spec.name}")
                     done = _run_one(engine, _chat(prompt, plan.max_tokens, spec))
-                    s = done.stats
-                    runs.append({
-                        "suite": suite, "prompt": pid, "rep": rep, "mode": spec.name, "engine": "localspec",
-                        "tokens": s.completion_tokens, "tps": s.tokens_per_second, "ttft_ms": s.ttft_ms,
-                        "drafted": s.drafted, "accepted": s.accepted,
-                        "drafted_by_position": s.drafted_by_position, "accepted_by_position": s.accepted_by_position,
-                        "mean_accepted_length": s.mean_accepted_length, "finish": done.finish_reason,
-                        # auto's exploration steps, once the engine counts them (Stats.explored).
-                        "explored": getattr(s, "explored", None),
-                    })
+                    runs.append(run_row(suite, pid, rep, spec.name, done))
     return runs
 
 

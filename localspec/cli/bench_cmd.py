@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from localspec.bench.runner import BenchPlan
 
 
@@ -25,10 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="measure modes side by side (tokens/s, acceptance, TTFT, RSS)", description=__doc__)
     p.add_argument("--quick",
                    action="store_true", help="a smoke run: a few prompts, 4 modes, no long-context suite (< 5 min)")
-    p.add_argument("--plan", choices=["quick", "full", "goals"],
-                   help="a named plan: quick (= --quick), full (the default, ~1 h on 2 cores) or goals (issue #31's "
+    p.add_argument("--plan", choices=["quick", "full", "goals", "predicted"],
+                   help="a named plan: quick (= --quick), full (the default, ~1 h on 2 cores), goals (issue #31's "
                         "P1-P3: editing and code, 256 tokens, 3 repeats, off/lookup/auto and llama-server "
-                        "interleaved, <= 30 min on 2 cores)")
+                        "interleaved, <= 30 min on 2 cores) or predicted (issue #26: whole-file edits as off, "
+                        "lookup, auto and auto with the file as the prediction, 2 repeats, ~30 min on 2 cores)")
     p.add_argument("--noisy", action="store_true",
                    help="a busy machine: run a CPU hog beside the engine (one core at 100%% for 60 s, then 50%%) "
                         "and start auto from no calibration, so it calibrates under the hog")
@@ -107,12 +110,27 @@ def write_docs_update(update: DocsUpdate) -> None:
     update.readme.write_text(update.readme_text, encoding="utf-8")
 
 
-def _publish(result: dict, out: Path, readme: str | None) -> None:
-    from localspec.bench import report
+def no_readme_for_edits() -> Exception:
+    from localspec.errors import ConfigError
 
+    return ConfigError("--readme writes the prompt plans' tables; an edit plan's result has none.",
+                       "Leave out --readme; docs/predicted-outputs.md quotes the predicted plan's bench.md.")
+
+
+def is_edit_result(result: dict) -> bool:
+    plan = result.get("plan")
+    return isinstance(plan, dict) and plan.get("workload") == "edits"
+
+
+def _publish(result: dict, out: Path, readme: str | None) -> None:
+    from localspec.bench import predicted, report
+
+    edit = is_edit_result(result)
+    if edit and readme:
+        raise no_readme_for_edits()
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
-    md = report.markdown(result)
+    md = predicted.markdown(result) if edit else report.markdown(result)
     (out / "bench.md").write_text(md)
     report.chart(result, out / "bench.png")
     print(md)
@@ -180,34 +198,129 @@ def select_plan(args: argparse.Namespace) -> BenchPlan:
     return plan
 
 
+class ProgressBar:
+    """One progress bar: `tick` counts a finished run, `say` only relabels."""
+
+    def __init__(self, bar: Progress, total: int) -> None:
+        self._bar = bar
+        self._task = bar.add_task("loading models", total=total)
+
+    def tick(self, label: str) -> None:
+        self._bar.update(self._task, advance=1, description=label[:42])
+
+    def say(self, label: str) -> None:
+        self._bar.update(self._task, description=label[:42])
+
+
+@contextlib.contextmanager
+def progress_bar(total: int) -> Iterator[ProgressBar]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description:<42}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        yield ProgressBar(bar, total)
+
+
+def _models(profile: str | None) -> tuple[Path, Path]:
+    """The profile's target and draft, fetched if missing; a profile without a draft is refused
+    before any pull or run: every plan compares drafting modes with `off`."""
+    from localspec.cli.models_cmd import ensure_models
+    from localspec.models import ModelManager
+
+    mm = ModelManager()
+    prof = mm.profile(profile)
+    if prof.draft is None:
+        from localspec.errors import ConfigError
+
+        name = profile or mm.registry.default_profile
+        raise ConfigError(f"Profile {name!r} has no draft model, and the bench compares the speculative modes.",
+                          "Give the profile a `draft`, or pick one that has one with --profile.")
+    ensure_models(profile)
+    return mm.require_path(prof.target), mm.require_path(prof.draft)
+
+
+def _result_head(plan: BenchPlan, target: Path, draft: Path) -> dict:
+    from localspec.bench import runner
+
+    return {
+        "schema": runner.SCHEMA_VERSION, "started": runner.now(), "machine": runner.machine(),
+        "command": "localspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "localspec bench",
+        "plan": plan.to_json(), "models": {"target": str(target), "draft": str(draft)},
+    }
+
+
+def run_edits(args: argparse.Namespace, plan: BenchPlan) -> int:
+    """An edit plan (`predicted`): every edit in every mode, interleaved; greedy identity with `off`
+    and the prediction's ceiling from the same run; bench.json and bench.md in --out."""
+    from localspec.bench import edits, predicted, runner
+    from localspec.engine.config import EngineConfig
+    from localspec.engine.runtime import Vocabulary
+    from localspec.engine.scheduler import Engine
+    from localspec.errors import ConfigError
+    from localspec.models.gguf_info import read_gguf_info
+    from localspec.service import calibration_dir
+
+    if args.noisy:
+        raise ConfigError("--noisy runs with the prompt plans (quick, full, goals).", "Leave out --noisy.")
+    if args.readme:  # refused now, not after the run
+        raise no_readme_for_edits()
+    target, draft = _models(args.profile)
+    with Vocabulary(target) as vocab:
+        items = edits.plan_items(plan, lambda text: len(vocab.tokenize(text)))
+        # A vocab-only load reports 0 for the trained context (llama.cpp as linked here): the GGUF says it.
+        trained = vocab.n_ctx_train or read_gguf_info(target).context_length
+    n_ctx = edits.context_for(items, floor=plan.n_ctx, trained=trained)
+    plan.n_ctx = n_ctx
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict = {**_result_head(plan, target, draft), "tasks": [t.to_json() for t in edits.load_tasks()],
+                    "items": [{"suite": i.suite, "key": i.key, "max_tokens": i.max_tokens,
+                               "prompt_tokens": i.prompt_tokens} for i in items]}
+    total = sum(len(plan.modes_for(i.suite)) for i in items) * plan.repeats
+    with progress_bar(total) as bar, terminate_unwinds():
+        engine = Engine.load(str(target), str(draft), EngineConfig(n_ctx=n_ctx, n_threads=plan.threads, mode="auto"),
+                             calibration_dir=calibration_dir())
+        try:
+            outcomes = edits.run_items(engine, plan, items, bar.tick)
+            # Runs done: keep them, should the near-tie checks fail.
+            rows = [o.row() for o in outcomes]
+            (out / "runs.partial.json").write_text(json.dumps({**result, "runs": rows}))
+            bar.say("identity: near-tie checks")
+            identity = edits.identity(outcomes, edits.tie_check(engine))
+            costs = engine.costs
+        finally:
+            engine.close()
+    result["runs"] = rows
+    result["summary"] = runner.summarize(rows)
+    result["acceptance_by_position"] = runner.acceptance_by_position(rows)
+    result["costs"] = costs.to_json() if costs else None
+    ceilings = {s: c for s in plan.suites if costs and (c := predicted.suite_ceiling(rows, s, costs))}
+    result["ceiling"] = {s: c.to_json() for s, c in ceilings.items()}
+    result["identity"] = identity.to_json()
+    tasks_ceiling = ceilings.get(edits.TASKS)
+    result["goals"] = predicted.goals(result["summary"], tasks_ceiling.speedup if tasks_ceiling else None,
+                                      result["identity"])
+    result["finished"] = runner.now()
+    _publish(result, out, None)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.readme:
         current_docs(Path(args.readme))  # a missing README or marker fails now, not after the run
     if args.from_json:  # before the engine's imports: this only redraws
         _publish(_read_result(Path(args.from_json)), Path(args.out), args.readme)
         return 0
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from localspec.bench import anchors, hog, runner
     from localspec.bench import goals as bench_goals
-    from localspec.cli.models_cmd import ensure_models
     from localspec.engine.config import EngineConfig
     from localspec.engine.scheduler import Engine
-    from localspec.models import ModelManager
     from localspec.models.gguf_info import read_gguf_info
     from localspec.service import calibration_dir
 
     plan = select_plan(args)
-    mm = ModelManager()
-    prof = mm.profile(args.profile)
-    if prof.draft is None:  # checked before any pull or run: every suite compares drafting modes with `off`
-        from localspec.errors import ConfigError
-
-        name = args.profile or mm.registry.default_profile
-        raise ConfigError(f"Profile {name!r} has no draft model, and the bench compares the speculative modes.",
-                          "Give the profile a `draft`, or pick one that has one with --profile.")
-    ensure_models(args.profile)
-    target, draft = mm.require_path(prof.target), mm.require_path(prof.draft)
+    if plan.workload is runner.Workload.EDITS:
+        return run_edits(args, plan)
+    target, draft = _models(args.profile)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -233,22 +346,15 @@ def run(args: argparse.Namespace) -> int:
     schedule = hog.HogSchedule() if args.noisy else None
 
     result: dict = {
-        "schema": runner.SCHEMA_VERSION, "started": runner.now(), "machine": runner.machine(),
-        "command": "localspec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "localspec bench",
-        "plan": plan.to_json(),
-        "models": {"target": str(target), "draft": str(draft)},
+        **_result_head(plan, target, draft),
         "llama_server": server_bin,
         "llama_server_interleaved": interleave,
         "noisy": None,
     }
     runs: list[dict] = []
-    with (Progress(TextColumn("{task.description:<42}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn()) as bar, contextlib.ExitStack() as stack):
+    with progress_bar(total) as bar, contextlib.ExitStack() as stack:
         stack.enter_context(terminate_unwinds())
-        task = bar.add_task("loading models", total=total)
-
-        def tick(label: str) -> None:
-            bar.update(task, advance=1, description=label[:42])
+        tick = bar.tick
 
         def checkpoint(runs: list[dict]) -> None:
             # An hour of measurements must survive a later phase failing: keep what is done.
@@ -257,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
         pool = None
         if interleave:
             assert server_bin is not None
-            bar.update(task, description="starting llama-server")
+            bar.say("starting llama-server")
             # Up (and idle) before the hog and our calibration: its loading is no part of either.
             pool = stack.enter_context(anchors.LlamaServerPool(
                 server_bin, target, draft, plan.llama_server_configs, n_ctx=plan.n_ctx, threads=threads))
@@ -268,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
             # developer's busy machine (and learns online in the same fresh directory).
             cal_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="localspec-noisy-calibration-"))
             hog_proc = stack.enter_context(hog.CpuHog(schedule))
-        bar.update(task, description="loading models")
+        bar.say("loading models")
         engine = Engine.load(str(target), str(draft),
                              EngineConfig(n_ctx=plan.n_ctx, n_threads=plan.threads, mode="auto"),
                              calibration_dir=cal_dir)
