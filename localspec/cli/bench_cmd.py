@@ -256,7 +256,6 @@ def run_edits(args: argparse.Namespace, plan: BenchPlan) -> int:
     from localspec.engine.runtime import Vocabulary
     from localspec.engine.scheduler import Engine
     from localspec.errors import ConfigError
-    from localspec.models.gguf_info import read_gguf_info
     from localspec.service import calibration_dir
 
     if args.noisy:
@@ -266,8 +265,7 @@ def run_edits(args: argparse.Namespace, plan: BenchPlan) -> int:
     target, draft = _models(args.profile)
     with Vocabulary(target) as vocab:
         items = edits.plan_items(plan, lambda text: len(vocab.tokenize(text)))
-        # A vocab-only load reports 0 for the trained context (llama.cpp as linked here): the GGUF says it.
-        trained = vocab.n_ctx_train or read_gguf_info(target).context_length
+        trained = vocab.n_ctx_train or None
     n_ctx = edits.context_for(items, floor=plan.n_ctx, trained=trained)
     plan.n_ctx = n_ctx
     out = Path(args.out)
