@@ -30,6 +30,9 @@ from localspec.engine.costs import Costs
 # weak (a couple of observations) so real evidence takes over within a few steps.
 PRIOR_ACCEPT = 1.4
 PRIOR_TRIALS = 2.0
+# A prediction is the client saying what the answer will mostly be: its first steps are planned as
+# if most of it holds, and a wrong one is found out within a few passes. Per request (see Controller).
+PREDICTION_PRIOR = 0.9
 EXPLORATION = 0.5  # standard errors of optimism added to an estimate while choosing
 EXPLORE_BUDGET = 0.01  # the most of its time `auto` spends on choices it believes do not pay
 EXPLORE_CREDIT_S = 30.0  # credit saved up covers at most this many seconds of steps
@@ -46,6 +49,7 @@ class Acceptance:
     accepted: list[float] = field(default_factory=list)
     trials: list[float] = field(default_factory=list)
     decay: float = 1.0
+    prior: float = PRIOR_ACCEPT / PRIOR_TRIALS  # P(accepted) at position 1 before any evidence
 
     def rates(self, n: int) -> list[float]:
         """Estimated P(position i+1 accepted | positions 1..i were), for i = 0..n-1.
@@ -54,7 +58,7 @@ class Acceptance:
         the one before it. Acceptance changes slowly with position, and a fixed prior there would
         keep a drafter at k = 1 forever: k = 2 is never tried if position 2 looks like a coin flip.
         """
-        out, prior = [], PRIOR_ACCEPT / PRIOR_TRIALS
+        out, prior = [], self.prior
         for i in range(n):
             a = self.accepted[i] if i < len(self.accepted) else 0.0
             t = self.trials[i] if i < len(self.trials) else 0.0
@@ -113,11 +117,9 @@ class AcceptanceBook:
     decay: float = 0.99  # an observation's weight halves after ~70 newer ones
     draft: Acceptance = field(default_factory=Acceptance)
     lookup: dict[int, Acceptance] = field(default_factory=dict)  # keyed by match_bucket
-    prediction: Acceptance = field(default_factory=Acceptance)  # a request's own predicted answer
 
     def __post_init__(self) -> None:
         self.draft.decay = self.decay
-        self.prediction.decay = self.decay
 
     def for_lookup(self, match_length: int) -> Acceptance:
         key = match_bucket(match_length)
@@ -192,6 +194,9 @@ class Controller:
         self.book = book if book is not None else AcceptanceBook(decay=1.0)
         self.explorer = explorer if explorer is not None else Explorer(budget=0.0)
         self.why_not: str = ""  # why the last plain step did not draft, in the cost model's terms
+        # The prediction's acceptance is this request's alone: one client's prediction of one
+        # answer says nothing about the next request's.
+        self.prediction = Acceptance(prior=PREDICTION_PRIOR, decay=self.book.decay)
 
     @property
     def draft(self) -> Acceptance:
@@ -216,13 +221,15 @@ class Controller:
         drafters: list[tuple[str, list[float], float, float]] = []  # name, rates, fixed cost, per-k cost
         if self.has_draft_model:
             drafters.append(("draft", self.draft.planning_rates(k_top), c.catch_up(draft_lag), c.draft_step))
+        if prediction_available > 0:  # like lookup, free to propose: the verify is the whole cost
+            # Its own cap (prediction_k_max, applied by the caller): copies pay past auto's k_max.
+            # Weighed before lookup, so that on a tie (both copying the same file) the client's
+            # prediction drafts and its usage counts what it was worth.
+            rates = self.prediction.planning_rates(prediction_available)
+            drafters.append(("prediction", rates, 0.0, 0.0))
         if lookup_match > 0:
             rates = self.book.for_lookup(lookup_match).planning_rates(min(k_top, lookup_available))
             drafters.append(("lookup", rates, 0.0, 0.0))
-        if prediction_available > 0:  # like lookup, free to propose: the verify is the whole cost
-            # Its own cap (prediction_k_max, applied by the caller): copies pay past auto's k_max.
-            rates = self.book.prediction.planning_rates(prediction_available)
-            drafters.append(("prediction", rates, 0.0, 0.0))
         for name, rates, fixed, per_k in drafters:
             expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time
             for k, a in enumerate(rates, start=1):
@@ -275,7 +282,7 @@ class Controller:
         elif choice.drafter == "lookup" and drafted:
             self.book.for_lookup(lookup_match).observe(drafted, accepted)
         elif choice.drafter == "prediction" and drafted:
-            self.book.prediction.observe(drafted, accepted)
+            self.prediction.observe(drafted, accepted)
 
 
 def _why_not(options: list[_Option], costs: Costs, context: int | None) -> str:
