@@ -62,9 +62,14 @@ def add_entry(overlay: Path, model_id: str, role: str, origin: Path, info: GGUFI
         parameters=info.parameters, context_length=info.context_length,
         sources=[FileSource(kind="file", files=[spec])],
     )
+    before = overlay.read_text(encoding="utf-8") if overlay.is_file() else HEADER
+    _replace_checked(overlay, before + _block(entry, spec))
+    return entry
+
+
+def _replace_checked(overlay: Path, text: str) -> None:
+    """The overlay becomes `text` only if it parses as a registry: a bad entry never lands."""
     overlay.parent.mkdir(parents=True, exist_ok=True)
-    before = overlay.read_text(encoding="utf-8") if overlay.is_file() else None
-    text = (before if before is not None else HEADER) + _block(entry, spec)
     tmp = overlay.with_name(overlay.name + ".partial")
     tmp.write_text(text, encoding="utf-8")
     try:
@@ -73,7 +78,6 @@ def add_entry(overlay: Path, model_id: str, role: str, origin: Path, info: GGUFI
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, overlay)
-    return entry
 
 
 # ---------------------------------------------------------------- models pulled from the Hub
@@ -122,12 +126,4 @@ def put_hub_entry(overlay: Path, entry: ModelEntry) -> None:
         text = pattern.sub(lambda _m: block, before, count=1)
     else:
         text = before + ("" if before.endswith("\n\n") else "\n" if before.endswith("\n") else "\n\n") + block
-    overlay.parent.mkdir(parents=True, exist_ok=True)
-    tmp = overlay.with_name(overlay.name + ".partial")
-    tmp.write_text(text, encoding="utf-8")
-    try:
-        parse_registry_file(tmp)
-    except ConfigError:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, overlay)
+    _replace_checked(overlay, text)
