@@ -212,14 +212,17 @@ def test_expected_tokens_per_pass():
 
 
 def test_the_ceiling_is_the_best_draft_length_on_the_verify_curve():
-    curve = {1: 1.0, 2: 1.1, 3: 1.3, 4: 1.6, 5: 2.0}
-    c = predicted.ceiling(0.5, lambda n: curve.get(n, 0.5 * n), k_max=4)
-    # k=1: 1.5 / 1.1 = 1.364; k=2: 1.75 / 1.3 = 1.346; k=3: 1.875 / 1.6 = 1.172; k=4: 1.9375 / 2.0.
-    assert (c.k, c.tokens_per_pass, c.verify_steps) == (1, 1.5, 1.1) and c.speedup == pytest.approx(1.5 / 1.1)
-    flat = predicted.ceiling(0.9, lambda n: 1.0, k_max=32)  # a GPU-like flat curve: the longest draft wins
-    assert flat.k == 32 and flat.speedup == pytest.approx((1 - 0.9 ** 33) / 0.1)
-    none = predicted.ceiling(0.0, lambda n: 1.0 + n)  # nothing accepted: not drafting is the best
+    curve = {1: 1.0, 2: 1.5, 3: 2.0, 4: 3.0, 5: 4.5}
+    c = predicted.ceiling(0.8, lambda n: curve[n], k_max=4)
+    # per token: k=1: 0.8 * 1.5 / 2 + 0.2 = 0.8; k=2: 0.8 * 2.0 / 3 + 0.2 = 0.733; k=3: 0.8 * 3 / 4 + 0.2 = 0.8;
+    # k=4: 0.8 * 4.5 / 5 + 0.2 = 0.92: k=2 is best, 1 / 0.7333 = 1.364x
+    assert (c.k, c.tokens_per_pass, c.verify_steps) == (2, 3.0, 2.0) and c.speedup == pytest.approx(1 / (0.8 * 2 / 3 + 0.2))
+    flat = predicted.ceiling(0.9, lambda n: 1.0, k_max=16)  # a GPU-like flat curve: the longest draft wins
+    assert flat.k == 16 and flat.speedup == pytest.approx(1 / (0.9 / 17 + 0.1))
+    none = predicted.ceiling(0.0, lambda n: 1.0 + n)  # nothing given: not drafting is the best
     assert (none.k, none.speedup) == (0, 1.0)
+    steep = predicted.ceiling(1.0, lambda n: float(n))  # every extra row costs a step: drafting never pays
+    assert (steep.k, steep.speedup) == (0, 1.0)
 
 
 def _row(key: str, mode: str, rep: int, tps: float, **kw) -> dict:
@@ -270,21 +273,20 @@ def test_the_speedup_goal_becomes_85_percent_of_a_ceiling_below_1_8():
     assert high["checks"][0]["bar"] == 1.8 and high["met"] is False
 
 
-def test_the_suite_ceiling_uses_the_measured_acceptance_and_the_learned_curve():
-    rows = _synthetic_rows()
-    assert predicted.acceptance(rows, "predicted") == (pytest.approx(0.9), "the prediction's drafts")
+def test_the_suite_ceiling_uses_the_measured_coverage_and_the_learned_curve():
+    # auto+prediction: 80 of 101 answer tokens from accepted drafts (the prediction's 90 of its drafts
+    # were counted apart; lookup's count too: both copy the file)
+    rows = [{**r, "accepted": 80} if r["mode"] == "auto+prediction" else r for r in _synthetic_rows()]
+    share, source = predicted.coverage(rows, "predicted")
+    assert share == pytest.approx(80 / 101) and source == "accepted drafts over answer tokens, median of 3 edits"
     costs = scripted_costs()  # verify(n) = 0.010 + 0.001 (n - 1): verify(k + 1) / verify(1) = 1 + 0.1 k
     c = predicted.suite_ceiling(rows, "predicted", costs)
-    assert c is not None and c.alpha == pytest.approx(0.9)
-    best = max(range(33), key=lambda k: predicted.expected_tokens(0.9, k) / (1 + 0.1 * k))
-    assert c.k == best and c.speedup == pytest.approx(predicted.expected_tokens(0.9, best) / (1 + 0.1 * best))
+    assert c is not None and c.covered == pytest.approx(80 / 101)
+    f = 80 / 101
+    best = max(range(1, 17), key=lambda k: 1 / (f * (1 + 0.1 * k) / (k + 1) + 1 - f))
+    assert c.k == best and c.speedup == pytest.approx(1 / (f * (1 + 0.1 * best) / (best + 1) + 1 - f))
     assert predicted.suite_ceiling([r for r in rows if r["mode"] == "off"], "predicted", costs) is None
-    # auto+prediction drafted only through lookup (it copies the same file from the prompt): every
-    # draft of the mode is what was verified.
-    lookup_only = [{**r, "prediction_drafted": 0, "prediction_accepted": 0, "drafted": 50, "accepted": 40} for r in rows]
-    alpha, source = predicted.acceptance(lookup_only, "predicted")
-    assert alpha == pytest.approx(0.8) and source == "every draft of auto+prediction: the prediction drafted none"
-    assert predicted.suite_ceiling(lookup_only, "predicted", costs).source == source
+    assert predicted.coverage([{**r, "accepted": 0} for r in rows], "predicted") is None
 
 
 def _edit_result(rows: list[dict]) -> dict:
@@ -313,7 +315,7 @@ def test_the_report_tables_every_task_the_ceiling_identity_and_goals():
     # 180 accepted and 20 rejected over 2 repeats, 200 tokens in 40 passes.
     assert "| A | shape A | 7.5 | 9.0 (1.20x) | 9.0 (1.20x) | 18.8 (2.50x) | 2.08x | 180 / 20, 5.0 tokens/pass |" in md
     assert "auto+prediction 2.00x" in md and "Worst edit for auto+prediction: C, 0.95x off." in md
-    assert "- predicted: acceptance α = 0.900; best k = " in md
+    assert "- predicted: drafts gave 0% of the answer" not in md and "ceiling" in md
     assert "predicted C repeat 1, auto: from token 7 (character 20)" in md and "a proven near-tie, top-2 gap 0.120" in md
     assert "- worst task: auto+prediction >= 0.97x off on every task: 0.950 → not met" in md
     assert "| worst task | predicted #C | 0.950x | >= 0.97x | 2 | not met |" in md

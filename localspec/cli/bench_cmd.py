@@ -128,6 +128,8 @@ def _publish(result: dict, out: Path, readme: str | None) -> None:
     edit = is_edit_result(result)
     if edit and readme:
         raise no_readme_for_edits()
+    if edit:  # derived from the runs, so a redraw applies the current ceiling and goals
+        predicted.analyse(result)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     md = predicted.markdown(result) if edit else report.markdown(result)
@@ -251,7 +253,7 @@ def _result_head(plan: BenchPlan, target: Path, draft: Path) -> dict:
 def run_edits(args: argparse.Namespace, plan: BenchPlan) -> int:
     """An edit plan (`predicted`): every edit in every mode, interleaved; greedy identity with `off`
     and the prediction's ceiling from the same run; bench.json and bench.md in --out."""
-    from localspec.bench import edits, predicted, runner
+    from localspec.bench import edits, runner
     from localspec.engine.config import EngineConfig
     from localspec.engine.runtime import Vocabulary
     from localspec.engine.scheduler import Engine
@@ -291,12 +293,7 @@ def run_edits(args: argparse.Namespace, plan: BenchPlan) -> int:
     result["summary"] = runner.summarize(rows)
     result["acceptance_by_position"] = runner.acceptance_by_position(rows)
     result["costs"] = costs.to_json() if costs else None
-    ceilings = {s: c for s in plan.suites if costs and (c := predicted.suite_ceiling(rows, s, costs))}
-    result["ceiling"] = {s: c.to_json() for s, c in ceilings.items()}
     result["identity"] = identity.to_json()
-    tasks_ceiling = ceilings.get(edits.TASKS)
-    result["goals"] = predicted.goals(result["summary"], tasks_ceiling.speedup if tasks_ceiling else None,
-                                      result["identity"])
     result["finished"] = runner.now()
     _publish(result, out, None)
     return 0
