@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.costs import Costs
-from localspec.engine.controller import PREDICTION_STREAK, AcceptanceBook, Controller
+from localspec.engine.controller import AcceptanceBook, Controller
 from localspec.engine.events import Done, Token
 from localspec.engine.prediction import MIN_MATCH_BYTES, Prediction, prepare
 from localspec.engine.scheduler import Engine
@@ -69,18 +69,6 @@ def test_after_a_divergence_the_cursor_realigns_on_the_outputs_recent_text():
     assert as_text(p.propose(32).tokens) == "pute(2)\nz = compute(3)\n"
 
 
-def test_the_streak_counts_output_tokens_on_the_prediction_since_it_was_last_found():
-    p = byte_prediction("x = compute(1)\ny = compute(2)\nz = compute(3)\n")
-    p.follow(list(b"x = compute(1"))
-    assert p.streak == len("x = compute(1")
-    p.follow(list(b"x = compute(10"))  # the edit
-    assert p.streak == 0
-    p.follow(list(b"x = compute(10)\ny = com"))  # found again on this text: the streak starts over
-    assert p.aligned and p.streak == 0
-    p.follow(list(b"x = compute(10)\ny = compute("))
-    assert p.streak == len("pute(")
-
-
 def test_a_short_match_does_not_realign_and_the_first_match_after_the_last_position_wins():
     text = "alpha = 1\nbeta_beta = 2\nalpha = 1\nbeta_beta = 3\n"
     p = byte_prediction(text)
@@ -110,16 +98,13 @@ def test_an_empty_prediction_is_refused():
 def test_the_controller_weighs_a_prediction_like_a_free_drafter():
     book = AcceptanceBook()
     ctl = Controller(scripted_costs(), k_max=4, has_draft_model=False, book=book)
-    following = ctl.for_prediction(PREDICTION_STREAK)
     for _ in range(20):
-        following.observe(16, 16)
-    choice = ctl.choose(0, 0, 0, 4, prediction_available=40, prediction_cap=16, explore=False,
-                        prediction_streak=PREDICTION_STREAK)
+        ctl.prediction.observe(16, 16)
+    choice = ctl.choose(0, 0, 0, 4, prediction_available=40, prediction_cap=16, explore=False)
     assert choice.drafter == "prediction" and choice.k > 4  # past auto's k_max, up to its own cap
-    accepted = following.accepted[0]
-    ctl.observe(choice, choice.k, 0, prediction_streak=PREDICTION_STREAK)  # position 1 learns a failure
-    assert following.accepted[0] < accepted and len(following.trials) == 16
-    assert not ctl.for_prediction(0).trials  # the just-found book learned nothing
+    accepted = ctl.prediction.accepted[0]
+    ctl.observe(choice, choice.k, 0)  # the first token rejected: position 1 learns a failure
+    assert ctl.prediction.accepted[0] < accepted and len(ctl.prediction.trials) == 16
 
 
 def test_a_requests_prediction_evidence_stays_with_it():
@@ -128,22 +113,10 @@ def test_a_requests_prediction_evidence_stays_with_it():
     costs = Costs(verify=[0.01 * (1 + 0.3 * n) for n in range(17)], draft_step=0.001, draft_row=0.0005, pinned=True)
     first, second = (Controller(costs, k_max=4, has_draft_model=False, book=book) for _ in range(2))
     for _ in range(20):
-        first.for_prediction(PREDICTION_STREAK).observe(8, 0)
-    ask = dict(prediction_available=40, prediction_cap=16, explore=False, prediction_streak=PREDICTION_STREAK)
+        first.prediction.observe(8, 0)
+    ask = dict(prediction_available=40, prediction_cap=16, explore=False)
     assert first.choose(0, 0, 0, 4, **ask).drafter == "off"
     assert second.choose(0, 0, 0, 4, **ask).drafter == "prediction"
-
-
-def test_a_prediction_just_found_again_is_not_drafted_on_the_clients_word():
-    """On a CPU where each verified row costs most of a step, drafting a re-found prediction 16 tokens
-    deep on the optimistic prior lost (a large change ran at 0.89x off): found again, it is tried
-    short; followed for a streak, long."""
-    costs = Costs(verify=[0.01 * (1 + 0.5 * n) for n in range(17)], draft_step=0.001, draft_row=0.0005, pinned=True)
-    ctl = Controller(costs, k_max=16, has_draft_model=False, book=AcceptanceBook())
-    ask = dict(prediction_available=40, prediction_cap=16, explore=False)
-    found = ctl.choose(0, 0, 0, 16, prediction_streak=0, **ask)
-    following = ctl.choose(0, 0, 0, 16, prediction_streak=PREDICTION_STREAK, **ask)
-    assert found.k <= 3 and following.drafter == "prediction" and following.k >= 8
 
 
 def test_a_prediction_wins_a_tie_with_lookup():
@@ -151,9 +124,8 @@ def test_a_prediction_wins_a_tie_with_lookup():
     ctl = Controller(scripted_costs(), k_max=16, has_draft_model=False, book=AcceptanceBook())
     for _ in range(20):
         ctl.book.for_lookup(16).observe(16, 16)
-        ctl.for_prediction(PREDICTION_STREAK).observe(16, 16)
-    choice = ctl.choose(0, 16, 40, 16, prediction_available=40, prediction_cap=16, explore=False,
-                        prediction_streak=PREDICTION_STREAK)
+        ctl.prediction.observe(16, 16)
+    choice = ctl.choose(0, 16, 40, 16, prediction_available=40, prediction_cap=16, explore=False)
     assert choice.drafter == "prediction"
 
 

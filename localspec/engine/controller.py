@@ -30,13 +30,9 @@ from localspec.engine.costs import Costs
 # weak (a couple of observations) so real evidence takes over within a few steps.
 PRIOR_ACCEPT = 1.4
 PRIOR_TRIALS = 2.0
-# A prediction is the client saying what the answer will mostly be: once the output has followed it
-# for PREDICTION_STREAK tokens in a row it is planned as if most of it holds (a wrong one is found
-# out within a few passes). Just found again after an edit, it starts from the plain prior: edits
-# come in clusters, and on a CPU a wrong 16-token draft costs several steps (measured: a large
-# change ran at 0.89x off while every re-found prediction was drafted optimistically).
+# A prediction is the client saying what the answer will mostly be: its first steps are planned as
+# if most of it holds, and a wrong one is found out within a few passes. Per request (see Controller).
 PREDICTION_PRIOR = 0.9
-PREDICTION_STREAK = 8
 EXPLORATION = 0.5  # standard errors of optimism added to an estimate while choosing
 EXPLORE_BUDGET = 0.01  # the most of its time `auto` spends on choices it believes do not pay
 EXPLORE_CREDIT_S = 30.0  # credit saved up covers at most this many seconds of steps
@@ -199,14 +195,8 @@ class Controller:
         self.explorer = explorer if explorer is not None else Explorer(budget=0.0)
         self.why_not: str = ""  # why the last plain step did not draft, in the cost model's terms
         # The prediction's acceptance is this request's alone: one client's prediction of one
-        # answer says nothing about the next request's. Kept apart by streak (see for_prediction).
-        self.prediction_following = Acceptance(prior=PREDICTION_PRIOR, decay=self.book.decay)
-        self.prediction_found = Acceptance(decay=self.book.decay)
-
-    def for_prediction(self, streak: int) -> Acceptance:
-        """The evidence for a prediction draft when the output has followed the prediction for
-        `streak` tokens in a row: copying (likely to go on), or just found again after an edit."""
-        return self.prediction_following if streak >= PREDICTION_STREAK else self.prediction_found
+        # answer says nothing about the next request's.
+        self.prediction = Acceptance(prior=PREDICTION_PRIOR, decay=self.book.decay)
 
     @property
     def draft(self) -> Acceptance:
@@ -221,8 +211,7 @@ class Controller:
         return self.book.lookup
 
     def options(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int,
-                context: int | None = None, *, prediction_available: int = 0,
-                prediction_streak: int = 0) -> list[_Option]:
+                context: int | None = None, *, prediction_available: int = 0) -> list[_Option]:
         """Every (drafter, k) worth weighing, plain decoding first. Runs every step: kept to plain
         arithmetic over the cost curve's level and shape (~0.3% of a 30 ms step on this CPU)."""
         c = self.costs
@@ -236,7 +225,7 @@ class Controller:
             # Its own cap (prediction_k_max, applied by the caller): copies pay past auto's k_max.
             # Weighed before lookup, so that on a tie (both copying the same file) the client's
             # prediction drafts and its usage counts what it was worth.
-            rates = self.for_prediction(prediction_streak).planning_rates(prediction_available)
+            rates = self.prediction.planning_rates(prediction_available)
             drafters.append(("prediction", rates, 0.0, 0.0))
         if lookup_match > 0:
             rates = self.book.for_lookup(lookup_match).planning_rates(min(k_top, lookup_available))
@@ -253,7 +242,7 @@ class Controller:
 
     def choose(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int, *,
                context: int | None = None, explore: bool = True, prediction_available: int = 0,
-               prediction_cap: int | None = None, prediction_streak: int = 0) -> Choice:
+               prediction_cap: int | None = None) -> Choice:
         """Pick the best (drafter, k); now and then, within the explorer's budget, a hopeful other.
 
         draft_lag: tokens the draft model must catch up before it can draft;
@@ -263,12 +252,11 @@ class Controller:
         context: the sequence's KV length, which the verify cost grows with;
         explore: False for a look that takes no step (it must not spend the budget);
         prediction_available: how many of the prediction's tokens could be proposed (0 = none),
-        at most prediction_cap of them (default k_cap): a prediction drafts past auto's k_max;
-        prediction_streak: output tokens in a row that followed the prediction.
+        at most prediction_cap of them (default k_cap): a prediction drafts past auto's k_max.
         """
         cap = k_cap if prediction_cap is None else prediction_cap
         options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context,
-                               prediction_available=min(prediction_available, cap), prediction_streak=prediction_streak)
+                               prediction_available=min(prediction_available, cap))
         best = max(options, key=lambda o: o.choice.expected_rate)
         if not explore:
             return best.choice
@@ -288,14 +276,13 @@ class Controller:
             return Choice(hopeful.choice.drafter, hopeful.choice.k, hopeful.choice.expected_rate, explored=True)
         return best.choice
 
-    def observe(self, choice: Choice, drafted: int, accepted: int, lookup_match: int = 0,
-                prediction_streak: int = 0) -> None:
+    def observe(self, choice: Choice, drafted: int, accepted: int, lookup_match: int = 0) -> None:
         if choice.drafter == "draft" and drafted:
             self.draft.observe(drafted, accepted)
         elif choice.drafter == "lookup" and drafted:
             self.book.for_lookup(lookup_match).observe(drafted, accepted)
         elif choice.drafter == "prediction" and drafted:
-            self.for_prediction(prediction_streak).observe(drafted, accepted)
+            self.prediction.observe(drafted, accepted)
 
 
 def _why_not(options: list[_Option], costs: Costs, context: int | None) -> str:

@@ -61,7 +61,6 @@ class Prediction:
     pos: int | None = 0  # byte offset the output has reached; None: lost after a divergence
     anchor: int = 0  # where the output was last aligned: a realignment prefers matches after it
     seen: int = 0  # output tokens folded in so far
-    streak: int = 0  # output tokens in a row that followed the prediction since it was last found
     tail: bytearray = field(default_factory=bytearray)  # the output's last TAIL_BYTES bytes
 
     @classmethod
@@ -88,10 +87,8 @@ class Prediction:
             if self.pos is not None and self.text.startswith(b, self.pos):
                 self.pos += len(b)
                 self.anchor = self.pos
-                self.streak += 1
             else:
                 self.pos = None
-                self.streak = 0
         del self.tail[:-TAIL_BYTES]
         if self.pos is None and new:
             self.pos = self._realign()

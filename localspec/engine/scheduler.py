@@ -462,12 +462,10 @@ class Engine:
         lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
         proposal = self.lookup.propose(a.tokens, k_cap)
         a.lookup_match = proposal.match_length
-        a.prediction_streak = a.prediction.streak if a.prediction is not None else 0
         if a.controller is None:
             raise RuntimeError("mode auto without its controller")
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap, context=len(a.tokens),
-                                       prediction_available=prediction_cap, prediction_cap=prediction_cap,
-                                       prediction_streak=a.prediction_streak)
+                                       prediction_available=prediction_cap, prediction_cap=prediction_cap)
         a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
         return a.choice.drafter, a.choice.k, proposal
 
@@ -496,7 +494,7 @@ class Engine:
             verdict = verify(target_rows(a, rows, d.tokens), d, a.rng, start_pos=len(a.tokens))
         a.stats.target_passes += 1
         if a.choice is not None and a.controller is not None:
-            a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match, a.prediction_streak)
+            a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match)
             a.choice = None
         if len(d):
             a.stats.drafted += len(d)

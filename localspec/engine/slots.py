@@ -137,7 +137,6 @@ class Active:
     controller: Controller | None = None  # mode auto only
     choice: Choice | None = None  # what auto chose for the step in flight
     lookup_match: int = 0
-    prediction_streak: int = 0  # the prediction's streak when auto last chose (its evidence's key)
     prediction: Prediction | None = None  # Predicted Outputs: drafted from while the output follows it
 
     @property
