@@ -26,7 +26,9 @@ class ServerThread:
     def __enter__(self) -> ServerThread:
         self._thread.start()
         deadline = time.monotonic() + 60
-        while not self.server.started:
+        # uvicorn marks itself started inside startup(), before an AnnouncingServer has written
+        # serve.json: wait for the announcement too (CI saw a test read the file before it existed).
+        while not self.server.started or getattr(self.server, "announced", True) is None:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.02)

@@ -29,12 +29,13 @@ class AnnouncingServer(uvicorn.Server):
         await super().startup(sockets=sockets)
         if self.should_exit or not self.servers:
             return  # the bind failed: nothing to announce
-        self.announced = state_for(self.settings, bound_port(self.servers))
+        state = state_for(self.settings, bound_port(self.servers))
         try:
-            write_state(self.announced)
+            write_state(state)
         except OSError as exc:  # faces then find the server by its port; serving goes on
             logger.warning("could not write the server state file: %s", exc)
-            self.announced = None
+            return
+        self.announced = state  # set once the file is there: what a waiting caller looks for
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.withdraw()
