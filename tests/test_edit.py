@@ -90,6 +90,39 @@ def test_an_ellipsis_the_file_itself_has_is_not_an_elision():
     assert extract_file(fenced(edited), original=stub, finish_reason="stop") == edited
 
 
+def test_trailing_blank_lines_survive_and_an_unchanged_reply_is_the_file():
+    for original in ("a\n\n", "x = 1\n\n\n", "no newline", "a\n"):
+        task = EditTask(name="f.py", text=original, instruction="change nothing")
+        assert extract_file(task.prediction(), original=original, finish_reason="stop") == original
+
+
+@pytest.mark.parametrize("line", ["/* ... */", "<!-- ... -->", "# ... 120 lines unchanged",
+                                  "// rest of the file unchanged", "# Rest of the class is the same"])
+def test_more_spellings_of_an_elision_are_refused(line):
+    with pytest.raises(NotWholeFile, match="elides code"):
+        extract_file(fenced(f"def area(width, height):\n    {line}\n"), original=FILE, finish_reason="stop")
+
+
+def test_a_spread_is_not_an_elision():
+    js = "function f(props) {\n  const {a,\n    ...others,\n  } = props;\n}\n"
+    renamed = js.replace("...others,", "...rest,")  # "rename others to rest": a new line, not an elision
+    assert extract_file(fenced(renamed, "js"), original=js, finish_reason="stop") == renamed
+
+
+def test_a_reply_under_half_the_file_is_refused_unless_allowed():
+    big = "".join(f"def f{i}():\n    return {i}\n\n\n" for i in range(10))
+    part = "def f0():\n    return 100\n"
+    with pytest.raises(NotWholeFile, match="has 2 lines where the file has 40"):
+        extract_file(fenced(part), original=big, finish_reason="stop")
+    assert extract_file(fenced(part), original=big, finish_reason="stop", allow_shrink=True) == part
+
+
+def test_terminal_output_drops_control_characters():
+    from localspec.cli.edit_cmd import printable
+
+    assert printable("ok\x1b]0;pwned\x07 \x1b[2J\tx\n") == "ok\ufffd]0;pwned\ufffd \ufffd[2J\tx\n"
+
+
 # ---------------------------------------------------------------------- the file
 
 
@@ -139,6 +172,43 @@ def test_a_failed_write_leaves_the_file_and_no_temporary(tmp_path, monkeypatch):
         write_with_backup(source, TYPED)
     assert path.read_text() == FILE
     assert sorted(p.name for p in tmp_path.iterdir()) == ["geo.py", "geo.py.bak"]
+
+
+def test_a_planted_backup_symlink_is_not_written_through(tmp_path):
+    path, hooks = tmp_path / "app.py", tmp_path / "hooks"
+    path.write_text(FILE)
+    hooks.mkdir()
+    (tmp_path / "app.py.bak").symlink_to(hooks / "post-checkout")  # dangling: exists() says no
+    backup = write_with_backup(read_source(path), TYPED)
+    assert backup.name == "app.py.bak.1" and backup.read_text() == FILE and not backup.is_symlink()
+    assert not (hooks / "post-checkout").exists() and path.read_text() == TYPED
+
+
+def test_a_symlinked_file_edits_its_target_and_the_link_stays(tmp_path):
+    real, link = tmp_path / "real.py", tmp_path / "link.py"
+    real.write_text(FILE)
+    link.symlink_to(real)
+    write_with_backup(read_source(link), TYPED)
+    assert link.is_symlink() and real.read_text() == TYPED and (tmp_path / "real.py.bak").read_text() == FILE
+
+
+def test_a_file_changed_since_it_was_read_is_not_overwritten(tmp_path):
+    path = tmp_path / "geo.py"
+    path.write_text(FILE)
+    source = read_source(path)
+    path.write_text(FILE + "# saved in an editor meanwhile\n")
+    with pytest.raises(UsageError, match="changed since the edit read it"):
+        write_with_backup(source, TYPED)
+    assert path.read_text().endswith("meanwhile\n") and not (tmp_path / "geo.py.bak").exists()
+
+
+def test_mixed_line_ends_are_kept_byte_for_byte(tmp_path):
+    path = tmp_path / "mixed.txt"
+    path.write_bytes(b"a\r\nb\nc\r\n")
+    source = read_source(path)
+    assert source.newline == "\n" and source.text == "a\r\nb\nc\r\n"
+    write_with_backup(source, source.text.replace("b", "B"))
+    assert path.read_bytes() == b"a\r\nB\nc\r\n"
 
 
 # ---------------------------------------------------------------------- the verb, through a server

@@ -9,6 +9,7 @@ import argparse
 import difflib
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -26,6 +27,12 @@ if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when an edit runs
     from localspec.engine.events import Done, Event
 
 _COLOURS = {"+": "\x1b[32m", "-": "\x1b[31m", "@": "\x1b[36m"}
+# Control characters a model's (or a server's) text must not send to a terminal: escape sequences
+# could move the cursor, retitle the window or hide what the diff says. Tab and newline stay.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Attached to a server, an edit gets the server's context and token cap (4,096 by default): a file
+# past this many bytes (about 2,000 tokens, whose reply doubles it) is edited by models loaded here.
+ATTACH_MAX_BYTES = 6_000
 _ACCEPTED = "\x1b[32m"
 _RESET = "\x1b[0m"
 # Tokens of the chat template around the two messages, beyond what tokenizing their text counts.
@@ -57,6 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="llama.cpp threads")
     p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
     p.add_argument("--local", action="store_true", help=LOCAL_HELP)
+    p.add_argument("--allow-shrink", action="store_true",
+                   help="take a reply under half the file's length as the whole file (e.g. 'delete the tests')")
     p.set_defaults(func=run)
 
 
@@ -224,9 +233,15 @@ def edit_remotely(args: argparse.Namespace, task: EditTask, stream: TextIO | Non
     return _outcome(done, request.max_tokens, predicted=request.prediction is not None, speedup=None)
 
 
+def printable(text: str) -> str:
+    """Text for a terminal: control characters (escape sequences included) shown as U+FFFD."""
+    return _CONTROLS.sub("\ufffd", text)
+
+
 def _show(stream: TextIO | None, text: str, *, accepted: bool) -> None:
     if stream is None or not text:
         return
+    text = printable(text)
     stream.write(f"{_ACCEPTED}{text}{_RESET}" if accepted else text)
     stream.flush()
 
@@ -268,6 +283,9 @@ def _edit(args: argparse.Namespace, task: EditTask, stream: TextIO | None) -> Ed
                              localspec=health(url) is not None)
     blockers = [f"{flag} sets up an engine of its own" for flag, value in
                 (("--threads", args.threads), ("--draft-model", args.draft_model)) if value is not None]
+    size = len(task.text.encode())
+    if size > ATTACH_MAX_BYTES:
+        blockers.append(f"{task.name} is {size:,} bytes, more than a server's default context takes for an edit")
     server = attach_or_local(model=args.model, profile=args.profile, local=args.local, blockers=blockers)
     if server is not None:
         return edit_remotely(args, task, stream, url=server.url, key=server.key,
@@ -293,12 +311,12 @@ def run(args: argparse.Namespace) -> int:
     if stream is not None:
         stream.write("\n")
     if outcome.error:
-        print(f"error: {outcome.error}", file=sys.stderr)
+        print(f"error: {printable(outcome.error)}", file=sys.stderr)
         return 1
     refused, new_text = None, None
     try:
         new_text = extract_file(outcome.reply, original=source.text, finish_reason=outcome.finish_reason,
-                                max_tokens=outcome.max_tokens)
+                                max_tokens=outcome.max_tokens, allow_shrink=args.allow_shrink)
     except NotWholeFile as exc:
         refused = str(exc)
     diff = unified_diff(source.text, new_text, task.name) if new_text is not None else ""
@@ -318,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
     if not diff:
         print(f"No changes to {source.path}.", file=sys.stderr)
         return 0
-    sys.stdout.write(coloured(diff) if sys.stdout.isatty() else diff)
+    sys.stdout.write(coloured(printable(diff)) if sys.stdout.isatty() else diff)
     if backup is not None:
         print(f"Wrote {source.path} (the old file is {backup}).", file=sys.stderr)
     else:

@@ -2,8 +2,10 @@
 
 The reply must hold exactly one fenced code block, closed, and the reply must have ended on its
 own (not at the token limit). A line inside the block that elides code ("# ... rest unchanged",
-a bare "...") and that the original file does not contain marks a partial file: writing it would
-delete everything it stands for. Prose around the one block is ignored.
+a bare "...", "// rest of the file unchanged") and that the original file does not contain marks a
+partial file: writing it would delete everything it stands for. So does a reply keeping fewer than
+half the lines of a file of 10 or more (unless the caller allows it: "delete the tests" shrinks a
+file on purpose). Prose around the one block is ignored.
 """
 
 from __future__ import annotations
@@ -12,12 +14,22 @@ import re
 from dataclasses import dataclass
 
 _FENCE_OPEN = re.compile(r"^(?P<fence>`{3,}|~{3,})[^`\n]*$")
-# A line that is only an elision: optional comment leader, "..." (or "…"), then optional words.
+# A line that is only an elision: optional comment leader, "..." (or "…"), then optional words
+# after a space ("...rest," is JavaScript's spread, not an elision), then an optional closer.
 _ELISION = re.compile(
-    r"^\s*(?:#|//|/\*|<!--|--|;|\*)?\s*(?:\.\.\.|…)\s*"
-    r"(?:\(?\s*(?:the\s+)?(?:rest|remaining|existing|unchanged|same|other|previous|omitted|more|code)\b.*)?$",
+    r"^\s*(?:#|//|/\*|<!--|--|;|\*)?\s*(?:\.\.\.|…)"
+    r"(?:\s+\(?\s*(?:the\s+)?(?:\d+\s+)?(?:rest|remaining|existing|unchanged|same|other|previous|omitted|more|code|"
+    r"lines?)\b.*?)?\s*(?:\*/|-->)?\s*$",
     re.IGNORECASE,
 )
+# A comment that says code was left out, without an ellipsis: "# rest of the file unchanged".
+_LEFT_OUT = re.compile(
+    r"^\s*(?:#|//|/\*|<!--|--|;|\*)\s*(?:the\s+)?(?:rest|remainder)\s+of\s+(?:the\s+)?"
+    r"(?:file|code|module|class|function|methods?)\b.*\b(?:unchanged|omitted|same|as before)\b",
+    re.IGNORECASE,
+)
+# A reply keeping fewer lines than this share of the file's is taken for a part of it.
+SHRINK_LIMIT = 0.5
 
 
 class NotWholeFile(ValueError):
@@ -46,12 +58,15 @@ def fenced_blocks(reply: str) -> tuple[list[Block], bool]:
                      None)
         if close is None:
             return blocks + [Block("\n".join(lines[start + 1:]), start + 1)], True
-        blocks.append(Block("\n".join(lines[start + 1:close]), start + 1))
+        # A block's text ends with the newline before its closing fence (how the prompt fenced the file).
+        body = lines[start + 1:close]
+        blocks.append(Block("\n".join(body) + "\n" if body else "", start + 1))
         i = close + 1
     return blocks, False
 
 
-def extract_file(reply: str, *, original: str, finish_reason: str, max_tokens: int | None = None) -> str:
+def extract_file(reply: str, *, original: str, finish_reason: str, max_tokens: int | None = None,
+                 allow_shrink: bool = False) -> str:
     """The edited file the reply holds, with the original's final-newline convention."""
     if finish_reason == "length":
         limit = f" of {max_tokens} tokens" if max_tokens else ""
@@ -70,11 +85,15 @@ def extract_file(reply: str, *, original: str, finish_reason: str, max_tokens: i
     body = blocks[0].body
     known = {line.strip() for line in original.split("\n")}
     for n, line in enumerate(body.split("\n"), start=1):
-        if line.strip() and _ELISION.match(line) and line.strip() not in known:
+        if line.strip() and (_ELISION.match(line) or _LEFT_OUT.match(line)) and line.strip() not in known:
             raise NotWholeFile(f"line {n} of the code block elides code ({line.strip()!r}), "
                                "which the file does not contain: the reply is a partial file")
-    if original.endswith("\n") and body and not body.endswith("\n"):
-        body += "\n"
-    elif not original.endswith("\n") and body.endswith("\n"):
-        body = body.rstrip("\n")
+    if not original.endswith("\n") and body.endswith("\n"):
+        body = body[:-1]  # the fence needed a newline the file does not have
+    if not allow_shrink:
+        kept, had = len(body.splitlines()), len(original.splitlines())
+        if had >= 10 and kept < SHRINK_LIMIT * had:
+            raise NotWholeFile(f"the reply has {kept} lines where the file has {had} (under "
+                               f"{SHRINK_LIMIT:.0%}), which looks like a part of the file; "
+                               "--allow-shrink takes it as the whole")
     return body
