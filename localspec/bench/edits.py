@@ -87,7 +87,8 @@ def code_in(prompt: str) -> str | None:
     for b in blocks:
         opening = lines[b.start_line - 1].strip()
         fence = opening[: len(opening) - len(opening.lstrip(opening[0]))]
-        out.append(f"{opening}\n{b.body}\n{fence}")
+        body = b.body if b.body.endswith("\n") else b.body + "\n"  # a closed block's text ends with one
+        out.append(f"{opening}\n{body}{fence}")
     return "\n\n".join(out) or None
 
 
