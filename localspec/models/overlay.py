@@ -34,14 +34,19 @@ def _q(v: str) -> str:
     return json.dumps(v, ensure_ascii=False)
 
 
-def _block(entry: ModelEntry, spec: FileSpec) -> str:
-    lines = ["", "[[models]]", f"id = {_q(entry.id)}", f"family = {_q(entry.family)}", f"role = {_q(entry.role)}"]
-    if entry.quant:
-        lines.append(f"quant = {_q(entry.quant)}")
+def _metadata_lines(entry: ModelEntry) -> list[str]:
+    """The entry's optional GGUF facts (quant, parameters, context), those it has."""
+    lines = [f"quant = {_q(entry.quant)}"] if entry.quant else []
     if entry.parameters is not None:
         lines.append(f"parameters = {entry.parameters}")
     if entry.context_length is not None:
         lines.append(f"context_length = {entry.context_length}")
+    return lines
+
+
+def _block(entry: ModelEntry, spec: FileSpec) -> str:
+    lines = ["", "[[models]]", f"id = {_q(entry.id)}", f"family = {_q(entry.family)}", f"role = {_q(entry.role)}"]
+    lines += _metadata_lines(entry)
     lines += [
         "",
         "  [[models.sources]]",
@@ -101,12 +106,7 @@ def _hub_block(entry: ModelEntry, src: HFSource) -> str:
     lines = [f"{_BEGIN}{entry.id}", "[[models]]", f"id = {_q(entry.id)}",
              f"aliases = [{', '.join(_q(a) for a in entry.aliases)}]", f"family = {_q(entry.family)}",
              f"role = {_q(entry.role)}"]
-    if entry.quant:
-        lines.append(f"quant = {_q(entry.quant)}")
-    if entry.parameters is not None:
-        lines.append(f"parameters = {entry.parameters}")
-    if entry.context_length is not None:
-        lines.append(f"context_length = {entry.context_length}")
+    lines += _metadata_lines(entry)
     lines += ["", "  [[models.sources]]", '  kind = "hf"', f"  repo = {_q(src.repo)}",
               f"  revision = {_q(src.revision)}", "  files = ["]
     lines += [_file_line(f) for f in src.files]
