@@ -11,7 +11,6 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message as TextualMessage
 from textual.widgets import Label, Markdown, Sparkline, Static, TextArea
-from textual.widgets.markdown import MarkdownStream
 
 from localspec.engine.events import Done, Stats, Token
 from localspec.tui.backend import BackendInfo
@@ -126,7 +125,6 @@ class MessageView(Vertical, can_focus=True):
         self.message_id = message_id
         self.segments: list[list[str]] = [list(s) for s in self.meta.get("segments", [])]
         self.show_origins = show_origins
-        self._stream: MarkdownStream | None = None
         self.finished = role != "assistant" or bool(self.meta)
         self.waiting = False  # queued until the models are loaded
         if self.interrupted:
@@ -163,16 +161,14 @@ class MessageView(Vertical, can_focus=True):
         if not fragment:
             return
         self.content += fragment
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
-        await self._stream.write(fragment)
+        # Appended and awaited here, not through Markdown's stream: frames and the reply's end run one
+        # at a time on the screen, so no append is still in flight (or cancelled half way, as a
+        # stream's stop does) when `finish` replaces the document.
+        await self.query_one(".body", Markdown).append(fragment)
         if self.show_origins:
             self.query_one(".origins", Static).update(origin_text(self.segments))
 
     async def finish(self, done: Done, cached: bool | None, route: str | None, cache_entry: str | None = None) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         self.content = done.text or self.content
         await self.query_one(".body", Markdown).update(self.content)
         self.meta = {
