@@ -228,6 +228,8 @@ class Pipeline:
         `route`: "auto" asks the router; a tier name ("small", "large", "remote") is explicit; None
         is the default tier. `owner`: whose cache entries this request may see and make (an API key's).
         """
+        if request.history_scope != owner:  # lookup copies only from this owner's earlier requests
+            request = request.model_copy(update={"history_scope": owner})
         decided = self._route(request, route)
         job = Job(request, decided.tier if decided else self.default_tier, route=decided)
         answering = self.tier(job.tier)

@@ -144,6 +144,26 @@ def test_long_lookup_drafts_are_served_and_match_target_only(engine, k):
 
 
 @pytest.mark.models
+def test_a_request_asked_again_drafts_its_earlier_answer_from_its_owner_history_only(engine):
+    """Lookup over finished requests (like llama-server's ngram-mod pool): the same question again
+    copies its earlier answer, verified like any draft; another owner's history stays out."""
+    req = chat(PROMPTS[4], max_tokens=48, mode="lookup", k=16, history_scope="test-owner-a")
+    prompt_ids, _ = engine.prompt_tokens(req)
+    first, done_first, _ = run(engine, req)
+    again, done_again, _ = run(engine, req)
+    other, done_other, _ = run(engine, req.model_copy(update={"history_scope": "test-owner-b"}))
+    print("accepted: first", done_first.stats.accepted, "again", done_again.stats.accepted,
+          "other owner", done_other.stats.accepted, "of", len(first))
+    # Up to a proven near-tie (batch float differences) the answers agree; that much is copied.
+    shared = assert_same_or_near_tie(engine, prompt_ids, first, again, "asked again")
+    assert shared >= MIN_COMPARED_SHARE * len(first), "the answers parted early: the test lost its power"
+    assert done_again.stats.accepted >= 0.8 * shared - 1
+    assert_same_or_near_tie(engine, prompt_ids, first, other, "another owner")
+    # b's lookup saw its own sequence only: it copies far less than a's second request.
+    assert done_other.stats.accepted <= done_again.stats.accepted - 0.4 * shared
+
+
+@pytest.mark.models
 def test_a_step_with_more_logits_rows_than_the_context_serves_is_split(draft_path):
     """The runtime splits a batch at n_outputs_max logits rows (slots together may ask for more than
     one verification's worth); the parts give exactly the rows of the same batches decoded by hand."""

@@ -41,6 +41,10 @@ class EngineConfig(BaseModel):
                                   description="most tokens of a request's prediction drafted per step")
     lookup_n_min: int = Field(2, ge=1)
     lookup_n_max: int = Field(16, ge=1, description="longest suffix n-gram matched (longer matches are surer bets)")
+    lookup_history_tokens: int = Field(
+        32768, ge=0, le=1_048_576,
+        description="tokens of finished requests, per API key owner, that lookup may copy from (0 = none)",
+    )
     lora_path: str | None = None
     repack_weights: bool = Field(True, description="CPU: llama.cpp's repacked weight layout (faster decoding)")
     mmap: bool = Field(
@@ -67,6 +71,10 @@ class GenerationRequest(BaseModel):
     tools: list[dict] | None = Field(None, description="chat only: tool definitions handed to the chat template")
     prediction: str | None = Field(
         None, description="the expected answer (Predicted Outputs): its tokens are drafted while the output follows it"
+    )
+    history_scope: str = Field(
+        "local", max_length=200,
+        description="whose earlier requests lookup may copy from: the server sets its API key's owner",
     )
     pin_prefix: bool = Field(
         False, description="chat only: the messages before the last are shared by many requests (a judge's "

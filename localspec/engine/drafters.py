@@ -4,7 +4,9 @@
   token and stops early when that token's probability falls below `p_min`; sampling mode samples
   from its distribution q and keeps q for verification.
 * `PromptLookupDrafter`: copies what followed the latest earlier occurrence of the last n tokens
-  (prompt plus output). Strong when the answer quotes its input (editing, refactoring).
+  (prompt plus output). Strong when the answer quotes its input (editing, refactoring). With a
+  `LookupHistory` it also copies from the same client's finished requests, so a request asked
+  again (a retry, a regenerate, an agent's loop) drafts its earlier answer.
 * No drafter at all is mode `off`: the target decodes one token per pass.
 
 The draft model keeps its own KV cache per sequence. It is kept as a list of the tokens it
@@ -48,6 +50,66 @@ class DraftJob:
     q: list[np.ndarray] = field(default_factory=list)
 
 
+class LookupHistory:
+    """Finished sequences (prompt + output) a lookup may continue from, kept per scope (an API
+    key's owner: what one client asked must not draft, and so time, another's answer).
+
+    Like llama-server's ngram-mod pool, but a proposal from here needs the full n_max-token match:
+    every chat shares its template's turn markers, and a short match across two different
+    requests says little, while 16 tokens that end a prompt word for word mean the same request.
+    Bounded: the oldest sequences go once a scope holds more than `max_tokens`.
+    """
+
+    SEPARATOR = -1  # between sequences; never a token id, so no match runs across two of them
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self._sequences: dict[str, list[np.ndarray]] = {}
+        self._joined: dict[str, np.ndarray] = {}
+
+    def add(self, scope: str, tokens: Sequence[int]) -> None:
+        if self.max_tokens <= 0 or len(tokens) < 2:
+            return
+        kept = self._sequences.setdefault(scope, [])
+        kept.append(np.asarray(tokens[-self.max_tokens:], dtype=np.int64))
+        while sum(len(a) for a in kept) > self.max_tokens:
+            kept.pop(0)
+        parts: list[np.ndarray] = []
+        for a in kept:  # oldest first, so the latest match of a suffix is the most recent request's
+            parts += [a, np.array([self.SEPARATOR], dtype=np.int64)]
+        self._joined[scope] = np.concatenate(parts)
+
+    def tokens(self, scope: str) -> np.ndarray | None:
+        """The scope's sequences joined by separators (None if it has none)."""
+        return self._joined.get(scope)
+
+    def clear(self) -> None:
+        self._sequences.clear()
+        self._joined.clear()
+
+
+def longest_suffix_match(source: np.ndarray, suffix: np.ndarray, n_max: int) -> tuple[int, int]:
+    """(length, index after the match) of the latest occurrence in `source` of the longest suffix of
+    `suffix` (at most n_max tokens) that is followed by a token; (0, -1) if none.
+
+    Grows the match one token backwards at a time over the surviving candidates, so a call costs
+    one pass over `source` plus the candidates, not one pass per n-gram length.
+    """
+    # Candidate match ends, each followed by a token (not by the separator that ends a request).
+    ends = np.flatnonzero((source[:-1] == suffix[-1]) & (source[1:] >= 0))
+    length = 1
+    while ends.size and length < min(n_max, len(suffix)):
+        back = ends - length
+        ok = back >= 0
+        grown = ends[ok][source[back[ok]] == suffix[-1 - length]]
+        if not grown.size:
+            break
+        ends, length = grown, length + 1
+    if not ends.size:
+        return 0, -1
+    return length, int(ends[-1]) + 1
+
+
 class PromptLookupDrafter:
     """n-gram lookup over the sequence's own tokens; no model, no cost worth counting.
 
@@ -55,6 +117,7 @@ class PromptLookupDrafter:
     (between n_min and n_max tokens). That length is also the controller's evidence: a suffix of
     16 tokens found in the prompt means the answer is copying, and copies go on (measured on the
     bench's editing prompts: 95% per-position acceptance after 16+ matched tokens, 55% after 2).
+    Given a history, a full n_max match in an earlier request of the same scope is the fallback.
     """
 
     name = "lookup"
@@ -65,38 +128,41 @@ class PromptLookupDrafter:
         self.n_min, self.n_max = n_min, n_max
 
     def _longest_match(self, arr: np.ndarray) -> tuple[int, int]:
-        """(length, index after the match) of the longest earlier suffix match; (0, -1) if none.
-
-        Grows the match one token backwards at a time over the surviving candidates, so a step
-        costs one pass over the history plus the candidates, not one pass per n-gram length.
-        """
+        """(length, index after the match) of the longest earlier suffix match; (0, -1) if none."""
         if len(arr) < 2:
             return 0, -1
-        ends = np.flatnonzero(arr[:-1] == arr[-1])  # candidate match ends, each followed by a token
-        length = 1
-        while ends.size and length < self.n_max:
-            back = ends - length
-            ok = back >= 0
-            grown = ends[ok][arr[back[ok]] == arr[-1 - length]]
-            if not grown.size:
-                break
-            ends, length = grown, length + 1
-        if not ends.size or length < self.n_min:
-            return 0, -1
-        return length, int(ends[-1]) + 1
+        length, start = longest_suffix_match(arr, arr, self.n_max)
+        return (0, -1) if length < self.n_min else (length, start)
 
-    def propose(self, history: Sequence[int], k: int) -> Draft:
-        """Up to k tokens after the most recent earlier match of the longest suffix n-gram."""
+    def _from_history(self, arr: np.ndarray, history: np.ndarray | None, own: int) -> tuple[int, int]:
+        """A full-length match in earlier requests, when the sequence's own is shorter."""
+        if history is None or own >= self.n_max or len(arr) < self.n_max:
+            return 0, -1
+        length, start = longest_suffix_match(history, arr, self.n_max)
+        if length < self.n_max:
+            return 0, -1
+        return length, start
+
+    def propose(self, history: Sequence[int], k: int, earlier: np.ndarray | None = None) -> Draft:
+        """Up to k tokens after the most recent earlier match of the longest suffix n-gram
+        (`earlier`: the scope's finished sequences, from `LookupHistory.tokens`)."""
         arr = np.asarray(history, dtype=np.int64)
         n, start = self._longest_match(arr)
+        source = arr
+        m, start_earlier = self._from_history(arr, earlier, n)
+        if m and earlier is not None:
+            n, start, source = m, start_earlier, earlier
         if k <= 0 or n == 0:
             return Draft(tokens=(), q=None, source="lookup", match_length=n)
-        proposal = arr[start : start + k]
+        proposal = source[start : start + k]
+        if source is earlier:  # a copy from an earlier request ends with that request
+            ends = np.flatnonzero(proposal == LookupHistory.SEPARATOR)
+            proposal = proposal[: ends[0]] if ends.size else proposal
         return Draft(tokens=tuple(int(t) for t in proposal), q=None, source="lookup", match_length=n)
 
-    def match_length(self, history: Sequence[int]) -> int:
+    def match_length(self, history: Sequence[int], earlier: np.ndarray | None = None) -> int:
         """Length of the n-gram a proposal would continue (0 = none); the controller's input."""
-        return self._longest_match(np.asarray(history, dtype=np.int64))[0]
+        return self.propose(history, 0, earlier).match_length
 
 
 class DraftModelDrafter:

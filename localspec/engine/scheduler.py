@@ -39,7 +39,7 @@ from localspec.engine.chat import check_jinja
 from localspec.engine.config import EngineConfig, GenerationRequest
 from localspec.engine.controller import AcceptanceBook, Controller, Explorer
 from localspec.engine.costs import Costs
-from localspec.engine.drafters import DraftJob, DraftModelDrafter, PromptLookupDrafter, common_prefix
+from localspec.engine.drafters import DraftJob, DraftModelDrafter, LookupHistory, PromptLookupDrafter, common_prefix
 from localspec.engine.events import Done, Event, FinishReason, Origin, ProgressFn, Stats, Token
 from localspec.engine.grammar import Grammar
 from localspec.engine.prediction import prepare
@@ -80,6 +80,7 @@ class Engine:
             check_vocabularies(target, draft)
             self.drafter = DraftModelDrafter(draft, target.n_vocab, self.config.draft_p_min)
         self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
+        self.history = LookupHistory(self.config.lookup_history_tokens)
         self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
         self.explorer = Explorer(budget=self.config.auto_explore)  # shared: the budget is the engine's time
         self.cost_file: calibrate.CostFile | None = None  # where learned costs persist (set by calibrate)
@@ -450,7 +451,7 @@ class Engine:
         elif mode == "prediction" and a.prediction is not None:
             drafts[slot.seq] = a.prediction.propose(k)
         elif mode == "lookup":
-            lookup = lookup or self.lookup.propose(a.tokens, k)
+            lookup = lookup or self.lookup.propose(a.tokens, k, self.history.tokens(a.request.history_scope))
             drafts[slot.seq] = replace(lookup, tokens=lookup.tokens[:k])
         else:
             return DraftJob(slot.seq, list(a.tokens), k, a.request.sampling, a.rng)
@@ -460,7 +461,7 @@ class Engine:
         """Ask the controller which drafter and k pay most; also return the lookup proposal it weighed."""
         a = slot.current
         lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
-        proposal = self.lookup.propose(a.tokens, k_cap)
+        proposal = self.lookup.propose(a.tokens, k_cap, self.history.tokens(a.request.history_scope))
         a.lookup_match = proposal.match_length
         if a.controller is None:
             raise RuntimeError("mode auto without its controller")
@@ -565,6 +566,8 @@ class Engine:
             self.drafter.rollback(slot.seq, a.tokens[: a.n_prompt] if reason == "cancelled" else a.tokens)
         if a.grammar is not None:
             a.grammar.close()
+        if reason in ("stop", "length") and a.handle.lane is not Lane.JUDGE:  # a judge's prompt is not a client's
+            self.history.add(a.request.history_scope, a.tokens)
         slot.active = None
         self.save_costs(every=calibrate.SAVE_EVERY)
         a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error))

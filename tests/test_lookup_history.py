@@ -1,0 +1,77 @@
+"""Lookup over earlier requests: a request asked again drafts its earlier answer, within its owner's
+scope only, and only on a full n_max-token match (turn markers shared by every chat draft nothing)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from localspec.engine.drafters import LookupHistory, PromptLookupDrafter
+
+
+def test_a_repeated_request_drafts_the_earlier_answer_to_the_end_of_that_request():
+    history = LookupHistory(max_tokens=1000)
+    prompt, answer = list(range(100, 120)), [7, 8, 9, 10]
+    history.add("alice", prompt + answer)
+    d = PromptLookupDrafter(n_min=2, n_max=16)
+    draft = d.propose(prompt, 8, history.tokens("alice"))
+    assert draft.tokens == (7, 8, 9, 10) and draft.match_length == 16  # stops at that request's end
+    # After one token of the answer, the rest follows.
+    assert d.propose(prompt + [7], 8, history.tokens("alice")).tokens == (8, 9, 10)
+    # Without the history, the sequence alone has nothing to copy.
+    assert d.propose(prompt, 8).tokens == ()
+
+
+def test_another_owner_and_a_short_match_draft_nothing_from_history():
+    history = LookupHistory(max_tokens=1000)
+    template_tail = [1, 2, 3, 4, 5]  # "<|im_end|>\n<|im_start|>assistant\n": in every chat
+    history.add("alice", list(range(100, 120)) + template_tail + [50, 51, 52])
+    d = PromptLookupDrafter(n_min=2, n_max=16)
+    assert d.propose(list(range(100, 120)) + template_tail, 4, history.tokens("bob")).tokens == ()
+    other_question = list(range(200, 220)) + template_tail
+    assert d.propose(other_question, 4, history.tokens("alice")).tokens == ()
+
+
+def test_the_sequence_own_full_match_wins_over_history():
+    history = LookupHistory(max_tokens=1000)
+    seq = list(range(16)) + [90, 91] + list(range(16))
+    history.add("local", list(range(16)) + [70, 71])
+    assert PromptLookupDrafter(n_max=16).propose(seq, 2, history.tokens("local")).tokens == (90, 91)
+
+
+def test_history_keeps_the_newest_tokens_within_its_bound_and_matches_never_span_two_requests():
+    history = LookupHistory(max_tokens=50)
+    for i in range(10):
+        history.add("local", [1000 + i] * 5 + list(range(i * 10, i * 10 + 10)))
+    joined = history.tokens("local")
+    assert joined is not None and np.count_nonzero(joined != LookupHistory.SEPARATOR) <= 50
+    assert 1009 in joined and 1000 not in joined  # the oldest went first
+    # A suffix that would only match across a separator does not match.
+    history = LookupHistory(max_tokens=1000)
+    history.add("local", list(range(8)))
+    history.add("local", list(range(8, 30)))
+    assert PromptLookupDrafter(n_max=16).propose(list(range(16)), 4, history.tokens("local")).tokens == ()
+    assert LookupHistory(max_tokens=0).tokens("local") is None
+
+
+def test_history_proposals_match_a_brute_force_search():
+    rng = random.Random(3)
+    d = PromptLookupDrafter(n_min=2, n_max=4)
+    for _ in range(3000):
+        history = LookupHistory(max_tokens=10_000)
+        seqs = [[rng.randrange(3) for _ in range(rng.randrange(2, 15))] for _ in range(rng.randrange(1, 4))]
+        for s in seqs:
+            history.add("s", s)
+        hist = [rng.randrange(3) for _ in range(rng.randrange(4, 12))]
+        got = d.propose(hist, 3, history.tokens("s"))
+        own = d.propose(hist, 3)
+        if own.match_length >= 4:
+            assert got == own
+            continue
+        expected: tuple[int, ...] = ()
+        for s in seqs:  # the latest request with a full match, its latest occurrence
+            starts = [i for i in range(len(s) - 4) if s[i : i + 4] == hist[-4:]]
+            if starts:
+                expected = tuple(s[starts[-1] + 4 : starts[-1] + 7])
+        assert got.tokens == (expected or own.tokens), (seqs, hist)
