@@ -22,6 +22,7 @@ from localspec.cache.judge import DEFAULT_JUDGE_THRESHOLD, ModelJudge
 from localspec.engine.config import EngineConfig
 from localspec.engine.embedder import Embedder
 from localspec.engine.events import ProgressFn
+from localspec.engine.offload import ALL_LAYERS, OffloadPlanner
 from localspec.engine.scheduler import Engine
 from localspec.errors import ConfigError, LocalspecError
 from localspec.models import ModelManager
@@ -116,8 +117,18 @@ def open_engine(
         config = config.model_copy(update={"mode": "lookup"})
     return Engine.load(
         str(files.target), str(files.draft) if files.draft else None, config,
-        calibration_dir=calibration_dir(), on_progress=on_progress,
+        calibration_dir=calibration_dir(), on_progress=on_progress, offload=offload_planner(config),
     )
+
+
+def offload_planner(config: EngineConfig) -> OffloadPlanner | None:
+    """Splits layers by free VRAM when n_gpu_layers is -1 on a GPU build; None leaves it as configured."""
+    from localspec.engine.runtime import gpu_offload_supported
+    from localspec.models.fit import vram_planner
+
+    if config.n_gpu_layers != ALL_LAYERS:
+        return None
+    return vram_planner(offload_supported=gpu_offload_supported())
 
 
 def open_judge(profile: str | None = None, model: str | None = None, threshold: float | None = None,

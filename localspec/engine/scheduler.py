@@ -44,6 +44,7 @@ from localspec.engine.events import Done, Event, FinishReason, Origin, ProgressF
 from localspec.engine.grammar import Grammar
 from localspec.engine.prediction import prepare
 from localspec.engine.loading import check_vocabularies, load_runtimes
+from localspec.engine.offload import OffloadPlanner
 from localspec.engine.runtime import ModelRuntime, Row
 from localspec.engine.prompt import Prompter
 from localspec.engine.picking import grammar_tokens, pick, target_rows, target_tokens
@@ -109,9 +110,10 @@ class Engine:
         config: EngineConfig | None = None,
         calibration_dir: str | None = None,
         *, on_progress: ProgressFn | None = None,  # hears each model's load and the calibration
+        offload: OffloadPlanner | None = None,  # splits layers between GPU and CPU (see engine.offload)
     ) -> Engine:
         config = config or EngineConfig()
-        target, draft = load_runtimes(target_path, draft_path, config, on_progress=on_progress)
+        target, draft = load_runtimes(target_path, draft_path, config, on_progress=on_progress, offload=offload)
         try:
             engine = cls(target, draft, config, calibration_dir)
             if config.mode == "auto":
