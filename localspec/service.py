@@ -28,6 +28,8 @@ from localspec.errors import ConfigError, LocalspecError
 from localspec.models import ModelManager
 from localspec.models.compat import check_draft_compat, check_lora
 from localspec.models.gguf_info import validate_gguf
+from localspec.models.model_settings import target_settings
+from localspec.models.registry import ModelSettings
 from localspec.paths import resolve_paths
 
 logger = logging.getLogger(__name__)
@@ -45,12 +47,16 @@ def load_settings(path: Path | None = None) -> dict[str, Any]:
     return data.get("engine", {})
 
 
-def engine_config(profile_n_ctx: int | None = None, **overrides: Any) -> EngineConfig:
-    """Defaults < profile < settings.toml < explicit overrides (CLI flags, API arguments)."""
+def engine_config(profile_n_ctx: int | None = None, *, model_n_ctx: int | None = None,
+                  **overrides: Any) -> EngineConfig:
+    """Defaults < profile < settings.toml < the target's own settings (its registry entry's n_ctx) <
+    explicit overrides (CLI flags, API arguments)."""
     values: dict[str, Any] = {}
     if profile_n_ctx:
         values["n_ctx"] = profile_n_ctx
     values.update(load_settings())
+    if model_n_ctx:
+        values["n_ctx"] = model_n_ctx
     if os.environ.get("LOCALSPEC_THREADS"):
         values["n_threads"] = int(os.environ["LOCALSPEC_THREADS"])
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -68,6 +74,7 @@ class ModelFiles:
     draft: Path | None
     target_id: str
     draft_id: str | None
+    target_settings: ModelSettings | None = None  # the target entry's [models.settings]
 
 
 def resolve_models(
@@ -94,7 +101,9 @@ def resolve_models(
         draft_path = mm.require_path(draft_id)
         validate_gguf(draft_path)
         check_draft_compat(target_path, draft_path)  # refuses a mismatched tokenizer, naming what differs
-    return ModelFiles(target_path, draft_path, target_id, draft_id if draft_path else None), prof.n_ctx
+    entry = mm.registry.models.get(target_id)  # None for a model only in the store (imported)
+    return ModelFiles(target_path, draft_path, target_id, draft_id if draft_path else None,
+                      entry.settings if entry else None), prof.n_ctx
 
 
 def calibration_dir() -> str:
@@ -110,7 +119,8 @@ def open_engine(
     hears the models' load and the one-time calibration (a face shows it)."""
     mode = overrides.get("mode")
     files, n_ctx = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
-    config = engine_config(n_ctx, **overrides)
+    own = target_settings(files.target_id, files.target_settings)
+    config = engine_config(n_ctx, model_n_ctx=own.n_ctx, **overrides)
     if config.lora_path:
         check_lora(config.lora_path, files.target)  # a wrong adapter is a clean error before llama.cpp sees it
     if files.draft is None and config.mode == "draft":
@@ -118,6 +128,7 @@ def open_engine(
     return Engine.load(
         str(files.target), str(files.draft) if files.draft else None, config,
         calibration_dir=calibration_dir(), on_progress=on_progress, offload=offload_planner(config),
+        defaults=own.defaults, chat_template=own.chat_template,
     )
 
 

@@ -13,9 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from localspec.engine.offload import ModelLayers, VramBudget
 from localspec.models.gguf_info import GGUFInfo, GGUFMeta, info_from_meta, read_gguf_info, read_header
+
+if TYPE_CHECKING:  # the engine package pulls in jinja2 and pydantic: `models list` need not
+    from localspec.engine.offload import ModelLayers, VramBudget
 
 N_UBATCH = 512  # llama.cpp's default micro-batch: logits buffer is n_ubatch x n_vocab floats
 MIN_COMPUTE = 256 * 1024 * 1024
@@ -133,6 +136,8 @@ def model_layers(model: Path | str | GGUFMeta, kv_bytes_per_value: int = 2) -> M
     Tensors named blk.N.* are layer N's. The output head is output.weight, or the token embedding
     when the model ties them (llama.cpp then puts a copy beside the output); the input embedding
     itself always stays on the CPU."""
+    from localspec.engine.offload import ModelLayers
+
     meta = model if isinstance(model, GGUFMeta) else read_header(model)
     info = info_from_meta(meta)
     n_layers = info.block_count or 0
@@ -157,6 +162,8 @@ def vram_planner(*, offload_supported: bool,
                  probe: Callable[[], tuple[int | None, str]] = free_vram) -> VramBudget | None:
     """The engine's OffloadPlanner for this machine: None where nothing is to decide (a CPU build, or
     no GPU whose free memory can be read), so n_gpu_layers stays as configured."""
+    from localspec.engine.offload import VramBudget
+
     if not offload_supported:
         return None
     free, _ = probe()
