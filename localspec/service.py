@@ -142,6 +142,20 @@ def offload_planner(config: EngineConfig) -> OffloadPlanner | None:
     return vram_planner(offload_supported=gpu_offload_supported())
 
 
+def tier_fingerprint(path: Path, engine: Engine) -> str:
+    """The cache's identity of a local tier: its model file, and the chat template file its settings
+    put in place of the GGUF's (another template, other answers)."""
+    import hashlib
+
+    from localspec.engine.embedder import file_fingerprint
+
+    fingerprint = file_fingerprint(path)
+    template = engine.prompter.template
+    if template is not None and template != engine.target.chat_template:
+        fingerprint += "+template:" + hashlib.sha256(template.encode()).hexdigest()[:16]
+    return fingerprint
+
+
 def open_judge(profile: str | None = None, model: str | None = None, threshold: float | None = None,
                n_threads: int | None = None) -> tuple[ModelJudge, Callable[[], None]]:
     """A reuse judge on its own engine (the profile's target unless `model` names another), for
@@ -214,14 +228,13 @@ def open_pipeline(
     or unset key fails here, not at the first request); the small tier loads on its first request.
     Explicit `target`/`draft` ids serve that pair alone, without a router.
     """
-    from localspec.engine.embedder import file_fingerprint
     from localspec.pipeline import LocalTier, Pipeline, PipelineSettings, RemoteRunner
     from localspec.router import RemoteTier, Router, TierName
 
     mode = overrides.get("mode")
     files, _ = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
     engine = open_engine(profile, target, draft, on_progress=on_progress, **overrides)
-    large = LocalTier(TierName.LARGE, engine, files.target_id, files.draft_id, file_fingerprint(files.target))
+    large = LocalTier(TierName.LARGE, engine, files.target_id, files.draft_id, tier_fingerprint(files.target, engine))
     semantic = open_cache(profile, engine.config.n_threads, semantic=cache_semantic) if cache else None
     router = None
     if route and target is None:
@@ -238,7 +251,7 @@ def open_pipeline(
         small_files, _ = resolve_models(profile, spec.target, None, need_draft=False)
         small_overrides = {k: v for k, v in overrides.items() if k in ("n_ctx", "n_threads", "parallel")}
         small = open_engine(profile, spec.target, None, mode="off", **small_overrides)
-        return LocalTier(name, small, small_files.target_id, None, file_fingerprint(small_files.target))
+        return LocalTier(name, small, small_files.target_id, None, tier_fingerprint(small_files.target, small))
 
     settings = PipelineSettings(cache=cache, cache_sampled=cache_sampled, cache_judge=cache_judge)
     pipeline = Pipeline({TierName.LARGE: large}, TierName.LARGE, semantic, settings, router=router,

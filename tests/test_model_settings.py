@@ -261,3 +261,19 @@ def test_model_n_ctx_sits_between_settings_toml_and_flags(monkeypatch):
     assert service.engine_config(4096).n_ctx == 1024
     assert service.engine_config(4096, model_n_ctx=8192).n_ctx == 8192
     assert service.engine_config(4096, model_n_ctx=8192, n_ctx=256).n_ctx == 256
+
+
+def test_a_template_file_changes_the_tier_cache_identity(tmp_path):
+    from localspec.service import tier_fingerprint
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    own, a, b = _engine(echo()), _engine(echo(), chat_template="A{{ messages }}"), \
+        _engine(echo(), chat_template="B{{ messages }}")
+    try:
+        prints = {tier_fingerprint(model, e) for e in (own, a, b)}
+        assert len(prints) == 3  # cached answers of one template are not served under another
+        assert tier_fingerprint(model, a) == tier_fingerprint(model, a)
+    finally:
+        for e in (own, a, b):
+            e.close()
