@@ -147,7 +147,9 @@ def parse_nvidia_smi(csv_text: str) -> list[dict[str, Any]]:
 def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Problem]]:
     """Installed models with their verification state, and the default profile's fit; its problems,
     then its warnings (a missing optional embedding model)."""
+    from localspec.engine.offload import VramBudget
     from localspec.models import ModelManager, estimate_fit
+    from localspec.models.fit import model_layers
 
     mm = ModelManager()
     problems: list[Problem] = []
@@ -181,6 +183,7 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Prob
     profile = {"name": name, "target": prof.target, "draft": prof.draft, "embedding": prof.embedding,
                "n_ctx": prof.n_ctx}
     fits = {}
+    paths: dict[str, Path] = {}
     for role, mid in (("target", prof.target), ("draft", prof.draft)):
         if not mid:
             continue
@@ -191,6 +194,7 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Prob
             continue
         try:
             fits[role] = estimate_fit(path, n_ctx=prof.n_ctx)
+            paths[role] = path
         except Exception as exc:
             problems.append(Problem(f"Could not read {mid!r} for the fit estimate: {exc}.",
                                     f"Run `localspec models verify {mid}`."))
@@ -211,6 +215,9 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Prob
         profile["fit"] = {"total_bytes": total, "free_ram": any_fit.free_ram, "free_vram": vram,
                           "vram_probe": any_fit.vram_probe, "verdict": verdict,
                           "per_model": {r: f.to_dict() for r, f in fits.items()}}
+        if vram is not None:  # the split a load with n_gpu_layers = -1 makes, target first
+            budget = VramBudget(vram, model_layers)
+            profile["offload"] = {r: budget(str(p), n_cells=prof.n_ctx).message for r, p in paths.items()}
     embedding = None
     warnings: list[Problem] = []
     if prof.embedding:
@@ -324,6 +331,8 @@ def render_text(report: Report) -> str:
         verdict = f"{fit['verdict']} (needs ~{fit['total_bytes'] / 1e9:.1f} GB)" if fit else "not installed"
         lines.append(f"default profile {prof['name']!r}: {prof['target']} + {prof['draft']} at n_ctx "
                      f"{prof['n_ctx']}: {verdict}")
+        for role, note in (prof.get("offload") or {}).items():
+            lines.append(f"  {role}: {note}")
     emb = d["embedding"]
     if emb:
         lines.append(f"embedding model {emb['id']}: {'installed' if emb['installed'] else 'missing'}")

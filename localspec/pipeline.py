@@ -275,6 +275,8 @@ class Pipeline:
     def cache_key(self, request: GenerationRequest, tier: LocalTier | RemoteRunner, *, grammar_enforced: bool = False,
                   owner: str = LOCAL_OWNER) -> tuple[CacheKey | None, str | None]:
         """The scope and prompt this request is cached under, or None and the reason it is not cached."""
+        if isinstance(tier, LocalTier):  # key what the engine will run: its model's defaults applied
+            request = tier.engine.with_defaults(request)
         if self.cache is None or not self.settings.cache:
             return None, "cache off"
         if self.cache.mode == "off":

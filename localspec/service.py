@@ -22,11 +22,14 @@ from localspec.cache.judge import DEFAULT_JUDGE_THRESHOLD, ModelJudge
 from localspec.engine.config import EngineConfig
 from localspec.engine.embedder import Embedder
 from localspec.engine.events import ProgressFn
+from localspec.engine.offload import ALL_LAYERS, OffloadPlanner
 from localspec.engine.scheduler import Engine
 from localspec.errors import ConfigError, LocalspecError
 from localspec.models import ModelManager
 from localspec.models.compat import check_draft_compat, check_lora
 from localspec.models.gguf_info import validate_gguf
+from localspec.models.model_settings import target_settings
+from localspec.models.registry import ModelSettings
 from localspec.paths import resolve_paths
 
 logger = logging.getLogger(__name__)
@@ -44,12 +47,16 @@ def load_settings(path: Path | None = None) -> dict[str, Any]:
     return data.get("engine", {})
 
 
-def engine_config(profile_n_ctx: int | None = None, **overrides: Any) -> EngineConfig:
-    """Defaults < profile < settings.toml < explicit overrides (CLI flags, API arguments)."""
+def engine_config(profile_n_ctx: int | None = None, *, model_n_ctx: int | None = None,
+                  **overrides: Any) -> EngineConfig:
+    """Defaults < profile < settings.toml < the target's own settings (its registry entry's n_ctx) <
+    explicit overrides (CLI flags, API arguments)."""
     values: dict[str, Any] = {}
     if profile_n_ctx:
         values["n_ctx"] = profile_n_ctx
     values.update(load_settings())
+    if model_n_ctx:
+        values["n_ctx"] = model_n_ctx
     if os.environ.get("LOCALSPEC_THREADS"):
         values["n_threads"] = int(os.environ["LOCALSPEC_THREADS"])
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -67,6 +74,7 @@ class ModelFiles:
     draft: Path | None
     target_id: str
     draft_id: str | None
+    target_settings: ModelSettings | None = None  # the target entry's [models.settings]
 
 
 def resolve_models(
@@ -93,7 +101,9 @@ def resolve_models(
         draft_path = mm.require_path(draft_id)
         validate_gguf(draft_path)
         check_draft_compat(target_path, draft_path)  # refuses a mismatched tokenizer, naming what differs
-    return ModelFiles(target_path, draft_path, target_id, draft_id if draft_path else None), prof.n_ctx
+    entry = mm.registry.models.get(target_id)  # None for a model only in the store (imported)
+    return ModelFiles(target_path, draft_path, target_id, draft_id if draft_path else None,
+                      entry.settings if entry else None), prof.n_ctx
 
 
 def calibration_dir() -> str:
@@ -109,15 +119,41 @@ def open_engine(
     hears the models' load and the one-time calibration (a face shows it)."""
     mode = overrides.get("mode")
     files, n_ctx = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
-    config = engine_config(n_ctx, **overrides)
+    own = target_settings(files.target_id, files.target_settings)
+    config = engine_config(n_ctx, model_n_ctx=own.n_ctx, **overrides)
     if config.lora_path:
         check_lora(config.lora_path, files.target)  # a wrong adapter is a clean error before llama.cpp sees it
     if files.draft is None and config.mode == "draft":
         config = config.model_copy(update={"mode": "lookup"})
     return Engine.load(
         str(files.target), str(files.draft) if files.draft else None, config,
-        calibration_dir=calibration_dir(), on_progress=on_progress,
+        calibration_dir=calibration_dir(), on_progress=on_progress, offload=offload_planner(config),
+        defaults=own.defaults, chat_template=own.chat_template,
     )
+
+
+def offload_planner(config: EngineConfig) -> OffloadPlanner | None:
+    """Splits layers by free VRAM when n_gpu_layers is -1 on a GPU build; None leaves it as configured."""
+    from localspec.engine.runtime import gpu_offload_supported
+    from localspec.models.fit import vram_planner
+
+    if config.n_gpu_layers != ALL_LAYERS:
+        return None
+    return vram_planner(offload_supported=gpu_offload_supported())
+
+
+def tier_fingerprint(path: Path, engine: Engine) -> str:
+    """The cache's identity of a local tier: its model file, and the chat template file its settings
+    put in place of the GGUF's (another template, other answers)."""
+    import hashlib
+
+    from localspec.engine.embedder import file_fingerprint
+
+    fingerprint = file_fingerprint(path)
+    template = engine.prompter.template
+    if template is not None and template != engine.target.chat_template:
+        fingerprint += "+template:" + hashlib.sha256(template.encode()).hexdigest()[:16]
+    return fingerprint
 
 
 def open_judge(profile: str | None = None, model: str | None = None, threshold: float | None = None,
@@ -192,14 +228,13 @@ def open_pipeline(
     or unset key fails here, not at the first request); the small tier loads on its first request.
     Explicit `target`/`draft` ids serve that pair alone, without a router.
     """
-    from localspec.engine.embedder import file_fingerprint
     from localspec.pipeline import LocalTier, Pipeline, PipelineSettings, RemoteRunner
     from localspec.router import RemoteTier, Router, TierName
 
     mode = overrides.get("mode")
     files, _ = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
     engine = open_engine(profile, target, draft, on_progress=on_progress, **overrides)
-    large = LocalTier(TierName.LARGE, engine, files.target_id, files.draft_id, file_fingerprint(files.target))
+    large = LocalTier(TierName.LARGE, engine, files.target_id, files.draft_id, tier_fingerprint(files.target, engine))
     semantic = open_cache(profile, engine.config.n_threads, semantic=cache_semantic) if cache else None
     router = None
     if route and target is None:
@@ -216,7 +251,7 @@ def open_pipeline(
         small_files, _ = resolve_models(profile, spec.target, None, need_draft=False)
         small_overrides = {k: v for k, v in overrides.items() if k in ("n_ctx", "n_threads", "parallel")}
         small = open_engine(profile, spec.target, None, mode="off", **small_overrides)
-        return LocalTier(name, small, small_files.target_id, None, file_fingerprint(small_files.target))
+        return LocalTier(name, small, small_files.target_id, None, tier_fingerprint(small_files.target, small))
 
     settings = PipelineSettings(cache=cache, cache_sampled=cache_sampled, cache_judge=cache_judge)
     pipeline = Pipeline({TierName.LARGE: large}, TierName.LARGE, semantic, settings, router=router,

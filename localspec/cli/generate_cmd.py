@@ -37,11 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=MODES, help="speculation: off, draft (draft model) or lookup (prompt lookup)")
     p.add_argument("-k", "--draft-k", type=int, dest="k", help="most tokens drafted per step")
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    # Unset sampling flags leave the model's own settings (its registry entry), else the defaults.
+    p.add_argument("--temperature", type=float, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, help="0 = off (default)")
+    p.add_argument("--top-p", type=float, help="default 1.0")
+    p.add_argument("--min-p", type=float, help="default 0.0")
+    p.add_argument("--repeat-penalty", type=float, help="1.0 = off (default)")
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--profile", help="model profile from models.toml (default: the registry's default)")
@@ -67,7 +68,7 @@ def _blockers(args: argparse.Namespace) -> list[str]:
            if value is not None]
     out += [f"{flag} is not part of the OpenAI API" for flag, value, default in
             (("--top-k", args.top_k, 0), ("--min-p", args.min_p, 0.0), ("--repeat-penalty", args.repeat_penalty, 1.0))
-            if value != default]
+            if value is not None and value != default]
     return out
 
 
@@ -86,10 +87,9 @@ def _request(args: argparse.Namespace) -> GenerationRequest:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
-        sampling = SamplingParams(
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-            repeat_penalty=args.repeat_penalty, seed=args.seed,
-        )
+        given = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                     repeat_penalty=args.repeat_penalty, seed=args.seed)
+        sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None})
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
                 {"role": "user", "content": prompt}

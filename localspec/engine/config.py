@@ -103,3 +103,27 @@ def output_rows(config: EngineConfig) -> int:
     needs more rows is split by the runtime rather than refused."""
     configured = max(config.draft_k, config.lookup_k, config.auto_k_max, config.prediction_k_max) + 1
     return min(config.n_batch, max(config.parallel * configured, MAX_DRAFT_K + 1))
+
+
+class RequestDefaults(BaseModel):
+    """A model's own request defaults (its registry entry's settings), applied when it is the target:
+    a request's explicit values win, then these, then the built-in defaults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sampling: SamplingParams = SamplingParams()  # only the fields set here (model_fields_set) count
+    stop: list[str] = Field(default_factory=list)  # used when a request names no stop string
+
+    def apply(self, request: GenerationRequest) -> GenerationRequest:
+        """The request with these defaults under its own values. Idempotent, so a face may apply it
+        before the cache key and the engine again at submit."""
+        own = request.sampling.model_fields_set if "sampling" in request.model_fields_set else set()
+        mine = self.sampling.model_fields_set - own
+        if not mine and (request.stop or not self.stop):
+            return request
+        sampling = request.sampling
+        if mine:
+            values = {**sampling.model_dump(), **self.sampling.model_dump(include=mine)}
+            sampling = SamplingParams.model_construct(set(own) | mine, **values)
+        stop = request.stop or list(self.stop)
+        return request.model_copy(update={"sampling": sampling, "stop": stop})

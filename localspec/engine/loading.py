@@ -3,12 +3,17 @@ check that a draft can speak for the target."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
+from pathlib import Path
 
 from localspec.engine.config import EngineConfig, output_rows
 from localspec.engine.events import ProgressFn
+from localspec.engine.offload import ALL_LAYERS, OffloadPlan, OffloadPlanner
 from localspec.engine.runtime import ModelRuntime, RuntimeConfig
 from localspec.errors import IncompatibleDraftError
+
+logger = logging.getLogger(__name__)
 
 # llama.cpp accepts a draft whose vocabulary differs from the target's by up to this many tokens.
 MAX_VOCAB_DIFFERENCE = 128
@@ -23,17 +28,37 @@ def runtime_config(config: EngineConfig) -> RuntimeConfig:
     )
 
 
+def offloaded(path: str, rc: RuntimeConfig, offload: OffloadPlanner | None) -> tuple[RuntimeConfig, OffloadPlan | None]:
+    """`rc` with "all layers" (-1) replaced by the count that fits free VRAM, when a planner knows it;
+    an explicit count is the user's choice and stays."""
+    if offload is None or rc.n_gpu_layers != ALL_LAYERS:
+        return rc, None
+    plan = offload(path, n_cells=rc.n_ctx * rc.n_seq_max + rc.pinned_cells)
+    if plan is None:
+        return rc, None
+    logger.info("%s: %s", Path(path).name, plan.message)
+    return replace(rc, n_gpu_layers=plan.n_gpu_layers), plan
+
+
 def load_runtimes(target_path: str, draft_path: str | None, config: EngineConfig, *,
-                  on_progress: ProgressFn | None = None) -> tuple[ModelRuntime, ModelRuntime | None]:
-    """The target and (if given) the draft, loaded; nothing stays loaded when either fails."""
-    rc = runtime_config(config)
+                  on_progress: ProgressFn | None = None,
+                  offload: OffloadPlanner | None = None) -> tuple[ModelRuntime, ModelRuntime | None]:
+    """The target and (if given) the draft, loaded; nothing stays loaded when either fails.
+
+    `offload` splits layers between GPU and CPU when n_gpu_layers is -1 (None: llama.cpp's own -1)."""
+    rc, plan = offloaded(target_path, runtime_config(config), offload)
     target = ModelRuntime(target_path, rc, on_progress=on_progress)
+    target.offload = plan
     if not draft_path:
         return target, None
     try:
         # The draft asks for one logits row per sequence and step (16 when calibrating).
-        draft_rc = replace(rc, lora_path=None, pinned_cells=0, n_outputs_max=max(config.parallel, 16))
-        return target, ModelRuntime(draft_path, draft_rc, on_progress=on_progress)
+        draft_rc = replace(runtime_config(config), lora_path=None, pinned_cells=0,
+                           n_outputs_max=max(config.parallel, 16))
+        draft_rc, draft_plan = offloaded(draft_path, draft_rc, offload)
+        draft = ModelRuntime(draft_path, draft_rc, on_progress=on_progress)
+        draft.offload = draft_plan
+        return target, draft
     except BaseException:
         target.close()
         raise

@@ -14,14 +14,17 @@ from localspec.errors import ContextOverflowError, RequestError
 
 
 class Prompter:
-    def __init__(self, target: ModelRuntime, *, n_ctx: int, pinned_cells: int) -> None:
+    def __init__(self, target: ModelRuntime, *, n_ctx: int, pinned_cells: int,
+                 chat_template: str | None = None) -> None:
         self.target = target
+        # A model's settings may name a template file to use instead of the GGUF's own.
+        self.template = chat_template if chat_template is not None else target.chat_template
         self.n_ctx = n_ctx
         self.pinned_cells = pinned_cells  # 0: the engine keeps no pinned prefix
         self.bos_text = self._special_text(target.bos)
         self.eos_text = self._special_text(target.eos)
         # Chat waits for the probe's verdict; a raw prompt does not.
-        self.chat_check = TemplateCheck(target.chat_template, self.bos_text, self.eos_text,
+        self.chat_check = TemplateCheck(self.template, self.bos_text, self.eos_text,
                                         model=getattr(target, "path", Path("the target model")).name)
 
     def tokens(self, request: GenerationRequest) -> tuple[list[int], int]:
@@ -59,7 +62,7 @@ class Prompter:
     def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> list[int]:
         self.chat_check.require()
-        text = render_chat(self.target.chat_template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
+        text = render_chat(self.template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
                            tools=tools, add_generation_prompt=add_generation_prompt)
         # A template that writes the BOS itself must not get a second one from the tokenizer.
         add_special = not (self.bos_text and text.startswith(self.bos_text))

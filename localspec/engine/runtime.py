@@ -22,6 +22,7 @@ import numpy as np
 
 from localspec.engine import llama_log
 from localspec.engine.events import LoadStage, ProgressFn, StageReporter
+from localspec.engine.offload import OffloadPlan
 from localspec.errors import LocalspecError
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,11 @@ _FLASH = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
+
+
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build can put layers on a GPU (a CPU build ignores n_gpu_layers)."""
+    return bool(llama_cpp.llama_supports_gpu_offload())
 
 
 class _LoadCallback:
@@ -162,6 +168,7 @@ class ModelRuntime:
             _backend_ready = True
         self.path = Path(path)
         self.config = config
+        self.offload: OffloadPlan | None = None  # set by the loader when it split the layers
         if not self.path.is_file():
             raise LocalspecError(
                 f"Model file not found: {self.path}.",

@@ -41,6 +41,16 @@ class SamplingParams(BaseModel):
         return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
+def with_fallbacks(params: SamplingParams, **fallbacks: float | int | None) -> SamplingParams:
+    """`params` with a face's own defaults (the API's temperature 1.0) for the fields it does not set.
+
+    The fallbacks do not count as set (`model_fields_set`), so a model's settings still override
+    them (RequestDefaults.apply): request > model settings > face fallback > built-in default."""
+    unset = {k: v for k, v in fallbacks.items() if k not in params.model_fields_set}
+    SamplingParams.model_validate(unset)  # a bad fallback is a bug: fail loudly here
+    return SamplingParams.model_construct(set(params.model_fields_set), **{**params.model_dump(), **unset})
+
+
 def penalize(logits: np.ndarray, params: SamplingParams, history: Sequence[int]) -> np.ndarray:
     """Apply repetition, frequency and presence penalties over the last `penalty_last_n` tokens."""
     if not params.has_penalties or params.penalty_last_n == 0 or not history:

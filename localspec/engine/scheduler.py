@@ -36,7 +36,7 @@ import numpy as np
 
 from localspec.engine import calibrate
 from localspec.engine.chat import check_jinja
-from localspec.engine.config import EngineConfig, GenerationRequest
+from localspec.engine.config import EngineConfig, GenerationRequest, RequestDefaults
 from localspec.engine.controller import AcceptanceBook, Controller, Explorer
 from localspec.engine.costs import Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, LookupHistory, PromptLookupDrafter, common_prefix
@@ -44,6 +44,7 @@ from localspec.engine.events import Done, Event, FinishReason, Origin, ProgressF
 from localspec.engine.grammar import Grammar
 from localspec.engine.prediction import prepare
 from localspec.engine.loading import check_vocabularies, load_runtimes
+from localspec.engine.offload import OffloadPlanner
 from localspec.engine.runtime import ModelRuntime, Row
 from localspec.engine.prompt import Prompter
 from localspec.engine.picking import grammar_tokens, pick, target_rows, target_tokens
@@ -68,6 +69,8 @@ class Engine:
         draft: ModelRuntime | None = None,
         config: EngineConfig | None = None,
         calibration_dir: str | None = None,
+        *, defaults: RequestDefaults | None = None,  # the target's own request defaults (model settings)
+        chat_template: str | None = None,  # used instead of the target's GGUF template (model settings)
     ) -> None:
         check_jinja()  # chat templates are untrusted code: refuse a sandbox known to leak
         self.config = config or EngineConfig()
@@ -89,8 +92,10 @@ class Engine:
         # lives in a sequence of its own, past the slots: a slot used since for other work gets it
         # back by a zero-copy seq_cp instead of a prefill of hundreds of tokens.
         self._pin_seq = self.config.parallel if target.config.pinned_cells else None
+        self.defaults = defaults or RequestDefaults()
         self.prompter = Prompter(target, n_ctx=self.config.n_ctx,
-                                 pinned_cells=target.config.pinned_cells if self._pin_seq is not None else 0)
+                                 pinned_cells=target.config.pinned_cells if self._pin_seq is not None else 0,
+                                 chat_template=chat_template)
         self.chat_check = self.prompter.chat_check
         self._pinned: list[int] = []
         self._pending: deque[Pending] = deque()
@@ -110,11 +115,14 @@ class Engine:
         config: EngineConfig | None = None,
         calibration_dir: str | None = None,
         *, on_progress: ProgressFn | None = None,  # hears each model's load and the calibration
+        offload: OffloadPlanner | None = None,  # splits layers between GPU and CPU (see engine.offload)
+        defaults: RequestDefaults | None = None,
+        chat_template: str | None = None,
     ) -> Engine:
         config = config or EngineConfig()
-        target, draft = load_runtimes(target_path, draft_path, config, on_progress=on_progress)
+        target, draft = load_runtimes(target_path, draft_path, config, on_progress=on_progress, offload=offload)
         try:
-            engine = cls(target, draft, config, calibration_dir)
+            engine = cls(target, draft, config, calibration_dir, defaults=defaults, chat_template=chat_template)
             if config.mode == "auto":
                 engine.calibrate(on_progress=on_progress)
             return engine
@@ -153,12 +161,17 @@ class Engine:
         """Tokenize a request; returns (tokens, messages dropped by the truncate policy)."""
         return self.prompter.tokens(request)
 
+    def with_defaults(self, request: GenerationRequest) -> GenerationRequest:
+        """The request as this engine runs it: the target's own defaults under the request's values."""
+        return self.defaults.apply(request)
+
     def submit(self, request: GenerationRequest, *, sink: EventSink | None = None,
                lane: Lane = Lane.GENERATION) -> Handle:
         """Validate and queue a request. Raises RequestError subclasses for bad input.
 
         `sink` receives its events on the engine's thread (else they wait in `handle.events`);
         `lane` JUDGE is admitted before queued generations."""
+        request = self.with_defaults(request)
         mode = request.mode or self.config.mode
         if mode == "draft" and self.drafter is None:
             raise RequestError("Mode 'draft' needs a draft model and none is loaded.",

@@ -6,13 +6,19 @@ The allowance below errs on the generous side so "fits" is rarely wrong.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from localspec.models.gguf_info import GGUFInfo, read_gguf_info
+from localspec.models.gguf_info import GGUFInfo, GGUFMeta, info_from_meta, read_gguf_info, read_header
+
+if TYPE_CHECKING:  # the engine package pulls in jinja2 and pydantic: `models list` need not
+    from localspec.engine.offload import ModelLayers, VramBudget
 
 N_UBATCH = 512  # llama.cpp's default micro-batch: logits buffer is n_ubatch x n_vocab floats
 MIN_COMPUTE = 256 * 1024 * 1024
@@ -116,3 +122,50 @@ def fit_verdict_for_size(file_bytes: int, ram: int | None = None, vram: int | No
     if vram is None:
         vram, _ = free_vram()
     return fit_verdict(file_bytes + compute_allowance(file_bytes), ram, vram)
+
+
+# ---------------------------------------------------------------- GPU offload
+
+
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def model_layers(model: Path | str | GGUFMeta, kv_bytes_per_value: int = 2) -> ModelLayers:
+    """A model's per-layer weights, output head, per-cell KV and compute reserve, from its header.
+
+    Tensors named blk.N.* are layer N's. The output head is output.weight, or the token embedding
+    when the model ties them (llama.cpp then puts a copy beside the output); the input embedding
+    itself always stays on the CPU."""
+    from localspec.engine.offload import ModelLayers
+
+    meta = model if isinstance(model, GGUFMeta) else read_header(model)
+    info = info_from_meta(meta)
+    n_layers = info.block_count or 0
+    per_layer = [0] * n_layers
+    sizes: dict[str, int] = {}
+    for t in meta.tensors:
+        m = _BLOCK.match(t.name)
+        if m and int(m.group(1)) < n_layers:
+            per_layer[int(m.group(1))] += t.n_bytes
+        else:
+            sizes[t.name] = t.n_bytes
+    head = sizes.get("output.weight", sizes.get("token_embd.weight", 0)) + sizes.get("output_norm.weight", 0)
+    per_cell_all = info.kv_bytes_per_token(kv_bytes_per_value) or 0
+    return ModelLayers(
+        layer_bytes=tuple(per_layer), output_bytes=head,
+        kv_bytes_per_cell=per_cell_all // n_layers if n_layers else 0,
+        compute_bytes=compute_allowance(sum(per_layer) + head, info.vocab_size or 0),
+    )
+
+
+def vram_planner(*, offload_supported: bool,
+                 probe: Callable[[], tuple[int | None, str]] = free_vram) -> VramBudget | None:
+    """The engine's OffloadPlanner for this machine: None where nothing is to decide (a CPU build, or
+    no GPU whose free memory can be read), so n_gpu_layers stays as configured."""
+    from localspec.engine.offload import VramBudget
+
+    if not offload_supported:
+        return None
+    free, _ = probe()
+    return None if free is None else VramBudget(free, model_layers)
+

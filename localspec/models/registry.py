@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from localspec.errors import ConfigError, ModelNotFoundError
 
@@ -156,6 +156,70 @@ class FileSource(_Strict):
 Source = Annotated[HFSource | PyPISource | FileSource, Field(discriminator="kind")]
 
 
+MAX_STOPS = 16  # as the endpoint allows per request
+MAX_STOP_CHARS = 256
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
+                 "presence_penalty", "penalty_last_n", "seed")
+
+
+class ModelSettings(_Strict):
+    """A model's own settings (an entry's [models.settings] table, like an Ollama Modelfile): they
+    apply whenever it is the target. Request values override the sampling keys and `stop`;
+    explicit flags and API arguments override `n_ctx`."""
+
+    n_ctx: int | None = Field(default=None, ge=64)
+    # A Jinja chat template file used instead of the GGUF's; a relative path is relative to the
+    # registry file that names it. Read (size-capped) and sandboxed like the GGUF's own template.
+    chat_template: str | None = None
+    stop: list[str] | None = Field(default=None, max_length=MAX_STOPS)
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    penalty_last_n: int | None = None
+    seed: int | None = None
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_path(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        if not v.strip() or len(v) > 4096 or not v.isprintable():
+            raise ValueError("must be the path of a Jinja template file")
+        path = Path(v).expanduser()
+        base = (info.context or {}).get("registry_dir")
+        if not path.is_absolute() and isinstance(base, Path):
+            path = base / path
+        return str(path)
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and any(not s or len(s) > MAX_STOP_CHARS for s in v):
+            raise ValueError(f"stop strings must be non-empty and at most {MAX_STOP_CHARS} characters")
+        return v
+
+    @field_validator(*SAMPLING_KEYS)
+    @classmethod
+    def _sampling(cls, v: float | int | None, info: ValidationInfo) -> float | int | None:
+        # The request's own rules (engine.sampling), so a default is never one a request may not send.
+        from localspec.engine.sampling import SamplingParams
+
+        if v is not None:
+            try:
+                SamplingParams.model_validate({info.field_name: v})
+            except ValidationError as exc:
+                raise ValueError(exc.errors()[0].get("msg", "invalid")) from None
+        return v
+
+    def sampling_values(self) -> dict[str, float | int]:
+        """The sampling keys this entry sets, by name."""
+        return {k: getattr(self, k) for k in SAMPLING_KEYS if getattr(self, k) is not None}
+
+
 class ModelEntry(_Strict):
     id: str
     aliases: list[str] = Field(default_factory=list)
@@ -167,6 +231,7 @@ class ModelEntry(_Strict):
     license: str | None = None
     # A LoRA adapter GGUF applied to the target: a file name in the model's store dir, or a path.
     lora: str | None = None
+    settings: ModelSettings | None = None
     sources: list[Source] = Field(default_factory=list)
 
     @field_validator("id")
@@ -385,7 +450,7 @@ def parse_registry_file(path: Path) -> RegistryFile:
         where = f"{path}:{toml_line}" if toml_line else str(path)
         raise ConfigError(f"{where}: invalid TOML: {exc}.", f"Fix the syntax in {path}.") from None
     try:
-        return RegistryFile.model_validate(raw)
+        return RegistryFile.model_validate(raw, context={"registry_dir": path.parent})
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err.get("loc", ()))

@@ -16,7 +16,7 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import GenerationRequest
 from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf, check_schema
-from localspec.engine.sampling import SamplingParams
+from localspec.engine.sampling import SamplingParams, with_fallbacks
 from localspec.server.errors import APIError
 from localspec.server.schemas import (
     DEFAULT_TEMPERATURE,
@@ -45,13 +45,12 @@ class Plan:
 
 
 def _sampling(body: _Sampling) -> SamplingParams:
-    return SamplingParams(
-        temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        presence_penalty=body.presence_penalty or 0.0,
-        seed=body.seed,
-    )
+    # Only what the body sends counts as the request's own: the model's settings fill the rest,
+    # and OpenAI's temperature 1.0 applies only when they do not set one either.
+    given = dict(temperature=body.temperature, top_p=body.top_p, frequency_penalty=body.frequency_penalty,
+                 presence_penalty=body.presence_penalty, seed=body.seed)
+    return with_fallbacks(SamplingParams(**{k: v for k, v in given.items() if v is not None}),
+                          temperature=DEFAULT_TEMPERATURE)
 
 
 def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict[str, Any]:
