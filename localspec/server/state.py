@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger(__name__)
+MAX_NAMES = 16  # spellings remembered per model loaded on demand (hf.co references differ in case)
 _ID_PREFIX = {False: "chatcmpl-", True: "cmpl-"}  # by whether the request was a raw prompt
 
 
@@ -130,8 +131,7 @@ class ServerState:
             return known
         found = await asyncio.to_thread(self.models.find, name)
         if found is None:
-            check_model(name, self.served_names())
-            raise AssertionError("unreachable: check_model raised")
+            raise not_found(name, self.served_names())
         if found.id == c.target_id:  # another spelling of the profile's target
             return self.primary
         r = self.extra.get(found.id)
@@ -141,7 +141,8 @@ class ServerState:
                          KeepAlive(self.keep_alive.default, self.keep_alive.clock))
             r.need_bytes = await asyncio.to_thread(self.models.need_bytes, found.id)
             self.extra[found.id] = r
-        r.names.add(name)
+        if len(r.names) < MAX_NAMES:
+            r.names.add(name)
         return r
 
     async def ready(self, resident: Resident | None = None) -> Backend:
@@ -325,9 +326,13 @@ def principal(request: Request) -> str:
 
 def check_model(name: str, names: set[str]) -> None:
     if name not in names:
-        served = ", ".join(sorted(names)) or "none"
-        raise APIError(404, f"The model '{name}' does not exist on this server (serving: {served}).",
-                       "model_not_found", "model")
+        raise not_found(name, names)
+
+
+def not_found(name: str, names: set[str]) -> APIError:
+    served = ", ".join(sorted(names)) or "none"
+    return APIError(404, f"The model '{name}' does not exist on this server (serving: {served}).",
+                    "model_not_found", "model")
 
 
 def no_room(model: str, plan: NoRoom, retry_after_s: int) -> APIError:
