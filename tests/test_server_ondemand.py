@@ -68,9 +68,12 @@ class Loads:
 
     def __init__(self) -> None:
         self.engines: dict[str, list] = {}
+        self.gates: dict[str, threading.Event] = {}  # a model's load waits for its gate
 
     def __call__(self, settings: ServerSettings):
         mid = settings.target or PRIMARY
+        if mid in self.gates:
+            self.gates[mid].wait(30)
         tier = scripted_tier(model_id=mid, script=scripted(default=f"This is {mid}."))
         self.engines.setdefault(mid, []).append(tier.engine)
         return scripted_backend(pipeline=scripted_pipeline(tiers=[tier]))
@@ -225,3 +228,29 @@ def test_ps_shows_each_model_with_its_own_expiry_and_stop_unloads_one(jit, capsy
     assert loads.last(B).target.closed and not loads.last(PRIMARY).target.closed
     assert main(["stop", C]) == 0 and "was not loaded" in capsys.readouterr().out  # installed, never loaded
     assert main(["stop", "no-such-model"]) == 1 and "does not exist" in capsys.readouterr().err
+
+
+def test_ps_names_a_model_loading_on_demand_and_the_request_waits_for_it(jit, capsys):
+    url, loads = jit.base_url, jit.loads
+    loads.gates[B] = threading.Event()
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(_ask(url, B)))
+    t.start()
+    try:
+        assert wait_until(lambda: request(url, "GET", "/v1/ps").json()["loading"] == [B], timeout=10)
+        assert main(["ps"]) == 0 and f"Loading on demand: {B}." in capsys.readouterr().out
+    finally:
+        loads.gates[B].set()
+        t.join(30)
+    assert got and got[0].status_code == 200  # it waited for the load rather than getting a 503
+    assert request(url, "GET", "/v1/ps").json()["loading"] == []
+
+
+def test_shutdown_closes_the_models_loaded_on_demand_too():
+    loads = Loads()
+    app = create_app(ServerSettings(cache=False, router=False), load=loads, models=FakeModels({B: GB}),
+                     memory=Memory(total=64 * GB))
+    with ServerThread(app) as srv:
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=30)
+        _text(srv.base_url, B)
+    assert loads.last(B).target.closed and loads.last(PRIMARY).target.closed

@@ -87,6 +87,8 @@ def run_ps(args: argparse.Namespace) -> int:
         table.add_row(m.name, m.role, _mb(m.size_bytes), m.processor, str(m.n_ctx or ""), slots,
                       _until(m.expires_at, m.keep_alive_s))  # each loaded model has its own keep-alive
     print_table(table)
+    if report.loading:
+        print(f"Loading on demand: {', '.join(report.loading)}.")
     if not report.models:
         print(f"Nothing loaded ({report.status}): the next request loads the models.")
     elif report.queue:

@@ -55,7 +55,7 @@ def create_app(settings: ServerSettings | None = None, load: Callable[[ServerSet
         yield
         reaper.cancel()
         # uvicorn has already let running requests finish (its graceful timeout); cancel the rest.
-        await asyncio.to_thread(state.loader.close, False)
+        await asyncio.to_thread(state.close, False)
         state.metrics.close()
 
     app = FastAPI(title="localspec", version=__version__, lifespan=lifespan,

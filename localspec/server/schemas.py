@@ -437,6 +437,7 @@ class PsReport(BaseModel):
     expires_at: float | None = Field(None, description="Unix time the models unload if no request comes (null: "
                                                        "never, or busy now)")
     rss_bytes: int = Field(0, description="the server process's resident memory")
+    loading: list[str] = Field(default_factory=list, description="models loading on demand now")
 
 
 class StopRequest(_Body):

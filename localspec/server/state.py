@@ -172,16 +172,28 @@ class ServerState:
                 return
             need = await self.need_bytes(r)
             others = [x for x in self.residents() if x is not r and x.held]
-            held = [Held(self.label(x), await self.need_bytes(x), x.busy(), x.keep_alive.last_used) for x in others]
-            plan = plan_room(need, await asyncio.to_thread(self.memory), held) if need else Room(())
+            needs = [await self.need_bytes(x) for x in others]
+            memory = await asyncio.to_thread(self.memory)
+            # No await from here to the detach: a request taking a victim in between would lose it.
+            held = [Held(self.label(x), n, x.busy(), x.keep_alive.last_used)
+                    for x, n in zip(others, needs, strict=True)]
+            plan = plan_room(need, memory, held) if need else Room(())
             if isinstance(plan, NoRoom):
                 raise no_room(self.label(r), plan, self.settings.retry_after_s)
-            for label in plan.evict:
-                logger.info("unloading %s to make room for %s", label, self.label(r))
-                await self.unload(next(x for x in others if self.label(x) == label))
+            victims = [x for label in plan.evict for x in others if self.label(x) == label]
+            for x in victims:
+                logger.info("unloading %s to make room for %s", self.label(x), self.label(r))
+            for b in [x.loader.detach() for x in victims]:
+                if b is not None:
+                    await asyncio.to_thread(b.close, False)
             if r.key:
                 logger.info("loading %s on demand", r.key)
             r.loader.start()
+
+    def close(self, drain: bool = False) -> None:
+        """Shutdown: every loaded model, the profile's and those loaded on demand."""
+        for r in self.residents():
+            r.loader.close(drain)
 
     def label(self, r: Resident) -> str:
         """How logs and errors name a resident: its model id; the profile's target for the profile's."""

@@ -33,6 +33,7 @@ async def ps(state: State) -> PsReport:
         if b.embedding_id and b._embedder is not None:
             report.models.append(PsModel(name=b.embedding_id, role="embedding", size_bytes=_size(b.embedding_path),
                                          processor="CPU", **until))
+    report.loading = [r.key for r in state.extra.values() if r.loader.loading]
     if report.models:
         report.running = state.admission.unfinished()
         report.queue = state.queue_depth()
