@@ -254,3 +254,22 @@ def test_shutdown_closes_the_models_loaded_on_demand_too():
         assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=30)
         _text(srv.base_url, B)
     assert loads.last(B).target.closed and loads.last(PRIMARY).target.closed
+
+
+def test_real_models_serve_the_small_one_and_load_the_other_on_demand(target_path, draft_path):
+    """The real pair: `serve --model` the 0.5B, then a request naming the 1.5B loads it beside it."""
+    from tests.common import DRAFT_ID, TARGET_ID, TEST_THREADS
+
+    settings = ServerSettings(target=DRAFT_ID, mode="off", n_ctx=256, parallel=1, n_threads=TEST_THREADS,
+                              cache=False, router=False, embeddings=False)
+    with ServerThread(create_app(settings)) as srv:
+        url = srv.base_url
+        assert wait_until(lambda: request(url, "GET", "/health").status_code == 200, timeout=300)
+        cards = _cards(url)
+        assert cards[DRAFT_ID]["loaded"] is True and cards[DRAFT_ID]["on_demand"] is False
+        assert cards[TARGET_ID]["loaded"] is False and cards[TARGET_ID]["on_demand"] is True
+        r = _ask(url, TARGET_ID, max_tokens=2)
+        assert r.status_code == 200 and r.json()["model"] == TARGET_ID, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+        names = {m["name"]: m for m in request(url, "GET", "/v1/ps").json()["models"]}
+        assert {DRAFT_ID, TARGET_ID} <= set(names) and names[TARGET_ID]["on_demand"] is True
