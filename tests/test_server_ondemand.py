@@ -230,20 +230,22 @@ def test_ps_shows_each_model_with_its_own_expiry_and_stop_unloads_one(jit, capsy
     assert main(["stop", "no-such-model"]) == 1 and "does not exist" in capsys.readouterr().err
 
 
-def test_ps_names_a_model_loading_on_demand_and_the_request_waits_for_it(jit, capsys):
+def test_ps_names_a_model_loading_on_demand_and_its_requests_wait_for_one_load(jit, capsys):
     url, loads = jit.base_url, jit.loads
     loads.gates[B] = threading.Event()
     got: list = []
-    t = threading.Thread(target=lambda: got.append(_ask(url, B)))
-    t.start()
+    threads = [threading.Thread(target=lambda name=name: got.append(_ask(url, name))) for name in (B, f"{B}-alias")]
+    for t in threads:
+        t.start()
     try:
         assert wait_until(lambda: request(url, "GET", "/v1/ps").json()["loading"] == [B], timeout=10)
         assert main(["ps"]) == 0 and f"Loading on demand: {B}." in capsys.readouterr().out
     finally:
         loads.gates[B].set()
-        t.join(30)
-    assert got and got[0].status_code == 200  # it waited for the load rather than getting a 503
-    assert request(url, "GET", "/v1/ps").json()["loading"] == []
+        for t in threads:
+            t.join(30)
+    assert [r.status_code for r in got] == [200, 200]  # both waited for the load rather than getting a 503
+    assert len(loads.engines[B]) == 1 and request(url, "GET", "/v1/ps").json()["loading"] == []
 
 
 def test_shutdown_closes_the_models_loaded_on_demand_too():

@@ -109,10 +109,6 @@ class ServerState:
         self.primary = Resident("", self.loader, self.keep_alive)
         self._room = asyncio.Lock()  # one room plan and load start at a time: two loads never count the same RAM
 
-    @property
-    def in_hand(self) -> int:
-        return self.primary.in_hand
-
     def residents(self) -> list[Resident]:
         return [self.primary, *self.extra.values()]
 
@@ -139,7 +135,6 @@ class ServerState:
             update = {"target": found.id, "draft": None, "router": False, "embeddings": False}
             r = Resident(found.id, self.loader.sibling(self.settings.model_copy(update=update)),
                          KeepAlive(self.keep_alive.default, self.keep_alive.clock))
-            r.need_bytes = await asyncio.to_thread(self.models.need_bytes, found.id)
             self.extra[found.id] = r
         if len(r.names) < MAX_NAMES:
             r.names.add(name)
@@ -202,7 +197,7 @@ class ServerState:
 
     async def need_bytes(self, r: Resident) -> int:
         """Its estimate: from the files its last load named (a paired draft included), else from its id."""
-        ids = r.model_ids() if r.loader.catalog is not None else ()
+        ids = r.model_ids()
         if ids:
             r.need_bytes = sum([await asyncio.to_thread(self.models.need_bytes, m) for m in ids])
         return r.need_bytes
