@@ -19,9 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", help="the server's key (default: $LOCALSPEC_API_KEY, else its key file)")
     p.add_argument("--json", action="store_true", help="print the server's /v1/ps report as JSON")
     p.set_defaults(func=run_ps)
-    s = sub.add_parser("stop", help="unload the running server's models now (the next request loads them)",
+    s = sub.add_parser("stop", help="unload a model the running server has loaded (the next request naming it "
+                                    "loads it again)",
                        description=__doc__)
-    s.add_argument("model", help="a model name the server serves")
+    s.add_argument("model", help="a model name the server serves: the profile's (its models unload together) or "
+                                 "one loaded on demand")
     s.add_argument("--api-key", help="the server's key (default: $LOCALSPEC_API_KEY, else its key file)")
     s.set_defaults(func=run_stop)
 
@@ -80,11 +82,13 @@ def run_ps(args: argparse.Namespace) -> int:
     table = Table(title=f"{server.url} · {report.status} · {_mb(report.rss_bytes)} resident", title_justify="left")
     for column in ("NAME", "ROLE", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "UNTIL"):
         table.add_column(column, overflow="fold")
-    until = _until(report.expires_at, report.keep_alive_s)
     for m in report.models:
         slots = f"{m.slots_busy}/{m.slots} busy" if m.slots is not None else ""
-        table.add_row(m.name, m.role, _mb(m.size_bytes), m.processor, str(m.n_ctx or ""), slots, until)
+        table.add_row(m.name, m.role, _mb(m.size_bytes), m.processor, str(m.n_ctx or ""), slots,
+                      _until(m.expires_at, m.keep_alive_s))  # each loaded model has its own keep-alive
     print_table(table)
+    if report.loading:
+        print(f"Loading on demand: {', '.join(report.loading)}.")
     if not report.models:
         print(f"Nothing loaded ({report.status}): the next request loads the models.")
     elif report.queue:

@@ -160,6 +160,12 @@ class Loader:
         self._lock = threading.Lock()
         self._closed = False
 
+    def sibling(self, settings: ServerSettings) -> Loader:
+        """A loader for other models (one a request named), loading the same way and heard the same way."""
+        other = Loader(settings, self._load)
+        other.on_ready = self.on_ready
+        return other
+
     def start(self) -> None:
         """Load on a thread, unless loaded or loading already."""
         with self._lock:

@@ -338,12 +338,25 @@ class Completion(BaseModel):
 # ---------------------------------------------------------------- models, embeddings, errors
 
 
+class ModelInfo(BaseModel):
+    """localspec's extension on a /v1/models entry: what the name means and whether it is loaded."""
+
+    model: str | None = Field(None, description="the model that answers the name (\"router\" for auto)")
+    role: Literal["chat", "embedding"] = "chat"
+    route: str | None = Field(None, description="the router tier it answers for (large, small, auto)")
+    target: str | None = Field(None, description="the profile's target (on the profile's names only)")
+    profile: str | None = None
+    loaded: bool = Field(description="in memory now; false: the next request naming it loads it")
+    on_demand: bool = Field(False, description="an installed model beyond the profile's, loaded when a request "
+                                               "names it")
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "localspec"
-    localspec: dict[str, Any] | None = None
+    localspec: ModelInfo | None = None
 
 
 class ModelList(BaseModel):
@@ -408,6 +421,10 @@ class PsModel(BaseModel):
     n_ctx: int | None = Field(None, description="context tokens per slot")
     slots: int | None = Field(None, description="sequence slots (parallel requests)")
     slots_busy: int | None = None
+    keep_alive_s: float | None = Field(None, description="what the last request for it asked for (null: forever)")
+    expires_at: float | None = Field(None, description="Unix time it unloads if no request comes (null: never, or "
+                                                       "busy now)")
+    on_demand: bool = Field(False, description="loaded because a request named it, beyond the profile's")
 
 
 class PsReport(BaseModel):
@@ -420,6 +437,7 @@ class PsReport(BaseModel):
     expires_at: float | None = Field(None, description="Unix time the models unload if no request comes (null: "
                                                        "never, or busy now)")
     rss_bytes: int = Field(0, description="the server process's resident memory")
+    loading: list[str] = Field(default_factory=list, description="models loading on demand now")
 
 
 class StopRequest(_Body):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from localspec.server.errors import APIError
 from localspec.server.guards import LOCAL_PRINCIPAL, PRINCIPAL_KEY
 from localspec.server.keepalive import KeepAlive
 from localspec.server.redact import redact_paths
+from localspec.server.residents import (Held, MemoryProbe, ModelSource, NoModels, NoRoom, Room, plan_room,
+                                        system_memory)
 from localspec.server.settings import ServerSettings
 from localspec.server.translate import Plan
 
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
     from localspec.metrics import Metrics
 
 
+logger = logging.getLogger(__name__)
+MAX_NAMES = 16  # spellings remembered per model loaded on demand (hf.co references differ in case)
 _ID_PREFIX = {False: "chatcmpl-", True: "cmpl-"}  # by whether the request was a raw prompt
 
 
@@ -59,73 +64,208 @@ class Admission:
 
 
 @dataclass
-class ServerState:
-    settings: ServerSettings
+class Resident:
+    """Models this server loads and unloads together, with their own keep-alive: the profile's (key
+    ""), or an installed model a request named (key: its id), loaded on demand."""
+
+    key: str
     loader: Loader
-    admission: Admission
-    metrics: Metrics
-    keep_alive: KeepAlive = field(default_factory=KeepAlive)
+    keep_alive: KeepAlive
+    need_bytes: int = 0  # estimated memory once loaded (0: unknown)
+    names: set[str] = field(default_factory=set)  # the names requests used for it
     in_hand: int = 0  # requests between finding the models and submitting to them: not to be unloaded under
-
-    async def ready(self) -> Backend:
-        """The loaded models; after an unload (keep-alive, stop) this request loads them again and waits.
-        The first load at start-up keeps its 503 + Retry-After: clients already retry on it."""
-        loader = self.loader
-        if loader.backend is None and loader.state == "idle":
-            loader.start()
-        if loader.loads > 1:
-            while loader.backend is None and loader.loading:
-                await asyncio.sleep(0.05)
-        return self.backend()
-
-    @contextlib.asynccontextmanager
-    async def serving(self, keep_alive: str | float | None) -> AsyncIterator[Backend]:
-        """The models for one request, from its model check to its submission (then admission holds
-        them): the keep-alive reaper never unloads them in between. `keep_alive`: the request's."""
-        self.in_hand += 1
-        try:
-            b = await self.ready()
-            self.keep_alive.ask(keep_alive)
-            yield b
-        finally:
-            self.in_hand -= 1
-            self.keep_alive.touch()
+    jobs: set[Job] = field(default_factory=set)  # its admitted requests
 
     def busy(self) -> bool:
-        return self.in_hand > 0 or self.admission.unfinished() > 0
+        self.jobs = {j for j in self.jobs if not j.done.is_set()}
+        return self.in_hand > 0 or bool(self.jobs)
+
+    @property
+    def held(self) -> bool:
+        """Loaded or loading: it takes (or is about to take) memory."""
+        return self.loader.backend is not None or self.loader.loading
+
+    def model_ids(self) -> tuple[str, ...]:
+        """The files it loads, once a load has said (target, draft); before that its key."""
+        c = self.loader.catalog
+        if c is None:
+            return (self.key,) if self.key else ()
+        return tuple(m for m in (c.target_id, c.draft_id) if m)
+
+
+@dataclass
+class ServerState:
+    settings: ServerSettings
+    loader: Loader  # the profile's models
+    admission: Admission
+    metrics: Metrics
+    keep_alive: KeepAlive = field(default_factory=KeepAlive)  # the profile's models'
+    models: ModelSource = field(default_factory=NoModels)  # installed models a request may load on demand
+    memory: MemoryProbe = system_memory
+    extra: dict[str, Resident] = field(default_factory=dict)  # model id -> models loaded on demand
+    primary: Resident = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.primary = Resident("", self.loader, self.keep_alive)
+        self._room = asyncio.Lock()  # one room plan and load start at a time: two loads never count the same RAM
+
+    def residents(self) -> list[Resident]:
+        return [self.primary, *self.extra.values()]
+
+    def served_names(self) -> set[str]:
+        c = self.loader.catalog
+        return {*(c.names if c else ()), *(n for r in self.extra.values() for n in r.names)}
+
+    async def resident_for(self, name: str) -> Resident:
+        """The models a chat/completion request's name means: the profile's, or an installed model,
+        loaded on demand (else a 404). While the first load runs the profile's answer (its 503)."""
+        c = self.loader.catalog
+        if c is None or name in c.names:
+            return self.primary
+        known = next((r for r in self.extra.values() if name in r.names), None)
+        if known is not None:
+            return known
+        found = await asyncio.to_thread(self.models.find, name)
+        if found is None:
+            raise not_found(name, self.served_names())
+        if found.id == c.target_id:  # another spelling of the profile's target
+            return self.primary
+        r = self.extra.get(found.id)
+        if r is None:
+            update = {"target": found.id, "draft": None, "router": False, "embeddings": False}
+            r = Resident(found.id, self.loader.sibling(self.settings.model_copy(update=update)),
+                         KeepAlive(self.keep_alive.default, self.keep_alive.clock))
+            self.extra[found.id] = r
+        if len(r.names) < MAX_NAMES:
+            r.names.add(name)
+        return r
+
+    async def ready(self, resident: Resident | None = None) -> Backend:
+        """The loaded models; after an unload (keep-alive, stop) this request loads them again and waits,
+        as for a model loaded on demand. The profile's first load at start-up keeps its 503 + Retry-After:
+        clients already retry on it."""
+        r = resident or self.primary
+        loader = r.loader
+        if r is self.primary:
+            if loader.backend is None and loader.state == "idle":
+                await self.make_room(r)
+            wait = loader.loads > 1
+        else:
+            if loader.backend is None and not loader.loading:
+                await self.make_room(r)  # a failed load is tried again by the next request
+            wait = True
+        if wait:
+            while loader.backend is None and loader.loading:
+                await asyncio.sleep(0.05)
+        return self.backend(r)
+
+    async def make_room(self, r: Resident) -> None:
+        """Start loading `r` once its estimate fits, unloading idle models least recently used first;
+        a 503 naming cause and fix when it cannot fit. Models with requests in flight stay."""
+        async with self._room:
+            if r.held:
+                return
+            need = await self.need_bytes(r)
+            others = [x for x in self.residents() if x is not r and x.held]
+            needs = [await self.need_bytes(x) for x in others]
+            memory = await asyncio.to_thread(self.memory)
+            # No await from here to the detach: a request taking a victim in between would lose it.
+            held = [Held(self.label(x), n, x.busy(), x.keep_alive.last_used)
+                    for x, n in zip(others, needs, strict=True)]
+            plan = plan_room(need, memory, held) if need else Room(())
+            if isinstance(plan, NoRoom):
+                raise no_room(self.label(r), plan, self.settings.retry_after_s)
+            victims = [x for label in plan.evict for x in others if self.label(x) == label]
+            for x in victims:
+                logger.info("unloading %s to make room for %s", self.label(x), self.label(r))
+            for b in [x.loader.detach() for x in victims]:
+                if b is not None:
+                    await asyncio.to_thread(b.close, False)
+            if r.key:
+                logger.info("loading %s on demand", r.key)
+            r.loader.start()
+
+    def close(self, drain: bool = False) -> None:
+        """Shutdown: every loaded model, the profile's and those loaded on demand."""
+        for r in self.residents():
+            r.loader.close(drain)
+
+    def label(self, r: Resident) -> str:
+        """How logs and errors name a resident: its model id; the profile's target for the profile's."""
+        c = self.loader.catalog
+        return r.key or (c.target_id if c else "the profile's models")
+
+    async def need_bytes(self, r: Resident) -> int:
+        """Its estimate: from the files its last load named (a paired draft included), else from its id."""
+        ids = r.model_ids()
+        if ids:
+            r.need_bytes = sum([await asyncio.to_thread(self.models.need_bytes, m) for m in ids])
+        return r.need_bytes
+
+    @contextlib.asynccontextmanager
+    async def serving(self, model: str, keep_alive: str | float | None) -> AsyncIterator[Backend]:
+        """The models for one request's `model`, from its model check to its submission (then its
+        jobs hold them): neither the keep-alive reaper nor another model's load unloads them in
+        between. `keep_alive`: the request's, for these models."""
+        r = await self.resident_for(model)
+        r.in_hand += 1
+        try:
+            b = await self.ready(r)
+            if r is self.primary:
+                check_model(model, b.target_names)
+            r.keep_alive.ask(keep_alive)
+            yield b
+        finally:
+            r.in_hand -= 1
+            r.keep_alive.touch()
+
+    def busy(self) -> bool:
+        """The profile's models have requests in hand or running."""
+        return self.primary.busy()
 
     async def reap(self) -> bool:
         """One pass of the keep-alive reaper (on the event loop): unload idle models past their expiry."""
-        if self.loader.backend is None:
-            return False
-        if self.busy():
-            self.keep_alive.touch()  # expiry counts from the last request's end
-            return False
-        if not self.keep_alive.expired():
-            return False
-        return await self.unload()
+        unloaded = False
+        for r in self.residents():
+            if r.loader.backend is None:
+                continue
+            if r.busy():
+                r.keep_alive.touch()  # expiry counts from the last request's end
+            elif r.keep_alive.expired():
+                unloaded = await self.unload(r) or unloaded
+        return unloaded
 
-    async def unload(self) -> bool:
-        """Unload now (`stop`, or the reaper); False when nothing was loaded."""
-        b = self.loader.detach()
+    async def unload(self, resident: Resident | None = None) -> bool:
+        """Unload now (`stop`, the reaper, room for another model); False when nothing was loaded."""
+        b = (resident or self.primary).loader.detach()
         if b is None:
             return False
         await asyncio.to_thread(b.close, False)
         return True
 
-    def backend(self) -> Backend:
+    def resident_named(self, name: str) -> Resident | None:
+        """The loaded-or-known models a name means (`stop`), without loading anything."""
+        c = self.loader.catalog
+        if c is not None and (name in c.names or name in c.embedding_names):
+            return self.primary
+        return next((r for r in self.extra.values() if name in r.names or name == r.key), None)
+
+    def backend(self, resident: Resident | None = None) -> Backend:
         """The loaded models, or a 503 that says whether they are loading or failed."""
-        if self.loader.backend is None:
-            if self.loader.error:
-                raise APIError(503, f"Loading the models failed: {redact_paths(self.loader.error)}",
+        loader = (resident or self.primary).loader
+        if loader.backend is None:
+            if loader.error:
+                raise APIError(503, f"Loading the models failed: {redact_paths(loader.error)}",
                                "model_load_failed")
             raise APIError(503, "The models are still loading; retry in a few seconds.", "model_loading",
                            headers={"Retry-After": str(self.settings.retry_after_s)})
-        return self.loader.backend
+        return loader.backend
 
-    def queue_depth(self, b: Backend) -> int:
-        """Admitted requests that are not in a slot yet."""
-        return max(0, self.admission.unfinished() - sum(slot.active is not None for slot in b.engine.slots))
+    def queue_depth(self) -> int:
+        """Admitted requests that are not in a slot yet, over every loaded model."""
+        running = sum(slot.active is not None for r in self.residents() if r.loader.backend is not None
+                      for slot in r.loader.backend.engine.slots)
+        return max(0, self.admission.unfinished() - running)
 
     async def submit(self, b: Backend, plan: Plan, *, model: str, owner: str) -> Job:
         """Admit (else 429) and hand the request to the pipeline, off the event loop (it tokenizes)."""
@@ -149,7 +289,10 @@ class ServerState:
         except LocalspecError as exc:
             raise APIError(400, str(exc), "invalid_request") from exc
         self.admission.jobs.add(job)
-        self.metrics.set_queue_depth(self.queue_depth(b))
+        for r in self.residents():
+            if r.loader.backend is b:
+                r.jobs.add(job)
+        self.metrics.set_queue_depth(self.queue_depth())
         return job
 
     def attach(self, b: Backend) -> None:
@@ -165,7 +308,7 @@ class ServerState:
         done = job.result
         if done is None:
             return
-        self.metrics.set_queue_depth(self.queue_depth(b))
+        self.metrics.set_queue_depth(self.queue_depth())
         self.metrics.record(RequestRecord.from_stats(
             done.stats, face="api", profile=b.profile, target_model=b.target_id, draft_model=b.draft_id,
             finish_reason=done.finish_reason, e2e_ms=(time.perf_counter() - job.t_submit) * 1000,
@@ -190,9 +333,26 @@ def principal(request: Request) -> str:
 
 def check_model(name: str, names: set[str]) -> None:
     if name not in names:
-        served = ", ".join(sorted(names)) or "none"
-        raise APIError(404, f"The model '{name}' does not exist on this server (serving: {served}).",
-                       "model_not_found", "model")
+        raise not_found(name, names)
+
+
+def not_found(name: str, names: set[str]) -> APIError:
+    served = ", ".join(sorted(names)) or "none"
+    return APIError(404, f"The model '{name}' does not exist on this server (serving: {served}).",
+                    "model_not_found", "model")
+
+
+def no_room(model: str, plan: NoRoom, retry_after_s: int) -> APIError:
+    """Why a model cannot load now, and what to do about it."""
+    gb = 1e9
+    if plan.busy:
+        return APIError(503, f"Loading {model} needs about {plan.need_bytes / gb:.1f} GB but only "
+                        f"{plan.room_bytes / gb:.1f} GB can be freed while {', '.join(plan.busy)} "
+                        "finish their requests; retry when they finish, or `localspec stop` a model.",
+                        "insufficient_memory", "model", headers={"Retry-After": str(retry_after_s)})
+    return APIError(503, f"Loading {model} needs about {plan.need_bytes / gb:.1f} GB but this machine has "
+                    f"{plan.room_bytes / gb:.1f} GB free; use a smaller quant, a smaller --n-ctx or fewer "
+                    "--parallel slots, or free memory.", "insufficient_memory", "model")
 
 
 State = Annotated[ServerState, Depends(server_state)]

@@ -17,7 +17,7 @@ from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
                                       ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCall,
                                       ToolCallDelta)
-from localspec.server.state import Principal, ServerState, State, check_model
+from localspec.server.state import Principal, ServerState, State
 from localspec.server.streaming import EventStream, Piece, sse
 
 router = APIRouter()
@@ -29,8 +29,7 @@ router = APIRouter()
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State,
                            who: Principal) -> ChatCompletion | EventStream:
-    async with state.serving(body.keep_alive) as b:
-        check_model(body.model, b.target_names)
+    async with state.serving(body.model, body.keep_alive) as b:  # 404 for a name it cannot serve
         plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
         job = await state.submit(b, plan_, model=body.model, owner=who)
     reply = ChatReply(state, b, body, plan_, job, who)

@@ -15,7 +15,7 @@ from localspec.server.errors import ERROR_RESPONSES
 from localspec.server.replies import StreamedReply, completion_logprobs, extension, origin_of, usage
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import Completion, CompletionChoice, CompletionRequest
-from localspec.server.state import Principal, ServerState, State, check_model
+from localspec.server.state import Principal, ServerState, State
 from localspec.server.streaming import EventStream, Piece, sse
 
 router = APIRouter()
@@ -27,8 +27,7 @@ router = APIRouter()
 )
 async def completions(body: CompletionRequest, request: Request, state: State,
                       who: Principal) -> Completion | EventStream:
-    async with state.serving(body.keep_alive) as b:
-        check_model(body.model, b.target_names)
+    async with state.serving(body.model, body.keep_alive) as b:  # 404 for a name it cannot serve
         plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
         job = await state.submit(b, plan_, model=body.model, owner=who)
     echo = body.prompt if (body.echo and body.suffix is None and isinstance(body.prompt, str)) else ""

@@ -25,6 +25,5 @@ async def health(state: State) -> JSONResponse:
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
 async def prometheus(state: State) -> Response:
-    if state.loader.backend is not None:
-        state.metrics.set_queue_depth(state.queue_depth(state.loader.backend))
+    state.metrics.set_queue_depth(state.queue_depth())
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter
 
 from localspec.engine.scheduler import Engine
@@ -17,29 +19,42 @@ router = APIRouter()
 @router.get("/v1/ps", response_model=PsReport, responses=ERROR_RESPONSES)
 async def ps(state: State) -> PsReport:
     loader = state.loader
-    b = loader.backend
     ka = state.keep_alive
     report = PsReport(status=loader.state, profile=loader.catalog.profile if loader.catalog else None,
                       keep_alive_s=ka.current, rss_bytes=_rss())
-    if b is None:
-        return report
-    report.models = [m for tier in b.pipeline.tiers.values() if isinstance(tier, LocalTier) for m in _models(tier)]
-    if b.embedding_id and b._embedder is not None:
-        report.models.append(PsModel(name=b.embedding_id, role="embedding", size_bytes=_size(b.embedding_path),
-                                     processor="CPU"))
-    report.running = state.admission.unfinished()
-    report.queue = state.queue_depth(b)
-    report.expires_at = None if state.busy() else ka.expires_at()
+    for r in state.residents():
+        b = r.loader.backend
+        if b is None:
+            continue
+        until = dict(keep_alive_s=r.keep_alive.current, on_demand=r is not state.primary,
+                     expires_at=None if r.busy() else r.keep_alive.expires_at())
+        report.models += [m.model_copy(update=until) for tier in b.pipeline.tiers.values()
+                          if isinstance(tier, LocalTier) for m in _models(tier)]
+        if b.embedding_id and b._embedder is not None:
+            report.models.append(PsModel(name=b.embedding_id, role="embedding", size_bytes=_size(b.embedding_path),
+                                         processor="CPU", **until))
+    report.loading = [r.key for r in state.extra.values() if r.loader.loading]
+    if report.models:
+        report.running = state.admission.unfinished()
+        report.queue = state.queue_depth()
+    if loader.backend is not None:
+        report.expires_at = None if state.busy() else ka.expires_at()
     return report
 
 
 @router.post("/v1/stop", response_model=StopReply, responses=ERROR_RESPONSES)
 async def stop(body: StopRequest, state: State) -> StopReply:
     """Unload the models behind a served name now (requests running on them are cancelled); the next
-    request loads them again. The server's models load and unload together."""
-    c = catalog(state)
-    check_model(body.model, set(c.names) | set(c.embedding_names))
-    return StopReply(model=body.model, unloaded=await state.unload())
+    request naming them loads them again. The profile's models unload together; a model loaded on
+    demand unloads alone."""
+    r = state.resident_named(body.model)
+    if r is None:
+        c = catalog(state)
+        names = set(c.names) | set(c.embedding_names) | state.served_names()
+        if await asyncio.to_thread(state.models.find, body.model) is None:
+            check_model(body.model, names)
+        return StopReply(model=body.model, unloaded=False)  # installed, never loaded
+    return StopReply(model=body.model, unloaded=await state.unload(r))
 
 
 def _models(tier: LocalTier) -> list[PsModel]:
