@@ -193,9 +193,12 @@ async def test_attached_f3_evicts_the_cached_answer_on_the_server(served, loads,
 
 
 class _NotLocalspec(http.server.BaseHTTPRequestHandler):
-    """Answers every GET with JSON that is not localspec's /health."""
+    """Answers every GET and POST with JSON that is not localspec's /health."""
+
+    asked: list[str]
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        self.asked.append(self.path)
         body = b'{"status": "ok"}'
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -203,14 +206,18 @@ class _NotLocalspec(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    do_POST = do_GET  # noqa: N815
+
     def log_message(self, *_args) -> None:
         pass
 
 
 @contextlib.contextmanager
-def _foreign_server() -> Iterator[int]:
-    """Another program on a port (yielded): it answers every GET, but not as localspec."""
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotLocalspec)
+def _foreign_server(port: int = 0, asked: list[str] | None = None) -> Iterator[int]:
+    """Another program on a port (0: a free one; yielded): it answers every request, but not as
+    localspec, and adds each path it is asked for to `asked`."""
+    handler = type("Handler", (_NotLocalspec,), {"asked": asked if asked is not None else []})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -233,6 +240,41 @@ async def test_a_port_that_is_not_localspec_is_not_attached_to_and_the_models_lo
             assert "Paris" in view.content
     assert any(f"127.0.0.1:{port}" in r.getMessage() and "not as localspec" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def _attached_server(cache: SemanticCache) -> ServerThread:
+    tier = scripted_tier(model_id=TARGET, script=SCRIPT, draft_script=SCRIPT, mode="draft")
+    settings = ServerSettings(router=False)
+    app = scripted_app(backend=scripted_backend(pipeline=scripted_pipeline(tiers=[tier], cache=cache)),
+                       settings=settings)
+    return ServerThread(app, announce=settings)
+
+
+@pytest.mark.parametrize("then", ["nothing", "another program"])
+async def test_a_prompt_is_sent_only_to_a_port_that_still_answers_as_localspec(cache, loads, then):
+    """The server the app attached to stops; then nothing listens on its port, or another program
+    does. The next message is not sent there: the app says why, loads the models here and answers."""
+    app = _chat_app()
+    asked: list[str] = []  # what the other program was asked for
+    with contextlib.ExitStack() as serving:
+        port = serving.enter_context(_attached_server(cache)).port
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.backend is not None, 30, "the backend")
+            assert app.backend.info.kind == "remote"
+            first = await _ask(app, pilot, QUESTION)
+            serving.close()  # the server stops; the app does not know yet
+            if then == "another program":
+                serving.enter_context(_foreign_server(port, asked))
+            second = await _ask(app, pilot, "And Spain?")
+            assert app.backend.info.kind == "in-process" and len(loads) == 1
+            # The script answers the chat's first question, which the second prompt still holds.
+            assert second is not first and second.content == first.content
+            assert second.meta["finish_reason"] == "stop" and "Paris" in second.content
+            assert [m.role for m in app.store.messages(app.chat_id)] == ["user", "assistant"] * 2
+            said = "no longer answers" if then == "nothing" else "answers, but not as localspec any more"
+            assert any(said in str(n.message) and f"127.0.0.1:{port}" in str(n.message) for n in app._notifications)
+    assert set(asked) <= {"/health"}, asked  # the chat itself never reached that port
+    assert asked or then == "nothing"
 
 
 # ---------------------------------------------------------------- generate

@@ -33,7 +33,7 @@ from localspec.tui.loading import (
 )
 from localspec.tui.replies import Replies
 from localspec.tui.reply_tools import ReplyTools
-from localspec.tui.streaming import ContextTrimmed, ReplyEnded, ReplyRefused
+from localspec.tui.streaming import ContextTrimmed, ReplyEnded, ReplyRefused, ServerGone
 from localspec.tui.widgets import MessageView, MetricsPane, PromptInput
 
 if TYPE_CHECKING:
@@ -125,6 +125,9 @@ class ChatScreen(Screen[None]):
 
     async def on_reply_refused(self, message: ReplyRefused) -> None:
         await self.replies.refused(message)
+
+    def on_server_gone(self, message: ServerGone) -> None:
+        self.replies.server_gone(message)
 
     def on_context_trimmed(self, message: ContextTrimmed) -> None:
         self.app.notify(f"The chat is longer than the context: the {message.dropped} oldest message(s) "
