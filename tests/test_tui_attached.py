@@ -55,11 +55,18 @@ def cache(tmp_path):
 @pytest.fixture
 def served(cache):
     """A server as `localspec serve` runs it (announced in serve.json): the scripted pair, drafting, cached."""
-    tier = scripted_tier(model_id=TARGET, script=SCRIPT, draft_script=SCRIPT, mode="draft")
-    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[tier], cache=cache))
-    settings = ServerSettings(router=False)
-    with ServerThread(scripted_app(backend=backend, settings=settings), announce=settings) as srv:
+    with _attached_server(cache) as srv:
         yield srv
+
+
+def _attached_server(cache: SemanticCache) -> ServerThread:
+    tier = scripted_tier(model_id=TARGET, script=SCRIPT, draft_script=SCRIPT, mode="draft")
+    settings = ServerSettings(router=False)
+    app = scripted_app(backend=scripted_backend(pipeline=scripted_pipeline(tiers=[tier], cache=cache)),
+                       settings=settings)
+    srv = ServerThread(app, announce=settings)
+    srv.metrics = app.state.metrics  # the server's handle on this machine's metrics log
+    return srv
 
 
 @pytest.fixture
@@ -172,6 +179,27 @@ async def test_attached_stats_line_and_metrics_pane_show_the_servers_figures(ser
     assert not loads
 
 
+async def test_an_attached_reply_is_logged_once_by_the_server_not_again_by_the_app(served, loads):
+    """The server records every request in this machine's metrics log (face "api"): the app, which
+    reads the same log, keeps the reply for its pane only, so `localspec stats` counts it once."""
+    from localspec.metrics import fetch_rows, open_reader
+
+    app = _chat_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, 30, "the backend")
+        view = await _ask(app, pilot, QUESTION)
+        assert app.metrics.snapshot().requests == 1
+        assert app.metrics.sink.flush() and served.metrics.flush()
+        assert app.metrics.sink.db_path == served.metrics.db_path  # one log, as on a user's machine
+        conn = open_reader(served.metrics.db_path)
+        try:
+            rows = fetch_rows(conn)
+        finally:
+            conn.close()
+    assert [r["face"] for r in rows] == ["api"]
+    assert rows[0]["completion_tokens"] == view.stats().completion_tokens
+
+
 async def test_attached_f3_evicts_the_cached_answer_on_the_server(served, loads, cache):
     app = _chat_app()
     async with app.run_test(size=SIZE) as pilot:
@@ -240,14 +268,6 @@ async def test_a_port_that_is_not_localspec_is_not_attached_to_and_the_models_lo
             assert "Paris" in view.content
     assert any(f"127.0.0.1:{port}" in r.getMessage() and "not as localspec" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
-
-
-def _attached_server(cache: SemanticCache) -> ServerThread:
-    tier = scripted_tier(model_id=TARGET, script=SCRIPT, draft_script=SCRIPT, mode="draft")
-    settings = ServerSettings(router=False)
-    app = scripted_app(backend=scripted_backend(pipeline=scripted_pipeline(tiers=[tier], cache=cache)),
-                       settings=settings)
-    return ServerThread(app, announce=settings)
 
 
 @pytest.mark.parametrize("then", ["nothing", "another program"])

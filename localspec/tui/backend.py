@@ -41,6 +41,8 @@ class BackendInfo:
     n_ctx: int | None = None
     profile: str | None = None
     url: str | None = None
+    # The server records each reply in this machine's metrics log (attached): the app must not again.
+    logged_by_server: bool = False
 
 
 class Generation(Protocol):
@@ -237,7 +239,8 @@ class RemoteBackend:
         self._root = base.removesuffix("/v1")
         self._attached = attached
         self.localspec = is_localspec(self._root) if localspec is None else localspec
-        self.info = BackendInfo(kind="remote", target=model, accelerator="remote", url=base, profile=profile)
+        self.info = BackendInfo(kind="remote", target=model, accelerator="remote", url=base, profile=profile,
+                                logged_by_server=attached)
 
     def start(self, request: GenerationRequest, route: str | None = None) -> RemoteGeneration:
         if self._attached:

@@ -214,7 +214,7 @@ class ChatScreen(Screen[None]):
         self.chat_app.metrics.record(
             done.stats, done.finish_reason, cached=generation.cached, route=generation.route,
             profile=info.profile if info else None, target=info.target if info else None,
-            draft=info.draft if info else None, e2e_ms=e2e_ms,
+            draft=info.draft if info else None, e2e_ms=e2e_ms, log=not (info and info.logged_by_server),
         )
         self.refresh_metrics()
 
