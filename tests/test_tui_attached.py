@@ -174,6 +174,11 @@ async def test_attached_stats_line_and_metrics_pane_show_the_servers_figures(ser
         assert f"tokens      {stats.completion_tokens} out, {stats.prompt_tokens} in" in body
         assert f"{stats.ttft_ms:.0f} ms" in body
         assert f"target      {TARGET}" in body and "remote" in body and served.base_url in body
+        # The pair's draft, context and processor, as the server's /v1/ps reports them.
+        ps = {m["role"]: m for m in request(served.base_url, "GET", "/v1/ps").json()["models"]}
+        assert f"draft       {ps['draft']['name']}" in body
+        assert f"context     {stats.prompt_tokens + stats.completion_tokens} / {ps['target']['n_ctx']}" in body
+        assert f"backend     remote · {ps['target']['processor']}" in body
         assert app.query_one("#acc-spark").data == [pytest.approx(stats.acceptance_rate)]
         assert app.query_one("#tps-spark").data == [pytest.approx(stats.tokens_per_second)]
     assert not loads
@@ -295,6 +300,23 @@ async def test_a_prompt_is_sent_only_to_a_port_that_still_answers_as_localspec(c
             assert any(said in str(n.message) and f"127.0.0.1:{port}" in str(n.message) for n in app._notifications)
     assert set(asked) <= {"/health"}, asked  # the chat itself never reached that port
     assert asked or then == "nothing"
+
+
+def test_served_pair_reads_only_what_parses():
+    from localspec.attach.remote import ServedPair, served_pair
+
+    pair = {"models": [
+        {"name": "small-1", "role": "target", "tier": "small", "processor": "CPU", "n_ctx": 2048},
+        {"name": "big-7", "role": "target", "tier": "large", "processor": "GPU (all layers)", "n_ctx": 8192},
+        {"name": "big-draft", "role": "draft", "tier": "large", "processor": "GPU (all layers)", "n_ctx": 8192},
+        {"name": "minilm", "role": "embedding", "processor": "CPU"},
+    ]}
+    assert served_pair(pair, "big-7") == ServedPair(draft="big-draft", n_ctx=8192, processor="GPU (all layers)")
+    assert served_pair(pair, "small-1") == ServedPair(draft=None, n_ctx=2048, processor="CPU")
+    assert served_pair({"models": []}, "big-7") is None  # idle: unloaded after its keep-alive
+    for junk in (None, "ps", [], {"models": "x"}, {"models": [{"name": "a" * 600, "role": "target"}]},
+                 {"models": [{"name": "t", "role": "target", "n_ctx": -1}]}):
+        assert served_pair(junk, "t") is None, junk
 
 
 # ---------------------------------------------------------------- generate

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localspec.engine.config import GenerationRequest
-from localspec.attach.remote import RemoteGeneration, remote_error
+from localspec.attach.remote import RemoteGeneration, ServedPair, remote_error, served_pair
 from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
 from localspec.errors import LocalspecError
 
@@ -239,8 +239,19 @@ class RemoteBackend:
         self._root = base.removesuffix("/v1")
         self._attached = attached
         self.localspec = is_localspec(self._root) if localspec is None else localspec
-        self.info = BackendInfo(kind="remote", target=model, accelerator="remote", url=base, profile=profile,
+        pair = self._served_pair(model) if self.localspec else None
+        self.info = BackendInfo(kind="remote", target=model, draft=pair.draft if pair else None,
+                                accelerator=(pair.processor if pair else None) or "remote",
+                                n_ctx=pair.n_ctx if pair else None, url=base, profile=profile,
                                 logged_by_server=attached)
+
+    def _served_pair(self, model: str) -> ServedPair | None:
+        """The server's draft, context and processor for the pane (None: it does not say)."""
+        try:
+            return served_pair(self.client.get("/ps", cast_to=object), model)
+        except Exception as exc:  # an older server without /v1/ps, or one that went away: figures left out
+            logger.info("reading the server's /v1/ps failed: %s", remote_error(exc))
+            return None
 
     def start(self, request: GenerationRequest, route: str | None = None) -> RemoteGeneration:
         if self._attached:
