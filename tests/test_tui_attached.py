@@ -95,11 +95,11 @@ def _chat_app():
     return app
 
 
-async def _ask(app, pilot, text: str) -> MessageView:
+async def _ask(app, pilot, text: str, timeout: float = 30) -> MessageView:
     before = len(_replies(app))
     await app.send(text)
     await wait_for(pilot, lambda: len(_replies(app)) > before and not app.generating
-                   and _replies(app)[-1].finished, 30, "the reply")
+                   and _replies(app)[-1].finished, timeout, "the reply")
     return _replies(app)[-1]
 
 
@@ -376,3 +376,69 @@ def test_generate_says_why_a_port_that_is_not_localspec_is_not_used(engine_loads
     assert len(engine_loads) == 1 and "Paris" in out.out
     assert (f"localspec: http://127.0.0.1:{port} answers, but not as localspec (no localspec version in its "
             "/health), so nothing is sent there; loading the models here") in out.err.splitlines()
+
+
+# ---------------------------------------------------------------- the real model
+
+
+@pytest.mark.models
+async def test_real_serve_attached_chat_shows_origins_stats_pane_and_f3(draft_path, loads, tmp_path):
+    """The pilot test with a real model: `serve`'s app over the 0.5B model drafting for itself (so
+    both origins occur), announced in serve.json; `localspec chat` attaches and loads nothing."""
+    from localspec.engine.config import EngineConfig
+    from localspec.engine.scheduler import Engine
+    from localspec.pipeline import LocalTier, Pipeline
+    from localspec.server import Backend as ServerBackend
+    from localspec.server import create_app
+    from tests.common import DRAFT_ID, TEST_THREADS
+
+    engine = Engine.load(str(draft_path), str(draft_path),
+                         EngineConfig(n_ctx=1024, n_threads=TEST_THREADS, mode="draft", draft_k=4))
+    cache = SemanticCache(directory=tmp_path / "real-cache")
+    settings = ServerSettings(n_ctx=1024, n_threads=TEST_THREADS, mode="draft", router=False)
+
+    def load(_settings):
+        tier = LocalTier("large", engine, DRAFT_ID, DRAFT_ID, DRAFT_ID, owns_engine=False)
+        return ServerBackend(pipeline=Pipeline({"large": tier}, "large", cache), target_id=DRAFT_ID,
+                             target_names={DRAFT_ID}, draft_id=DRAFT_ID, profile="default")
+
+    try:
+        with ServerThread(create_app(settings, load=load), announce=settings) as srv:
+            app = _chat_app()
+            app.new_chat_params = ChatParams(temperature=0.0, max_tokens=12)
+            async with app.run_test(size=SIZE) as pilot:
+                await wait_for(pilot, lambda: app.backend is not None, 240, "the backend")
+                assert app.backend.info.url == f"{srv.base_url}/v1" and app.backend.info.draft == DRAFT_ID
+                await pilot.press("ctrl+g")
+                view = await _ask(app, pilot, "Write a Python function that adds two numbers.", timeout=240)
+                stats = view.stats()
+                assert stats is not None and view.meta["finish_reason"] in ("stop", "length"), view.meta
+                # Origins: each token's, from the stream, coloured by Ctrl+T.
+                assert "".join(text for text, _ in view.segments) == view.content
+                assert "draft" in {origin for _, origin in view.segments} and stats.drafted > 0
+                await pilot.press("ctrl+t")
+                text = view.query_one(".origins").render()
+                assert text.plain == view.content
+                pos = 0
+                for chunk, origin in view.segments:
+                    for i in (pos, pos + len(chunk) - 1):
+                        styles = [_colours(s.style) for s in text.spans if s.start <= i < s.end]
+                        assert styles == [_colours(ORIGIN_STYLES[origin])], (i, chunk, origin)
+                    pos += len(chunk)
+                # The stats line and the pane: the server's figures.
+                assert str(view.query_one(".stats").render()).startswith(reply_summary(stats))  # then "· length"
+                assert stats.mode == "draft" and f"accepted {stats.accepted}/{stats.drafted}" in reply_summary(stats)
+                await wait_for(pilot, lambda: "requests    1" in str(app.query_one("#metrics-body").render()), 10)
+                body = str(app.query_one("#metrics-body").render())
+                assert f"tokens      {stats.completion_tokens} out, {stats.prompt_tokens} in" in body
+                assert f"draft       {DRAFT_ID}" in body and "/ 1024" in body
+                # F3: the same question in a new chat is the server's cache hit; F3 evicts it there.
+                await pilot.press("ctrl+t", "ctrl+n")
+                again = await _ask(app, pilot, "Write a Python function that adds two numbers.", timeout=240)
+                assert again.meta["cached"] is True and again.content == view.content
+                await pilot.press("f3")
+                await wait_for(pilot, lambda: cache.stats()["false_hits"] == 1, 30, "the eviction")
+                assert cache.stats()["entries"] == 0
+    finally:
+        engine.close()
+    assert not loads, "the chat app loaded a model although a server was running"
