@@ -302,6 +302,23 @@ async def test_a_prompt_is_sent_only_to_a_port_that_still_answers_as_localspec(c
     assert asked or then == "nothing"
 
 
+async def test_a_server_that_took_the_stopped_ones_place_is_attached_to(tmp_path, loads):
+    """The attached server stops and another starts (serve.json names it): the next message goes to
+    the new one, and no model loads here."""
+    app = _chat_app()
+    with contextlib.ExitStack() as serving:
+        serving.enter_context(_attached_server(SemanticCache(directory=tmp_path / "a")))
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.backend is not None, 30, "the backend")
+            await _ask(app, pilot, QUESTION)
+            serving.close()
+            new = serving.enter_context(_attached_server(SemanticCache(directory=tmp_path / "b"))).base_url
+            second = await _ask(app, pilot, "And Spain?")
+            assert app.backend.info.url == f"{new}/v1" and "Paris" in second.content
+            assert second.stats().mode == "draft"  # the new server's figures
+    assert not loads
+
+
 def test_served_pair_reads_only_what_parses():
     from localspec.attach.remote import ServedPair, served_pair
 

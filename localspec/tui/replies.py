@@ -181,8 +181,9 @@ class Replies(ScreenPart):
         self.generating = True
         self.queued = reply.view
         reply.view.set_waiting(True)
-        self.app.notify(f"{message.error.cause}: your message was not sent there. Loading the models here; "
-                        "it is sent when they are ready.", title="Server gone", severity="warning", timeout=10)
+        self.app.notify(f"{message.error.cause}: your message was not sent there. Loading the models here "
+                        "(or attaching to a server that took its place); it is sent when they are ready.",
+                        title="Server gone", severity="warning", timeout=10)
         self.screen.loader.load(self.app.active_profile)
 
     async def ended(self, message: ReplyEnded) -> None:
