@@ -2,9 +2,10 @@
 
 The order: the state file `serve` writes (its port, its key file), else the default port on
 127.0.0.1. A candidate must answer `/health` as localspec with a version before any prompt is sent
-to it; one that does not (a stale file, another program on the port) is ignored without a word, as
-there is no server. A localspec server that cannot take the request (another model or profile, our
-key refused, its models failed to load) is reported in one line: the face then loads in-process.
+to it. Nothing listening there (a stale file, no server) is passed over without a word; another
+program answering on the port, or a localspec server that cannot take the request (another model
+or profile, our key refused, its models failed to load), is reported in one line: the face then
+loads in-process.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -95,16 +97,29 @@ def get(url: str, *, headers: dict[str, str] | None = None, timeout: float = PRO
             return exc.code, exc.read(_MAX_REPLY)
 
 
-def health(url: str) -> _Health | None:
-    """`/health` if it answers as localspec (200 ready, 503 loading or failed), else None."""
+class NoHealth(Enum):
+    """Why `/health` did not answer as localspec."""
+
+    NOTHING = "nothing answers"  # refused, reset, timed out: no server (or a stale state file)
+    FOREIGN = "another program answers"  # an HTTP reply that is not localspec's /health
+
+
+def ask_health(url: str) -> _Health | NoHealth:
+    """`/health` if it answers as localspec (200 ready, 503 loading or failed), else why not."""
     try:
         status, body = get(f"{url}/health")
         found = _Health.model_validate_json(body) if status in (200, 503) else None
     except ValidationError:
-        return None  # something else answers there
+        return NoHealth.FOREIGN
     except (OSError, ValueError):  # nothing there (refused, reset, timed out), or a URL that is not one
-        return None
-    return found if found is not None and found.server == "localspec" else None
+        return NoHealth.NOTHING
+    return found if found is not None and found.server == "localspec" else NoHealth.FOREIGN
+
+
+def health(url: str) -> _Health | None:
+    """`/health` if it answers as localspec, else None."""
+    found = ask_health(url)
+    return found if isinstance(found, _Health) else None
 
 
 def _key(want: Want, key_file: str | None) -> str | None:
@@ -133,9 +148,12 @@ def find_server(want: Want, *, say: Callable[[str], None] = lambda _: None) -> S
     """The running server to attach to, or why not. `say` hears a progress line (waiting for a load)."""
     state = read_state()
     url = state.url if state else f"http://127.0.0.1:{DEFAULT_PORT}"
-    first = health(url)
-    if first is None:
-        return LoadHere()  # nothing there, a stale file, or not localspec
+    first = ask_health(url)
+    if first is NoHealth.NOTHING:
+        return LoadHere()  # no server, or a stale file
+    if isinstance(first, NoHealth):  # never sent a prompt: it may be anything
+        return LoadHere(f"{url} answers, but not as localspec (no localspec version in its /health), "
+                        "so nothing is sent there")
     found = _wait_while_loading(url, first, say)
     if found is None or found.status == "loading":
         return LoadHere(f"the server at {url} did not finish loading its models")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -64,6 +65,47 @@ class WireStats(BaseModel):
         if self.auto is not None:
             stats.auto_steps, stats.explored = dict(self.auto.steps), self.auto.explored
             stats.auto_why_not = self.auto.why_not_draft or ""
+
+
+class _PsModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(max_length=512)
+    role: str = Field(max_length=32)
+    tier: str | None = Field(None, max_length=64)
+    processor: str = Field("", max_length=64)
+    n_ctx: int | None = Field(None, gt=0)
+
+
+class _PsReport(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    models: list[_PsModel] = Field(default_factory=list, max_length=256)
+
+
+@dataclass(frozen=True)
+class ServedPair:
+    """What a localspec server's /v1/ps says of the pair behind a served name (the metrics pane's
+    draft, context size and processor, as an in-process engine gives them)."""
+
+    draft: str | None
+    n_ctx: int | None
+    processor: str | None
+
+
+def served_pair(report: object, target: str) -> ServedPair | None:
+    """The pair serving `target` in a /v1/ps report; None when the report names no target (the
+    models are unloaded, or it is not a report)."""
+    try:
+        models = _PsReport.model_validate(report).models
+    except ValidationError:
+        return None
+    targets = [m for m in models if m.role == "target"]
+    main = next((m for m in targets if m.name == target), targets[0] if targets else None)
+    if main is None:
+        return None
+    draft = next((m.name for m in models if m.role == "draft" and m.tier == main.tier), None)
+    return ServedPair(draft=draft, n_ctx=main.n_ctx, processor=main.processor or None)
 
 
 def chunk_origin(ext: object) -> Origin:

@@ -78,13 +78,15 @@ def make_app(args: argparse.Namespace, attached: dict[str | None, Server | None]
         from localspec.tui import LocalBackend, RemoteBackend
 
         def factory(profile: str | None, *, on_progress: ProgressFn) -> Backend:
-            if profile not in decided:  # another profile chosen in the app: is it the server's?
+            # Decided again for another profile chosen in the app (is it the server's?), and when the
+            # server found before no longer answers as localspec (stopped, or another program there).
+            if profile not in decided or (decided[profile] is not None and not _answers(decided[profile])):
                 decided[profile] = attach_or_local(model=None, profile=profile, api_key=getattr(args, "api_key", None),
                                                    local=getattr(args, "local", False), say=logger.warning)
             server = decided[profile]
             if server is not None:
                 return RemoteBackend(server.url, model=server.target or min(server.names), api_key=server.key,
-                                     localspec=True, profile=server.profile)
+                                     localspec=True, profile=server.profile, attached=True)
             return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
                                      cache_semantic=getattr(args, "cache_semantic", False),
                                      cache_judge=getattr(args, "cache_judge", "model"), on_progress=on_progress)
@@ -94,3 +96,9 @@ def make_app(args: argparse.Namespace, attached: dict[str | None, Server | None]
 
     # The same log `localspec serve` writes: the pane and `localspec stats` see the same records.
     return ChatApp(factory, profile=getattr(args, "profile", None), metrics=SessionMetrics(Metrics.from_settings()))
+
+
+def _answers(server: Server | None) -> bool:
+    from localspec.attach.probe import health
+
+    return server is not None and health(server.url) is not None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localspec.engine.config import GenerationRequest
-from localspec.attach.remote import RemoteGeneration, remote_error
+from localspec.attach.remote import RemoteGeneration, ServedPair, remote_error, served_pair
 from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
 from localspec.errors import LocalspecError
 
@@ -41,6 +41,8 @@ class BackendInfo:
     n_ctx: int | None = None
     profile: str | None = None
     url: str | None = None
+    # The server records each reply in this machine's metrics log (attached): the app must not again.
+    logged_by_server: bool = False
 
 
 class Generation(Protocol):
@@ -200,15 +202,21 @@ class LocalBackend:
 # ---------------------------------------------------------------------- remote
 
 
+class ServerLost(LocalspecError):
+    """The attached server no longer answers as localspec: nothing was sent; load the models here."""
+
+
 class RemoteBackend:
     """An OpenAI-compatible endpoint; `model` defaults to the first model the server lists.
 
     `localspec`: the server is localspec, so replies carry token origins and stats (None: ask its
-    /health). `profile`: the profile the server runs, when known (shown as the app's)."""
+    /health). `profile`: the profile the server runs, when known (shown as the app's). `attached`:
+    found on this machine rather than named (--connect); each prompt then goes only to a port that
+    still answers as localspec, else `start` raises ServerLost."""
 
     def __init__(self, url: str, model: str | None = None, api_key: str | None = None,
                  clock: Callable[[], float] = time.perf_counter, *, localspec: bool | None = None,
-                 profile: str | None = None) -> None:
+                 profile: str | None = None, attached: bool = False) -> None:
         try:
             from openai import OpenAI
         except ImportError as exc:  # pragma: no cover - openai is a dependency
@@ -228,12 +236,39 @@ class RemoteBackend:
                     "Start it with `localspec serve`, or check the --connect URL.",
                 ) from exc
         self.model = model
-        self.localspec = is_localspec(base.removesuffix("/v1")) if localspec is None else localspec
-        self.info = BackendInfo(kind="remote", target=model, accelerator="remote", url=base, profile=profile)
+        self._root = base.removesuffix("/v1")
+        self._attached = attached
+        self.localspec = is_localspec(self._root) if localspec is None else localspec
+        pair = self._served_pair(model) if self.localspec else None
+        self.info = BackendInfo(kind="remote", target=model, draft=pair.draft if pair else None,
+                                accelerator=(pair.processor if pair else None) or "remote",
+                                n_ctx=pair.n_ctx if pair else None, url=base, profile=profile,
+                                logged_by_server=attached)
+
+    def _served_pair(self, model: str) -> ServedPair | None:
+        """The server's draft, context and processor for the pane (None: it does not say)."""
+        try:
+            return served_pair(self.client.get("/ps", cast_to=object), model)
+        except Exception as exc:  # an older server without /v1/ps, or one that went away: figures left out
+            logger.info("reading the server's /v1/ps failed: %s", remote_error(exc))
+            return None
 
     def start(self, request: GenerationRequest, route: str | None = None) -> RemoteGeneration:
+        if self._attached:
+            self._check_server()
         return RemoteGeneration(self.client, "auto" if route == "auto" else self.model, request, self._clock,
                                 localspec=self.localspec)
+
+    def _check_server(self) -> None:
+        """The attached port still answers /health as localspec, version included: the server may
+        have stopped, and another program may listen there now (it would read the chat)."""
+        from localspec.attach.probe import NoHealth, ask_health
+
+        found = ask_health(self._root)
+        if found is NoHealth.NOTHING:
+            raise ServerLost(f"The server at {self._root} no longer answers", None)
+        if isinstance(found, NoHealth):
+            raise ServerLost(f"{self._root} answers, but not as localspec any more", None)
 
     def mark_wrong(self, entry_id: str) -> bool:
         """Tell the server a cached answer was wrong (POST /v1/cache/{id}/wrong with the answer's token)."""

@@ -33,7 +33,7 @@ from localspec.tui.loading import (
 )
 from localspec.tui.replies import Replies
 from localspec.tui.reply_tools import ReplyTools
-from localspec.tui.streaming import ContextTrimmed, ReplyEnded, ReplyRefused
+from localspec.tui.streaming import ContextTrimmed, ReplyEnded, ReplyRefused, ServerGone
 from localspec.tui.widgets import MessageView, MetricsPane, PromptInput
 
 if TYPE_CHECKING:
@@ -126,6 +126,9 @@ class ChatScreen(Screen[None]):
     async def on_reply_refused(self, message: ReplyRefused) -> None:
         await self.replies.refused(message)
 
+    def on_server_gone(self, message: ServerGone) -> None:
+        self.replies.server_gone(message)
+
     def on_context_trimmed(self, message: ContextTrimmed) -> None:
         self.app.notify(f"The chat is longer than the context: the {message.dropped} oldest message(s) "
                         "were left out of this reply.", title="Context full", severity="warning", timeout=8)
@@ -211,7 +214,7 @@ class ChatScreen(Screen[None]):
         self.chat_app.metrics.record(
             done.stats, done.finish_reason, cached=generation.cached, route=generation.route,
             profile=info.profile if info else None, target=info.target if info else None,
-            draft=info.draft if info else None, e2e_ms=e2e_ms,
+            draft=info.draft if info else None, e2e_ms=e2e_ms, log=not (info and info.logged_by_server),
         )
         self.refresh_metrics()
 

@@ -20,11 +20,11 @@ from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Stats, Token
 from localspec.engine.sampling import SamplingParams
 from localspec.errors import LocalspecError
-from localspec.tui.backend import Backend
+from localspec.tui.backend import Backend, ServerLost
 from localspec.tui.base import ScreenPart
 from localspec.tui.dialogs import ErrorDialog
 from localspec.tui.store import PartialReply, interrupted_meta
-from localspec.tui.streaming import FRAMES_PER_S, ContextTrimmed, Reply, ReplyEnded, ReplyRefused
+from localspec.tui.streaming import FRAMES_PER_S, ContextTrimmed, Reply, ReplyEnded, ReplyRefused, ServerGone
 from localspec.tui.widgets import MessageView, PromptInput, add_segment, predicted_reply
 
 if TYPE_CHECKING:
@@ -116,6 +116,9 @@ class Replies(ScreenPart):
         """The worker thread: tokens into the buffer, the outcome back as one message."""
         try:
             generation = backend.start(request, route=route)
+        except ServerLost as exc:
+            self.post(ServerGone(reply, exc))
+            return
         except LocalspecError as exc:
             self.post(ReplyRefused(reply, exc))
             return
@@ -168,6 +171,20 @@ class Replies(ScreenPart):
         self._forget_row(reply.view)
         await reply.view.remove()
         self.app.push_screen(ErrorDialog(message.error.cause, message.error.fix))
+
+    def server_gone(self, message: ServerGone) -> None:
+        """Nothing was sent: the reply waits, as a message sent while loading does, for the backend
+        the app builds again (another server, or the models in this process)."""
+        reply = message.reply
+        self._stop(reply)
+        self._forget_row(reply.view)
+        self.generating = True
+        self.queued = reply.view
+        reply.view.set_waiting(True)
+        self.app.notify(f"{message.error.cause}: your message was not sent there. Loading the models here "
+                        "(or attaching to a server that took its place); it is sent when they are ready.",
+                        title="Server gone", severity="warning", timeout=10)
+        self.screen.loader.load(self.app.active_profile)
 
     async def ended(self, message: ReplyEnded) -> None:
         reply, done, generation = message.reply, message.done, message.generation

@@ -1,8 +1,9 @@
 """What the metrics pane shows, from the same records the endpoint logs.
 
 Each finished reply becomes one `localspec.metrics.RequestRecord` (face="tui"). It goes to the
-shared metrics log (when one is attached) and into this session's window, which feeds the pane's
-sparklines and counters; there is no second way of counting.
+shared metrics log (when one is attached; not when a server on this machine answered it, as that
+server logs it already) and into this session's window, which feeds the pane's sparklines and
+counters; there is no second way of counting.
 """
 
 from __future__ import annotations
@@ -53,14 +54,16 @@ class SessionMetrics:
 
     def record(self, stats: Stats, finish_reason: str, *, cached: bool | None = None, route: str | None = None,
                profile: str | None = None, target: str | None = None, draft: str | None = None,
-               e2e_ms: float | None = None) -> RequestRecord:
+               e2e_ms: float | None = None, log: bool = True) -> RequestRecord:
+        """The reply in this session's window, and in the shared log unless `log` is False (a server
+        on this machine answered it, and logs it itself)."""
         rec = RequestRecord.from_stats(
             stats, face="tui", profile=profile, target_model=target, draft_model=draft if stats.drafted else None,
             finish_reason=finish_reason, e2e_ms=e2e_ms, route=route,
             cache=None if cached is None else ("hit" if cached else "miss"),
         )
         self._add(rec)
-        if self.sink is not None:
+        if self.sink is not None and log:
             try:
                 self.sink.record(rec)
             except Exception:  # the pane keeps working if the log cannot be written

@@ -113,6 +113,15 @@ class ReplyRefused(TextualMessage):
         self.reply, self.error = reply, error
 
 
+class ServerGone(TextualMessage):
+    """The attached server no longer answers as localspec: the reply was not sent, and waits for
+    the models to load in this process."""
+
+    def __init__(self, reply: Reply, error: LocalspecError) -> None:
+        super().__init__()
+        self.reply, self.error = reply, error
+
+
 class ContextTrimmed(TextualMessage):
     def __init__(self, dropped: int) -> None:
         super().__init__()
