@@ -1,0 +1,139 @@
+"""A Hub GGUF's header read with HTTP range requests (localspec/models/hub_header.py): what search
+shows and what pull checks before downloading. The real huggingface-hub session talks to the fake
+Hub (tests/fake_hf_server.py), which serves closed ranges and counts the bytes it sends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.fake_hf_server import FakeHub
+from tests.gguf_factory import BASE_TOKENS, make_gguf
+from tests.models_helpers import run_cli, subprocess_env, tmp_store  # noqa: F401
+
+from localspec.models.compat import check_draft_compat
+from localspec.models.gguf_info import read_gguf_info, read_header
+from localspec.models.hub_header import (
+    FIRST_READ_BYTES,
+    Depth,
+    Outcome,
+    read_remote_header,
+    remote_fit,
+)
+
+REPO_ID = "acme/big-vocab-GGUF"
+BIG = "Big-Q4_K_M.gguf"
+# Enough tokens that their texts run past the first read: the reader must grow its range.
+VOCAB = BASE_TOKENS + [f"word{i:05d}" for i in range(12_000)]
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("hub-header")
+    return {
+        # ~8 MB of weights behind a ~250 KB header
+        "big": make_gguf(d / "big.gguf", tokens=VOCAB, n_layers=4, n_embd=32, n_head=4, n_head_kv=2, n_ctx=8192,
+                         pad_floats=2_000_000, seed=1),
+        "draft": make_gguf(d / "draft.gguf", tokens=VOCAB, seed=2),
+        "gpt2": make_gguf(d / "gpt2.gguf", tokens=VOCAB, tokenizer="gpt2", seed=3),
+    }
+
+
+@pytest.fixture
+def hub(gguf_files, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    h = FakeHub()
+    h.add(REPO_ID, BIG, gguf_files["big"].read_bytes())
+    full = gguf_files["draft"].read_bytes()
+    h.add("acme/bad-GGUF", "Garbage-Q4_K_M.gguf", b"GGUF\x03\x00\x00\x00" + b"\xff" * 4000)
+    h.add("acme/bad-GGUF", "Cut-Q8_0.gguf", full[:300])  # ends inside its key/values
+    h.start()
+    monkeypatch.setattr(constants, "ENDPOINT", h.url)  # what HF_ENDPOINT sets at import, in-process
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", h.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    yield h
+    h.stop()
+
+
+def _read(hub: FakeHub, repo: str, name: str, depth: Depth):
+    size = len(hub.files[(repo, name)])
+    return read_remote_header(repo, name, "main", size, depth=depth), size
+
+
+def test_header_from_ranged_reads_equals_the_local_one_and_costs_a_fraction_of_the_file(hub, gguf_files):
+    got, size = _read(hub, REPO_ID, BIG, Depth.TOKENS)
+    assert got.outcome is Outcome.READ and got.meta is not None, got.detail
+    local = read_gguf_info(gguf_files["big"])
+    remote = got.info
+    assert remote is not None
+    for field in ("architecture", "context_length", "block_count", "embedding_length", "head_count",
+                  "head_count_kv", "key_length", "value_length", "vocab_size", "tokenizer_model",
+                  "bos_token_id", "eos_token_id", "has_chat_template"):
+        assert getattr(remote, field) == getattr(local, field), field
+    assert remote.kv_bytes_per_token() == local.kv_bytes_per_token() > 0
+    assert got.meta.strings("tokenizer.ggml.tokens") == read_header(gguf_files["big"]).strings("tokenizer.ggml.tokens")
+    reads = hub.header_reads()
+    assert got.requests == len(reads) > 1  # the first range was too short: it grew
+    served = hub.served(reads)
+    assert served == got.bytes_read < size // 20  # far less than the file
+    assert hub.gets() == []  # no download
+
+
+def test_fit_depth_stops_at_the_token_list(hub):
+    got, _ = _read(hub, REPO_ID, BIG, Depth.FIT)
+    assert got.outcome is Outcome.READ and got.info is not None
+    assert got.info.vocab_size == len(VOCAB) and got.info.kv_bytes_per_token()
+    assert got.requests == 1 and got.bytes_read == FIRST_READ_BYTES
+
+
+def test_fit_counts_the_kv_cache_that_the_size_alone_misses(hub):
+    got, size = _read(hub, REPO_ID, BIG, Depth.FIT)
+    info = got.info
+    assert info is not None
+    per_tok = info.kv_bytes_per_token()
+    assert per_tok == 4 * 2 * (8 + 8) * 2  # layers * kv heads * (k + v head dim) * f16
+    # RAM that holds the weights and buffers but not 8192 positions of KV cache.
+    from localspec.models.fit import compute_allowance
+
+    ram = int((size + compute_allowance(size, len(VOCAB)) + 4096 * per_tok) / 0.9)
+    by_header = remote_fit(size, got, 8192, ram=ram, vram=0)
+    assert by_header.estimate is not None and by_header.estimate.kv_bytes == 8192 * per_tok
+    assert by_header.verdict == "too large"
+    assert remote_fit(size, None, 8192, ram=ram, vram=0).verdict == "fits in RAM"  # size only: wrong
+    # The context is the profile's, capped at the model's own.
+    assert remote_fit(size, got, 1 << 20, ram=ram, vram=0).estimate.n_ctx == 8192  # type: ignore[union-attr]
+
+
+def test_a_server_without_ranges_falls_back_to_the_size_and_says_so(hub):
+    hub.ignore_range = True
+    got, size = _read(hub, REPO_ID, BIG, Depth.TOKENS)
+    assert got.outcome is Outcome.NO_RANGE and got.meta is None and got.bytes_read == 0
+    fit = remote_fit(size, got, 4096, ram=1 << 40, vram=None)
+    assert fit.estimate is None and "from the file size only: the server ignores HTTP range requests" in fit.line
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("Garbage-Q4_K_M.gguf", "acme/bad-GGUF/Garbage-Q4_K_M.gguf is not a valid GGUF file"),
+    ("Cut-Q8_0.gguf", "header is cut off at byte 300"),
+])
+def test_garbage_or_truncated_header_is_one_line(hub, name, says):
+    got, _ = _read(hub, "acme/bad-GGUF", name, Depth.TOKENS)
+    assert got.outcome is Outcome.INVALID and got.error is not None
+    assert says in got.error.cause and "\n" not in got.error.cause
+
+
+def test_tokenizer_check_on_remote_headers(hub, gguf_files):
+    target, _ = _read(hub, REPO_ID, BIG, Depth.TOKENS)
+    assert target.meta is not None
+    ok = check_draft_compat(target.meta, gguf_files["draft"])
+    assert ok.tokens_compared > len(VOCAB) - 10
+    from localspec.errors import IncompatibleDraftError
+
+    with pytest.raises(IncompatibleDraftError) as err:
+        check_draft_compat(target.meta, gguf_files["gpt2"])
+    assert "tokenizer 'gpt2' differs from target 'llama'" in err.value.cause
