@@ -48,6 +48,8 @@ def hub(gguf_files, tmp_path, monkeypatch):
     h = FakeHub()
     h.add(REPO_ID, BIG, gguf_files["big"].read_bytes())
     full = gguf_files["draft"].read_bytes()
+    h.add("acme/draft-GGUF", "Draft-Q4_K_M.gguf", full)
+    h.add("other/gpt2-GGUF", "G-Q4_K_M.gguf", gguf_files["gpt2"].read_bytes())
     h.add("acme/bad-GGUF", "Garbage-Q4_K_M.gguf", b"GGUF\x03\x00\x00\x00" + b"\xff" * 4000)
     h.add("acme/bad-GGUF", "Cut-Q8_0.gguf", full[:300])  # ends inside its key/values
     h.start()
@@ -137,3 +139,87 @@ def test_tokenizer_check_on_remote_headers(hub, gguf_files):
     with pytest.raises(IncompatibleDraftError) as err:
         check_draft_compat(target.meta, gguf_files["gpt2"])
     assert "tokenizer 'gpt2' differs from target 'llama'" in err.value.cause
+
+
+# ---------------------------------------------------------------- the CLI: search and pull
+
+
+@pytest.fixture
+def env(tmp_path, hub, tmp_store):  # noqa: F811
+    e = subprocess_env(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1",
+                       HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="5")
+    e.pop("HF_TOKEN", None)
+    e.pop("HF_HUB_OFFLINE", None)
+    return e
+
+
+def _error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, stderr
+    return errors[0]
+
+
+def test_search_judges_fit_from_the_header(env, hub, gguf_files):
+    proc = run_cli("models", "search", "big-vocab", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)["hub"][0]
+    per_tok = read_gguf_info(gguf_files["big"]).kv_bytes_per_token()
+    q = row["quants"][0]
+    assert q["fit_from"] == "header" and 0 < q["n_ctx"] <= 8192 and q["kv_bytes"] == q["n_ctx"] * per_tok
+    assert row["header"]["read"] is True and row["header"]["bytes_read"] == FIRST_READ_BYTES
+    assert hub.gets() == []
+    text = run_cli("models", "search", "big-vocab", env=env)
+    assert text.returncode == 0 and "KV cache at n_ctx" in text.stdout
+
+
+def test_search_without_range_support_says_fit_is_from_the_size(env, hub):
+    hub.ignore_range = True
+    d = json.loads(run_cli("models", "search", "big-vocab", "--json", env=env).stdout)
+    row = d["hub"][0]
+    assert row["quants"][0]["fit_from"] == "size" and row["quants"][0]["kv_bytes"] is None
+    assert "ignores HTTP range requests" in row["header"]["note"]
+    text = run_cli("models", "search", "big-vocab", env=env).stdout
+    assert "fit from the file size only (no KV cache counted): the server ignores HTTP range requests" in text
+    assert hub.gets() == []
+
+
+def test_pull_refuses_a_draft_with_another_tokenizer_before_any_download(env, hub, tmp_store):  # noqa: F811
+    proc = run_cli("models", "pull", f"hf.co/{REPO_ID}", "--draft", "hf.co/other/gpt2-GGUF", env=env)
+    assert proc.returncode == 1
+    line = _error_line(proc.stderr)
+    assert "hf.co/other/gpt2-GGUF cannot draft for hf.co/acme/big-vocab-GGUF" in line
+    assert "tokenizer 'gpt2' differs from target 'llama'" in line and "nothing was downloaded" in line
+    assert hub.gets() == [] and hub.header_reads()  # headers only
+    big_reads = [r for r in hub.header_reads() if r.path.endswith(BIG)]
+    assert 0 < hub.served(big_reads) < len(hub.files[(REPO_ID, BIG)]) // 10
+    assert not list(tmp_store.glob("*/manifest.json"))
+
+
+def test_pull_with_a_matching_draft_pulls_both_and_pairs_them(env, hub, tmp_store):  # noqa: F811
+    proc = run_cli("models", "pull", f"hf.co/{REPO_ID}", "--draft", "hf.co/acme/draft-GGUF", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    start = next(ln for ln in lines if ln["event"] == "start" and ln["model"] == "acme-big-vocab-q4_k_m")
+    assert "KV cache at n_ctx" in start["message"]  # the fit, stated before the download
+    done = lines[-1]
+    assert done["event"] == "installed" and done["pulled_draft"] == "acme-draft-q4_k_m"
+    assert done["draft"]["draft"] == "acme-draft-q4_k_m" and "KV cache" in done["fit"]
+    assert {Path(r.path).name for r in hub.gets()} == {BIG, "Draft-Q4_K_M.gguf"}
+
+
+@pytest.mark.parametrize("name", ["Garbage-Q4_K_M.gguf", "Cut-Q8_0.gguf"])
+def test_pull_of_a_file_that_is_not_a_gguf_is_one_line_before_download(env, hub, name):
+    proc = run_cli("models", "pull", f"https://huggingface.co/acme/bad-GGUF/blob/main/{name}", env=env)
+    assert proc.returncode == 1
+    line = _error_line(proc.stderr)
+    assert f"acme/bad-GGUF/{name} is not a GGUF model" in line and "nothing was downloaded" in line
+    assert hub.gets() == []
+
+
+def test_pull_without_range_support_goes_on_from_the_size_and_says_so(env, hub, tmp_store):  # noqa: F811
+    hub.ignore_range = True
+    proc = run_cli("models", "pull", "hf.co/acme/draft-GGUF", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "fit: " in proc.stdout and "from the file size only: the server ignores HTTP range requests" in proc.stdout
+    assert len(hub.gets()) == 1
