@@ -185,7 +185,7 @@ def test_search_without_range_support_says_fit_is_from_the_size(env, hub):
 
 
 def test_pull_refuses_a_draft_with_another_tokenizer_before_any_download(env, hub, tmp_store):  # noqa: F811
-    proc = run_cli("models", "pull", f"hf.co/{REPO_ID}", "--draft", "hf.co/other/gpt2-GGUF", env=env)
+    proc = run_cli("models", "pull", f"hf.co/{REPO_ID}", "--draft-model", "hf.co/other/gpt2-GGUF", env=env)
     assert proc.returncode == 1
     line = _error_line(proc.stderr)
     assert "hf.co/other/gpt2-GGUF cannot draft for hf.co/acme/big-vocab-GGUF" in line
@@ -197,7 +197,7 @@ def test_pull_refuses_a_draft_with_another_tokenizer_before_any_download(env, hu
 
 
 def test_pull_with_a_matching_draft_pulls_both_and_pairs_them(env, hub, tmp_store):  # noqa: F811
-    proc = run_cli("models", "pull", f"hf.co/{REPO_ID}", "--draft", "hf.co/acme/draft-GGUF", "--json", env=env)
+    proc = run_cli("models", "pull", f"hf.co/{REPO_ID}", "--draft-model", "hf.co/acme/draft-GGUF", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
     start = next(ln for ln in lines if ln["event"] == "start" and ln["model"] == "acme-big-vocab-q4_k_m")
@@ -223,3 +223,36 @@ def test_pull_without_range_support_goes_on_from_the_size_and_says_so(env, hub, 
     assert proc.returncode == 0, proc.stderr
     assert "fit: " in proc.stdout and "from the file size only: the server ignores HTTP range requests" in proc.stdout
     assert len(hub.gets()) == 1
+
+
+def test_real_model_header_by_ranges_matches_the_file_and_pairs(draft_path, target_path, tmp_path, monkeypatch):
+    """The 0.5B's real header (151,936 tokens and their merges: ~6 MB) read by ranges from a fake
+    Hub serving the file from disk: the same summary and tokens, a fraction of the file, and it
+    drafts for the 1.5B by the same check that runs on installed files."""
+    import mmap
+
+    from huggingface_hub import constants
+
+    h = FakeHub()
+    with open(draft_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        h.files[("qwen/coder-0.5b-GGUF", "c-q4_k_m.gguf")] = mm  # type: ignore[assignment]  # sliced lazily
+        h.etag_override["c-q4_k_m.gguf"] = "0" * 64  # hashing 0.5 GB per request is not the point
+        h.start()
+        try:
+            monkeypatch.setattr(constants, "ENDPOINT", h.url)
+            monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                                h.url + "/{repo_id}/resolve/{revision}/{filename}")
+            monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+            monkeypatch.delenv("HF_TOKEN", raising=False)
+            got = read_remote_header("qwen/coder-0.5b-GGUF", "c-q4_k_m.gguf", "main", len(mm), depth=Depth.TOKENS)
+        finally:
+            h.stop()
+        size = len(mm)
+    assert got.outcome is Outcome.READ and got.meta is not None and got.info is not None, got.detail
+    local = read_gguf_info(draft_path)
+    assert (got.info.vocab_size, got.info.kv_bytes_per_token(), got.info.tokenizer_model) == (
+        local.vocab_size, local.kv_bytes_per_token(), local.tokenizer_model)
+    assert got.info.vocab_size and got.info.vocab_size > 150_000
+    assert got.bytes_read == h.served(h.header_reads()) < size // 20
+    c = check_draft_compat(target_path, got.meta)
+    assert c.tokens_compared > 150_000

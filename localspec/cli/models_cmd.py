@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--include-embedding", action="store_true",
                    help="fail when the profile's embedding model cannot be fetched (default: skip it)")
     v.add_argument("--force", action="store_true", help="download again even if installed")
-    v.add_argument("--draft", metavar="REF",
+    v.add_argument("--draft-model", metavar="REF",
                    help="with one hf.co/... target: a draft (hf.co/... or a registry id) to pull with it; its "
                         "tokenizer is compared with the target's from their headers before anything downloads")
     v.add_argument("--json", action="store_true",
@@ -156,11 +156,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
         raise UsageError("Give model ids or --profile, not both.", "Run one pull per profile.")
     refs = {i: parse_hub_ref(i) for i in args.ids}  # a malformed reference is a usage error before any pull
-    draft = getattr(args, "draft", None)
+    draft = getattr(args, "draft_model", None)
     if draft is not None and (len(args.ids) != 1 or refs[args.ids[0]] is None):
         from localspec.errors import UsageError
 
-        raise UsageError("--draft goes with exactly one hf.co/USER/REPO[:QUANT] target.",
+        raise UsageError("--draft-model goes with exactly one hf.co/USER/REPO[:QUANT] target.",
                          "Pull one Hub model and its draft per command.")
     view = pull_view(json_lines=args.json)
     results: list[InstallRecord | HubPull] = []

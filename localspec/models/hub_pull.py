@@ -3,7 +3,7 @@ downloading, fetch and verify every shard, and register it under a generated id.
 
 Before the first byte of weights, the file's header is read with HTTP range requests
 (hub_header.py): a file that is not a GGUF is refused, the fit (weights plus KV cache) is stated,
-and a draft named with ``--draft`` is compared token by token with the target and refused when
+and a draft named with ``--draft-model`` is compared token by token with the target and refused when
 its tokenizer differs. When the header cannot be read (a server without range support), the pull
 goes on from the file size alone and says so; the draft is then checked once downloaded.
 """
@@ -119,7 +119,7 @@ def read_header_of(path: Path) -> GGUFMeta | None:
 
 @dataclass(frozen=True)
 class _DraftCheck:
-    """What was known of a ``--draft`` before download."""
+    """What was known of a ``--draft-model`` before download."""
 
     compared: bool  # False: its header could not be read ahead; it is checked once downloaded
     detail: str
@@ -169,7 +169,7 @@ def _check_draft(mm: ModelManager, draft: str, target: GGUFMeta | None, target_n
 def _pull_draft(mm: ModelManager, draft: str | None, target_path: Path, target_name: str,
                 progress: ProgressCallback | None, force: bool, checked: _DraftCheck | None = None
                 ) -> InstallRecord | None:
-    """Pull ``--draft`` after its target; one not compared ahead is compared now, and refused
+    """Pull ``--draft-model`` after its target; one not compared ahead is compared now, and refused
     (left installed, but said) when it differs."""
     if draft is None:
         return None

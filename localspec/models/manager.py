@@ -59,7 +59,7 @@ class HubPull:
     note: str  # why this quant, when it is not the one asked for; else ""
     pairing: DraftPairing
     fit: str = ""  # the fit verdict known before download (from its header, or its size alone); "" if skipped
-    draft_record: InstallRecord | None = None  # the --draft pulled with it
+    draft_record: InstallRecord | None = None  # the --draft-model pulled with it
 
 
 @dataclass
