@@ -256,3 +256,12 @@ def test_real_model_header_by_ranges_matches_the_file_and_pairs(draft_path, targ
     assert got.bytes_read == h.served(h.header_reads()) < size // 20
     c = check_draft_compat(target_path, got.meta)
     assert c.tokens_compared > 150_000
+
+
+def test_without_ranges_a_mismatched_draft_is_refused_once_downloaded(env, hub, tmp_store):  # noqa: F811
+    hub.ignore_range = True
+    proc = run_cli("models", "pull", f"hf.co/{REPO_ID}", "--draft-model", "hf.co/other/gpt2-GGUF", env=env)
+    assert proc.returncode == 1
+    line = _error_line(proc.stderr)
+    assert "hf.co/other/gpt2-GGUF (installed as other-gpt2-q4_k_m, as its header could not be read ahead)" in line
+    assert "tokenizer 'gpt2' differs from target 'llama'" in line and "localspec models rm other-gpt2-q4_k_m" in proc.stderr

@@ -22,7 +22,7 @@ from localspec.models.hub import HubQuant, HubRef, QuantPick, RepoListing, parse
 from localspec.models.hub_header import Depth, HeaderRead, Outcome, RemoteFit, read_remote_header, remote_fit
 from localspec.models.manager import HubPull, InstallRecord, first_gguf
 from localspec.models.progress import Emitter, ProgressCallback
-from localspec.models.registry import HFSource, ModelEntry
+from localspec.models.registry import HFSource, ModelEntry, Role
 from localspec.models.sources import SourceUnavailable
 from localspec.models.store import Manifest
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 def pull_hub(mm: ModelManager, reference: str, progress: ProgressCallback | None = None,
-             force: bool = False, *, draft: str | None = None, role: str = "target") -> HubPull:
+             force: bool = False, *, draft: str | None = None, role: Role = "target") -> HubPull:
     """Pull ``hf.co/USER/REPO[:QUANT]`` (or ``USER/REPO:QUANT``, or a file URL): list the repo,
     pick the quant, refuse what cannot work before downloading, fetch and verify every shard,
     and register it under a generated id (its alias: the reference). ``draft`` (a Hub reference
@@ -187,8 +187,10 @@ def _pull_draft(mm: ModelManager, draft: str | None, target_path: Path, target_n
         try:
             check_draft_compat(target, read_header(rec.path))
         except IncompatibleDraftError as exc:
-            raise IncompatibleDraftError(f"{draft} (installed as {rec.model_id}) cannot draft for {target_name}: "
-                                         f"{exc.cause}", exc.fix) from None
+            raise IncompatibleDraftError(f"{draft} (installed as {rec.model_id}, as its header could not be read "
+                                         f"ahead) cannot draft for {target_name}: {exc.cause}",
+                                         f"Remove it (`localspec models rm {rec.model_id}`) and pick a draft of "
+                                         "the target's family.") from None
     return rec
 
 def _registry_entry_for(mm: ModelManager, listing: RepoListing, pick: QuantPick) -> ModelEntry | None:
@@ -200,7 +202,7 @@ def _registry_entry_for(mm: ModelManager, listing: RepoListing, pick: QuantPick)
                 return entry
     return None
 
-def _hub_entry(mm: ModelManager, ref: HubRef, listing: RepoListing, pick: QuantPick, role: str) -> ModelEntry:
+def _hub_entry(mm: ModelManager, ref: HubRef, listing: RepoListing, pick: QuantPick, role: Role) -> ModelEntry:
     from localspec.models import hub
     from localspec.models.registry import FileSpec
 
