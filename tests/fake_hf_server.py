@@ -9,7 +9,9 @@ A Hub pull (`models pull hf.co/USER/REPO:QUANT`) first lists the repo through
 ``/api/models/{repo}/revision/{rev}?blobs=true`` (HfApi.model_info with files_metadata), and
 `models search` asks ``/api/models?search=...&filter=gguf``. Gated repos answer the listing but
 refuse their files (401, X-Error-Code GatedRepo); private ones answer nothing (401, RepoNotFound).
-Faults are injected per test through attributes.
+Search and pull read a GGUF's header first with closed ranges (``Range: bytes=A-B``, answered 206
+with that slice, as the Hub and its CDN do); ``ignore_range`` makes the server answer 200 with the
+whole file instead. Faults are injected per test through attributes.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class FakeHub:
     gated: set[str] = field(default_factory=set)  # repos whose files need an accepted licence
     private: set[str] = field(default_factory=set)  # repos that answer as if they did not exist
     downloads: dict[str, int] = field(default_factory=dict)  # repo -> download count, for search order
+    ignore_range: bool = False  # answer 200 with the whole file whatever Range asks
     _gets: int = 0
 
     def add(self, repo: str, filename: str, content: bytes) -> str:
@@ -88,8 +91,12 @@ class FakeHub:
         return f"http://{host}:{port}"
 
     def gets(self) -> list[Request]:
-        """The file downloads (GETs of /resolve/), not the API calls."""
-        return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path]
+        """The file downloads (GETs of /resolve/), not the API calls nor the header reads."""
+        return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path and not _closed_range(r)]
+
+    def header_reads(self) -> list[Request]:
+        """GETs of /resolve/ asking for a closed byte range (a GGUF header read ahead of a download)."""
+        return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path and _closed_range(r)]
 
     def api_calls(self) -> list[Request]:
         return [r for r in self.requests if r.path.startswith("/api/")]
@@ -153,28 +160,38 @@ class FakeHub:
         content = self.files.get((repo, filename))
         if content is None:
             return self._error(h, 404, "EntryNotFound")
-        sha = self.etag_override.get(filename, hashlib.sha256(content).hexdigest())
+        sha = self.etag_override.get(filename) or hashlib.sha256(content).hexdigest()  # a big file: claim one
         size = len(content)
-        start = 0
+        start, end = 0, size - 1
         rng = h.headers.get("Range")
-        if body and rng:
-            mm = re.match(r"bytes=(\d+)-", rng)
-            start = int(mm.group(1)) if mm else 0
-        h.send_response(206 if start else 200)
+        ranged = False
+        if body and rng and not self.ignore_range:
+            mm = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
+            if mm and int(mm.group(1)) >= size:
+                return self._error(h, 416, "RangeNotSatisfiable")
+            if mm:
+                start = int(mm.group(1))
+                end = min(size - 1, int(mm.group(2))) if mm.group(2) else size - 1
+                ranged = start > 0 or bool(mm.group(2))
+        h.send_response(206 if ranged else 200)
         h.send_header("ETag", f'"{sha}"')
         h.send_header("X-Linked-Etag", f'"{sha}"')
         h.send_header("X-Linked-Size", str(self.size_override.get(filename, size)))
         h.send_header("X-Repo-Commit", COMMIT)
         h.send_header("Accept-Ranges", "bytes")
         h.send_header("Content-Type", "application/octet-stream")
-        if start:
-            h.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
-        h.send_header("Content-Length", str(size - start))
+        if ranged:
+            h.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        h.send_header("Content-Length", str(end + 1 - start))
         h.end_headers()
         if not body:
             return
+        payload = content[start:end + 1]
+        if _closed_range(request) and not self.ignore_range:  # a header read: not a download
+            h.wfile.write(payload)
+            request.served = len(payload)
+            return
         self._gets += 1
-        payload = content[start:]
         first = self._gets == 1
         if first and self.cut_first_get_after is not None:
             h.wfile.write(payload[: self.cut_first_get_after])
@@ -200,6 +217,9 @@ class FakeHub:
             self.sent += min(1 << 20, len(payload) - i)
             request.served += min(1 << 20, len(payload) - i)
 
+    def served(self, requests: list[Request]) -> int:
+        return sum(r.served for r in requests)
+
     def _error(self, h: BaseHTTPRequestHandler, status: int, code: str) -> None:
         body = f'{{"error": "{code}"}}'.encode()
         h.send_response(status)
@@ -210,3 +230,7 @@ class FakeHub:
         h.end_headers()
         if h.command != "HEAD":
             h.wfile.write(body)
+
+
+def _closed_range(r: Request) -> bool:
+    return re.fullmatch(r"bytes=\d+-\d+", r.headers.get("range", "").strip()) is not None

@@ -6,9 +6,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localspec.errors import IntegrityError, ModelNotFoundError
+
+if TYPE_CHECKING:
+    from localspec.models import ModelManager
+    from localspec.models.hub import SearchHit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--include-embedding", action="store_true",
                    help="fail when the profile's embedding model cannot be fetched (default: skip it)")
     v.add_argument("--force", action="store_true", help="download again even if installed")
+    v.add_argument("--draft-model", metavar="REF",
+                   help="with one hf.co/... target: a draft (hf.co/... or a registry id) to pull with it; its "
+                        "tokenizer is compared with the target's from their headers before anything downloads")
     v.add_argument("--json", action="store_true",
                    help="NDJSON on stdout: progress events (at most one a second per phase), then one result per model")
     v.set_defaults(func=cmd_pull)
@@ -149,12 +156,18 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
         raise UsageError("Give model ids or --profile, not both.", "Run one pull per profile.")
     refs = {i: parse_hub_ref(i) for i in args.ids}  # a malformed reference is a usage error before any pull
+    draft = getattr(args, "draft_model", None)
+    if draft is not None and (len(args.ids) != 1 or refs[args.ids[0]] is None):
+        from localspec.errors import UsageError
+
+        raise UsageError("--draft-model goes with exactly one hf.co/USER/REPO[:QUANT] target.",
+                         "Pull one Hub model and its draft per command.")
     view = pull_view(json_lines=args.json)
     results: list[InstallRecord | HubPull] = []
     try:
         if args.ids:
             for i in args.ids:
-                results.append(mgr.pull_hub(i, progress=view, force=args.force) if refs[i]
+                results.append(mgr.pull_hub(i, progress=view, force=args.force, draft=draft) if refs[i]
                                else mgr.pull(i, progress=view, force=args.force))
             skipped: dict[str, str] = {}
         else:
@@ -168,7 +181,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
             record: dict[str, object] = {"event": "installed", "model": rec.model_id, "source": rec.source,
                                          "path": str(rec.path), "size": rec.size, "downloaded": rec.downloaded}
             if isinstance(r, HubPull):
-                record.update(repo=r.repo, quant=r.quant, quant_note=r.note or None, draft=r.pairing.to_dict())
+                record.update(repo=r.repo, quant=r.quant, quant_note=r.note or None, draft=r.pairing.to_dict(),
+                              fit=r.fit or None,
+                              pulled_draft=r.draft_record.model_id if r.draft_record else None)
             view.emit(record)
         for mid, why in skipped.items():
             view.emit({"event": "skipped", "model": mid, "optional": True, "reason": why})
@@ -181,6 +196,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
             if r.note:
                 print(f"  quant: {r.note}")
             print(f"  use it as: --model {rec.model_id}  (or the name you pulled)")
+            if r.fit:
+                print(f"  fit: {r.fit}")
+            if r.draft_record:
+                print(f"  pulled draft {r.draft_record.model_id}: {r.draft_record.path}")
             print(f"  draft: {r.pairing.summary}")
     for mid, why in skipped.items():
         print(f"{mid}: skipped (optional embedding model): {why}")
@@ -193,7 +212,6 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from localspec.errors import DownloadError, UsageError
     from localspec.models import hub
-    from localspec.models.fit import fit_verdict_for_size
 
     if not 1 <= args.limit <= 100:
         raise UsageError(f"--limit {args.limit} is out of range.", "Use 1 to 100.")
@@ -210,10 +228,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         hits = hub.search(query, limit=args.limit)
     except DownloadError as exc:  # the registry still answers; the one line says why the Hub did not
         hits, failure = [], exc
-    rows = [{"repo": h.repo, "downloads": h.downloads, "gated": h.gated, "error": h.error,
-             "quants": [{"quant": q.quant, "size": q.size, "files": len(q.files), "bits_per_weight": q.bits_per_weight,
-                         "fit": fit_verdict_for_size(q.size), "pull": f"hf.co/{h.repo}:{q.quant}"}
-                        for q in h.quants]} for h in hits]
+    n_ctx = _default_n_ctx(mgr)
+    rows = [_search_row(h, n_ctx) for h in hits]
     registry = [{"id": e.id, "role": e.role, "quant": e.quant, "size": e.expected_size(),
                  "installed": mgr.installed_path(e.id) is not None} for e in curated]
     if args.json:
@@ -224,6 +240,32 @@ def cmd_search(args: argparse.Namespace) -> int:
     if failure is not None:
         raise failure
     return 0
+
+
+def _default_n_ctx(mgr: ModelManager) -> int:
+    """The context a fit is judged at: the default profile's, as `models info` does."""
+    try:
+        return int(mgr.profile().n_ctx)
+    except Exception:  # noqa: BLE001  a broken overlay still searches
+        return 4096
+
+
+def _search_row(h: SearchHit, n_ctx: int) -> dict[str, Any]:
+    from localspec.models.hub_header import remote_fit
+
+    quants = []
+    for q in h.quants:
+        fit = remote_fit(q.size, h.header, n_ctx)
+        est = fit.estimate
+        quants.append({"quant": q.quant, "size": q.size, "files": len(q.files), "bits_per_weight": q.bits_per_weight,
+                       "fit": fit.verdict, "fit_from": "size" if est is None else "header",
+                       "kv_bytes": est.kv_bytes if est else None, "n_ctx": est.n_ctx if est else None,
+                       "total_bytes": est.total_bytes if est else None, "pull": f"hf.co/{h.repo}:{q.quant}"})
+    head = h.header
+    header = None if head is None else {"read": head.meta is not None, "note": head.detail or None,
+                                        "bytes_read": head.bytes_read, "requests": head.requests}
+    return {"repo": h.repo, "downloads": h.downloads, "gated": h.gated, "error": h.error, "header": header,
+            "quants": quants}
 
 
 def _print_search(registry: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
@@ -239,9 +281,13 @@ def _print_search(registry: list[dict[str, Any]], rows: list[dict[str, Any]]) ->
             print(f"  {h['error']}")
         elif not h["quants"]:
             print("  no GGUF model files")
+        head = h["header"]
+        if h["quants"] and head is not None and not head["read"]:
+            print(f"  fit from the file size only (no KV cache counted): {head['note']}")
         for q in h["quants"]:
             files = f" in {q['files']} files" if q["files"] > 1 else ""
-            print(f"  {q['quant']:<9} {_human(q['size']):>9}{files}  {q['fit']}")
+            kv = "" if q["kv_bytes"] is None else f" (with {_human(q['kv_bytes'])} KV cache at n_ctx {q['n_ctx']:,})"
+            print(f"  {q['quant']:<9} {_human(q['size']):>9}{files}  {q['fit']}{kv}")
     if not registry and not rows:
         print("nothing found")
 

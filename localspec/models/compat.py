@@ -58,10 +58,15 @@ def _types(meta: GGUFMeta, n: int) -> np.ndarray:
     return np.asarray(t)[:n]
 
 
-def check_draft_compat(target_path: Path | str, draft_path: Path | str,
+def _header(model: Path | str | GGUFMeta) -> GGUFMeta:
+    return model if isinstance(model, GGUFMeta) else read_header(model)
+
+
+def check_draft_compat(target_path: Path | str | GGUFMeta, draft_path: Path | str | GGUFMeta,
                        max_vocab_diff: int = MAX_VOCAB_DIFF) -> DraftCompat:
-    """Raise IncompatibleDraftError naming the differing property, else describe the pairing."""
-    tgt, dft = read_header(target_path), read_header(draft_path)
+    """Raise IncompatibleDraftError naming the differing property, else describe the pairing.
+    Either side may be a header already parsed (a Hub file's, read by range requests)."""
+    tgt, dft = _header(target_path), _header(draft_path)
 
     t_model, d_model = tgt.get("tokenizer.ggml.model"), dft.get("tokenizer.ggml.model")
     if t_model != d_model:

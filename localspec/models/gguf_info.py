@@ -56,6 +56,15 @@ class _Malformed(Exception):
     """The header is not a usable GGUF; the message is the reason, for one line."""
 
 
+class _CutOff(_Malformed):
+    """The bytes at hand end before the header does, though the file goes on: a prefix read over
+    the network needs at least ``needed`` bytes. Over a whole file this is plain truncation."""
+
+    def __init__(self, message: str, needed: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+
+
 @dataclass(frozen=True)
 class StringArray:
     """A string array left undecoded: where it starts and how many items it has."""
@@ -87,6 +96,7 @@ class GGUFMeta:
     tensors: list[TensorInfo]
     data_offset: int
     file_size: int
+    prefix: bytes | None = field(default=None, repr=False)  # the header's bytes when read remotely
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.kv.get(key, default)
@@ -96,6 +106,11 @@ class GGUFMeta:
         arr = self.kv.get(key)
         if not isinstance(arr, StringArray):
             return list(arr or [])
+        if self.prefix is not None:  # read over the network: the items are in the bytes at hand
+            try:
+                return _items(self.prefix, arr)
+            except (ValueError, struct.error):
+                raise _invalid(self.path, f"{key} was not read (only the start of its header was)") from None
         out: list[bytes] = []
         unpack = struct.Struct("<Q").unpack_from
         try:
@@ -111,17 +126,40 @@ class GGUFMeta:
         return out
 
 
+def _items(buf: bytes, arr: StringArray) -> list[bytes]:
+    unpack = struct.Struct("<Q").unpack_from
+    out, pos = [], arr.offset
+    for _ in range(arr.count):
+        (n,) = unpack(buf, pos)
+        if pos + 8 + n > len(buf):
+            raise ValueError("past the bytes read")
+        out.append(bytes(buf[pos + 8:pos + 8 + n]))
+        pos += 8 + n
+    return out
+
+
 class _Reader:
-    def __init__(self, buf: mmap.mmap, size: int) -> None:
+    """``buf`` holds the file's first ``size`` bytes of ``total`` (all of them for a local file)."""
+
+    def __init__(self, buf: mmap.mmap | bytes, size: int, total: int | None = None) -> None:
         self.buf, self.size, self.pos = buf, size, 0
+        self.total = size if total is None else total
 
     @property
     def left(self) -> int:
-        return self.size - self.pos
+        """Bytes left in the file (claims are checked against these, not against a prefix)."""
+        return self.total - self.pos
+
+    def cut(self, end: int) -> _Malformed:
+        if end > self.total or self.size >= self.total:
+            return _Malformed(f"header is cut off at byte {self.total} (needed {end})")
+        return _CutOff(f"header is cut off at byte {self.size} (needed {end})", end)
 
     def need(self, n: int) -> None:
-        if n < 0 or self.pos + n > self.size:
+        if n < 0:
             raise _Malformed(f"header is cut off at byte {self.size} (needed {self.pos + n})")
+        if self.pos + n > self.size:
+            raise self.cut(self.pos + n)
 
     def unpack(self, fmt: str, n: int) -> Any:
         self.need(n)
@@ -182,16 +220,16 @@ class _Reader:
         size, buf = self.size, self.buf
         for _ in range(count):  # skip items by their length prefixes
             if pos + 8 > size:
-                raise _Malformed(f"header is cut off at byte {size}")
+                raise self.cut(pos + 8)
             (n,) = unpack(buf, pos)
             pos += 8 + n
             if pos > size:
-                raise _Malformed(f"header is cut off at byte {size}")
+                raise self.cut(pos)
         self.pos = pos
         return StringArray(start, count)
 
 
-def _invalid(path: Path, reason: str) -> IntegrityError:
+def _invalid(path: Path | str, reason: str) -> IntegrityError:
     return IntegrityError(
         f"{path} is not a valid GGUF file: {reason}.",
         "Delete it and pull the model again (`localspec models pull ID`), or re-export the GGUF.",
@@ -242,6 +280,8 @@ def _read_kv(r: _Reader, n_kv: int) -> dict[str, Any]:
             if exact is not None and t != exact:
                 raise _Malformed(f"it is {t.name}, not {exact.name}")
             kv[key] = r.value(t)
+        except _CutOff:
+            raise  # more bytes will do: a remote reader asks for them
         except _Malformed as exc:
             raise _Malformed(f"key {key!r}: {exc}") from None
     return kv
@@ -321,6 +361,74 @@ def read_header(path: Path | str) -> GGUFMeta:
     _check_is_model(meta)
     _check_extents(meta, align)
     return meta
+
+
+class HeaderIncomplete(Exception):
+    """The bytes given end inside the header; ``needed`` is the least that would get further."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(f"needs at least {needed:,} bytes")
+        self.needed = needed
+
+
+def _read_kv_until_vocab(r: _Reader, n_kv: int) -> dict[str, Any]:
+    """Like _read_kv, but the token list's length is all that is read of it, and the keys after it
+    are not read: what a fit estimate needs, from a few KiB instead of megabytes."""
+    kv: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = r.raw_str(MAX_KEY_BYTES, "a key").decode("utf-8", errors="replace")
+        if key in kv:
+            raise _Malformed(f"key {key!r} appears twice")
+        t = r.vtype(r.u32())
+        if key == "tokenizer.ggml.tokens" and t == GGUFValueType.ARRAY:
+            itype, count = r.vtype(r.u32()), r.u64()
+            if itype != GGUFValueType.STRING or count > MAX_ARRAY_ITEMS or count * 8 > r.left:
+                raise _Malformed(f"key {key!r} must be a list of at most {MAX_ARRAY_ITEMS:,} strings")
+            kv[key] = StringArray(r.pos, int(count))  # its items are not at hand: never decoded
+            break
+        try:
+            kv[key] = r.value(t)
+        except _CutOff:
+            raise
+        except _Malformed as exc:
+            raise _Malformed(f"key {key!r}: {exc}") from None
+    return kv
+
+
+def parse_header_prefix(buf: bytes, total: int, source: str, *, vocab_count_only: bool = False) -> GGUFMeta:
+    """The key/values of a GGUF of ``total`` bytes from its first ``len(buf)`` bytes (a remote
+    file's ranged read); the tensor table is not read. Raises HeaderIncomplete when more bytes are
+    needed, IntegrityError (one line naming ``source``) when the bytes are not a GGUF header.
+
+    ``vocab_count_only`` stops at the token list, keeping only its length (no strings, and none of
+    the keys after it: BOS/EOS and the chat template are then unknown)."""
+    if len(buf) < MIN_SIZE:
+        if total <= MIN_SIZE:
+            raise _invalid(source, f"only {total} bytes (empty or truncated)")
+        raise HeaderIncomplete(MIN_SIZE + 1)
+    if buf[:4] != MAGIC:
+        raise _invalid(source, f"bad magic {buf[:4]!r} (expected b'GGUF')")
+    r = _Reader(buf, len(buf), max(total, len(buf)))
+    r.pos = 4
+    try:
+        version = r.u32()
+        if version not in SUPPORTED_VERSIONS:
+            raise _Malformed(f"unsupported GGUF version {version} (supported: 2, 3)")
+        _count(r, "tensors", _MIN_TENSOR_BYTES)
+        n_kv = _count(r, "keys", _MIN_KV_BYTES)
+        kv = _read_kv_until_vocab(r, n_kv) if vocab_count_only else _read_kv(r, n_kv)
+        check_known_keys(kv)
+        _alignment(kv)
+    except _CutOff as exc:
+        raise HeaderIncomplete(exc.needed) from None
+    except _Malformed as exc:
+        raise _invalid(source, str(exc)) from None
+    except Exception as exc:  # noqa: BLE001  untrusted bytes: any other surprise is still one line
+        raise _invalid(source, f"corrupt header ({type(exc).__name__}: {exc})") from None
+    if not kv.get("general.architecture") and kv.get("split.no", 0) == 0:
+        raise _invalid(source, "it has no general.architecture, so it is not a model")
+    # data_offset: where the key/values end (the tensor table, not read, starts there).
+    return GGUFMeta(Path(source.rsplit("/", 1)[-1]), version, kv, [], r.pos, total, prefix=bytes(buf[:r.pos]))
 
 
 def _check_extents(meta: GGUFMeta, align: int) -> None:

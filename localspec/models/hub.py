@@ -15,10 +15,13 @@ import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localspec.errors import DownloadError, ModelNotFoundError, UsageError
 from localspec.models.registry import _HF_REPO_RE, _HF_REVISION_RE
+
+if TYPE_CHECKING:
+    from localspec.models.hub_header import HeaderRead
 
 DEFAULT_QUANT = "Q4_K_M"
 FAST_TIMEOUT = 10.0  # seconds for one listing or search request
@@ -357,6 +360,18 @@ class SearchHit:
     gated: bool
     quants: tuple[HubQuant, ...]
     error: str | None = None  # why its files could not be listed
+    header: HeaderRead | None = None  # one quant's header (the KV layout is the same in every quant)
+
+
+def read_fit_header(repo: str, revision: str, quants: Sequence[HubQuant]) -> HeaderRead | None:
+    """The header a fit verdict needs, from the smallest quant's first file (a split model's keys
+    are in its first shard); None when the repo has no quant."""
+    from localspec.models.hub_header import Depth, read_remote_header
+
+    if not quants:
+        return None
+    first = min(quants, key=lambda q: q.size).files[0]
+    return read_remote_header(repo, first.path, revision, first.size, depth=Depth.FIT)
 
 
 def search(query: str, limit: int = 10) -> list[SearchHit]:
@@ -393,8 +408,9 @@ def search(query: str, limit: int = 10) -> list[SearchHit]:
                                   hub_error(exc, repo, f"listing {repo}").cause))
             continue
         quants, _ = group_quants(_files_of(info.siblings or ()))
+        commit = info.sha if isinstance(info.sha, str) and re.fullmatch(r"[0-9a-f]{40}", info.sha) else "main"
         hits.append(SearchHit(repo, downloads if isinstance(downloads, int) else None,
-                              gated or bool(info.gated), quants))
+                              gated or bool(info.gated), quants, header=read_fit_header(repo, commit, quants)))
     return hits
 
 

@@ -58,6 +58,8 @@ class HubPull:
     quant: str
     note: str  # why this quant, when it is not the one asked for; else ""
     pairing: DraftPairing
+    fit: str = ""  # the fit verdict known before download (from its header, or its size alone); "" if skipped
+    draft_record: InstallRecord | None = None  # the --draft-model pulled with it
 
 
 @dataclass
@@ -229,11 +231,13 @@ class ModelManager:
 
     # ---------------------------------------------------------------- any GGUF on the Hub
 
-    def pull_hub(self, reference: str, progress: ProgressCallback | None = None, force: bool = False) -> HubPull:
-        """Pull ``hf.co/USER/REPO[:QUANT]`` (or ``USER/REPO:QUANT``, or a file URL); see hub_pull.py."""
+    def pull_hub(self, reference: str, progress: ProgressCallback | None = None, force: bool = False, *,
+                 draft: str | None = None) -> HubPull:
+        """Pull ``hf.co/USER/REPO[:QUANT]`` (or ``USER/REPO:QUANT``, or a file URL), and ``draft`` with it
+        once its tokenizer matches; see hub_pull.py."""
         from localspec.models.hub_pull import pull_hub
 
-        return pull_hub(self, reference, progress, force)
+        return pull_hub(self, reference, progress, force, draft=draft)
 
     def forget_registry(self) -> None:
         """Read the registry again on next use (an overlay entry was written)."""
