@@ -184,3 +184,20 @@ def test_the_chat_app_starts_on_the_active_profile_and_writes_its_choice(tmp_pat
     monkeypatch.setattr(type(app.chat_screen.loader), "load", lambda self, name: None)  # no model here
     app.set_active_profile("chosen")
     assert load_settings(path, environ={}).profile == "chosen"
+
+
+def test_the_documented_settings_file_parses(tmp_path):
+    """docs/configuration.md's example is a valid settings file, and names every table and [server] key."""
+    import re
+
+    from localspec.settings import Settings
+
+    doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    block = re.search(r"```toml\n(.*?)```", doc, re.S)
+    assert block is not None
+    s = load_settings(_file(tmp_path, block.group(1)), environ={})
+    assert s.profile == "default" and s.engine_values()["parallel"] == 4
+    for table in Settings.model_fields:
+        assert (f"[{table}]" if table != "profile" else "profile =") in block.group(1)
+    for key in ServerTable.model_fields:
+        assert re.search(rf"\b{key}\b", block.group(1)), key
