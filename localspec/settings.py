@@ -223,9 +223,30 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
                           "[server] api_key_file to a file of keys (mode 0600).")
     env, names = _env_layer(environ)
     try:
-        return Settings.model_validate(_merge(data, env))
+        settings = Settings.model_validate(_merge(data, env))
     except ValidationError as exc:
         raise _explain(exc, _Origin(path, names)) from None
+    return _anchor_paths(settings, path, names)
+
+
+_SERVER_PATHS = ("api_key_file", "ssl_certfile", "ssl_keyfile")
+
+
+def _anchor_paths(settings: Settings, path: Path, from_env: Mapping[tuple[str, ...], str]) -> Settings:
+    """A relative path in the file means beside the file, whatever directory a service starts in;
+    `~` is the user's home. A path from the environment keeps the shell's meaning (the current directory)."""
+    update: dict[str, Path] = {}
+    for name in _SERVER_PATHS:
+        value = getattr(settings.server, name)
+        if value is None:
+            continue
+        value = value.expanduser()
+        if not value.is_absolute() and ("server", name) not in from_env:
+            value = path.absolute().parent / value
+        update[name] = value
+    if not update:
+        return settings
+    return settings.model_copy(update={"server": settings.server.model_copy(update=update)})
 
 
 def write_profile(name: str, path: Path | None = None) -> Path:
@@ -256,11 +277,12 @@ def write_profile(name: str, path: Path | None = None) -> Path:
     if not same:  # e.g. a multi-line value that one line cannot replace
         raise ConfigError(f"Cannot set the profile in {path} without rewriting it.",
                           f"Set profile = {json.dumps(name)} at the top of {path} by hand.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    target = path.resolve()  # a symlinked settings file (a dotfiles repository) keeps its link
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(new, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    os.replace(tmp, target)
+    return target
 
 
 def active_profile(explicit: str | None = None) -> str | None:

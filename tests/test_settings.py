@@ -201,3 +201,24 @@ def test_the_documented_settings_file_parses(tmp_path):
         assert (f"[{table}]" if table != "profile" else "profile =") in block.group(1)
     for key in ServerTable.model_fields:
         assert re.search(rf"\b{key}\b", block.group(1)), key
+
+
+def test_a_relative_path_in_the_file_is_beside_the_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    path = conf / "settings.toml"
+    path.write_text('[server]\napi_key_file = "keys"\nssl_certfile = "/abs/c.pem"\nssl_keyfile = "~/k.pem"\n')
+    s = load_settings(path, environ={})
+    assert s.server.api_key_file == conf / "keys" and s.server.ssl_certfile == Path("/abs/c.pem")
+    assert s.server.ssl_keyfile == Path("~/k.pem").expanduser()
+    s = load_settings(path, environ={"LOCALSPEC_SERVER__API_KEY_FILE": "mine"})
+    assert s.server.api_key_file == Path("mine")  # the shell's meaning: the current directory
+
+
+def test_write_profile_writes_through_a_symlinked_file(tmp_path):
+    real = _file(tmp_path, "[engine]\ndraft_k = 3\n")
+    link = tmp_path / "link.toml"
+    link.symlink_to(real)
+    write_profile("p", link)
+    assert link.is_symlink() and load_settings(real, environ={}).profile == "p"
