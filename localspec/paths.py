@@ -2,7 +2,8 @@
 
 Config, data and cache come from platformdirs. ``LOCALSPEC_HOME`` moves all three under
 one folder (tests isolate themselves this way); ``LOCALSPEC_MODELS_DIR`` moves only the
-model store, so isolated tests still share the downloaded models.
+model store, so isolated tests still share the downloaded models; ``LOCALSPEC_SETTINGS`` names
+another settings file (`serve --settings FILE` sets it, so that every loader in the process reads it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import platformdirs
 
 APP = "localspec"
+SETTINGS_ENV = "LOCALSPEC_SETTINGS"
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,8 @@ class Paths:
 
     @property
     def settings_file(self) -> Path:
-        return self.config_dir / "settings.toml"
+        other = os.environ.get(SETTINGS_ENV)
+        return Path(other).expanduser() if other else self.config_dir / "settings.toml"
 
 
 def resolve_paths() -> Paths:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,29 +35,22 @@ logger = logging.getLogger(__name__)
 
 
 def load_settings(path: Path | None = None) -> dict[str, Any]:
-    """The user's settings.toml: an [engine] table whose keys are EngineConfig fields."""
-    path = path or resolve_paths().settings_file
-    if not path.exists():
-        return {}
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}.", "Fix the TOML syntax or delete the file.") from exc
-    return data.get("engine", {})
+    """The [engine] keys that settings.toml or the environment set: a view of the one settings model."""
+    from localspec.settings import load_settings as load_all
+
+    return load_all(path).engine_values()
 
 
 def engine_config(profile_n_ctx: int | None = None, *, model_n_ctx: int | None = None,
                   **overrides: Any) -> EngineConfig:
-    """Defaults < profile < settings.toml < the target's own settings (its registry entry's n_ctx) <
-    explicit overrides (CLI flags, API arguments)."""
+    """Defaults < profile < settings.toml < environment < the target's own settings (its registry
+    entry's n_ctx) < explicit overrides (CLI flags, API arguments)."""
     values: dict[str, Any] = {}
     if profile_n_ctx:
         values["n_ctx"] = profile_n_ctx
     values.update(load_settings())
     if model_n_ctx:
         values["n_ctx"] = model_n_ctx
-    if os.environ.get("LOCALSPEC_THREADS"):
-        values["n_threads"] = int(os.environ["LOCALSPEC_THREADS"])
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return EngineConfig(**values)

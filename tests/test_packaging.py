@@ -93,7 +93,8 @@ def test_dry_run_prints_the_decision_and_a_cache_proof_pip_command():
 
 
 def _spec_for(tmp_path: Path) -> ServiceSpec:
-    return ServiceSpec(executable=["/opt/ls env/bin/localspec"], port=8123, profile="default",
+    # host, port and profile as if given to `service install`, which bakes them into the unit
+    return ServiceSpec(executable=["/opt/ls env/bin/localspec"], host="127.0.0.1", port=8123, profile="default",
                        env_file=tmp_path / "service.env", log_dir=tmp_path / "logs")
 
 

@@ -185,3 +185,57 @@ def test_an_env_file_others_can_read_is_refused(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "mode 0644" in err and "chmod 600" in err
     assert not unit.exists()
+
+
+# Each [server] setting with a value unlike its default, so that the dry run can only show it by reading the file.
+_SERVER_VALUES = {"host": "127.0.0.1", "port": 9123, "api_key_file": "/srv/keys file", "allowed_hosts": ["h.local"],
+                  "allowed_origins": ["https://o.example"], "ssl_certfile": "/srv/c.pem", "ssl_keyfile": "/srv/k.pem",
+                  "model": "m-1", "draft_model": "d-1", "max_queue": 7, "max_tokens_cap": 777, "max_body_mb": 2.5,
+                  "max_embedding_inputs": 33, "max_embedding_tokens": 4444, "retry_after_s": 9, "embeddings": False,
+                  "keep_alive": "17m", "pull": False}
+
+
+def test_dry_run_carries_every_server_setting_and_no_key_in_clear(tmp_path, monkeypatch, capsys):
+    import json
+
+    from localspec.settings import ServerTable
+
+    assert set(_SERVER_VALUES) == set(ServerTable.model_fields)  # a new [server] setting joins this test
+    unit, env_file = _home(tmp_path, monkeypatch)
+    settings = env_file.parent / "settings.toml"
+    settings.parent.mkdir(parents=True)
+    body = "\n".join(f"{k} = {json.dumps(v)}" for k, v in _SERVER_VALUES.items() if k != "max_queue")
+    settings.write_text(f'profile = "p-9"\n[server]\n{body}\n')
+    env_file.write_text("LOCALSPEC_API_KEY='sk-never-in-clear'\nLOCALSPEC_SERVER__MAX_QUEUE=7\n")
+    env_file.chmod(0o600)
+    monkeypatch.setenv("LOCALSPEC_SERVER__PORT", "1111")  # this shell's: the service never sees it
+    assert main(["service", "install", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sk-never-in-clear" not in out and not unit.exists()
+    for key, value in _SERVER_VALUES.items():
+        assert f"#   {key} = {json.dumps(value)}\n" in out, key
+    assert '#   profile = "p-9"' in out and "LOCALSPEC_API_KEY: set there" in out
+    # The unit reads the settings file; it bakes none of its values as flags.
+    exec_start = next(line for line in out.splitlines() if line.startswith("ExecStart="))
+    assert f"serve --settings {settings}" in exec_start
+    assert not {"--host", "--port", "--profile", "--model"} & set(exec_start.split())
+    # A flag given to `service install` is baked, and shown as such.
+    assert main(["service", "install", "--dry-run", "--port", "9555"]) == 0
+    out = capsys.readouterr().out
+    assert "--port 9555" in out and "#   port = 9555  (flag in the unit)" in out
+
+
+def test_a_bad_settings_file_is_refused_before_the_unit_is_written(tmp_path, monkeypatch, capsys):
+    unit, env_file = _home(tmp_path, monkeypatch)
+    env_file.parent.mkdir(parents=True)
+    (env_file.parent / "settings.toml").write_text("[server]\nport = 99999\n")
+    assert main(["service", "install", "--no-start"]) == 1
+    assert "server.port" in capsys.readouterr().err and not unit.exists()
+
+
+def test_a_non_loopback_host_from_the_settings_needs_a_key_too(tmp_path, monkeypatch, capsys):
+    unit, env_file = _home(tmp_path, monkeypatch)
+    env_file.parent.mkdir(parents=True)
+    (env_file.parent / "settings.toml").write_text('[server]\nhost = "0.0.0.0"\n')
+    assert main(["service", "install", "--no-start"]) == 2
+    assert "Refusing a service on 0.0.0.0" in capsys.readouterr().err and not unit.exists()

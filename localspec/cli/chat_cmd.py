@@ -52,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from localspec.tui.logsetup import route_logs_to_file
 
+    from localspec.settings import active_profile
+
+    args.profile = active_profile(args.profile)  # the one active profile every face honours
     log = route_logs_to_file()
     # Found before the app takes the screen, so that why a server is not used shows on stderr.
     first = None if args.connect else attach_or_local(model=None, profile=args.profile, api_key=args.api_key,
@@ -94,8 +97,11 @@ def make_app(args: argparse.Namespace, attached: dict[str | None, Server | None]
     from localspec.metrics import Metrics
     from localspec.tui import SessionMetrics
 
+    from localspec.settings import active_profile
+
+    profile = None if connect else active_profile(getattr(args, "profile", None))
     # The same log `localspec serve` writes: the pane and `localspec stats` see the same records.
-    return ChatApp(factory, profile=getattr(args, "profile", None), metrics=SessionMetrics(Metrics.from_settings()))
+    return ChatApp(factory, profile=profile, metrics=SessionMetrics(Metrics.from_settings()))
 
 
 def _answers(server: Server | None) -> bool:

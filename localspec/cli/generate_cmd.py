@@ -121,6 +121,9 @@ def _peak_rss_mb() -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from localspec.settings import active_profile
+
+    args.profile = active_profile(args.profile)  # the one active profile every face honours
     request = _request(args)
     t0 = time.perf_counter()
     server = attach_or_local(model=args.model, profile=args.profile, local=args.local, blockers=_blockers(args))

@@ -54,8 +54,9 @@ def add_deprecated_option(p: argparse.ArgumentParser, old: str, *, dest: str, re
                    metavar="VALUE")
 
 
-def add_cache_judge_arguments(p: argparse.ArgumentParser) -> None:
+def add_cache_judge_arguments(p: argparse.ArgumentParser, *, default: str | None = "model") -> None:
     """`--cache-judge model|scorer|rules`: one spelling and one set of values for `serve`, `chat` and
-    `cache eval`. The older `--no-cache-judge` still works, with a deprecation note."""
-    p.add_argument("--cache-judge", choices=CACHE_JUDGES, default="model", help=CACHE_JUDGE_HELP)
+    `cache eval`. The older `--no-cache-judge` still works, with a deprecation note. `default=None`
+    leaves an unset flag to the settings ([cache] judge)."""
+    p.add_argument("--cache-judge", choices=CACHE_JUDGES, default=default, help=CACHE_JUDGE_HELP)
     add_deprecated_flag(p, "--no-cache-judge", dest="cache_judge", const="rules", replacement="--cache-judge rules")

@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from localspec.cli.options import MODES, add_cache_judge_arguments
+from localspec.paths import SETTINGS_ENV
+
+if TYPE_CHECKING:
+    from localspec.server.settings import ServerSettings
+    from localspec.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    # No flag has a default here: an unset flag leaves the value to settings.toml ([server], [engine],
+    # [cache], [router], `profile`) and the environment, which default as each help text says.
     p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP endpoint", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; others need --api-key)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--profile", help="model profile from models.toml")
+    p.add_argument("--settings", metavar="FILE", help="read this settings file instead of <config>/settings.toml "
+                                                      "(the service unit names its own)")
+    p.add_argument("--host", help="bind address (default loopback; others need --api-key)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--profile", help="model profile from models.toml (default: the active one)")
     p.add_argument("--model", help="target model id, overriding the profile's")
     p.add_argument("--draft-model", help="draft model id, overriding the profile's")
-    p.add_argument("--parallel", type=int, default=4, help="requests decoded together (sequence slots)")
-    p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond the slots before 429")
+    p.add_argument("--parallel", type=int, help="requests decoded together (sequence slots; default 4)")
+    p.add_argument("--max-queue", type=int, help="requests waiting beyond the slots before 429 (default 16)")
     p.add_argument("--n-ctx", type=int, help="context tokens per slot")
     p.add_argument("--threads", type=int, help="llama.cpp threads")
     p.add_argument("--mode", choices=MODES, help="speculation mode (default: settings.toml or auto)")
@@ -25,49 +37,65 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key-file", metavar="PATH",
                    help="require one of the Bearer keys in this file, one per line (mode 0600); each key's "
                         "clients get their own cache")
-    p.add_argument("--allowed-hosts", action="append", default=[], metavar="NAME",
+    p.add_argument("--allowed-hosts", action="append", metavar="NAME",
                    help="also answer requests addressed to this host name, e.g. host.docker.internal "
                         "(repeatable; without a key only localhost names are answered)")
-    p.add_argument("--allowed-origins", action="append", default=[], metavar="URL",
+    p.add_argument("--allowed-origins", action="append", metavar="URL",
                    help="let web pages from this origin use the server, with CORS (repeatable; pages on "
                         "localhost are allowed)")
     p.add_argument("--ssl-certfile", metavar="PEM", help="serve HTTPS with this certificate (with --ssl-keyfile)")
     p.add_argument("--ssl-keyfile", metavar="PEM", help="the certificate's private key")
-    p.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens a request may ask for")
-    p.add_argument("--max-body-mb", type=float, default=4.0, help="request body size limit")
-    p.add_argument("--cors-origin", action="append", default=[], help=argparse.SUPPRESS)  # older --allowed-origins
-    p.add_argument("--no-embeddings", action="store_true", help="do not serve /v1/embeddings")
-    p.add_argument("--no-cache", action="store_true", help="never answer from the semantic cache")
-    p.add_argument("--cache-semantic", action="store_true",
+    p.add_argument("--max-tokens-cap", type=int, help="largest max_tokens a request may ask for (default 4096)")
+    p.add_argument("--max-body-mb", type=float, help="request body size limit (default 4)")
+    p.add_argument("--cors-origin", action="append", help=argparse.SUPPRESS)  # older --allowed-origins
+    p.add_argument("--no-embeddings", action="store_true", default=None, help="do not serve /v1/embeddings")
+    p.add_argument("--no-cache", action="store_true", default=None, help="never answer from the semantic cache")
+    p.add_argument("--cache-semantic", action="store_true", default=None,
                    help="also answer near-duplicate prompts (MiniLM similarity, false-hit guard and the large model "
                         "as reuse judge); off by default, see the README's figures")
-    add_cache_judge_arguments(p)
-    p.add_argument("--cache-sampled", action="store_true",
+    add_cache_judge_arguments(p, default=None)
+    p.add_argument("--cache-sampled", action="store_true", default=None,
                    help="also cache sampled answers (temperature > 0 without a seed); off by default")
-    p.add_argument("--keep-alive", default="5m", metavar="DURATION",
-                   help="unload the models after this long without a request (5m, 30s, 1h, seconds; 0 = after "
-                        "each request, -1 = never); the next request loads them again; a request's keep_alive "
-                        "overrides it")
-    p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
+    p.add_argument("--keep-alive", metavar="DURATION",
+                   help="unload the models after this long without a request (default 5m; 30s, 1h, seconds; "
+                        "0 = after each request, -1 = never); the next request loads them again; a request's "
+                        "keep_alive overrides it")
+    p.add_argument("--no-pull", action="store_true", default=None, help="fail instead of fetching missing models")
     p.set_defaults(func=run)
 
 
-def settings_from_args(args: argparse.Namespace):
+def server_settings(args: argparse.Namespace, settings: Settings) -> ServerSettings:
+    """The endpoint's settings: each explicit flag, else its setting (which is the default when unset)."""
     from pydantic import ValidationError
 
     from localspec.errors import UsageError
     from localspec.server.settings import ServerSettings
 
+    srv, cache, engine = settings.server, settings.cache, settings.engine_values()
+
+    def pick(flag: Any, setting: Any) -> Any:
+        return setting if flag is None else flag
+
+    origins = [*(args.allowed_origins or []), *(args.cors_origin or [])]
+    body_mb = pick(args.max_body_mb, srv.max_body_mb)
     try:
         return ServerSettings(
-            host=args.host, port=args.port, api_key=args.api_key, api_key_file=args.api_key_file,
-            profile=args.profile, target=args.model, draft=args.draft_model, parallel=args.parallel,
-            max_queue=args.max_queue, n_ctx=args.n_ctx, n_threads=args.threads, mode=args.mode,
-            max_tokens_cap=args.max_tokens_cap, max_body_bytes=int(args.max_body_mb * (1 << 20)),
-            allowed_hosts=args.allowed_hosts, allowed_origins=[*args.allowed_origins, *args.cors_origin],
-            ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-            embeddings=not args.no_embeddings, cache=not args.no_cache, cache_sampled=args.cache_sampled,
-            cache_semantic=args.cache_semantic, cache_judge=args.cache_judge, keep_alive=args.keep_alive,
+            host=pick(args.host, srv.host), port=pick(args.port, srv.port), api_key=args.api_key,
+            api_key_file=pick(args.api_key_file, srv.api_key_file), profile=pick(args.profile, settings.profile),
+            target=pick(args.model, srv.model), draft=pick(args.draft_model, srv.draft_model),
+            parallel=pick(args.parallel, settings.serve_parallel), max_queue=pick(args.max_queue, srv.max_queue),
+            n_ctx=pick(args.n_ctx, engine.get("n_ctx")), n_threads=pick(args.threads, engine.get("n_threads")),
+            mode=pick(args.mode, engine.get("mode")), max_tokens_cap=pick(args.max_tokens_cap, srv.max_tokens_cap),
+            max_body_bytes=int(body_mb * (1 << 20)),
+            allowed_hosts=args.allowed_hosts or srv.allowed_hosts, allowed_origins=origins or srv.allowed_origins,
+            ssl_certfile=pick(args.ssl_certfile, srv.ssl_certfile), ssl_keyfile=pick(args.ssl_keyfile, srv.ssl_keyfile),
+            max_embedding_inputs=srv.max_embedding_inputs, max_embedding_tokens=srv.max_embedding_tokens,
+            retry_after_s=srv.retry_after_s, embeddings=srv.embeddings if args.no_embeddings is None else False,
+            cache=cache.enabled if args.no_cache is None else False,
+            cache_sampled=pick(args.cache_sampled, cache.sampled), cache_semantic=pick(args.cache_semantic,
+                                                                                      cache.semantic),
+            cache_judge=pick(args.cache_judge, cache.judge), router=settings.router.enabled,
+            keep_alive=pick(args.keep_alive, srv.keep_alive),
         ).with_env_key()
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -75,6 +103,19 @@ def settings_from_args(args: argparse.Namespace):
         flag, dest = _FLAGS.get(field, ("--" + field.replace("_", "-"), field))
         raise UsageError(f"Invalid {flag} {getattr(args, dest, err.get('input'))!r}: {err['msg']}.",
                           "See `localspec serve --help` for each flag's range.") from None
+
+
+def load_serve_settings(args: argparse.Namespace) -> Settings:
+    """The one settings model: `--settings FILE`, else <config>/settings.toml, and the environment."""
+    from localspec.settings import load_settings
+
+    if args.settings:
+        os.environ[SETTINGS_ENV] = str(Path(args.settings).absolute())  # every loader in this process reads it
+    return load_settings()
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    return server_settings(args, load_serve_settings(args))
 
 
 # Settings fields whose flag has another name: field -> (flag, argparse dest).
@@ -89,12 +130,13 @@ def run(args: argparse.Namespace) -> int:
     if args.api_key:
         print("warning: a key given with --api-key is visible to every user of this machine (`ps`); "
               "use --api-key-file PATH or $LOCALSPEC_API_KEY instead", file=sys.stderr)
-    settings = settings_from_args(args)
+    table = load_serve_settings(args)
+    settings = server_settings(args, table)
     settings.check_bind()  # before any download or model load
-    if not args.no_pull:
+    if args.no_pull is None and table.server.pull:
         from localspec.cli.models_cmd import ensure_models
 
-        ensure_models(args.profile, [args.model, args.draft_model] if args.model else None)
+        ensure_models(settings.profile, [settings.target, settings.draft] if settings.target else None)
     scheme = "https" if settings.ssl_certfile else "http"
     print(f"localspec: serving {scheme}://{settings.host}:{settings.port}/v1 (models load in the background; "
           f"GET /health says when ready)")

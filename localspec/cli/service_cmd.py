@@ -18,8 +18,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from localspec.errors import ConfigError, LocalspecError, UsageError
 from localspec.paths import resolve_paths
+
+if TYPE_CHECKING:
+    from localspec.settings import Settings
 
 UNIT_NAME = "localspec.service"
 LAUNCHD_LABEL = "dev.localspec.serve"
@@ -28,6 +33,7 @@ API_KEY_ENV = "LOCALSPEC_API_KEY"
 _ENV_TEMPLATE = """\
 # Environment for the localspec service (read by the systemd unit / launchd agent).
 # Keep secrets here, not in the unit file. This file is private (mode 0600).
+# Other settings belong in settings.toml ([server], [engine], [cache]...), which the service reads too.
 # LOCALSPEC_API_KEY=change-me
 # LOCALSPEC_THREADS=8
 """
@@ -35,18 +41,26 @@ _ENV_TEMPLATE = """\
 
 @dataclass(frozen=True)
 class ServiceSpec:
-    """What the service runs: `<localspec> serve --host H --port P [--profile NAME]`."""
+    """What the service runs: `<localspec> serve --settings FILE [--host H] [--port P] [--profile NAME]`.
+
+    Everything else comes from that settings file ([server], [engine], [cache], [router], `profile`)
+    and the environment file, so a later edit of either needs a restart, not a new unit; only what
+    `service install` was told explicitly becomes a flag."""
 
     executable: list[str]  # absolute path of the localspec command (or python -m localspec)
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str | None = None
+    port: int | None = None
     profile: str | None = None
     env_file: Path = Path()
     log_dir: Path = Path()
+    settings_file: Path | None = None
 
     @property
     def argv(self) -> list[str]:
-        args = [*self.executable, "serve", "--host", self.host, "--port", str(self.port)]
+        args = [*self.executable, "serve"]
+        args += ["--settings", str(self.settings_file)] if self.settings_file else []
+        args += ["--host", self.host] if self.host is not None else []
+        args += ["--port", str(self.port)] if self.port is not None else []
         return args + (["--profile", self.profile] if self.profile else [])
 
 
@@ -200,10 +214,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="service manager (default: launchd on macOS, else systemd)")
         v.add_argument("--dry-run", action="store_true", help="print the file and commands; change nothing")
         if verb == "install":
-            v.add_argument("--host", default="127.0.0.1",
-                           help="address to serve on; any but loopback needs LOCALSPEC_API_KEY in the env file")
-            v.add_argument("--port", type=int, default=8000, help="port to serve on")
-            v.add_argument("--profile", help="model profile for the server")
+            v.add_argument("--host", help="address to serve on, baked into the unit (default: [server] host of "
+                                          "settings.toml); any but loopback needs LOCALSPEC_API_KEY in the env file")
+            v.add_argument("--port", type=int, help="port to serve on, baked into the unit (default: [server] port)")
+            v.add_argument("--profile", help="model profile, baked into the unit (default: settings.toml's profile)")
             v.add_argument("--no-start", action="store_true", help="write the unit but do not enable or start it")
         if verb == "uninstall":
             v.add_argument("--no-stop", action="store_true", help="remove the unit file without calling the manager")
@@ -215,7 +229,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _spec(args: argparse.Namespace) -> ServiceSpec:
     paths = resolve_paths()
     return ServiceSpec(executable=localspec_command(), host=args.host, port=args.port, profile=args.profile,
-                       env_file=paths.config_dir / ENV_FILE_NAME, log_dir=paths.data_dir / "logs")
+                       env_file=paths.config_dir / ENV_FILE_NAME, log_dir=paths.data_dir / "logs",
+                       settings_file=paths.settings_file.absolute())
 
 
 def _run(cmds: list[list[str]], dry_run: bool, check: bool = True) -> None:
@@ -236,18 +251,50 @@ def _run(cmds: list[list[str]], dry_run: bool, check: bool = True) -> None:
                                  "See its message above; `localspec service status` shows the unit's state.")
 
 
-def env_file_sets_key(env_file: Path) -> bool:
-    """Whether the environment file gives LOCALSPEC_API_KEY a value (systemd's KEY=VALUE lines)."""
+def env_file_values(env_file: Path) -> dict[str, str]:
+    """The variables the environment file sets (systemd's KEY=VALUE lines; `export` and quotes allowed)."""
     if not env_file.is_file():
-        return False
+        return {}
+    values: dict[str, str] = {}
     for line in env_file.read_text(encoding="utf-8", errors="replace").splitlines():
         line = line.strip()
         if not line or line[0] in "#;":
             continue
         key, sep, value = line.removeprefix("export ").partition("=")
-        if sep and key.strip() == API_KEY_ENV and value.strip().strip("'\"").strip():
-            return True
-    return False
+        if sep:
+            values[key.strip()] = value.strip().strip("'\"").strip()
+    return values
+
+
+def env_file_sets_key(env_file: Path) -> bool:
+    """Whether the environment file gives LOCALSPEC_API_KEY a value."""
+    return bool(env_file_values(env_file).get(API_KEY_ENV))
+
+
+def service_settings(spec: ServiceSpec) -> Settings:
+    """The settings the service will run with: its settings file under the environment file's variables
+    (not this shell's: the service never sees them)."""
+    from localspec.settings import load_settings
+
+    return load_settings(spec.settings_file, environ=env_file_values(spec.env_file))
+
+
+def describe_server(spec: ServiceSpec, settings: Settings) -> list[str]:
+    """Every [server] setting the service runs with, one comment line each; the key is never shown."""
+    flags = {"host": spec.host, "port": spec.port}
+    lines = [f"# the service reads {spec.settings_file} and {spec.env_file}; its [server] settings:"]
+    for name, value in settings.server.model_dump().items():
+        if flags.get(name) is not None:
+            value, origin = flags[name], "  (flag in the unit)"
+        else:
+            origin = ""
+        shown = "unset" if value is None else json.dumps(str(value) if isinstance(value, Path) else value)
+        lines.append(f"#   {name} = {shown}{origin}")
+    profile = spec.profile or settings.profile
+    lines.append(f"#   profile = {json.dumps(profile) if profile else 'unset (the registry default)'}")
+    key = "set there" if env_file_sets_key(spec.env_file) else "not set"
+    lines.append(f"#   {API_KEY_ENV}: {key} (read from {spec.env_file}; never shown)")
+    return lines
 
 
 def check_env_file_private(env_file: Path) -> None:
@@ -270,17 +317,17 @@ def _create_env_file(env_file: Path) -> None:
         f.write(_ENV_TEMPLATE)
 
 
-def _require_key(spec: ServiceSpec, dry_run: bool) -> None:
+def _require_key(spec: ServiceSpec, host: str, dry_run: bool) -> None:
     """A unit reachable from the network without a key would only crash-loop: `serve` refuses to
     listen there without one. Refuse it here, with the fix, instead."""
     from localspec.server.settings import is_loopback
 
-    if is_loopback(spec.host) or env_file_sets_key(spec.env_file):
+    if is_loopback(host) or env_file_sets_key(spec.env_file) or service_settings(spec).server.api_key_file:
         return
     if not dry_run:
         _create_env_file(spec.env_file)  # so that the fix is one line in an existing private file
     where = f"{spec.env_file} ({'create it with' if dry_run else 'created,'} mode 0600)"
-    raise UsageError(f"Refusing a service on {spec.host} without an API key: `localspec serve` would refuse to "
+    raise UsageError(f"Refusing a service on {host} without an API key: `localspec serve` would refuse to "
                      "start there, and restart every 5 s.",
                      f"Put {API_KEY_ENV}=<a long random key> in {where} and run this again, or use --host 127.0.0.1.")
 
@@ -290,20 +337,25 @@ def cmd_install(args: argparse.Namespace) -> int:
     # Everything that can refuse comes before anything is written.
     text = render_launchd(spec) if args.manager == "launchd" else render_systemd(spec)
     check_env_file_private(spec.env_file)
-    _require_key(spec, args.dry_run)
+    settings = service_settings(spec)  # a bad settings file is refused now, not in a restart loop
+    host = spec.host or settings.server.host
+    port = spec.port if spec.port is not None else settings.server.port
+    _require_key(spec, host, args.dry_run)
     path = unit_path(args.manager)
     if args.dry_run:
         print(f"# would write {path}:\n{text}")
         print(f"# would create {spec.env_file} (mode 0600) if missing")
+        print("\n".join(describe_server(spec, settings)))
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         _create_env_file(spec.env_file)
         print(f"wrote {path}\nsecrets ({API_KEY_ENV}): {spec.env_file}")
+        print("\n".join(describe_server(spec, settings)))
     if not args.no_start:
         _run(_commands(args.manager, "install", path), args.dry_run)
-        print(f"serving at http://{spec.host}:{spec.port}/v1 once the models load")
+        print(f"serving at http://{host}:{port}/v1 once the models load")
     return 0
 
 

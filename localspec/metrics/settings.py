@@ -16,13 +16,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from localspec.errors import ConfigError
-from localspec.paths import resolve_paths
 
 
 class DriftLimits(BaseModel):
@@ -55,16 +52,7 @@ class MetricsSettings(BaseModel):
 
 
 def load_metrics_settings(path: Path | None = None) -> MetricsSettings:
-    path = path or resolve_paths().settings_file
-    if not path.exists():
-        return MetricsSettings()
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}.", "Fix the TOML syntax or delete the file.") from exc
-    try:
-        return MetricsSettings(**data.get("metrics", {}))
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{path}: metrics setting '{field}': {err['msg']}.", "Correct the [metrics] table.") from exc
+    """The [metrics] table of the one settings model (localspec.settings), checked with the rest."""
+    from localspec.settings import load_settings
+
+    return load_settings(path).metrics

@@ -135,8 +135,16 @@ class ChatApp(App[None]):
             loader.load(self.active_profile)
 
     def set_active_profile(self, name: str) -> None:
+        """The choice is settings.toml's `profile`, so that `serve` and `generate` use it too."""
+        from localspec.errors import LocalspecError
+        from localspec.settings import write_profile
+
         self.active_profile = name
-        self.store.set_pref("active_profile", name)
+        self.store.set_pref("active_profile", name)  # what older versions read
+        try:
+            write_profile(name)
+        except LocalspecError as exc:
+            self.notify(f"{exc}", title="Profile not saved", severity="warning")
         loader = self.chat_screen.loader
         if loader.backend is None or loader.backend.info.kind == "in-process":
             loader.load(name)
