@@ -396,6 +396,26 @@ def test_report_says_the_run_was_noisy_and_lists_every_check():
     assert "P3 not met" in report.summary(result)
 
 
+def test_the_first_repeat_is_reported_apart_from_later_ones_that_can_copy_an_earlier_answer():
+    from localspec.bench import goals
+
+    def row(prompt, rep, mode, tps):
+        return {"suite": "code", "prompt": prompt, "rep": rep, "mode": mode, "tps": tps}
+
+    runs = [row(p, r, "off", 30.0) for p in (0, 1) for r in (0, 1, 2)]
+    runs += [row(0, 0, "llama-server:ngram-mod", 27.0), row(1, 0, "llama-server:ngram-mod", 33.0),
+             row(0, 1, "llama-server:ngram-mod", 60.0), row(1, 2, "llama-server:ngram-mod", 66.0),
+             row(0, 0, "auto", 33.0), row(1, 0, "auto", 36.0), row(0, 2, "auto", 60.0)]
+    first = goals.first_repeat(runs)
+    assert first == {"code": {"auto": pytest.approx(1.15), "llama-server:ngram-mod": pytest.approx(1.0)}}
+    result = {"schema": runner.SCHEMA_VERSION, "machine": runner.machine(), "command": "c",
+              "plan": runner.goals_plan().to_json(), "runs": runs, "summary": runner.summarize(runs),
+              "acceptance_by_position": {}, "goals": {}, "first_repeat": first}
+    md = report.markdown(json.loads(json.dumps(result)))
+    assert "- first repeat only, code (no earlier answer to copy; ratio to `off`): auto 1.15x, " \
+           "llama-server:ngram-mod 1.00x" in md
+
+
 FAKE_SERVER = '''#!{python}
 """Stands in for llama-server: /health, and /completion with timings; refuses ngram-mod."""
 import json, sys

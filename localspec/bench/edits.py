@@ -110,7 +110,8 @@ class BenchItem:
     def request(self, spec: ModeSpec) -> GenerationRequest:
         """Greedy (the default sampling); the prediction only where the mode sends one."""
         return GenerationRequest(messages=list(self.messages), max_tokens=self.max_tokens, mode=spec.mode, k=spec.k,
-                                 prediction=self.prediction if spec.prediction else None)
+                                 prediction=self.prediction if spec.prediction else None,
+                                 history_scope=f"bench:{spec.name}")  # each mode its own client
 
 
 def _item(suite: str, key: str, messages: Sequence[ChatMessage], prediction: str, code: str, count: TokenCount,

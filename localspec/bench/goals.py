@@ -165,3 +165,20 @@ def exploration(summary: dict) -> dict[str, float]:
         if v is not None:
             out[suite] = v
     return out
+
+
+def first_repeat(runs: list[dict]) -> dict[str, dict[str, float]]:
+    """Per suite and mode, the median over prompts of repeat 0's ratio to our `off` on the same prompt.
+
+    Repeat 0 is the cold case: ngram-mod's pool (llama-server's, shared by that server's requests)
+    and our lookup history (per mode in the bench, as if per client) hold no earlier answer to the
+    same prompt yet. Later repeats can copy the earlier answer, so their figures say how fast a
+    request asked again runs, not how fast a new one does."""
+    off = {(r["suite"], r["prompt"]): r["tps"] for r in runs if r["mode"] == "off" and r["rep"] == 0 and r["tps"]}
+    ratios: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        base = off.get((r["suite"], r["prompt"]))
+        if r["rep"] == 0 and r["mode"] != "off" and r["tps"] and base:
+            ratios.setdefault(r["suite"], {}).setdefault(r["mode"], []).append(r["tps"] / base)
+    return {suite: {mode: statistics.median(v) for mode, v in sorted(by_mode.items())}
+            for suite, by_mode in ratios.items()}

@@ -50,6 +50,9 @@ def markdown(result: dict) -> str:
     if result.get("exploration"):
         per_suite = ", ".join(f"{s} {v:.1f}" for s, v in result["exploration"].items())
         lines.append(f"- auto's explored steps per 1k tokens: {per_suite}")
+    for suite, by_mode in (result.get("first_repeat") or {}).items():
+        ratios = ", ".join(f"{mode} {v:.2f}x" for mode, v in by_mode.items())
+        lines.append(f"- first repeat only, {suite} (no earlier answer to copy; ratio to `off`): {ratios}")
     if result.get("ttft"):
         t = result["ttft"]
         lines.append(

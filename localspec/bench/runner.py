@@ -193,8 +193,10 @@ def load_suites() -> dict[str, dict]:
 
 
 def _chat(prompt: str, max_tokens: int, spec: ModeSpec) -> GenerationRequest:
+    # Each mode is its own client, as each llama-server configuration is its own server: a mode's
+    # lookup may copy its own earlier answers, never another mode's from the same repeat.
     return GenerationRequest(messages=[ChatMessage(role="user", content=prompt)], max_tokens=max_tokens, mode=spec.mode,
-                             k=spec.k)
+                             k=spec.k, history_scope=f"bench:{spec.name}")
 
 
 @dataclass(frozen=True)

@@ -417,6 +417,7 @@ def run(args: argparse.Namespace) -> int:
     result["goals"] = runner.goals(result["summary"], result.get("ttft"), result.get("memory"),
                                    result["memory_budget_mb"])
     result["exploration"] = bench_goals.exploration(result["summary"])
+    result["first_repeat"] = bench_goals.first_repeat(result["runs"]) if plan.repeats > 1 else {}
     result["finished"] = runner.now()
     _publish(result, out, args.readme)
     return 0
