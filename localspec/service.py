@@ -7,6 +7,7 @@ which the endpoint and the TUI both drive, so a feature added there appears in e
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tomllib
@@ -179,6 +180,17 @@ def open_cache(profile: str | None = None, n_threads: int | None = None,
     return cache
 
 
+def answer_fingerprint(target: Path, lora_path: str | None, lora_scale: float) -> str:
+    """Whose answers the cache holds: the target file's identity, and its adapter's and scale when
+    one is applied (an adapter changes the answers, so they must not be served without it)."""
+    from localspec.engine.embedder import file_fingerprint
+
+    base = file_fingerprint(target)
+    if not lora_path:
+        return base
+    return hashlib.sha256(f"{base}|{file_fingerprint(lora_path)}|{lora_scale!r}".encode()).hexdigest()[:32]
+
+
 def open_pipeline(
     profile: str | None = None, target: str | None = None, draft: str | None = None, cache: bool = True,
     route: bool = True, cache_sampled: bool = False, cache_semantic: bool = False, cache_judge: bool | str = "model",
@@ -199,7 +211,8 @@ def open_pipeline(
     mode = overrides.get("mode")
     files, _ = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
     engine = open_engine(profile, target, draft, on_progress=on_progress, **overrides)
-    large = LocalTier(TierName.LARGE, engine, files.target_id, files.draft_id, file_fingerprint(files.target))
+    large = LocalTier(TierName.LARGE, engine, files.target_id, files.draft_id,
+                      answer_fingerprint(files.target, engine.config.lora_path, engine.config.lora_scale))
     semantic = open_cache(profile, engine.config.n_threads, semantic=cache_semantic) if cache else None
     router = None
     if route and target is None:

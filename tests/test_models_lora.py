@@ -7,6 +7,7 @@ llama.cpp refuses most wrong adapters with a generic failure, and aborts the pro
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 from tests.common import TARGET_ID
@@ -15,8 +16,9 @@ from tests.gguf_factory import LLAMA_KV, crafted_gguf, g_kv, g_kv_str, g_kv_u32,
     make_lora_gguf
 from tests.models_helpers import tmp_store  # noqa: F401
 
-from localspec.errors import IncompatibleAdapterError, IntegrityError
+from localspec.errors import IncompatibleAdapterError, IntegrityError, UsageError
 from localspec.models import ModelManager, check_lora, read_gguf_info
+from localspec.models.adapters import LoraSpec, parse_lora_spec
 from localspec.models.gguf_info import read_header
 
 ADAPTER_KV = [g_kv_str("general.type", "adapter"), g_kv_str("adapter.type", "lora")]
@@ -123,3 +125,101 @@ def test_real_target_takes_its_adapter_and_refuses_the_drafts(target_path, draft
         assert engine.target._lora  # llama.cpp attached it
     finally:
         engine.close()
+
+
+# ---------------------------------------------------------------- --lora PATH[:SCALE]
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "scale"),
+    [
+        ("style.gguf", "style.gguf", 1.0),
+        ("style.gguf:0.5", "style.gguf", 0.5),
+        ("dir/style.gguf:-1", "dir/style.gguf", -1.0),
+        ("C:\\adapters\\style.gguf", "C:\\adapters\\style.gguf", 1.0),  # a colon that is the path's own
+        ("a:b.gguf:2", "a:b.gguf", 2.0),
+    ],
+)
+def test_lora_flag_is_a_path_and_an_optional_scale(text, path, scale):
+    assert parse_lora_spec(text) == LoraSpec(Path(path), scale)
+
+
+def test_an_existing_file_whose_name_ends_in_a_number_is_a_path(tmp_path):
+    odd = tmp_path / "adapter:2"
+    odd.write_bytes(b"")
+    assert parse_lora_spec(str(odd)) == LoraSpec(odd, 1.0)
+
+
+@pytest.mark.parametrize(("text", "why"), [("", "no path"), (":0.5", "no path before the scale"),
+                                           ("a.gguf:nan", "not a finite number"), ("a.gguf:inf", "not a finite")])
+def test_a_malformed_lora_flag_is_a_usage_error(text, why):
+    with pytest.raises(UsageError, match=why):
+        parse_lora_spec(text)
+
+
+def test_the_lora_flag_is_checked_before_anything_loads(capsys):
+    from localspec.cli import main
+
+    assert main(["generate", "--lora", "a.gguf:inf", "--no-pull", "hello"]) == 2
+    assert main(["serve", "--lora", ":1", "--no-pull"]) == 2
+    assert "Invalid --lora" in capsys.readouterr().err
+
+
+def test_serve_carries_the_adapter_and_its_scale_into_its_settings():
+    from localspec.cli import build_parser
+    from localspec.cli.serve_cmd import settings_from_args
+
+    s = settings_from_args(build_parser().parse_args(["serve", "--lora", "style.gguf:0.25"]))
+    assert (s.lora_path, s.lora_scale) == ("style.gguf", 0.25)
+    assert settings_from_args(build_parser().parse_args(["serve"])).lora_path is None
+
+
+def test_chat_with_an_adapter_loads_here_and_refuses_connect():
+    """A server has its own models: --lora is a reason not to attach, and cannot go with --connect."""
+    from localspec.cli import build_parser
+    from localspec.cli.chat_cmd import _blockers, chat_lora
+
+    args = build_parser().parse_args(["chat", "--lora", "style.gguf:0.5"])
+    assert chat_lora(args) == LoraSpec(Path("style.gguf"), 0.5) and _blockers(args)
+    assert _blockers(build_parser().parse_args(["chat"])) == []
+    with pytest.raises(UsageError, match="--connect uses a server's models"):
+        chat_lora(build_parser().parse_args(["chat", "--connect", "http://127.0.0.1:9/v1", "--lora", "a.gguf"]))
+
+
+def test_an_adapters_answers_are_cached_apart_from_the_bare_models(base, tmp_path):
+    """The cache is keyed by whose answers they are: the adapter and its scale are part of it."""
+    from localspec.engine.embedder import file_fingerprint
+    from localspec.service import answer_fingerprint
+
+    one = make_lora_gguf(tmp_path / "one.gguf", rank=2)
+    two = make_lora_gguf(tmp_path / "two.gguf", rank=4)
+    bare = answer_fingerprint(base, None, 1.0)
+    keys = {bare, answer_fingerprint(base, str(one), 1.0), answer_fingerprint(base, str(one), 0.5),
+            answer_fingerprint(base, str(two), 1.0)}
+    assert bare == file_fingerprint(base) and len(keys) == 4
+
+
+def test_v1_models_names_the_adapter_on_the_targets_names_only(tmp_path):
+    """/v1/models shows the served target's adapter by file name and scale, never its full path."""
+    from localspec.server import ServerSettings
+    from tests.fake_tier import scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+    from tests.server_harness import ServerThread, request
+
+    adapter = LoraSpec(tmp_path / "private" / "style.gguf", 0.5)
+    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[scripted_tier(model_id="scripted-large")]),
+                               routes={"auto": "auto"}, adapter=adapter)
+    settings = ServerSettings(cache=False, router=False)
+    with ServerThread(scripted_app(backend=backend, settings=settings)) as srv:
+        reply = request(srv.base_url, "GET", "/v1/models")
+    cards = {m["id"]: m["localspec"] for m in reply.json()["data"]}
+    assert cards["scripted-large"]["adapter"] == "style.gguf:0.5"
+    assert cards["auto"]["adapter"] is None  # the router may answer with another tier, the bare model
+    assert str(tmp_path) not in reply.text
+
+
+def test_the_scale_reaches_the_targets_runtime():
+    from localspec.engine.config import EngineConfig
+    from localspec.engine.loading import runtime_config
+
+    rc = runtime_config(EngineConfig(lora_path="style.gguf", lora_scale=0.25))
+    assert (rc.lora_path, rc.lora_scale) == ("style.gguf", 0.25)

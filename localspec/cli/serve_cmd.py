@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localspec.cli.options import MODES, add_cache_judge_arguments
+from localspec.cli.options import MODES, add_cache_judge_arguments, add_lora_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,6 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="model profile from models.toml")
     p.add_argument("--model", help="target model id, overriding the profile's")
     p.add_argument("--draft-model", help="draft model id, overriding the profile's")
+    add_lora_argument(p)
     p.add_argument("--parallel", type=int, default=4, help="requests decoded together (sequence slots)")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond the slots before 429")
     p.add_argument("--n-ctx", type=int, help="context tokens per slot")
@@ -56,8 +57,10 @@ def settings_from_args(args: argparse.Namespace):
     from pydantic import ValidationError
 
     from localspec.errors import UsageError
+    from localspec.models.adapters import parse_lora_spec
     from localspec.server.settings import ServerSettings
 
+    lora = parse_lora_spec(args.lora) if args.lora is not None else None
     try:
         return ServerSettings(
             host=args.host, port=args.port, api_key=args.api_key, api_key_file=args.api_key_file,
@@ -68,6 +71,7 @@ def settings_from_args(args: argparse.Namespace):
             ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
             embeddings=not args.no_embeddings, cache=not args.no_cache, cache_sampled=args.cache_sampled,
             cache_semantic=args.cache_semantic, cache_judge=args.cache_judge, keep_alive=args.keep_alive,
+            lora_path=str(lora.path) if lora else None, lora_scale=lora.scale if lora else 1.0,
         ).with_env_key()
     except ValidationError as exc:
         err = exc.errors()[0]

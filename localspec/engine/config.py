@@ -41,7 +41,8 @@ class EngineConfig(BaseModel):
                                   description="most tokens of a request's prediction drafted per step")
     lookup_n_min: int = Field(2, ge=1)
     lookup_n_max: int = Field(16, ge=1, description="longest suffix n-gram matched (longer matches are surer bets)")
-    lora_path: str | None = None
+    lora_path: str | None = Field(None, description="LoRA adapter GGUF applied to the target (never the draft)")
+    lora_scale: float = Field(1.0, allow_inf_nan=False, description="how strongly the adapter's delta is applied")
     repack_weights: bool = Field(True, description="CPU: llama.cpp's repacked weight layout (faster decoding)")
     mmap: bool = Field(
         False, description="memory-map the model file; with repack_weights it keeps ~40% more resident memory"

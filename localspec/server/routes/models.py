@@ -23,8 +23,10 @@ def catalog(state: ServerState) -> Catalog:
 async def list_models(state: State) -> ModelList:
     c = catalog(state)
     loaded = state.loader.backend is not None
+    # The adapter is named on the cards its answers come from: the target's, not another tier's.
     cards = [ModelCard(id=n, localspec={"model": model, "role": "chat", "route": route, "target": c.target_id,
-                                        "profile": c.profile, "loaded": loaded})
+                                        "profile": c.profile, "loaded": loaded,
+                                        "adapter": c.adapter if model == c.target_id else None})
              for n, (model, route) in sorted(c.names.items())]
     cards += [ModelCard(id=n, localspec={"model": c.embedding_id, "role": "embedding", "loaded": loaded})
               for n in sorted(c.embedding_names)]
