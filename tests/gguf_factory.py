@@ -77,13 +77,22 @@ def make_lora_gguf(
     adapter_type: str = "lora",
     transposed: bool = False,
     n_embd: int | None = None,
+    std: float = 0.0,
+    seed: int = 0,
 ) -> Path:
-    """A LoRA adapter GGUF as llama.cpp's convert_lora_to_gguf.py writes one (zero weights).
+    """A LoRA adapter GGUF as llama.cpp's convert_lora_to_gguf.py writes one.
 
     ``targets`` maps base tensor names to their GGUF shape (ne0, ne1); each gets ``.lora_a``
     with shape (ne0, rank) and ``.lora_b`` with shape (rank, ne1). ``transposed`` swaps lora_a's
     axes, the classic mistake llama.cpp refuses. ``n_embd`` writes ``<arch>.embedding_length``.
+    The weights are zeros (a no-op adapter), or with ``std`` > 0 normal noise of that deviation in
+    both halves, so that the delta B @ A (times alpha / rank = 1) changes what the model says.
     """
+    rng = np.random.default_rng(seed)
+
+    def weights(shape: tuple[int, int]) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32) if std else np.zeros(shape, np.float32)
+
     targets = targets if targets is not None else {"blk.0.attn_q.weight": (16, 16)}
     w = GGUFWriter(str(path), arch)
     w.add_type(general_type)
@@ -93,8 +102,8 @@ def make_lora_gguf(
         w.add_embedding_length(n_embd)
     for name, (ne0, ne1) in targets.items():
         a_shape = (ne0, rank) if transposed else (rank, ne0)  # numpy shape is ne reversed
-        w.add_tensor(f"{name}.lora_a", np.zeros(a_shape, dtype=np.float32))
-        w.add_tensor(f"{name}.lora_b", np.zeros((ne1, rank), dtype=np.float32))
+        w.add_tensor(f"{name}.lora_a", weights(a_shape))
+        w.add_tensor(f"{name}.lora_b", weights((ne1, rank)))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -223,3 +223,54 @@ def test_the_scale_reaches_the_targets_runtime():
 
     rc = runtime_config(EngineConfig(lora_path="style.gguf", lora_scale=0.25))
     assert (rc.lora_path, rc.lora_scale) == ("style.gguf", 0.25)
+
+
+# ---------------------------------------------------------------- a real adapter on the 0.5B
+
+# Answers longer than max_tokens: an answer that ends inside it may end one token earlier or later
+# on a near-tie at its end-of-text, which assert_same_or_near_tie does not prove.
+LORA_PROMPTS = ["Write a Python function that checks whether a number is prime.",
+                "Write a JavaScript function that debounces another function."]
+
+
+def synthetic_lora(base, out, *, std: float = 0.05, rank: int = 8, seed: int = 1):
+    """A random rank-r LoRA on every layer's attention query and value projections of `base`,
+    shaped from its header: big enough to change the greedy answer, small enough to keep it fluent."""
+    meta = read_header(base)
+    targets = {t.name: t.shape for t in meta.tensors
+               if t.name.startswith("blk.") and t.name.endswith((".attn_q.weight", ".attn_v.weight"))}
+    return make_lora_gguf(out, arch=str(meta.get("general.architecture")), targets=targets, rank=rank, std=std,
+                          seed=seed)
+
+
+def test_speculation_stays_lossless_with_an_adapter_on_the_target(draft_path, tmp_path):
+    """The 0.5B with a synthetic adapter is the target, the bare 0.5B its draft: greedy draft-mode
+    output equals the adapted target alone (up to a proven near-tie), and differs from the bare
+    model's, so the adapter is applied; the draft, which lacks it, loses acceptance."""
+    from localspec.engine.config import EngineConfig
+    from localspec.engine.scheduler import Engine
+    from tests.common import TEST_THREADS
+    from tests.test_engine_real import assert_same_or_near_tie, chat, run
+
+    adapter = synthetic_lora(draft_path, tmp_path / "synthetic.gguf")
+    assert check_lora(adapter, draft_path).n_pairs == 48
+    config = EngineConfig(n_ctx=512, n_threads=TEST_THREADS, mode="off")  # "off": no calibration at load
+    requests = [chat(p, max_tokens=24) for p in LORA_PROMPTS]
+    bare = Engine.load(str(draft_path), None, config)
+    try:
+        bare_ids = [run(bare, r)[0] for r in requests]
+    finally:
+        bare.close()
+    adapted = Engine.load(str(draft_path), str(draft_path), config.model_copy(update={"lora_path": str(adapter)}))
+    accepted = drafted = 0
+    try:
+        for request, plain in zip(requests, bare_ids, strict=True):
+            alone, _, _ = run(adapted, request)
+            speculative, done, _ = run(adapted, request.model_copy(update={"mode": "draft"}))
+            assert alone != plain, "the adapter did not change the greedy answer"
+            prompt_ids, _ = adapted.prompt_tokens(request)
+            assert_same_or_near_tie(adapted, prompt_ids, alone, speculative, f"draft on {request.messages[0].content!r}")
+            accepted, drafted = accepted + done.stats.accepted, drafted + done.stats.drafted
+    finally:
+        adapted.close()
+    assert 0 < accepted < drafted, (accepted, drafted)  # the bare draft no longer always agrees
