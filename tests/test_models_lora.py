@@ -274,3 +274,17 @@ def test_speculation_stays_lossless_with_an_adapter_on_the_target(draft_path, tm
     finally:
         adapted.close()
     assert 0 < accepted < drafted, (accepted, drafted)  # the bare draft no longer always agrees
+
+
+def test_generate_refuses_an_adapter_for_another_base_in_one_line(target_path, draft_path, tmp_path, capsys):
+    """The 1.5B's adapter on the 0.5B: the CLI names the tensor that does not fit (llama.cpp, loading
+    it, would say only that it failed)."""
+    from localspec.cli import main
+    from tests.common import DRAFT_ID
+
+    for_target = synthetic_lora(target_path, tmp_path / "for-1.5b.gguf")
+    argv = ["generate", "--local", "--no-pull", "--model", DRAFT_ID, "--mode", "off", "--lora", f"{for_target}:0.5"]
+    assert main([*argv, "hello"]) == 1
+    cause, fix = capsys.readouterr().err.strip().splitlines()  # the CLI's two lines: error, then fix
+    assert "tensor 'blk.0.attn_q.weight' is 896x896 in the model" in cause and "1536x8 and 8x1536" in cause, cause
+    assert fix.strip().startswith("fix:") and "--lora" in fix, fix

@@ -114,7 +114,7 @@ def _refuse(adapter: Path, reason: str) -> IncompatibleAdapterError:
     return IncompatibleAdapterError(
         f"LoRA adapter {adapter} cannot be used: {reason}.",
         "Use a LoRA GGUF converted for this model (llama.cpp's convert_lora_to_gguf.py with this base), "
-        "or remove lora_path.",
+        "or leave the adapter out (--lora, or lora_path in settings.toml).",
     )
 
 
