@@ -111,6 +111,9 @@ def open_engine(
     mode = overrides.get("mode")
     files, n_ctx = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
     config = engine_config(n_ctx, **overrides)
+    bound = None if config.lora_path else ModelManager().lora(files.target_id)
+    if bound is not None:  # the adapter models.toml binds to this target, unless --lora or settings name one
+        config = config.model_copy(update={"lora_path": str(bound.path), "lora_scale": bound.scale})
     if config.lora_path:
         check_lora(config.lora_path, files.target)  # a wrong adapter is a clean error before llama.cpp sees it
     if files.draft is None and config.mode == "draft":

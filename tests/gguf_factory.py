@@ -111,6 +111,19 @@ def make_lora_gguf(
     return Path(path)
 
 
+def synthetic_lora(base: Path, out: Path, *, std: float = 0.05, rank: int = 8, seed: int = 1) -> Path:
+    """A random rank-r LoRA on every layer's attention query and value projections of the model
+    file `base`, shaped from its header: on the Qwen2.5 0.5B and 1.5B, std 0.05 changes the greedy
+    answer and keeps it fluent (0.1 makes it gibberish)."""
+    from localspec.models.gguf_info import read_header
+
+    meta = read_header(base)
+    targets = {t.name: (t.shape[0], t.shape[1]) for t in meta.tensors
+               if t.name.startswith("blk.") and t.name.endswith((".attn_q.weight", ".attn_v.weight"))}
+    return make_lora_gguf(out, arch=str(meta.get("general.architecture")), targets=targets, rank=rank, std=std,
+                          seed=seed)
+
+
 # ---------------------------------------------------------------- hand-built (crafted) headers
 #
 # GGUFWriter refuses to write most malformed files, so the crafted-header tests assemble the

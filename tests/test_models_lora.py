@@ -6,6 +6,7 @@ llama.cpp refuses most wrong adapters with a generic failure, and aborts the pro
 
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from tests.common import TARGET_ID
 from gguf import GGUFValueType
 from tests.gguf_factory import LLAMA_KV, crafted_gguf, g_kv, g_kv_str, g_kv_u32, g_nested_arrays, g_tensor, make_gguf, \
-    make_lora_gguf
+    make_lora_gguf, synthetic_lora
 from tests.models_helpers import tmp_store  # noqa: F401
 
 from localspec.errors import IncompatibleAdapterError, IntegrityError, UsageError
@@ -233,16 +234,6 @@ LORA_PROMPTS = ["Write a Python function that checks whether a number is prime."
                 "Write a JavaScript function that debounces another function."]
 
 
-def synthetic_lora(base, out, *, std: float = 0.05, rank: int = 8, seed: int = 1):
-    """A random rank-r LoRA on every layer's attention query and value projections of `base`,
-    shaped from its header: big enough to change the greedy answer, small enough to keep it fluent."""
-    meta = read_header(base)
-    targets = {t.name: t.shape for t in meta.tensors
-               if t.name.startswith("blk.") and t.name.endswith((".attn_q.weight", ".attn_v.weight"))}
-    return make_lora_gguf(out, arch=str(meta.get("general.architecture")), targets=targets, rank=rank, std=std,
-                          seed=seed)
-
-
 def test_speculation_stays_lossless_with_an_adapter_on_the_target(draft_path, tmp_path):
     """The 0.5B with a synthetic adapter is the target, the bare 0.5B its draft: greedy draft-mode
     output equals the adapted target alone (up to a proven near-tie), and differs from the bare
@@ -288,3 +279,47 @@ def test_generate_refuses_an_adapter_for_another_base_in_one_line(target_path, d
     cause, fix = capsys.readouterr().err.strip().splitlines()  # the CLI's two lines: error, then fix
     assert "tensor 'blk.0.attn_q.weight' is 896x896 in the model" in cause and "1536x8 and 8x1536" in cause, cause
     assert fix.strip().startswith("fix:") and "--lora" in fix, fix
+
+
+# ---------------------------------------------------------------- an adapter bound in models.toml
+
+
+def _bind(text: str) -> None:
+    """Bind an adapter to the imported tiny-base in the user's models.toml (its entry's `lora`)."""
+    from localspec.paths import resolve_paths
+
+    overlay = resolve_paths().user_registry
+    entry = re.sub(r'(?m)^lora = .*\n', "", overlay.read_text())  # the one bound before, if any
+    assert 'id = "tiny-base"\n' in entry
+    overlay.write_text(entry.replace('id = "tiny-base"\n', f'id = "tiny-base"\nlora = "{text}"\n'))
+
+
+def test_an_adapter_bound_in_models_toml_is_listed_and_applied(base, tmp_path, tmp_store, capsys):  # noqa: F811
+    import json
+
+    from localspec.cli import main
+    from localspec.service import open_engine
+
+    ModelManager().import_file(base, model_id="tiny-base")
+    wrong = make_lora_gguf(tmp_path / "wrong.gguf", targets={"blk.0.attn_q.weight": (32, 32)})
+    _bind(f"{wrong}:0.5")
+    assert ModelManager().lora("tiny-base") == LoraSpec(wrong, 0.5)
+    assert main(["models", "list", "--no-fit", "--json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["tiny-base"]["lora"] == f"{wrong}:0.5" and rows[TARGET_ID]["lora"] is None
+    assert main(["models", "list", "--no-fit"]) == 0
+    assert "wrong.gguf:0.5" in capsys.readouterr().out.replace("\n", "")
+    with pytest.raises(IncompatibleAdapterError, match="wrong.gguf cannot be used"):  # applied without --lora
+        open_engine(target="tiny-base", mode="off")
+
+
+def test_a_bound_adapters_relative_path_is_in_the_models_store_dir(base, tmp_store):  # noqa: F811
+    from localspec.errors import ConfigError
+
+    ModelManager().import_file(base, model_id="tiny-base")
+    _bind("style.gguf")
+    mm = ModelManager()
+    assert mm.lora("tiny-base") == LoraSpec(mm.store.model_dir("tiny-base") / "style.gguf", 1.0)
+    _bind("style.gguf:nan")
+    with pytest.raises(ConfigError, match="tiny-base.lora"):
+        ModelManager().lora("tiny-base")
