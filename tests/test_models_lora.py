@@ -323,3 +323,13 @@ def test_a_bound_adapters_relative_path_is_in_the_models_store_dir(base, tmp_sto
     _bind("style.gguf:nan")
     with pytest.raises(ConfigError, match="tiny-base.lora"):
         ModelManager().lora("tiny-base")
+
+
+def test_serve_refuses_a_wrong_adapter_before_it_starts(base, tmp_path, tmp_store, capsys):  # noqa: F811
+    from localspec.cli import main
+
+    ModelManager().import_file(base, model_id="tiny-base")
+    wrong = make_lora_gguf(tmp_path / "wrong.gguf", arch="qwen2")
+    assert main(["serve", "--no-pull", "--port", "0", "--model", "tiny-base", "--lora", str(wrong)]) == 1
+    out = capsys.readouterr()
+    assert "it is for architecture 'qwen2', the model base.gguf is 'llama'" in out.err and "serving" not in out.out

@@ -99,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
         from localspec.cli.models_cmd import ensure_models
 
         ensure_models(args.profile, [args.model, args.draft_model] if args.model else None)
+    if settings.lora_path:  # a wrong adapter fails here, in one line, not later on /health
+        from localspec.models.compat import check_lora
+        from localspec.service import resolve_models
+
+        files, _ = resolve_models(settings.profile, settings.target, None, need_draft=False)
+        check_lora(settings.lora_path, files.target)
     scheme = "https" if settings.ssl_certfile else "http"
     print(f"localspec: serving {scheme}://{settings.host}:{settings.port}/v1 (models load in the background; "
           f"GET /health says when ready)")
