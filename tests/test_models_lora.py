@@ -89,6 +89,12 @@ def test_a_malformed_adapter_is_an_integrity_error(base, tmp_path, kvs, reason):
     assert reason in err.value.cause
 
 
+def test_a_path_with_a_nul_byte_is_refused_not_raised(base):
+    """lora_path from settings.toml is not parsed as a flag: check_lora refuses it in one line."""
+    with pytest.raises(IncompatibleAdapterError, match="NUL byte"):
+        check_lora("style\0.gguf", base)
+
+
 def test_opening_an_engine_with_a_wrong_adapter_is_refused_before_llama_cpp(base, tmp_path, tmp_store):  # noqa: F811
     """The call site: open_engine checks settings' or the caller's lora_path against the target."""
     from localspec.service import open_engine
@@ -152,7 +158,8 @@ def test_an_existing_file_whose_name_ends_in_a_number_is_a_path(tmp_path):
 
 
 @pytest.mark.parametrize(("text", "why"), [("", "no path"), (":0.5", "no path before the scale"),
-                                           ("a.gguf:nan", "not a finite number"), ("a.gguf:inf", "not a finite")])
+                                           ("a.gguf:nan", "not a finite number"), ("a.gguf:inf", "not a finite"),
+                                           ("a\0b.gguf", "NUL byte")])
 def test_a_malformed_lora_flag_is_a_usage_error(text, why):
     with pytest.raises(UsageError, match=why):
         parse_lora_spec(text)

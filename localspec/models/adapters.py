@@ -38,6 +38,8 @@ def parse_lora_spec(text: str) -> LoraSpec:
     whole text is not an existing file, so that a path with a colon in it still works."""
     if not text.strip():
         raise _fail(text, "no path")
+    if "\0" in text:  # the OS cannot open such a path; say so here rather than fail deeper
+        raise _fail(text, "the path has a NUL byte")
     head, sep, tail = text.rpartition(":")
     if not sep or Path(text).expanduser().is_file():
         return LoraSpec(Path(text).expanduser())

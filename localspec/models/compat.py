@@ -167,6 +167,8 @@ def check_lora(adapter_path: Path | str, base_path: Path | str) -> LoraCompat:
     general.type is "adapter" and adapter.type "lora", for the base model's architecture, with
     embedding size and tensor shapes that match the base. Reads headers only."""
     adapter = Path(adapter_path)
+    if "\0" in str(adapter):  # from settings.toml: open() would raise a bare ValueError
+        raise _refuse(adapter, "its path has a NUL byte")
     meta, base = read_header(adapter), read_header(base_path)  # IntegrityError when either is malformed
     kind, lora = meta.get("general.type"), meta.get("adapter.type")
     if kind != "adapter":
