@@ -7,6 +7,7 @@ which the endpoint and the TUI both drive, so a feature added there appears in e
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Callable
@@ -113,6 +114,9 @@ def open_engine(
     files, n_ctx = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
     own = target_settings(files.target_id, files.target_settings)
     config = engine_config(n_ctx, model_n_ctx=own.n_ctx, **overrides)
+    bound = None if config.lora_path else ModelManager().lora(files.target_id)
+    if bound is not None:  # the adapter models.toml binds to this target, unless --lora or settings name one
+        config = config.model_copy(update={"lora_path": str(bound.path), "lora_scale": bound.scale})
     if config.lora_path:
         check_lora(config.lora_path, files.target)  # a wrong adapter is a clean error before llama.cpp sees it
     if files.draft is None and config.mode == "draft":
@@ -135,13 +139,9 @@ def offload_planner(config: EngineConfig) -> OffloadPlanner | None:
 
 
 def tier_fingerprint(path: Path, engine: Engine) -> str:
-    """The cache's identity of a local tier: its model file, and the chat template file its settings
-    put in place of the GGUF's (another template, other answers)."""
-    import hashlib
-
-    from localspec.engine.embedder import file_fingerprint
-
-    fingerprint = file_fingerprint(path)
+    """The cache's identity of a local tier: its model file with its adapter, and the chat template
+    file its settings put in place of the GGUF's (another template, other answers)."""
+    fingerprint = answer_fingerprint(path, engine.config.lora_path, engine.config.lora_scale)
     template = engine.prompter.template
     if template is not None and template != engine.target.chat_template:
         fingerprint += "+template:" + hashlib.sha256(template.encode()).hexdigest()[:16]
@@ -205,6 +205,17 @@ def open_cache(profile: str | None = None, n_threads: int | None = None,
     cache = SemanticCache(embedder=embedder)
     logger.info("cache: %s", cache.describe())
     return cache
+
+
+def answer_fingerprint(target: Path, lora_path: str | None, lora_scale: float) -> str:
+    """Whose answers the cache holds: the target file's identity, and its adapter's and scale when
+    one is applied (an adapter changes the answers, so they must not be served without it)."""
+    from localspec.engine.embedder import file_fingerprint
+
+    base = file_fingerprint(target)
+    if not lora_path:
+        return base
+    return hashlib.sha256(f"{base}|{file_fingerprint(lora_path)}|{lora_scale!r}".encode()).hexdigest()[:32]
 
 
 def open_pipeline(

@@ -77,13 +77,22 @@ def make_lora_gguf(
     adapter_type: str = "lora",
     transposed: bool = False,
     n_embd: int | None = None,
+    std: float = 0.0,
+    seed: int = 0,
 ) -> Path:
-    """A LoRA adapter GGUF as llama.cpp's convert_lora_to_gguf.py writes one (zero weights).
+    """A LoRA adapter GGUF as llama.cpp's convert_lora_to_gguf.py writes one.
 
     ``targets`` maps base tensor names to their GGUF shape (ne0, ne1); each gets ``.lora_a``
     with shape (ne0, rank) and ``.lora_b`` with shape (rank, ne1). ``transposed`` swaps lora_a's
     axes, the classic mistake llama.cpp refuses. ``n_embd`` writes ``<arch>.embedding_length``.
+    The weights are zeros (a no-op adapter), or with ``std`` > 0 normal noise of that deviation in
+    both halves, so that the delta B @ A (times alpha / rank = 1) changes what the model says.
     """
+    rng = np.random.default_rng(seed)
+
+    def weights(shape: tuple[int, int]) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32) if std else np.zeros(shape, np.float32)
+
     targets = targets if targets is not None else {"blk.0.attn_q.weight": (16, 16)}
     w = GGUFWriter(str(path), arch)
     w.add_type(general_type)
@@ -93,13 +102,26 @@ def make_lora_gguf(
         w.add_embedding_length(n_embd)
     for name, (ne0, ne1) in targets.items():
         a_shape = (ne0, rank) if transposed else (rank, ne0)  # numpy shape is ne reversed
-        w.add_tensor(f"{name}.lora_a", np.zeros(a_shape, dtype=np.float32))
-        w.add_tensor(f"{name}.lora_b", np.zeros((ne1, rank), dtype=np.float32))
+        w.add_tensor(f"{name}.lora_a", weights(a_shape))
+        w.add_tensor(f"{name}.lora_b", weights((ne1, rank)))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def synthetic_lora(base: Path, out: Path, *, std: float = 0.05, rank: int = 8, seed: int = 1) -> Path:
+    """A random rank-r LoRA on every layer's attention query and value projections of the model
+    file `base`, shaped from its header: on the Qwen2.5 0.5B and 1.5B, std 0.05 changes the greedy
+    answer and keeps it fluent (0.1 makes it gibberish)."""
+    from localspec.models.gguf_info import read_header
+
+    meta = read_header(base)
+    targets = {t.name: (t.shape[0], t.shape[1]) for t in meta.tensors
+               if t.name.startswith("blk.") and t.name.endswith((".attn_q.weight", ".attn_v.weight"))}
+    return make_lora_gguf(out, arch=str(meta.get("general.architecture")), targets=targets, rank=rank, std=std,
+                          seed=seed)
 
 
 # ---------------------------------------------------------------- hand-built (crafted) headers

@@ -13,11 +13,12 @@ import sys
 from typing import TYPE_CHECKING
 
 from localspec.cli.attaching import LOCAL_HELP, attach_or_local
-from localspec.cli.options import MODES, add_cache_judge_arguments
+from localspec.cli.options import MODES, add_cache_judge_arguments, add_lora_argument
 
 if TYPE_CHECKING:
     from localspec.attach.probe import Server
     from localspec.engine.events import ProgressFn
+    from localspec.models.adapters import LoraSpec
     from localspec.tui.backend import Backend
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="with --connect: the server's model name (default: the first it lists)")
     p.add_argument("--profile", help="model profile from models.toml (default: the active one)")
     p.add_argument("--mode", choices=MODES, help="speculation mode for in-process models")
+    add_lora_argument(p)
     p.add_argument("--n-ctx", type=int, help="context tokens")
     p.add_argument("--threads", type=int, help="llama.cpp threads")
     p.add_argument("--cache-semantic", action="store_true",
@@ -56,14 +58,35 @@ def run(args: argparse.Namespace) -> int:
 
     args.profile = active_profile(args.profile)  # the one active profile every face honours
     log = route_logs_to_file()
+    chat_lora(args)  # a malformed --lora (or one with --connect) fails before the screen opens
     # Found before the app takes the screen, so that why a server is not used shows on stderr.
     first = None if args.connect else attach_or_local(model=None, profile=args.profile, api_key=args.api_key,
-                                                      local=args.local)
+                                                      local=args.local, blockers=_blockers(args))
     app = make_app(args, attached={args.profile: first})
     app.run()
     if app.return_code:
         print(f"localspec: the chat app stopped with an error; see {log}", file=sys.stderr)
     return int(app.return_code or 0)
+
+
+def _blockers(args: argparse.Namespace) -> list[str]:
+    """Why this chat needs models of its own rather than a running server's."""
+    return ["--lora sets up an engine of its own"] if getattr(args, "lora", None) else []
+
+
+def chat_lora(args: argparse.Namespace) -> LoraSpec | None:
+    """The adapter --lora names (None without it); refused with --connect, whose server has its own
+    models."""
+    text = getattr(args, "lora", None)
+    if text is None:
+        return None
+    from localspec.errors import UsageError
+    from localspec.models.adapters import parse_lora_spec
+
+    if getattr(args, "connect", None):
+        raise UsageError("--lora applies an adapter to models loaded here; --connect uses a server's models.",
+                         "Drop --connect (or start that server with --lora).")
+    return parse_lora_spec(text)
 
 
 def make_app(args: argparse.Namespace, attached: dict[str | None, Server | None] | None = None):
@@ -85,14 +108,18 @@ def make_app(args: argparse.Namespace, attached: dict[str | None, Server | None]
             # server found before no longer answers as localspec (stopped, or another program there).
             if profile not in decided or (decided[profile] is not None and not _answers(decided[profile])):
                 decided[profile] = attach_or_local(model=None, profile=profile, api_key=getattr(args, "api_key", None),
-                                                   local=getattr(args, "local", False), say=logger.warning)
+                                                   local=getattr(args, "local", False), say=logger.warning,
+                                                   blockers=_blockers(args))
             server = decided[profile]
             if server is not None:
                 return RemoteBackend(server.url, model=server.target or min(server.names), api_key=server.key,
                                      localspec=True, profile=server.profile, attached=True)
+            lora = chat_lora(args)
             return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
                                      cache_semantic=getattr(args, "cache_semantic", False),
-                                     cache_judge=getattr(args, "cache_judge", "model"), on_progress=on_progress)
+                                     cache_judge=getattr(args, "cache_judge", "model"), on_progress=on_progress,
+                                     lora_path=str(lora.path) if lora else None,
+                                     lora_scale=lora.scale if lora else None)
 
     from localspec.metrics import Metrics
     from localspec.tui import SessionMetrics

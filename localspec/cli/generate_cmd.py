@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from localspec.cli.attaching import LOCAL_HELP, attach_or_local
-from localspec.cli.options import MODES
+from localspec.cli.options import MODES, add_lora_argument
 
 if TYPE_CHECKING:  # the engine (numpy, pydantic) loads only when a prompt runs, not for every command
     from collections.abc import Iterator
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the engine (numpy, pydantic) loads only when a prompt runs,
     from localspec.attach.probe import Server
     from localspec.engine.config import GenerationRequest
     from localspec.engine.events import Done, Event, Token
+    from localspec.models.adapters import LoraSpec
 
 # --show-draft: accepted drafts green, accepted prediction tokens blue (the chat app's Ctrl+T colours).
 ORIGIN_COLOURS = {"draft": "\x1b[32m", "prediction": "\x1b[34m"}
@@ -48,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="model profile from models.toml (default: the registry's default)")
     p.add_argument("--model", help="target model id, overriding the profile's")
     p.add_argument("--draft-model", help="draft model id, overriding the profile's")
+    add_lora_argument(p)
     p.add_argument("--n-ctx", type=int, help="context tokens")
     p.add_argument("--threads", type=int, help="llama.cpp threads")
     p.add_argument("--no-pull", action="store_true", help="fail instead of fetching missing models")
@@ -64,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _blockers(args: argparse.Namespace) -> list[str]:
     """Flags only an engine of this process honours (a server has its own engine and sampler)."""
     out = [f"{flag} sets up an engine of its own" for flag, value in
-           (("--n-ctx", args.n_ctx), ("--threads", args.threads), ("--draft-model", args.draft_model))
+           (("--n-ctx", args.n_ctx), ("--threads", args.threads), ("--draft-model", args.draft_model),
+            ("--lora", args.lora))
            if value is not None]
     out += [f"{flag} is not part of the OpenAI API" for flag, value, default in
             (("--top-k", args.top_k, 0), ("--min-p", args.min_p, 0.0), ("--repeat-penalty", args.repeat_penalty, 1.0))
@@ -125,11 +128,16 @@ def run(args: argparse.Namespace) -> int:
 
     args.profile = active_profile(args.profile)  # the one active profile every face honours
     request = _request(args)
+    lora = None
+    if args.lora is not None:  # a malformed flag fails before any server is probed or model loaded
+        from localspec.models.adapters import parse_lora_spec
+
+        lora = parse_lora_spec(args.lora)
     t0 = time.perf_counter()
     server = attach_or_local(model=args.model, profile=args.profile, local=args.local, blockers=_blockers(args))
     if server is not None:
         return _run_attached(args, request, server, t0)
-    return _run_local(args, request)
+    return _run_local(args, request, lora)
 
 
 def _run_attached(args: argparse.Namespace, request: GenerationRequest, server: Server, t0: float) -> int:
@@ -165,7 +173,7 @@ def _stream(args: argparse.Namespace, events: Iterator[Event]) -> Done:
     return done
 
 
-def _run_local(args: argparse.Namespace, request: GenerationRequest) -> int:
+def _run_local(args: argparse.Namespace, request: GenerationRequest, lora: LoraSpec | None) -> int:
     from localspec.service import open_engine  # heavy import (llama.cpp) only for this verb
 
     if not args.no_pull:
@@ -179,6 +187,7 @@ def _run_local(args: argparse.Namespace, request: GenerationRequest) -> int:
         engine = open_engine(
             profile=args.profile, target=args.model, draft=args.draft_model,
             mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads, on_progress=show_progress,
+            lora_path=str(lora.path) if lora else None, lora_scale=lora.scale if lora else None,
         )
     load_s = time.perf_counter() - t0
     t_gen = time.perf_counter()

@@ -125,7 +125,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             "id": r.id, "role": r.role, "family": r.family, "quant": r.quant, "aliases": list(r.aliases),
             "installed": r.installed, "size": r.size, "path": str(r.path) if r.path else None,
             "source": r.source, "fit": r.fit.to_dict() if r.fit else None, "in_registry": r.in_registry,
-            "unpinned": r.unpinned,
+            "unpinned": r.unpinned, "lora": r.lora,
         } for r in rows])
         return 0
     from rich.table import Table
@@ -133,11 +133,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     from localspec.cli.output import print_table
 
     table = Table(box=None, pad_edge=False)
-    for col in ("id", "role", "quant", "size", "installed", "source", "fit"):
+    with_lora = any(r.lora for r in rows)  # the column only when some model has an adapter bound
+    for col in ("id", "role", "quant", "size", "installed", "source", "fit", *(("lora",) if with_lora else ())):
         table.add_column(col)
     for r in rows:
         table.add_row(r.id, r.role, r.quant or "", _human(r.size), "yes" if r.installed else "no",
-                      r.source or "", r.fit.verdict if r.fit else "")
+                      r.source or "", r.fit.verdict if r.fit else "", *((r.lora or "",) if with_lora else ()))
     print_table(table)  # ids whole at any width
     return 0
 

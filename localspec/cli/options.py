@@ -16,6 +16,15 @@ MODES = ("auto", "off", "draft", "lookup")
 CACHE_JUDGE_HELP = ("with --cache-semantic, who confirms a near-duplicate: the answering model (about 2-3 s on a "
                     "CPU), the learned pair scorer (milliseconds, fewer hits), or the guard's rules alone")
 
+LORA_HELP = ("apply this LoRA adapter GGUF to the target model, scaled by SCALE (default 1.0); the draft model "
+             "runs without it. Checked against the target before it loads")
+
+
+def add_lora_argument(p: argparse.ArgumentParser) -> None:
+    """--lora PATH[:SCALE]; kept a string here (parsed by localspec.models.adapters when a verb runs),
+    so that building the parser imports nothing heavy."""
+    p.add_argument("--lora", metavar="PATH[:SCALE]", help=LORA_HELP)
+
 
 class DeprecatedAlias(argparse.Action):
     """An old option spelling: hidden from --help, it stores what its replacement would and says,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localspec.cli.options import MODES, add_cache_judge_arguments
+from localspec.cli.options import MODES, add_cache_judge_arguments, add_lora_argument
 from localspec.paths import SETTINGS_ENV
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="model profile from models.toml (default: the active one)")
     p.add_argument("--model", help="target model id, overriding the profile's")
     p.add_argument("--draft-model", help="draft model id, overriding the profile's")
+    add_lora_argument(p)
     p.add_argument("--parallel", type=int, help="requests decoded together (sequence slots; default 4)")
     p.add_argument("--max-queue", type=int, help="requests waiting beyond the slots before 429 (default 16)")
     p.add_argument("--n-ctx", type=int, help="context tokens per slot")
@@ -69,8 +70,10 @@ def server_settings(args: argparse.Namespace, settings: Settings) -> ServerSetti
     from pydantic import ValidationError
 
     from localspec.errors import UsageError
+    from localspec.models.adapters import parse_lora_spec
     from localspec.server.settings import ServerSettings
 
+    lora = parse_lora_spec(args.lora) if args.lora is not None else None
     srv, cache, engine = settings.server, settings.cache, settings.engine_values()
 
     def pick(flag: Any, setting: Any) -> Any:
@@ -96,6 +99,7 @@ def server_settings(args: argparse.Namespace, settings: Settings) -> ServerSetti
                                                                                       cache.semantic),
             cache_judge=pick(args.cache_judge, cache.judge), router=settings.router.enabled,
             keep_alive=pick(args.keep_alive, srv.keep_alive),
+            lora_path=str(lora.path) if lora else None, lora_scale=lora.scale if lora else 1.0,
         ).with_env_key()
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -137,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
         from localspec.cli.models_cmd import ensure_models
 
         ensure_models(settings.profile, [settings.target, settings.draft] if settings.target else None)
+    if settings.lora_path:  # a wrong adapter fails here, in one line, not later on /health
+        from localspec.models.compat import check_lora
+        from localspec.service import resolve_models
+
+        files, _ = resolve_models(settings.profile, settings.target, None, need_draft=False)
+        check_lora(settings.lora_path, files.target)
     scheme = "https" if settings.ssl_certfile else "http"
     print(f"localspec: serving {scheme}://{settings.host}:{settings.port}/v1 (models load in the background; "
           f"GET /health says when ready)")

@@ -45,7 +45,8 @@ class EngineConfig(BaseModel):
         32768, ge=0, le=1_048_576,
         description="tokens of finished requests, per API key owner, that lookup may copy from (0 = none)",
     )
-    lora_path: str | None = None
+    lora_path: str | None = Field(None, description="LoRA adapter GGUF applied to the target (never the draft)")
+    lora_scale: float = Field(1.0, allow_inf_nan=False, description="how strongly the adapter's delta is applied")
     repack_weights: bool = Field(True, description="CPU: llama.cpp's repacked weight layout (faster decoding)")
     mmap: bool = Field(
         False, description="memory-map the model file; with repack_weights it keeps ~40% more resident memory"

@@ -24,7 +24,8 @@ def runtime_config(config: EngineConfig) -> RuntimeConfig:
         n_ctx=config.n_ctx, n_seq_max=config.parallel, pinned_cells=config.pinned_prefix_cells,
         n_batch=config.n_batch, n_ubatch=config.n_batch, n_outputs_max=output_rows(config),
         n_threads=config.n_threads, n_gpu_layers=config.n_gpu_layers, flash_attn=config.flash_attn,
-        lora_path=config.lora_path, repack_weights=config.repack_weights, mmap=config.mmap,
+        lora_path=config.lora_path, lora_scale=config.lora_scale, repack_weights=config.repack_weights,
+        mmap=config.mmap,
     )
 
 

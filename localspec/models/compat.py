@@ -119,7 +119,7 @@ def _refuse(adapter: Path, reason: str) -> IncompatibleAdapterError:
     return IncompatibleAdapterError(
         f"LoRA adapter {adapter} cannot be used: {reason}.",
         "Use a LoRA GGUF converted for this model (llama.cpp's convert_lora_to_gguf.py with this base), "
-        "or remove lora_path.",
+        "or leave the adapter out (--lora, or lora_path in settings.toml).",
     )
 
 
@@ -172,6 +172,8 @@ def check_lora(adapter_path: Path | str, base_path: Path | str) -> LoraCompat:
     general.type is "adapter" and adapter.type "lora", for the base model's architecture, with
     embedding size and tensor shapes that match the base. Reads headers only."""
     adapter = Path(adapter_path)
+    if "\0" in str(adapter):  # from settings.toml: open() would raise a bare ValueError
+        raise _refuse(adapter, "its path has a NUL byte")
     meta, base = read_header(adapter), read_header(base_path)  # IntegrityError when either is malformed
     kind, lora = meta.get("general.type"), meta.get("adapter.type")
     if kind != "adapter":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from localspec.errors import (
     ModelNotFoundError,
     UsageError,
 )
+from localspec.models.adapters import LoraSpec, parse_lora_spec
 from localspec.models.fit import FitEstimate, estimate_fit
 from localspec.models.hub import parse_hub_ref
 from localspec.models.pairing import DraftPairing
@@ -84,6 +85,7 @@ class ModelRow:
     fit: FitEstimate | None
     in_registry: bool = True
     unpinned: str | None = None  # why its files (installed, else the first source's) have no registry sha256
+    lora: str | None = None  # the adapter bound to it in models.toml, as written there
 
 
 class VerifyStatus(Enum):
@@ -165,13 +167,18 @@ class ModelManager:
             raise ModelNotFoundError(f"Model {mid!r} is not installed.", f"Run `localspec models pull {mid}`.")
         return path
 
-    def lora_path(self, id_or_alias: str) -> Path | None:
-        """The LoRA adapter named by the entry: a path, or a file in the model's store dir."""
+    def lora(self, id_or_alias: str) -> LoraSpec | None:
+        """The LoRA adapter bound to the entry (`lora = "PATH[:SCALE]"` in models.toml), applied
+        whenever the model is a target and no --lora is given: a path, or a file in its store dir."""
         entry = self.resolve(id_or_alias)
         if not entry.lora:
             return None
-        p = Path(entry.lora).expanduser()
-        return p if p.is_absolute() else self.store.model_dir(entry.id) / p
+        try:
+            spec = parse_lora_spec(entry.lora)
+        except UsageError as exc:
+            raise ConfigError(f"models.toml: {entry.id}.lora {entry.lora!r} is not PATH or PATH:SCALE.",
+                              "Fix the entry's lora value, e.g. lora = \"adapter.gguf:0.5\".") from exc
+        return spec if spec.path.is_absolute() else replace(spec, path=self.store.model_dir(entry.id) / spec.path)
 
     def manifest(self, id_or_alias: str) -> Manifest | None:
         return self.store.installed(self._model_id(id_or_alias))
@@ -475,6 +482,7 @@ class ModelManager:
             fit=fit,
             in_registry=entry is not None,
             unpinned=_unpinned(entry, m),
+            lora=entry.lora if entry else None,
         )
 
 

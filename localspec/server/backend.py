@@ -15,6 +15,7 @@ from typing import Literal
 from localspec.engine.embedder import Embedder
 from localspec.engine.scheduler import Engine
 from localspec.engine.worker import EngineWorker
+from localspec.models.adapters import LoraSpec
 from localspec.pipeline import LocalTier, Pipeline
 from localspec.server.embeddings import EmbeddingModel
 from localspec.server.settings import ServerSettings
@@ -35,6 +36,7 @@ class Backend:
     embedding_id: str | None = None
     embedding_names: set[str] = field(default_factory=set)
     embedding_path: Path | None = None
+    adapter: LoraSpec | None = None  # the LoRA applied to the target (--lora), listed on its names
     _embedder: EmbeddingModel | None = None
     _shared_embedder: Embedder | None = None  # the cache's, reused for /v1/embeddings
     _embed_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,6 +80,7 @@ class Backend:
             profile=s.profile, target=s.target, draft=s.draft, cache=s.cache, route=s.router,
             cache_sampled=s.cache_sampled, cache_semantic=s.cache_semantic, cache_judge=s.cache_judge,
             parallel=s.parallel, n_ctx=s.n_ctx, n_threads=s.n_threads, mode=s.mode,
+            lora_path=s.lora_path, lora_scale=s.lora_scale if s.lora_path else None,
         )
         mm = ModelManager()
         prof_name = s.profile or mm.registry.default_profile
@@ -104,6 +107,7 @@ class Backend:
             pipeline=pipeline, target_id=files.target_id, target_names=names, draft_id=files.draft_id,
             profile=prof_name, routes=routes, embedding_id=emb_id, embedding_names=emb_names,
             embedding_path=emb_path, _shared_embedder=pipeline.cache.embedder if pipeline.cache else None,
+            adapter=_adapter(pipeline),
         )
 
     def embedder(self) -> EmbeddingModel | None:
@@ -125,6 +129,13 @@ class Backend:
             self._shared_embedder.close()
 
 
+def _adapter(pipeline: Pipeline) -> LoraSpec | None:
+    """The LoRA the default tier's engine applies, as it was loaded."""
+    tier = pipeline.tiers[pipeline.default_tier]
+    config = tier.engine.config if isinstance(tier, LocalTier) else None
+    return LoraSpec(Path(config.lora_path), config.lora_scale) if config and config.lora_path else None
+
+
 @dataclass(frozen=True)
 class Catalog:
     """What the server answers to, kept while its models are unloaded (keep-alive, `stop`), so that
@@ -136,13 +147,15 @@ class Catalog:
     names: dict[str, tuple[str, str]]  # chat name -> (the model behind it, its route)
     embedding_id: str | None
     embedding_names: frozenset[str]
+    adapter: str | None = None  # the target's LoRA as listed: file name and scale (LoraSpec.label)
 
     @classmethod
     def of(cls, b: Backend) -> Catalog:
         from localspec.router import TierName
 
         names = {n: (b.model_behind(n), b.route_for(n) or str(TierName.LARGE)) for n in b.target_names}
-        return cls(b.target_id, b.draft_id, b.profile, names, b.embedding_id, frozenset(b.embedding_names))
+        return cls(b.target_id, b.draft_id, b.profile, names, b.embedding_id, frozenset(b.embedding_names),
+                   b.adapter.label if b.adapter else None)
 
 
 class Loader:

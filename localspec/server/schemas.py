@@ -349,6 +349,7 @@ class ModelInfo(BaseModel):
     loaded: bool = Field(description="in memory now; false: the next request naming it loads it")
     on_demand: bool = Field(False, description="an installed model beyond the profile's, loaded when a request "
                                                "names it")
+    adapter: str | None = Field(None, description="the LoRA adapter applied to the target (file name and scale)")
 
 
 class ModelCard(BaseModel):

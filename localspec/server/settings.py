@@ -41,6 +41,8 @@ class ServerSettings(BaseModel):
     n_ctx: int | None = Field(None, ge=64, description="context per slot; default: the profile's")
     n_threads: int | None = Field(None, ge=1)
     mode: str | None = Field(None, description="engine speculation mode; default: settings/auto")
+    lora_path: str | None = Field(None, description="LoRA adapter GGUF applied to the target (not the draft)")
+    lora_scale: float = Field(1.0, allow_inf_nan=False, description="the adapter's scale")
     max_body_bytes: int = Field(4 << 20, ge=1024)
     max_tokens_cap: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
     cors_origins: list[str] = Field(default_factory=list, description="older name of allowed_origins")

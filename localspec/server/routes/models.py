@@ -25,8 +25,9 @@ def catalog(state: ServerState) -> Catalog:
 async def cards(state: ServerState) -> list[ModelCard]:
     c = catalog(state)
     loaded = state.loader.backend is not None
+    # The adapter is named on the cards its answers come from: the target's, not another tier's.
     out = [ModelCard(id=n, localspec=ModelInfo(model=model, route=route, target=c.target_id, profile=c.profile,
-                                               loaded=loaded))
+                                               loaded=loaded, adapter=c.adapter if model == c.target_id else None))
            for n, (model, route) in sorted(c.names.items())]
     out += [ModelCard(id=n, localspec=ModelInfo(model=c.embedding_id, role="embedding", loaded=loaded))
             for n in sorted(c.embedding_names)]
