@@ -75,3 +75,28 @@ def test_history_proposals_match_a_brute_force_search():
             if starts:
                 expected = tuple(s[starts[-1] + 4 : starts[-1] + 7])
         assert got.tokens == (expected or own.tokens), (seqs, hist)
+
+
+def test_a_history_proposal_says_so_and_keeps_the_end_token():
+    history = LookupHistory(max_tokens=1000)
+    prompt = list(range(100, 120))
+    history.add("local", prompt + [7, 8], end=2)  # 2: the end-of-generation token that ended it
+    draft = PromptLookupDrafter(n_max=16).propose(prompt, 8, history.tokens("local"))
+    assert draft.source == "history" and draft.tokens == (7, 8, 2)
+    assert PromptLookupDrafter(n_max=16).propose(prompt + prompt[:16], 2).source == "lookup"
+
+
+def test_history_evidence_is_booked_apart_from_copies_of_the_prompt():
+    from localspec.engine.controller import AcceptanceBook, Choice, Controller
+    from localspec.engine.costs import Costs
+
+    cpu = Costs(verify=[0.060, 0.105, 0.124, 0.142, 0.161, 0.200, 0.240, 0.290, 0.338], draft_step=0.027)
+    book = AcceptanceBook()
+    c = Controller(cpu, k_max=8, book=book)
+    for _ in range(30):  # regenerated answers that part from the earlier one at once
+        c.observe(Choice("lookup", 8, 1.0), drafted=8, accepted=0, lookup_match=16, lookup_earlier=True)
+    assert book.for_lookup(16, earlier=True).planning_rates(1)[0] < 0.2
+    assert book.for_lookup(16).planning_rates(1)[0] > 0.5  # copies of the prompt keep their prior
+    # So a 16-token match in this sequence still drafts, while one in the history no longer does.
+    assert c.choose(0, 16, 8, 8, explore=False).drafter == "lookup"
+    assert c.choose(0, 16, 8, 8, explore=False, lookup_earlier=True).drafter == "off"

@@ -102,8 +102,12 @@ class Acceptance:
 _MATCH_BUCKETS = (16, 8, 4, 3, 2, 1)
 
 
-def match_bucket(match_length: int) -> int:
-    return next((b for b in _MATCH_BUCKETS if match_length >= b), 0)
+EARLIER_BUCKET = -1  # a full match in an earlier request (LookupHistory): its own evidence, since a
+# regenerated answer at temperature > 0 parts from the earlier one sooner than a copy of the prompt
+
+
+def match_bucket(match_length: int, *, earlier: bool = False) -> int:
+    return EARLIER_BUCKET if earlier else next((b for b in _MATCH_BUCKETS if match_length >= b), 0)
 
 
 @dataclass
@@ -121,8 +125,8 @@ class AcceptanceBook:
     def __post_init__(self) -> None:
         self.draft.decay = self.decay
 
-    def for_lookup(self, match_length: int) -> Acceptance:
-        key = match_bucket(match_length)
+    def for_lookup(self, match_length: int, *, earlier: bool = False) -> Acceptance:
+        key = match_bucket(match_length, earlier=earlier)
         if key not in self.lookup:
             self.lookup[key] = Acceptance(decay=self.decay)
         return self.lookup[key]
@@ -211,7 +215,8 @@ class Controller:
         return self.book.lookup
 
     def options(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int,
-                context: int | None = None, *, prediction_available: int = 0) -> list[_Option]:
+                context: int | None = None, *, prediction_available: int = 0,
+                lookup_earlier: bool = False) -> list[_Option]:
         """Every (drafter, k) worth weighing, plain decoding first. Runs every step: kept to plain
         arithmetic over the cost curve's level and shape (~0.3% of a 30 ms step on this CPU)."""
         c = self.costs
@@ -228,7 +233,8 @@ class Controller:
             rates = self.prediction.planning_rates(prediction_available)
             drafters.append(("prediction", rates, 0.0, 0.0))
         if lookup_match > 0:
-            rates = self.book.for_lookup(lookup_match).planning_rates(min(k_top, lookup_available))
+            book = self.book.for_lookup(lookup_match, earlier=lookup_earlier)
+            rates = book.planning_rates(min(k_top, lookup_available))
             drafters.append(("lookup", rates, 0.0, 0.0))
         for name, rates, fixed, per_k in drafters:
             expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time
@@ -242,12 +248,13 @@ class Controller:
 
     def choose(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int, *,
                context: int | None = None, explore: bool = True, prediction_available: int = 0,
-               prediction_cap: int | None = None) -> Choice:
+               prediction_cap: int | None = None, lookup_earlier: bool = False) -> Choice:
         """Pick the best (drafter, k); now and then, within the explorer's budget, a hopeful other.
 
         draft_lag: tokens the draft model must catch up before it can draft;
         lookup_match: n-gram length of the prompt-lookup match (0 = none);
         lookup_available: how many tokens the lookup match could propose;
+        lookup_earlier: the match is in an earlier request of the same owner, not in this sequence;
         k_cap: the most tokens worth drafting (max_tokens and context left);
         context: the sequence's KV length, which the verify cost grows with;
         explore: False for a look that takes no step (it must not spend the budget);
@@ -256,7 +263,7 @@ class Controller:
         """
         cap = k_cap if prediction_cap is None else prediction_cap
         options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context,
-                               prediction_available=min(prediction_available, cap))
+                               prediction_available=min(prediction_available, cap), lookup_earlier=lookup_earlier)
         best = max(options, key=lambda o: o.choice.expected_rate)
         if not explore:
             return best.choice
@@ -276,11 +283,12 @@ class Controller:
             return Choice(hopeful.choice.drafter, hopeful.choice.k, hopeful.choice.expected_rate, explored=True)
         return best.choice
 
-    def observe(self, choice: Choice, drafted: int, accepted: int, lookup_match: int = 0) -> None:
+    def observe(self, choice: Choice, drafted: int, accepted: int, lookup_match: int = 0, *,
+                lookup_earlier: bool = False) -> None:
         if choice.drafter == "draft" and drafted:
             self.draft.observe(drafted, accepted)
         elif choice.drafter == "lookup" and drafted:
-            self.book.for_lookup(lookup_match).observe(drafted, accepted)
+            self.book.for_lookup(lookup_match, earlier=lookup_earlier).observe(drafted, accepted)
         elif choice.drafter == "prediction" and drafted:
             self.prediction.observe(drafted, accepted)
 

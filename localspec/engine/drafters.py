@@ -67,7 +67,11 @@ class LookupHistory:
         self._sequences: dict[str, list[np.ndarray]] = {}
         self._joined: dict[str, np.ndarray] = {}
 
-    def add(self, scope: str, tokens: Sequence[int]) -> None:
+    def add(self, scope: str, tokens: Sequence[int], *, end: int | None = None) -> None:
+        """A finished sequence; `end`: the end-of-generation token that ended it, kept so that the
+        answer asked again drafts its end too."""
+        if end is not None:
+            tokens = [*tokens, end]
         if self.max_tokens <= 0 or len(tokens) < 2:
             return
         kept = self._sequences.setdefault(scope, [])
@@ -148,17 +152,17 @@ class PromptLookupDrafter:
         (`earlier`: the scope's finished sequences, from `LookupHistory.tokens`)."""
         arr = np.asarray(history, dtype=np.int64)
         n, start = self._longest_match(arr)
-        source = arr
+        source, name = arr, "lookup"
         m, start_earlier = self._from_history(arr, earlier, n)
         if m and earlier is not None:
-            n, start, source = m, start_earlier, earlier
+            n, start, source, name = m, start_earlier, earlier, "history"
         if k <= 0 or n == 0:
-            return Draft(tokens=(), q=None, source="lookup", match_length=n)
+            return Draft(tokens=(), q=None, source=name, match_length=n)
         proposal = source[start : start + k]
         if source is earlier:  # a copy from an earlier request ends with that request
             ends = np.flatnonzero(proposal == LookupHistory.SEPARATOR)
             proposal = proposal[: ends[0]] if ends.size else proposal
-        return Draft(tokens=tuple(int(t) for t in proposal), q=None, source="lookup", match_length=n)
+        return Draft(tokens=tuple(int(t) for t in proposal), q=None, source=name, match_length=n)
 
     def match_length(self, history: Sequence[int], earlier: np.ndarray | None = None) -> int:
         """Length of the n-gram a proposal would continue (0 = none); the controller's input."""

@@ -49,7 +49,7 @@ from localspec.engine.runtime import ModelRuntime, Row
 from localspec.engine.prompt import Prompter
 from localspec.engine.picking import grammar_tokens, pick, target_rows, target_tokens
 from localspec.engine.batch import Batch
-from localspec.engine.slots import Active, EventSink, Handle, Lane, Pending, Slot, token_logprob
+from localspec.engine.slots import Active, EventSink, Handle, Lane, Pending, Slot, speculation, token_logprob
 from localspec.engine.text import StopMatcher
 from localspec.engine.verify import Draft, PositionRng, verify, verify_greedy
 from localspec.errors import RequestError
@@ -392,28 +392,19 @@ class Engine:
             keep = pinned
         else:
             self._truncate(slot, keep)
-        mode = request.mode or self.config.mode
-        # A prediction drafts in every mode but an explicit off (and sampled grammars, which never speculate).
-        use_prediction = mode != "off" and not (handle.grammar is not None and not request.sampling.greedy)
-        if mode == "auto" and self.costs is None:
-            mode = "off"  # not calibrated yet (engine was busy): plain decoding is never wrong
-        k = request.k if request.k is not None else (
-            self.config.draft_k if mode == "draft" else self.config.lookup_k if mode == "lookup"
-            else self.config.auto_k_max if mode == "auto" else 0
-        )
-        if handle.grammar is not None and not request.sampling.greedy:
-            mode = "off"  # sampled grammar requests do not speculate yet (greedy ones do)
+        spec = speculation(request, self.config, calibrated=self.costs is not None,
+                           sampled_grammar=handle.grammar is not None and not request.sampling.greedy)
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
-        stats = Stats(mode=mode, prompt_tokens=len(tokens), reused_prefix_tokens=keep,
+        stats = Stats(mode=spec.mode, prompt_tokens=len(tokens), reused_prefix_tokens=keep,
                       prediction_tokens=len(handle.prediction.tokens) if handle.prediction else 0)
         active = Active(
-            handle=handle, request=request, tokens=list(tokens), n_prompt=len(tokens), mode=mode,
-            k=k if mode != "off" else 0, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
+            handle=handle, request=request, tokens=list(tokens), n_prompt=len(tokens), mode=spec.mode,
+            k=spec.k, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
             t_admit=time.perf_counter(), stop=StopMatcher(request.stop), grammar=handle.grammar,
-            prediction=handle.prediction if use_prediction else None,
+            prediction=handle.prediction if spec.use_prediction else None,
         )
-        if mode == "auto" and self.costs is not None:
-            active.controller = Controller(self.costs, k_max=k, has_draft_model=self.drafter is not None,
+        if spec.mode == "auto" and self.costs is not None:
+            active.controller = Controller(self.costs, k_max=spec.k, has_draft_model=self.drafter is not None,
                                            book=self.acceptance, explorer=self.explorer)
         slot.active = active
 
@@ -475,10 +466,11 @@ class Engine:
         a = slot.current
         lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
         proposal = self.lookup.propose(a.tokens, k_cap, self.history.tokens(a.request.history_scope))
-        a.lookup_match = proposal.match_length
+        a.lookup_match, a.lookup_earlier = proposal.match_length, proposal.source == "history"
         if a.controller is None:
             raise RuntimeError("mode auto without its controller")
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap, context=len(a.tokens),
+                                       lookup_earlier=a.lookup_earlier,
                                        prediction_available=prediction_cap, prediction_cap=prediction_cap)
         a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
         return a.choice.drafter, a.choice.k, proposal
@@ -508,7 +500,7 @@ class Engine:
             verdict = verify(target_rows(a, rows, d.tokens), d, a.rng, start_pos=len(a.tokens))
         a.stats.target_passes += 1
         if a.choice is not None and a.controller is not None:
-            a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match)
+            a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match, lookup_earlier=a.lookup_earlier)
             a.choice = None
         if len(d):
             a.stats.drafted += len(d)
@@ -540,7 +532,7 @@ class Engine:
                 a.stats.ttft_ms = (now - a.t_submit) * 1000
             a.t_last = now
             if self.target.is_eog(token):
-                self._finish(slot, "stop")
+                self._finish(slot, "stop", eog=token)
                 return
             a.tokens.append(token)
             a.stats.completion_tokens += 1
@@ -560,7 +552,8 @@ class Engine:
                 self._finish(slot, "length")
                 return
 
-    def _finish(self, slot: Slot, reason: FinishReason, error: str | None = None, flush: bool = True) -> None:
+    def _finish(self, slot: Slot, reason: FinishReason, error: str | None = None, flush: bool = True,
+                eog: int | None = None) -> None:  # eog: the end token that ended it (not in a.tokens)
         a = slot.current
         if flush and reason != "error":
             tail = a.stop.feed(a.utf8.flush())[0] + a.stop.flush()
@@ -580,7 +573,7 @@ class Engine:
         if a.grammar is not None:
             a.grammar.close()
         if reason in ("stop", "length") and a.handle.lane is not Lane.JUDGE:  # a judge's prompt is not a client's
-            self.history.add(a.request.history_scope, a.tokens)
+            self.history.add(a.request.history_scope, a.tokens, end=eog)
         slot.active = None
         self.save_costs(every=calibrate.SAVE_EVERY)
         a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error))

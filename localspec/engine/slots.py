@@ -11,7 +11,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from localspec.engine.config import GenerationRequest
+from localspec.engine.config import EngineConfig, GenerationRequest
 from localspec.engine.controller import Choice, Controller
 from localspec.engine.events import Done, Event, Stats, TokenLogprob
 from localspec.engine.grammar import Grammar
@@ -137,8 +137,34 @@ class Active:
     controller: Controller | None = None  # mode auto only
     choice: Choice | None = None  # what auto chose for the step in flight
     lookup_match: int = 0
+    lookup_earlier: bool = False  # that match is in an earlier request (LookupHistory)
     prediction: Prediction | None = None  # Predicted Outputs: drafted from while the output follows it
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.n_prompt
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How a request admitted now speculates: its mode, its k and whether its prediction drafts."""
+
+    mode: str
+    k: int
+    use_prediction: bool
+
+
+def speculation(request: GenerationRequest, config: EngineConfig, *, calibrated: bool,
+                sampled_grammar: bool) -> Speculation:
+    mode = request.mode or config.mode
+    # A prediction drafts in every mode but an explicit off (and sampled grammars, which never speculate).
+    use_prediction = mode != "off" and not sampled_grammar
+    if mode == "auto" and not calibrated:
+        mode = "off"  # not calibrated yet (engine was busy): plain decoding is never wrong
+    k = request.k if request.k is not None else (
+        config.draft_k if mode == "draft" else config.lookup_k if mode == "lookup"
+        else config.auto_k_max if mode == "auto" else 0
+    )
+    if sampled_grammar:
+        mode = "off"  # sampled grammar requests do not speculate yet (greedy ones do)
+    return Speculation(mode, k if mode != "off" else 0, use_prediction)
