@@ -90,7 +90,7 @@ def test_history_evidence_is_booked_apart_from_copies_of_the_prompt():
     from localspec.engine.controller import AcceptanceBook, Choice, Controller
     from localspec.engine.costs import Costs
 
-    cpu = Costs(verify=[0.060, 0.105, 0.124, 0.142, 0.161, 0.200, 0.240, 0.290, 0.338], draft_step=0.027)
+    cpu = Costs(verify=[0.060, 0.105, 0.124, 0.142, 0.161, 0.200, 0.240, 0.290, 0.338], draft_step=0.027, draft_row=0.004)
     book = AcceptanceBook()
     c = Controller(cpu, k_max=8, book=book)
     for _ in range(30):  # regenerated answers that part from the earlier one at once
