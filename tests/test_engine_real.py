@@ -147,7 +147,7 @@ def test_long_lookup_drafts_are_served_and_match_target_only(engine, k):
 def test_a_request_asked_again_drafts_its_earlier_answer_from_its_owner_history_only(engine):
     """Lookup over finished requests (like llama-server's ngram-mod pool): the same question again
     copies its earlier answer, verified like any draft; another owner's history stays out."""
-    req = chat(PROMPTS[4], max_tokens=48, mode="lookup", k=16, history_scope="test-owner-a")
+    req = chat(PROMPTS[4], max_tokens=48, mode="lookup", k=48, history_scope="test-owner-a")
     prompt_ids, _ = engine.prompt_tokens(req)
     first, done_first, _ = run(engine, req)
     again, done_again, _ = run(engine, req)

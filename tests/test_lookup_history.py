@@ -14,11 +14,11 @@ def test_a_repeated_request_drafts_the_earlier_answer_to_the_end_of_that_request
     history = LookupHistory(max_tokens=1000)
     prompt, answer = list(range(100, 120)), [7, 8, 9, 10]
     history.add("alice", prompt + answer)
-    d = PromptLookupDrafter(n_min=2, n_max=16)
-    draft = d.propose(prompt, 8, history.tokens("alice"))
+    d = PromptLookupDrafter(n_min=2, n_max=16, history=history)
+    draft = d.propose(prompt, 8, "alice")
     assert draft.tokens == (7, 8, 9, 10) and draft.match_length == 16  # stops at that request's end
     # After one token of the answer, the rest follows.
-    assert d.propose(prompt + [7], 8, history.tokens("alice")).tokens == (8, 9, 10)
+    assert d.propose(prompt + [7], 8, "alice").tokens == (8, 9, 10)
     # Without the history, the sequence alone has nothing to copy.
     assert d.propose(prompt, 8).tokens == ()
 
@@ -27,17 +27,17 @@ def test_another_owner_and_a_short_match_draft_nothing_from_history():
     history = LookupHistory(max_tokens=1000)
     template_tail = [1, 2, 3, 4, 5]  # "<|im_end|>\n<|im_start|>assistant\n": in every chat
     history.add("alice", list(range(100, 120)) + template_tail + [50, 51, 52])
-    d = PromptLookupDrafter(n_min=2, n_max=16)
-    assert d.propose(list(range(100, 120)) + template_tail, 4, history.tokens("bob")).tokens == ()
+    d = PromptLookupDrafter(n_min=2, n_max=16, history=history)
+    assert d.propose(list(range(100, 120)) + template_tail, 4, "bob").tokens == ()
     other_question = list(range(200, 220)) + template_tail
-    assert d.propose(other_question, 4, history.tokens("alice")).tokens == ()
+    assert d.propose(other_question, 4, "alice").tokens == ()
 
 
 def test_the_sequence_own_full_match_wins_over_history():
     history = LookupHistory(max_tokens=1000)
     seq = list(range(16)) + [90, 91] + list(range(16))
     history.add("local", list(range(16)) + [70, 71])
-    assert PromptLookupDrafter(n_max=16).propose(seq, 2, history.tokens("local")).tokens == (90, 91)
+    assert PromptLookupDrafter(n_max=16, history=history).propose(seq, 2, "local").tokens == (90, 91)
 
 
 def test_history_keeps_the_newest_tokens_within_its_bound_and_matches_never_span_two_requests():
@@ -51,20 +51,20 @@ def test_history_keeps_the_newest_tokens_within_its_bound_and_matches_never_span
     history = LookupHistory(max_tokens=1000)
     history.add("local", list(range(8)))
     history.add("local", list(range(8, 30)))
-    assert PromptLookupDrafter(n_max=16).propose(list(range(16)), 4, history.tokens("local")).tokens == ()
+    assert PromptLookupDrafter(n_max=16, history=history).propose(list(range(16)), 4, "local").tokens == ()
     assert LookupHistory(max_tokens=0).tokens("local") is None
 
 
 def test_history_proposals_match_a_brute_force_search():
     rng = random.Random(3)
-    d = PromptLookupDrafter(n_min=2, n_max=4)
     for _ in range(3000):
         history = LookupHistory(max_tokens=10_000)
+        d = PromptLookupDrafter(n_min=2, n_max=4, history=history)
         seqs = [[rng.randrange(3) for _ in range(rng.randrange(2, 15))] for _ in range(rng.randrange(1, 4))]
         for s in seqs:
             history.add("s", s)
         hist = [rng.randrange(3) for _ in range(rng.randrange(4, 12))]
-        got = d.propose(hist, 3, history.tokens("s"))
+        got = d.propose(hist, 3, "s")
         own = d.propose(hist, 3)
         if own.match_length >= 4:
             assert got == own
@@ -81,9 +81,9 @@ def test_a_history_proposal_says_so_and_keeps_the_end_token():
     history = LookupHistory(max_tokens=1000)
     prompt = list(range(100, 120))
     history.add("local", prompt + [7, 8], end=2)  # 2: the end-of-generation token that ended it
-    draft = PromptLookupDrafter(n_max=16).propose(prompt, 8, history.tokens("local"))
+    draft = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "local")
     assert draft.source == "history" and draft.tokens == (7, 8, 2)
-    assert PromptLookupDrafter(n_max=16).propose(prompt + prompt[:16], 2).source == "lookup"
+    assert PromptLookupDrafter(n_max=16, history=history).propose(prompt + prompt[:16], 2).source == "lookup"
 
 
 def test_history_evidence_is_booked_apart_from_copies_of_the_prompt():
@@ -100,3 +100,30 @@ def test_history_evidence_is_booked_apart_from_copies_of_the_prompt():
     # So a 16-token match in this sequence still drafts, while one in the history no longer does.
     assert c.choose(0, 16, 8, 8, explore=False).drafter == "lookup"
     assert c.choose(0, 16, 8, 8, explore=False, lookup_earlier=True).drafter == "off"
+
+
+def test_a_sure_copy_drafts_past_auto_k_max_where_long_batches_are_cheaper_per_row():
+    from localspec.engine.controller import AcceptanceBook, Controller
+    from localspec.engine.costs import Costs
+
+    # This 2-core CPU's verify curve (ms by rows; scripts/verify_cost_shape.py-style, 300 tokens of KV):
+    # batched matmul kernels make 49 rows cost 23 single-row passes, 17 rows 10.4.
+    measured = {1: 32, 2: 62, 5: 128, 9: 244, 17: 333, 25: 442, 33: 531, 49: 731}
+    xs = sorted(measured)
+    verify = []
+    for n in range(1, 50):
+        lo, hi = max(x for x in xs if x <= n), min(x for x in xs if x >= n)
+        ms = measured[lo] if lo == hi else measured[lo] + (measured[hi] - measured[lo]) * (n - lo) / (hi - lo)
+        verify.append(ms / 1000)
+    cpu = Costs(verify=verify, draft_step=0.027, draft_row=0.004)
+    book = AcceptanceBook()
+    for _ in range(50):  # the same request asked again: its earlier answer is accepted whole
+        book.for_lookup(16, earlier=True).observe(48, 48)
+    long = Controller(cpu, k_max=16, book=book, copy_k_max=48)
+    choice = long.choose(0, 16, 48, 200, explore=False, lookup_earlier=True)
+    assert choice.drafter == "lookup" and choice.k > 16
+    capped = Controller(cpu, k_max=16, book=book, copy_k_max=16)
+    assert capped.choose(0, 16, 48, 200, explore=False, lookup_earlier=True).k == 16
+    assert choice.expected_rate > 1.2 * capped.choose(0, 16, 48, 200, explore=False, lookup_earlier=True).expected_rate
+    # The draft model stays at its own cap.
+    assert all(o.choice.k <= 16 for o in long.options(0, 0, 0, 200) if o.choice.drafter == "draft")

@@ -167,7 +167,7 @@ def test_generate_honours_the_active_profile(monkeypatch):
     from localspec.cli import generate_cmd
 
     seen: list[str | None] = []
-    monkeypatch.setattr(generate_cmd, "_run_local", lambda args, request: seen.append(args.profile) or 0)
+    monkeypatch.setattr(generate_cmd, "_run_local", lambda args, request, lora: seen.append(args.profile) or 0)
     _user_settings('profile = "from-settings"\n')
     assert main(["generate", "hi", "--local"]) == 0
     assert main(["generate", "hi", "--local", "--profile", "explicit"]) == 0

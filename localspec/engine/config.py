@@ -34,6 +34,11 @@ class EngineConfig(BaseModel):
     auto_k_max: int = Field(16, ge=1, le=32, description="longest draft auto considers (copies pay most past 8)")
     auto_explore: float = Field(0.01, ge=0.0, le=0.2,
                                 description="most of its time auto spends trying choices it believes do not pay")
+    copy_k_max: int = Field(
+        48, ge=1, le=MAX_DRAFT_K,
+        description="longest lookup draft auto considers: a copy of the prompt or an earlier answer, accepted "
+                    "whole, pays more the longer it is (a 2-core CPU verifies 49 rows in 23 single-row passes)",
+    )
     draft_k: int = Field(6, ge=0, le=32, description="most tokens the draft model proposes per step")
     draft_p_min: float = Field(0.5, ge=0.0, le=1.0, description="greedy drafting stops below this top-1 probability")
     lookup_k: int = Field(8, ge=0, le=MAX_DRAFT_K)
@@ -102,6 +107,7 @@ def output_rows(config: EngineConfig) -> int:
     verification (MAX_DRAFT_K + 1 rows) or every slot at its configured k, whichever is more.
     llama.cpp reserves n_vocab floats per row (0.6 MB for Qwen) in its compute buffer; a step that
     needs more rows is split by the runtime rather than refused."""
+    # Not copy_k_max: a long copy in several slots at once is rare, and 0.6 MB a row is not.
     configured = max(config.draft_k, config.lookup_k, config.auto_k_max, config.prediction_k_max) + 1
     return min(config.n_batch, max(config.parallel * configured, MAX_DRAFT_K + 1))
 

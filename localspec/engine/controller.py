@@ -190,10 +190,13 @@ class Controller:
 
     def __init__(
         self, costs: Costs, k_max: int = 8, has_draft_model: bool = True, book: AcceptanceBook | None = None,
-        explorer: Explorer | None = None,
+        explorer: Explorer | None = None, copy_k_max: int | None = None,
     ) -> None:
         self.costs = costs
         self.k_max = k_max
+        # Lookup's own cap: a copy accepted whole pays more the longer it is, since a batch of 33-64
+        # rows costs less per row than one of 17 (CPU matmuls switch to their batched kernels).
+        self.copy_k_max = k_max if copy_k_max is None else copy_k_max
         self.has_draft_model = has_draft_model
         self.book = book if book is not None else AcceptanceBook(decay=1.0)
         self.explorer = explorer if explorer is not None else Explorer(budget=0.0)
@@ -234,7 +237,7 @@ class Controller:
             drafters.append(("prediction", rates, 0.0, 0.0))
         if lookup_match > 0:
             book = self.book.for_lookup(lookup_match, earlier=lookup_earlier)
-            rates = book.planning_rates(min(k_top, lookup_available))
+            rates = book.planning_rates(min(self.copy_k_max, k_cap, lookup_available))
             drafters.append(("lookup", rates, 0.0, 0.0))
         for name, rates, fixed, per_k in drafters:
             expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time

@@ -126,10 +126,11 @@ class PromptLookupDrafter:
 
     name = "lookup"
 
-    def __init__(self, n_min: int = 2, n_max: int = 16) -> None:
+    def __init__(self, n_min: int = 2, n_max: int = 16, history: LookupHistory | None = None) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
+        self.history = history if history is not None else LookupHistory(0)
 
     def _longest_match(self, arr: np.ndarray) -> tuple[int, int]:
         """(length, index after the match) of the longest earlier suffix match; (0, -1) if none."""
@@ -147,10 +148,11 @@ class PromptLookupDrafter:
             return 0, -1
         return length, start
 
-    def propose(self, history: Sequence[int], k: int, earlier: np.ndarray | None = None) -> Draft:
-        """Up to k tokens after the most recent earlier match of the longest suffix n-gram
-        (`earlier`: the scope's finished sequences, from `LookupHistory.tokens`)."""
+    def propose(self, history: Sequence[int], k: int, scope: str | None = None) -> Draft:
+        """Up to k tokens after the most recent earlier match of the longest suffix n-gram (`scope`:
+        whose finished requests may be copied too, see `LookupHistory`; None: none)."""
         arr = np.asarray(history, dtype=np.int64)
+        earlier = None if scope is None else self.history.tokens(scope)
         n, start = self._longest_match(arr)
         source, name = arr, "lookup"
         m, start_earlier = self._from_history(arr, earlier, n)
@@ -164,9 +166,9 @@ class PromptLookupDrafter:
             proposal = proposal[: ends[0]] if ends.size else proposal
         return Draft(tokens=tuple(int(t) for t in proposal), q=None, source=name, match_length=n)
 
-    def match_length(self, history: Sequence[int], earlier: np.ndarray | None = None) -> int:
+    def match_length(self, history: Sequence[int], scope: str | None = None) -> int:
         """Length of the n-gram a proposal would continue (0 = none); the controller's input."""
-        return self.propose(history, 0, earlier).match_length
+        return self.propose(history, 0, scope).match_length
 
 
 class DraftModelDrafter:

@@ -82,8 +82,8 @@ class Engine:
         if draft is not None:
             check_vocabularies(target, draft)
             self.drafter = DraftModelDrafter(draft, target.n_vocab, self.config.draft_p_min)
-        self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max)
-        self.history = LookupHistory(self.config.lookup_history_tokens)
+        self.lookup = PromptLookupDrafter(self.config.lookup_n_min, self.config.lookup_n_max,
+                                          LookupHistory(self.config.lookup_history_tokens))
         self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
         self.explorer = Explorer(budget=self.config.auto_explore)  # shared: the budget is the engine's time
         self.cost_file: calibrate.CostFile | None = None  # where learned costs persist (set by calibrate)
@@ -140,7 +140,8 @@ class Engine:
             cache = Path(self.calibration_dir) if self.calibration_dir else None
             for slot in self.slots[:1]:
                 self._reset_kv(slot)
-            self.costs, self.cost_file = calibrate.load_or_measure(self.target, self.draft, self.config.auto_k_max,
+            k_max = max(self.config.auto_k_max, self.config.copy_k_max)  # the longest verify auto plans for
+            self.costs, self.cost_file = calibrate.load_or_measure(self.target, self.draft, k_max,
                                                                     cache, on_progress=on_progress)
         return self.costs
 
@@ -188,11 +189,8 @@ class Engine:
         prediction = None if request.prediction is None else \
             prepare(request.prediction, self.target, n_ctx=self.config.n_ctx)
         with self._lock:
-            handle = Handle(self._next_id, sink=sink, lane=lane)
-            handle.grammar = grammar
-            handle.pin_len = pin_len
-            handle.prediction = prediction
-            handle.dropped_messages = dropped
+            handle = Handle(self._next_id, sink=sink, lane=lane, grammar=grammar, pin_len=pin_len,
+                            prediction=prediction, dropped_messages=dropped)
             self._next_id += 1
             entry = Pending(handle, request, tokens, time.perf_counter())
             if lane is Lane.JUDGE:  # behind earlier judgements, ahead of every generation
@@ -393,7 +391,8 @@ class Engine:
         else:
             self._truncate(slot, keep)
         spec = speculation(request, self.config, calibrated=self.costs is not None,
-                           sampled_grammar=handle.grammar is not None and not request.sampling.greedy)
+                           sampled_grammar=handle.grammar is not None and not request.sampling.greedy,
+                           has_prediction=handle.prediction is not None)
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
         stats = Stats(mode=spec.mode, prompt_tokens=len(tokens), reused_prefix_tokens=keep,
                       prediction_tokens=len(handle.prediction.tokens) if handle.prediction else 0)
@@ -405,7 +404,8 @@ class Engine:
         )
         if spec.mode == "auto" and self.costs is not None:
             active.controller = Controller(self.costs, k_max=spec.k, has_draft_model=self.drafter is not None,
-                                           book=self.acceptance, explorer=self.explorer)
+                                           book=self.acceptance, explorer=self.explorer,
+                                           copy_k_max=spec.copy_k)
         slot.active = active
 
     def _draft(self, decoding: list[Slot]) -> dict[int, Draft]:
@@ -447,7 +447,7 @@ class Engine:
             pk = min(self.config.prediction_k_max, room, a.prediction.available())
         mode, lookup = a.mode, None
         if mode == "auto" and max(k, pk) > 0:
-            mode, k, lookup = self._auto_choice(slot, k, pk)
+            mode, k, lookup = self._auto_choice(slot, room, pk)
         elif pk > 0:
             mode, k = "prediction", pk
         if k <= 0 or mode == "off":
@@ -455,21 +455,21 @@ class Engine:
         elif mode == "prediction" and a.prediction is not None:
             drafts[slot.seq] = a.prediction.propose(k)
         elif mode == "lookup":
-            lookup = lookup or self.lookup.propose(a.tokens, k, self.history.tokens(a.request.history_scope))
+            lookup = lookup or self.lookup.propose(a.tokens, k, a.request.history_scope)
             drafts[slot.seq] = replace(lookup, tokens=lookup.tokens[:k])
         else:
             return DraftJob(slot.seq, list(a.tokens), k, a.request.sampling, a.rng)
         return None
 
-    def _auto_choice(self, slot: Slot, k_cap: int, prediction_cap: int) -> tuple[str, int, Draft]:
-        """Ask the controller which drafter and k pay most; also return the lookup proposal it weighed."""
+    def _auto_choice(self, slot: Slot, room: int, prediction_cap: int) -> tuple[str, int, Draft]:
+        """The controller's pick of drafter and k within `room`, and the lookup proposal it weighed."""
         a = slot.current
-        lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
-        proposal = self.lookup.propose(a.tokens, k_cap, self.history.tokens(a.request.history_scope))
-        a.lookup_match, a.lookup_earlier = proposal.match_length, proposal.source == "history"
         if a.controller is None:
             raise RuntimeError("mode auto without its controller")
-        a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), k_cap, context=len(a.tokens),
+        lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
+        proposal = self.lookup.propose(a.tokens, min(room, a.controller.copy_k_max), a.request.history_scope)
+        a.lookup_match, a.lookup_earlier = proposal.match_length, proposal.source == "history"
+        a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), room, context=len(a.tokens),
                                        lookup_earlier=a.lookup_earlier,
                                        prediction_available=prediction_cap, prediction_cap=prediction_cap)
         a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
@@ -573,7 +573,7 @@ class Engine:
         if a.grammar is not None:
             a.grammar.close()
         if reason in ("stop", "length") and a.handle.lane is not Lane.JUDGE:  # a judge's prompt is not a client's
-            self.history.add(a.request.history_scope, a.tokens, end=eog)
+            self.lookup.history.add(a.request.history_scope, a.tokens, end=eog)
         slot.active = None
         self.save_costs(every=calibrate.SAVE_EVERY)
         a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error))

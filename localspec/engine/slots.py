@@ -53,7 +53,9 @@ class Handle:
     Events go to `sink` when one was given (on the engine's thread, as they happen), else to the
     `events` queue for a caller that reads them itself."""
 
-    def __init__(self, request_id: int, *, sink: EventSink | None = None, lane: Lane = Lane.GENERATION) -> None:
+    def __init__(self, request_id: int, *, sink: EventSink | None = None, lane: Lane = Lane.GENERATION,
+                 grammar: Grammar | None = None, pin_len: int = 0, prediction: Prediction | None = None,
+                 dropped_messages: int = 0) -> None:
         self.id = request_id
         self.lane = lane
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -61,10 +63,10 @@ class Handle:
         self._cancel = threading.Event()
         self.done = threading.Event()
         self.result: Done | None = None
-        self.grammar: Grammar | None = None  # compiled by submit; the engine thread owns it after
-        self.pin_len = 0  # leading prompt tokens to keep pinned (GenerationRequest.pin_prefix)
-        self.prediction: Prediction | None = None  # the request's prediction, tokenized by submit
-        self.dropped_messages = 0  # old turns left out to fit the context
+        self.grammar = grammar  # compiled by submit; the engine thread owns it after
+        self.pin_len = pin_len  # leading prompt tokens to keep pinned (GenerationRequest.pin_prefix)
+        self.prediction = prediction  # the request's prediction, tokenized by submit
+        self.dropped_messages = dropped_messages  # old turns left out to fit the context
 
     def deliver(self, event: Event) -> None:
         """Hand one event to the caller. A faulty sink is the face's bug: it never stops the engine."""
@@ -152,10 +154,11 @@ class Speculation:
     mode: str
     k: int
     use_prediction: bool
+    copy_k: int  # auto: how far lookup may copy
 
 
-def speculation(request: GenerationRequest, config: EngineConfig, *, calibrated: bool,
-                sampled_grammar: bool) -> Speculation:
+def speculation(request: GenerationRequest, config: EngineConfig, *, calibrated: bool, sampled_grammar: bool,
+                has_prediction: bool) -> Speculation:
     mode = request.mode or config.mode
     # A prediction drafts in every mode but an explicit off (and sampled grammars, which never speculate).
     use_prediction = mode != "off" and not sampled_grammar
@@ -167,4 +170,7 @@ def speculation(request: GenerationRequest, config: EngineConfig, *, calibrated:
     )
     if sampled_grammar:
         mode = "off"  # sampled grammar requests do not speculate yet (greedy ones do)
-    return Speculation(mode, k if mode != "off" else 0, use_prediction)
+    # An explicit k caps every drafter. With a prediction, lookup copies no further than the
+    # prediction may, so that on a tie (both copying the same file) the prediction drafts.
+    copy_k = k if request.k is not None else config.prediction_k_max if has_prediction else config.copy_k_max
+    return Speculation(mode, k if mode != "off" else 0, use_prediction, copy_k)
