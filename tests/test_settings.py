@@ -257,3 +257,54 @@ def test_write_profile_writes_through_a_symlinked_file(tmp_path):
     link.symlink_to(real)
     write_profile("p", link)
     assert link.is_symlink() and load_settings(real, environ={}).profile == "p"
+
+
+# ---------------------------------------------------------------- an adapter is not an [engine] setting
+
+
+@pytest.mark.parametrize(("text", "env", "where"), [
+    ('[engine]\nlora_path = "style.gguf"\n', {}, "settings.toml: setting 'engine.lora_path'"),
+    ("[engine]\nlora_scale = 0.5\n", {}, "settings.toml: setting 'engine.lora_scale'"),
+    ("", {"LOCALSPEC_ENGINE__LORA_PATH": "style.gguf"}, "$LOCALSPEC_ENGINE__LORA_PATH: setting 'engine.lora_path'"),
+])
+def test_an_adapter_in_engine_settings_is_refused_pointing_at_lora(tmp_path, text, env, where):
+    with pytest.raises(ConfigError) as info:
+        load_settings(_file(tmp_path, text), environ=env)
+    assert where in info.value.cause and "\n" not in info.value.cause
+    assert "--lora" in info.value.fix and "models.toml" in info.value.fix
+
+
+# ---------------------------------------------------------------- the file is untrusted, its mode is kept
+
+
+def test_write_profile_keeps_the_mode_and_the_line_ends(tmp_path):
+    path = tmp_path / "settings.toml"
+    path.write_bytes(b"# mine\r\n[engine]\r\ndraft_k = 3\r\n")
+    path.chmod(0o600)
+    write_profile("fast", path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    data = path.read_bytes()
+    assert data.count(b"\r\n") == 4 and b"\n" not in data.replace(b"\r\n", b"")
+    assert load_settings(path, environ={}).profile == "fast"
+    assert [p.name for p in tmp_path.iterdir()] == ["settings.toml"]  # no temporary file left
+
+
+def test_write_profile_never_follows_a_planted_temporary_link(tmp_path):
+    path = _file(tmp_path, "[engine]\ndraft_k = 3\n")
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    (tmp_path / "settings.toml.tmp").symlink_to(victim)
+    write_profile("p", path)
+    assert victim.read_text() == "untouched" and load_settings(path, environ={}).profile == "p"
+
+
+def test_an_oversized_or_special_settings_file_is_refused_without_blocking(tmp_path):
+    big = _file(tmp_path, "# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match="over 1 MiB"):
+        load_settings(big, environ={})
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # no writer: a blocking open would hang here
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings(fifo, environ={})
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings(Path("/dev/zero"), environ={})
