@@ -7,7 +7,9 @@
     [router]                   # model "auto" routes between the profile's tiers
     [metrics]                  # privacy, retention, prices, drift limits (localspec/metrics/settings.py)
 
-Precedence: defaults < the profile < settings.toml < the environment < explicit command-line flags.
+Precedence: defaults < the profile < settings.toml < the environment < a model's own settings
+(models.toml [models.settings]) < explicit command-line flags. An adapter is not an [engine] setting
+(it would reach every engine): --lora, or models.toml's `lora =`.
 The environment spells a key `LOCALSPEC_<TABLE>__<KEY>` (`LOCALSPEC_SERVER__PORT=9000`, a list as
 `a,b`); `LOCALSPEC_PROFILE` and the older `LOCALSPEC_THREADS` ([engine] n_threads) also count.
 The file is untrusted: an unknown key or a bad value is one line naming the key, where it came
