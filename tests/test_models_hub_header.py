@@ -206,6 +206,17 @@ def test_pull_with_a_matching_draft_pulls_both_and_pairs_them(env, hub, tmp_stor
     assert done["event"] == "installed" and done["pulled_draft"] == "acme-draft-q4_k_m"
     assert done["draft"]["draft"] == "acme-draft-q4_k_m" and "KV cache" in done["fit"]
     assert {Path(r.path).name for r in hub.gets()} == {BIG, "Draft-Q4_K_M.gguf"}
+    # The draft's header, read for the tokenizer check, is not read again by the draft's own pull.
+    draft_ranges = [r.headers["range"] for r in hub.header_reads() if r.path.endswith("Draft-Q4_K_M.gguf")]
+    assert draft_ranges and len(draft_ranges) == len(set(draft_ranges))
+
+
+def test_pull_without_a_draft_reads_only_what_the_fit_needs(env, hub, tmp_store):  # noqa: F811
+    proc = run_cli("models", "pull", f"hf.co/{REPO_ID}", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "KV cache at n_ctx" in proc.stdout  # the fit from the header
+    big_reads = [r for r in hub.header_reads() if r.path.endswith(BIG)]
+    assert len(big_reads) == 1 and hub.served(big_reads) == FIRST_READ_BYTES  # not the ~250 KB of token texts
 
 
 @pytest.mark.parametrize("name", ["Garbage-Q4_K_M.gguf", "Cut-Q8_0.gguf"])
