@@ -119,6 +119,33 @@ def test_a_server_without_ranges_falls_back_to_the_size_and_says_so(hub):
     assert fit.estimate is None and "from the file size only: the server ignores HTTP range requests" in fit.line
 
 
+def test_a_server_answering_short_ranges_is_not_followed(hub):
+    hub.range_cap = 16 << 10  # a 206 of 16 KiB for every 64 KiB asked
+    got, size = _read(hub, REPO_ID, BIG, Depth.TOKENS)
+    assert got.outcome is Outcome.UNREACHABLE and got.meta is None and got.requests == 1
+    assert "a short range (16384 of 65536 bytes)" in got.detail
+    assert "from the file size only" in remote_fit(size, got, 4096, ram=1 << 40, vram=None).line
+
+
+def test_an_empty_file_sends_no_range(hub):
+    got = read_remote_header(REPO_ID, BIG, "main", 0, depth=Depth.FIT)
+    assert got.outcome is Outcome.UNREACHABLE and got.requests == 0 and hub.requests == []
+
+
+def test_the_number_of_range_requests_is_capped(monkeypatch):
+    from localspec.models import hub_header
+    from localspec.models.gguf_info import HeaderIncomplete
+
+    def never_enough(buf, total, source, *, vocab_count_only=False):
+        raise HeaderIncomplete(len(buf) + 1)
+
+    monkeypatch.setattr(hub_header, "FIRST_READ_BYTES", 1)
+    monkeypatch.setattr(hub_header, "_fetch_range", lambda url, start, end: bytes(end - start + 1))
+    monkeypatch.setattr(hub_header, "parse_header_prefix", never_enough)
+    got = read_remote_header(REPO_ID, BIG, "main", 1 << 20, depth=Depth.FIT, max_bytes=1 << 20)
+    assert got.outcome is Outcome.TOO_LONG and got.requests == hub_header.MAX_REQUESTS
+
+
 @pytest.mark.parametrize(("name", "says"), [
     ("Garbage-Q4_K_M.gguf", "acme/bad-GGUF/Garbage-Q4_K_M.gguf is not a valid GGUF file"),
     ("Cut-Q8_0.gguf", "header is cut off at byte 300"),
