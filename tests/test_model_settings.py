@@ -180,7 +180,8 @@ def test_attached_generate_leaves_an_unset_temperature_to_the_model_as_in_proces
         """The temperature a localspec server applies to what attached `generate` sends."""
         request = generate_cmd._request(parser.parse_args(["generate", "hi", *flags]))
         kwargs = RemoteGeneration(None, "m", request, localspec=True)._kwargs()
-        body = CompletionRequest.model_validate({**kwargs, **kwargs.pop("extra_body"), "prompt": "hi"})
+        extra = kwargs.pop("extra_body")
+        body = CompletionRequest.model_validate({**kwargs, **extra, "prompt": "hi"})
         in_process = model.apply(request).sampling.temperature
         over_the_wire = model.apply(GenerationRequest(prompt="hi", sampling=_sampling(body))).sampling.temperature
         assert over_the_wire == in_process
