@@ -331,7 +331,9 @@ def _require_key(spec: ServiceSpec, host: str, dry_run: bool) -> None:
     listen there without one. Refuse it here, with the fix, instead."""
     from localspec.server.settings import is_loopback
 
-    if is_loopback(host) or env_file_sets_key(spec.env_file, spec.manager) or service_settings(spec).server.api_key_file:
+    if is_loopback(host) or env_file_sets_key(spec.env_file, spec.manager):
+        return
+    if service_settings(spec).server.api_key_file:
         return
     if not dry_run:
         _create_env_file(spec.env_file)  # so that the fix is one line in an existing private file
