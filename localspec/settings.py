@@ -146,12 +146,18 @@ def _read_text(path: Path) -> str | None:
     except OSError as exc:
         raise ConfigError(f"Cannot read the settings file {path}: {exc}.", "Make it a readable UTF-8 text file.") \
             from exc
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ConfigError(f"Cannot read the settings file {path}: it is not a regular file.",
                               "Make it a readable UTF-8 text file.")
-        data = fh.read(MAX_SETTINGS_BYTES + 1)
+        data = b""
+        while len(data) <= MAX_SETTINGS_BYTES and (chunk := os.read(fd, MAX_SETTINGS_BYTES + 1 - len(data))):
+            data += chunk
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the settings file {path}: {exc}.", "Make it a readable UTF-8 text file.") \
+            from exc
+    finally:
+        os.close(fd)
     if len(data) > MAX_SETTINGS_BYTES:
         raise ConfigError(f"The settings file {path} is over {MAX_SETTINGS_BYTES >> 20} MiB.",
                           "A settings file is a few lines of TOML: check that the path names the right file.")
