@@ -217,7 +217,9 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Prob
                           "per_model": {r: f.to_dict() for r, f in fits.items()}}
         if vram is not None:  # the split a load with n_gpu_layers = -1 makes, target first
             budget = VramBudget(vram, model_layers)
-            profile["offload"] = {r: budget(str(p), n_cells=prof.n_ctx).message for r, p in paths.items()}
+            plans = {r: budget(str(p), n_cells=prof.n_ctx) for r, p in paths.items()}
+            profile["offload"] = {r: plan.message if plan else "no plan from its header: llama.cpp's own split"
+                                  for r, plan in plans.items()}
     embedding = None
     warnings: list[Problem] = []
     if prof.embedding:

@@ -104,14 +104,19 @@ def calibration_dir() -> str:
     return os.environ.get("LOCALSPEC_CALIBRATION_DIR") or str(resolve_paths().cache_dir)
 
 
+def _wants_draft(overrides: dict[str, Any]) -> bool:
+    """Whether the mode the engine will run (the caller's, else settings.toml's) uses a draft model."""
+    mode = overrides.get("mode") or load_settings().get("mode")
+    return mode not in ("off", "lookup")
+
+
 def open_engine(
     profile: str | None = None, target: str | None = None, draft: str | None = None, *,
     on_progress: ProgressFn | None = None, **overrides: Any,
 ) -> Engine:
     """Load the engine for a profile. `overrides` are EngineConfig fields (None = keep); `on_progress`
     hears the models' load and the one-time calibration (a face shows it)."""
-    mode = overrides.get("mode")
-    files, n_ctx = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
+    files, n_ctx = resolve_models(profile, target, draft, need_draft=_wants_draft(overrides))
     own = target_settings(files.target_id, files.target_settings)
     config = engine_config(n_ctx, model_n_ctx=own.n_ctx, **overrides)
     bound = None if config.lora_path else ModelManager().lora(files.target_id)
@@ -234,8 +239,7 @@ def open_pipeline(
     from localspec.pipeline import LocalTier, Pipeline, PipelineSettings, RemoteRunner
     from localspec.router import RemoteTier, Router, TierName
 
-    mode = overrides.get("mode")
-    files, _ = resolve_models(profile, target, draft, need_draft=mode != "off" and mode != "lookup")
+    files, _ = resolve_models(profile, target, draft, need_draft=_wants_draft(overrides))
     engine = open_engine(profile, target, draft, on_progress=on_progress, **overrides)
     large = LocalTier(TierName.LARGE, engine, files.target_id, files.draft_id, tier_fingerprint(files.target, engine))
     semantic = open_cache(profile, engine.config.n_threads, semantic=cache_semantic) if cache else None

@@ -7,7 +7,9 @@
     [router]                   # model "auto" routes between the profile's tiers
     [metrics]                  # privacy, retention, prices, drift limits (localspec/metrics/settings.py)
 
-Precedence: defaults < the profile < settings.toml < the environment < explicit command-line flags.
+Precedence: defaults < the profile < settings.toml < the environment < a model's own settings
+(models.toml [models.settings]) < explicit command-line flags. An adapter is not an [engine] setting
+(it would reach every engine): --lora, or models.toml's `lora =`.
 The environment spells a key `LOCALSPEC_<TABLE>__<KEY>` (`LOCALSPEC_SERVER__PORT=9000`, a list as
 `a,b`); `LOCALSPEC_PROFILE` and the older `LOCALSPEC_THREADS` ([engine] n_threads) also count.
 The file is untrusted: an unknown key or a bad value is one line naming the key, where it came
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ from localspec.paths import resolve_paths
 ENV_PREFIX = "LOCALSPEC_"
 PROFILE_ENV = "LOCALSPEC_PROFILE"
 THREADS_ENV = "LOCALSPEC_THREADS"  # older name of LOCALSPEC_ENGINE__N_THREADS
+MAX_SETTINGS_BYTES = 1 << 20  # a settings file is a few lines: a bigger one is the wrong file
 SERVE_PARALLEL = 4  # serve's slots when [engine] parallel is unset (one-user faces keep EngineConfig's 1)
 
 
@@ -132,16 +136,46 @@ def settings_path() -> Path:
     return resolve_paths().settings_file
 
 
-def _read_file(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
+def _read_text(path: Path) -> str | None:
+    """The file's text, None when there is none. Only a regular file of at most MAX_SETTINGS_BYTES is
+    read: opened without blocking and checked before a byte is read (a FIFO or /dev/zero never hangs)."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}.", "Fix the TOML syntax or delete the file.") from exc
-    except (OSError, UnicodeDecodeError) as exc:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
         raise ConfigError(f"Cannot read the settings file {path}: {exc}.", "Make it a readable UTF-8 text file.") \
             from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"Cannot read the settings file {path}: it is not a regular file.",
+                              "Make it a readable UTF-8 text file.")
+        data = b""
+        while len(data) <= MAX_SETTINGS_BYTES and (chunk := os.read(fd, MAX_SETTINGS_BYTES + 1 - len(data))):
+            data += chunk
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the settings file {path}: {exc}.", "Make it a readable UTF-8 text file.") \
+            from exc
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SETTINGS_BYTES:
+        raise ConfigError(f"The settings file {path} is over {MAX_SETTINGS_BYTES >> 20} MiB.",
+                          "A settings file is a few lines of TOML: check that the path names the right file.")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"Cannot read the settings file {path}: {exc}.", "Make it a readable UTF-8 text file.") \
+            from exc
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    text = _read_text(path)
+    if text is None:
+        return {}
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}.", "Fix the TOML syntax or delete the file.") from exc
 
 
 def _field_model(model: type[BaseModel], key: str) -> type[BaseModel] | None:
@@ -222,11 +256,25 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
                           "Remove it; put LOCALSPEC_API_KEY=... in the service's env file (mode 0600), or set "
                           "[server] api_key_file to a file of keys (mode 0600).")
     env, names = _env_layer(environ)
+    merged = _merge(data, env)
+    _refuse_engine_lora(merged, _Origin(path, names))
     try:
-        settings = Settings.model_validate(_merge(data, env))
+        settings = Settings.model_validate(merged)
     except ValidationError as exc:
         raise _explain(exc, _Origin(path, names)) from None
     return _anchor_paths(settings, path, names)
+
+
+def _refuse_engine_lora(merged: Mapping[str, Any], origin: _Origin) -> None:
+    """An adapter in [engine] would reach every engine (the router's small tier, the judge), whose
+    base it was not trained on: it is named per run (--lora) or per model (models.toml `lora =`)."""
+    engine = merged.get("engine")
+    key = next((k for k in ("lora_path", "lora_scale") if isinstance(engine, dict) and k in engine), None)
+    if key is not None:
+        where = origin.of(("engine", key))
+        raise ConfigError(f"{where}: setting 'engine.{key}' is not a setting: an adapter belongs to one model.",
+                          "Remove it; give --lora PATH[:SCALE] to serve, generate or chat, or bind it to its model "
+                          "with `lora = \"PATH[:SCALE]\"` in that entry of models.toml (docs/lora.md).")
 
 
 _SERVER_PATHS = ("api_key_file", "ssl_certfile", "ssl_keyfile")
@@ -259,8 +307,8 @@ def write_profile(name: str, path: Path | None = None) -> Path:
         Settings(profile=name)  # the same check as a hand-written value
     except ValidationError as exc:
         raise _explain(exc, _Origin(path, {})) from None
+    text = _read_text(path) or ""
     _read_file(path)  # a broken file is refused, not rewritten
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
     line = f"profile = {json.dumps(name)}"  # a JSON string is a TOML basic string
     lines = text.splitlines()
     first_table = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("[")), len(lines))
@@ -269,7 +317,8 @@ def write_profile(name: str, path: Path | None = None) -> Path:
         lines.insert(0, line)
     else:
         lines[at] = line
-    new = "\n".join(lines) + "\n"
+    eol = "\r\n" if "\r\n" in text else "\n"  # a file written on Windows keeps its line ends
+    new = eol.join(lines) + eol
     try:
         same = tomllib.loads(new).get("profile") == name
     except tomllib.TOMLDecodeError:
@@ -279,10 +328,29 @@ def write_profile(name: str, path: Path | None = None) -> Path:
                           f"Set profile = {json.dumps(name)} at the top of {path} by hand.")
     target = path.resolve()  # a symlinked settings file (a dotfiles repository) keeps its link
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(new, encoding="utf-8")
-    os.replace(tmp, target)
+    _replace_text(target, new)
     return target
+
+
+def _replace_text(target: Path, text: str) -> None:
+    """Write `target` whole through a fresh temporary file beside it (mkstemp: never a planted name
+    or link), keeping the file's permissions (a private 0600 file stays private)."""
+    import tempfile
+
+    try:
+        mode: int | None = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        mode = None  # a new file stays mkstemp's 0600: only its user needs it
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
+            fh.write(text.encode("utf-8"))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def active_profile(explicit: str | None = None) -> str | None:

@@ -52,6 +52,7 @@ class FakeHub:
     private: set[str] = field(default_factory=set)  # repos that answer as if they did not exist
     downloads: dict[str, int] = field(default_factory=dict)  # repo -> download count, for search order
     ignore_range: bool = False  # answer 200 with the whole file whatever Range asks
+    range_cap: int | None = None  # answer a closed range with at most this many bytes (a 206 saying so)
     _gets: int = 0
 
     def add(self, repo: str, filename: str, content: bytes) -> str:
@@ -173,6 +174,8 @@ class FakeHub:
                 start = int(mm.group(1))
                 end = min(size - 1, int(mm.group(2))) if mm.group(2) else size - 1
                 ranged = start > 0 or bool(mm.group(2))
+                if ranged and self.range_cap is not None:
+                    end = min(end, start + self.range_cap - 1)
         h.send_response(206 if ranged else 200)
         h.send_header("ETag", f'"{sha}"')
         h.send_header("X-Linked-Etag", f'"{sha}"')

@@ -114,6 +114,18 @@ def test_model_change_invalidates_entries(tmp_path: Path) -> None:
         assert c.stats()["entries"] == 0
 
 
+@pytest.mark.parametrize("size", [(1 << 20) + 300_000, 2 << 20])
+def test_a_small_file_is_fingerprinted_whole(tmp_path: Path, size: int) -> None:
+    """An adapter between 1 and 2 MiB retrained past its first MiB is another file, with other answers."""
+    adapter = tmp_path / "adapter.gguf"
+    data = bytearray(b"GGUF" + b"\0" * (size - 4))
+    adapter.write_bytes(data)
+    before = file_fingerprint(adapter)
+    data[(1 << 20) + 100_000] = 1
+    adapter.write_bytes(data)
+    assert file_fingerprint(adapter) != before
+
+
 def test_schema_version_change_clears_store(tmp_path: Path) -> None:
     d = tmp_path / "c"
     with SemanticCache(d) as c:

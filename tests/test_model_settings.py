@@ -165,6 +165,37 @@ def test_the_endpoint_leaves_unsent_sampling_to_the_model():
     assert DEFAULTS.apply(GenerationRequest(prompt="hi", sampling=_sampling(body))).sampling.temperature == 0.1
 
 
+def test_attached_generate_leaves_an_unset_temperature_to_the_model_as_in_process():
+    import argparse
+
+    from localspec.attach.remote import RemoteGeneration
+    from localspec.cli import generate_cmd
+    from localspec.server.schemas import CompletionRequest
+    from localspec.server.translate import _sampling
+
+    parser = argparse.ArgumentParser()
+    generate_cmd.register(parser.add_subparsers())
+
+    def served(*flags: str, model: RequestDefaults) -> float:
+        """The temperature a localspec server applies to what attached `generate` sends."""
+        request = generate_cmd._request(parser.parse_args(["generate", "hi", *flags]))
+        kwargs = RemoteGeneration(None, "m", request, localspec=True)._kwargs()
+        extra = kwargs.pop("extra_body")
+        body = CompletionRequest.model_validate({**kwargs, **extra, "prompt": "hi"})
+        in_process = model.apply(request).sampling.temperature
+        over_the_wire = model.apply(GenerationRequest(prompt="hi", sampling=_sampling(body))).sampling.temperature
+        assert over_the_wire == in_process
+        return over_the_wire
+
+    assert served(model=DEFAULTS) == 0.7  # the model's own, not a 0.0 the user never gave
+    assert served(model=RequestDefaults()) == 0.0  # greedy, as in-process, not OpenAI's 1.0
+    assert served("--temperature", "0.2", model=DEFAULTS) == 0.2
+    assert served("--temperature", "0", model=DEFAULTS) == 0.0
+    # Another OpenAI-compatible server knows no model settings: it is told the face's value.
+    plain = RemoteGeneration(None, "m", GenerationRequest(prompt="hi"))._kwargs()
+    assert plain["temperature"] == 0.0
+
+
 def test_generate_flags_left_out_leave_the_model_defaults():
     import argparse
 

@@ -119,6 +119,33 @@ def test_a_server_without_ranges_falls_back_to_the_size_and_says_so(hub):
     assert fit.estimate is None and "from the file size only: the server ignores HTTP range requests" in fit.line
 
 
+def test_a_server_answering_short_ranges_is_not_followed(hub):
+    hub.range_cap = 16 << 10  # a 206 of 16 KiB for every 64 KiB asked
+    got, size = _read(hub, REPO_ID, BIG, Depth.TOKENS)
+    assert got.outcome is Outcome.UNREACHABLE and got.meta is None and got.requests == 1
+    assert "a short range (16384 of 65536 bytes)" in got.detail
+    assert "from the file size only" in remote_fit(size, got, 4096, ram=1 << 40, vram=None).line
+
+
+def test_an_empty_file_sends_no_range(hub):
+    got = read_remote_header(REPO_ID, BIG, "main", 0, depth=Depth.FIT)
+    assert got.outcome is Outcome.UNREACHABLE and got.requests == 0 and hub.requests == []
+
+
+def test_the_number_of_range_requests_is_capped(monkeypatch):
+    from localspec.models import hub_header
+    from localspec.models.gguf_info import HeaderIncomplete
+
+    def never_enough(buf, total, source, *, vocab_count_only=False):
+        raise HeaderIncomplete(len(buf) + 1)
+
+    monkeypatch.setattr(hub_header, "FIRST_READ_BYTES", 1)
+    monkeypatch.setattr(hub_header, "_fetch_range", lambda url, start, end: bytes(end - start + 1))
+    monkeypatch.setattr(hub_header, "parse_header_prefix", never_enough)
+    got = read_remote_header(REPO_ID, BIG, "main", 1 << 20, depth=Depth.FIT, max_bytes=1 << 20)
+    assert got.outcome is Outcome.TOO_LONG and got.requests == hub_header.MAX_REQUESTS
+
+
 @pytest.mark.parametrize(("name", "says"), [
     ("Garbage-Q4_K_M.gguf", "acme/bad-GGUF/Garbage-Q4_K_M.gguf is not a valid GGUF file"),
     ("Cut-Q8_0.gguf", "header is cut off at byte 300"),
@@ -206,6 +233,17 @@ def test_pull_with_a_matching_draft_pulls_both_and_pairs_them(env, hub, tmp_stor
     assert done["event"] == "installed" and done["pulled_draft"] == "acme-draft-q4_k_m"
     assert done["draft"]["draft"] == "acme-draft-q4_k_m" and "KV cache" in done["fit"]
     assert {Path(r.path).name for r in hub.gets()} == {BIG, "Draft-Q4_K_M.gguf"}
+    # The draft's header, read for the tokenizer check, is not read again by the draft's own pull.
+    draft_ranges = [r.headers["range"] for r in hub.header_reads() if r.path.endswith("Draft-Q4_K_M.gguf")]
+    assert draft_ranges and len(draft_ranges) == len(set(draft_ranges))
+
+
+def test_pull_without_a_draft_reads_only_what_the_fit_needs(env, hub, tmp_store):  # noqa: F811
+    proc = run_cli("models", "pull", f"hf.co/{REPO_ID}", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "KV cache at n_ctx" in proc.stdout  # the fit from the header
+    big_reads = [r for r in hub.header_reads() if r.path.endswith(BIG)]
+    assert len(big_reads) == 1 and hub.served(big_reads) == FIRST_READ_BYTES  # not the ~250 KB of token texts
 
 
 @pytest.mark.parametrize("name", ["Garbage-Q4_K_M.gguf", "Cut-Q8_0.gguf"])

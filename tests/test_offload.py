@@ -11,7 +11,8 @@ from localspec.engine.config import EngineConfig
 from localspec.engine.offload import ALL_LAYERS, ModelLayers, OffloadPlan, VramBudget, plan_offload
 from localspec.engine.runtime import RuntimeConfig
 from localspec.models.fit import model_layers, vram_planner
-from tests.gguf_factory import make_gguf
+from localspec.models.gguf_info import read_header
+from tests.gguf_factory import F32_4x4, LLAMA_KV, crafted_gguf, g_kv_u32, g_tensor, make_gguf
 
 GiB = 2**30
 MiB = 2**20
@@ -96,10 +97,38 @@ def test_budget_gives_the_draft_what_the_target_left():
 def test_model_layers_from_a_gguf(tmp_path):
     path = make_gguf(tmp_path / "m.gguf", n_layers=3, n_embd=16, n_head=4, n_head_kv=2)
     m = model_layers(path)
+    assert m is not None
     assert m.layer_bytes == (16 * 16 * 4,) * 3  # one f32 attn_q per block
     assert m.output_bytes == 64 * 16 * 4  # no output.weight: the tied token embedding
     assert m.kv_bytes_per_cell == 2 * (4 + 4) * 2  # n_head_kv x (key + value head dims) x f16
     assert m.compute_bytes > 0
+
+
+def _shards(d, block_count: int = 2, count: int = 2) -> list:
+    """A split model: shard 1 holds the keys and layer 0, shard i holds layer i-1 (64 bytes each)."""
+    split = [g_kv_u32("split.count", count), g_kv_u32("split.tensors.count", count)]
+    keys = [*LLAMA_KV, g_kv_u32("llama.block_count", block_count), g_kv_u32("llama.embedding_length", 4),
+            g_kv_u32("llama.attention.head_count", 1)]
+    return [crafted_gguf(d / f"m-{i:05d}-of-{count:05d}.gguf",
+                         [*(keys if i == 1 else []), g_kv_u32("split.no", i - 1), *split],
+                         [g_tensor(f"blk.{i - 1}.attn_q.weight", (4, 4))], data=b"\0" * 64)
+            for i in range(1, count + 1)]
+
+
+def test_a_split_models_layers_are_summed_over_every_shard(tmp_path):
+    first, second = _shards(tmp_path)
+    m = model_layers(first)
+    assert m is not None and m.layer_bytes == (64, 64)
+    second.unlink()
+    assert model_layers(first) is None  # a shard missing: no plan rather than half a model
+    assert model_layers(read_header(first)) is None  # a header alone cannot see the other shards
+    assert VramBudget(8 * GiB, model_layers)(str(first), n_cells=16) is None
+
+
+def test_an_untrusted_block_count_plans_nothing(tmp_path):
+    path = crafted_gguf(tmp_path / "huge.gguf", [*LLAMA_KV, g_kv_u32("llama.block_count", 100_000)], [F32_4x4],
+                        data=b"\0" * 64)
+    assert model_layers(path) is None
 
 
 def test_no_planner_without_a_gpu():

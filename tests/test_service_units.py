@@ -239,3 +239,17 @@ def test_a_non_loopback_host_from_the_settings_needs_a_key_too(tmp_path, monkeyp
     (env_file.parent / "settings.toml").write_text('[server]\nhost = "0.0.0.0"\n')
     assert main(["service", "install", "--no-start"]) == 2
     assert "Refusing a service on 0.0.0.0" in capsys.readouterr().err and not unit.exists()
+
+
+def test_an_export_line_systemd_would_skip_is_refused_not_listed(tmp_path, monkeypatch, capsys):
+    unit, env_file = _home(tmp_path, monkeypatch)
+    env_file.parent.mkdir(parents=True)
+    env_file.write_text("# mine\nexport LOCALSPEC_API_KEY=sk-never-in-clear\n")
+    env_file.chmod(0o600)
+    assert main(["service", "install", "--manager", "systemd", "--dry-run", "--host", "0.0.0.0"]) == 1
+    err = capsys.readouterr().err
+    assert f"{env_file}:2: `export LOCALSPEC_API_KEY=...` is skipped by systemd" in err
+    assert "sk-never-in-clear" not in err and not unit.exists()
+    # launchd's shell sources the file: there `export` sets the variable.
+    assert main(["service", "install", "--manager", "launchd", "--dry-run", "--host", "0.0.0.0"]) == 0
+    assert "LOCALSPEC_API_KEY: set there" in capsys.readouterr().out

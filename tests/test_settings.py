@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localspec.cli import build_parser, main
-from localspec.errors import ConfigError
+from localspec.errors import ConfigError, UsageError
 from localspec.settings import ServerTable, load_settings, write_profile
 
 
@@ -114,13 +114,48 @@ def test_serve_takes_each_table_and_flags_beat_settings(monkeypatch):
     s = _serve()
     assert (s.port, s.max_body_bytes, s.keep_alive, s.target, s.allowed_hosts) == (9001, 1 << 20, "10m", "m",
                                                                                   ["h.local"])
-    assert (s.profile, s.parallel, s.n_ctx, s.embeddings) == ("p1", 2, 2048, False)
+    assert (s.profile, s.parallel, s.embeddings) == ("p1", 2, False)
+    assert s.n_ctx is None  # [engine] n_ctx is not a flag: engine_config reads it, under a model's own
     assert (s.cache, s.cache_semantic, s.cache_judge, s.router) == (False, True, "rules", False)
     s = _serve("--port", "9100", "--parallel", "3", "--profile", "p2", "--cache-judge", "scorer",
                "--allowed-hosts", "o.local")
     assert (s.port, s.parallel, s.profile, s.cache_judge, s.allowed_hosts) == (9100, 3, "p2", "scorer", ["o.local"])
     monkeypatch.setenv("LOCALSPEC_SERVER__PORT", "9200")
     assert _serve().port == 9200 and _serve("--port", "9300").port == 9300
+
+
+def test_serve_leaves_engine_settings_under_a_models_own_n_ctx():
+    from localspec.service import engine_config
+
+    _user_settings('[engine]\nn_ctx = 2048\nmode = "off"\nn_threads = 3\n')
+    s = _serve()
+    assert (s.n_ctx, s.mode, s.n_threads) == (None, None, None)
+    # What the backend hands open_engine: the settings' n_ctx sits under the model's own, a flag over both.
+    assert engine_config(4096, model_n_ctx=8192, n_ctx=s.n_ctx, mode=s.mode, n_threads=s.n_threads).n_ctx == 8192
+    config = engine_config(4096, n_ctx=s.n_ctx, mode=s.mode, n_threads=s.n_threads)
+    assert (config.n_ctx, config.mode, config.n_threads) == (2048, "off", 3)
+    flagged = _serve("--n-ctx", "512", "--mode", "draft")
+    assert engine_config(4096, model_n_ctx=8192, n_ctx=flagged.n_ctx, mode=flagged.mode).n_ctx == 512
+
+
+def test_a_bad_setting_that_serve_checks_names_the_key_and_the_file(monkeypatch):
+    path = _user_settings("[server]\nmax_body_mb = 0.0001\n")
+    with pytest.raises(ConfigError) as info:
+        _serve()
+    assert info.value.cause.startswith(f"{path}: setting 'server.max_body_mb'") and "None" not in info.value.cause
+    assert "0.0001" in info.value.cause and "\n" not in info.value.cause
+    monkeypatch.setenv("LOCALSPEC_SERVER__MAX_BODY_MB", "0.0002")
+    with pytest.raises(ConfigError, match=r"^\$LOCALSPEC_SERVER__MAX_BODY_MB: setting 'server.max_body_mb'"):
+        _serve()
+    with pytest.raises(UsageError, match="Invalid --max-body-mb 0.0003"):
+        _serve("--max-body-mb", "0.0003")
+
+
+def test_serve_refuses_a_settings_file_named_but_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_SETTINGS", "")
+    with pytest.raises(ConfigError, match="does not exist") as info:
+        _serve("--settings", str(tmp_path / "missing.toml"))
+    assert "missing.toml" in info.value.cause and "\n" not in info.value.cause
 
 
 def test_serve_defaults_without_settings():
@@ -222,3 +257,54 @@ def test_write_profile_writes_through_a_symlinked_file(tmp_path):
     link.symlink_to(real)
     write_profile("p", link)
     assert link.is_symlink() and load_settings(real, environ={}).profile == "p"
+
+
+# ---------------------------------------------------------------- an adapter is not an [engine] setting
+
+
+@pytest.mark.parametrize(("text", "env", "where"), [
+    ('[engine]\nlora_path = "style.gguf"\n', {}, "settings.toml: setting 'engine.lora_path'"),
+    ("[engine]\nlora_scale = 0.5\n", {}, "settings.toml: setting 'engine.lora_scale'"),
+    ("", {"LOCALSPEC_ENGINE__LORA_PATH": "style.gguf"}, "$LOCALSPEC_ENGINE__LORA_PATH: setting 'engine.lora_path'"),
+])
+def test_an_adapter_in_engine_settings_is_refused_pointing_at_lora(tmp_path, text, env, where):
+    with pytest.raises(ConfigError) as info:
+        load_settings(_file(tmp_path, text), environ=env)
+    assert where in info.value.cause and "\n" not in info.value.cause
+    assert "--lora" in info.value.fix and "models.toml" in info.value.fix
+
+
+# ---------------------------------------------------------------- the file is untrusted, its mode is kept
+
+
+def test_write_profile_keeps_the_mode_and_the_line_ends(tmp_path):
+    path = tmp_path / "settings.toml"
+    path.write_bytes(b"# mine\r\n[engine]\r\ndraft_k = 3\r\n")
+    path.chmod(0o600)
+    write_profile("fast", path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    data = path.read_bytes()
+    assert data.count(b"\r\n") == 4 and b"\n" not in data.replace(b"\r\n", b"")
+    assert load_settings(path, environ={}).profile == "fast"
+    assert [p.name for p in tmp_path.iterdir()] == ["settings.toml"]  # no temporary file left
+
+
+def test_write_profile_never_follows_a_planted_temporary_link(tmp_path):
+    path = _file(tmp_path, "[engine]\ndraft_k = 3\n")
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    (tmp_path / "settings.toml.tmp").symlink_to(victim)
+    write_profile("p", path)
+    assert victim.read_text() == "untouched" and load_settings(path, environ={}).profile == "p"
+
+
+def test_an_oversized_or_special_settings_file_is_refused_without_blocking(tmp_path):
+    big = _file(tmp_path, "# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match="over 1 MiB"):
+        load_settings(big, environ={})
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # no writer: a blocking open would hang here
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings(fifo, environ={})
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings(Path("/dev/zero"), environ={})

@@ -140,7 +140,12 @@ class RemoteGeneration:
     def _kwargs(self) -> dict[str, Any]:
         req = self._request
         kwargs: dict[str, Any] = dict(model=self._model, stream=True, max_tokens=req.max_tokens,
-                                      temperature=req.sampling.temperature, stream_options={"include_usage": True})
+                                      stream_options={"include_usage": True})
+        # A temperature the user did not set is left to the model's own settings on a localspec server,
+        # under this face's fallback (below), as in-process; another server knows no such settings.
+        chosen = "temperature" in req.sampling.model_fields_set
+        if chosen or not self._localspec:
+            kwargs["temperature"] = req.sampling.temperature
         if req.sampling.top_p != 1.0:
             kwargs["top_p"] = req.sampling.top_p
         if req.sampling.seed is not None:
@@ -152,7 +157,8 @@ class RemoteGeneration:
             extra["prediction"] = {"type": "content", "content": req.prediction}
         if self._localspec:
             extra["localspec"] = {"origins": True, **({"mode": req.mode} if req.mode else {}),
-                                  **({"k": req.k} if req.k is not None else {})}
+                                  **({"k": req.k} if req.k is not None else {}),
+                                  **({} if chosen else {"default_temperature": req.sampling.temperature})}
             if self._keep_alive is not None:
                 extra["keep_alive"] = self._keep_alive
         if extra:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localspec.cli.options import MODES, add_cache_judge_arguments, add_lora_argument
+from localspec.errors import ConfigError
 from localspec.paths import SETTINGS_ENV
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def server_settings(args: argparse.Namespace, settings: Settings) -> ServerSetti
     from localspec.server.settings import ServerSettings
 
     lora = parse_lora_spec(args.lora) if args.lora is not None else None
-    srv, cache, engine = settings.server, settings.cache, settings.engine_values()
+    srv, cache = settings.server, settings.cache
 
     def pick(flag: Any, setting: Any) -> Any:
         return setting if flag is None else flag
@@ -87,8 +88,9 @@ def server_settings(args: argparse.Namespace, settings: Settings) -> ServerSetti
             api_key_file=pick(args.api_key_file, srv.api_key_file), profile=pick(args.profile, settings.profile),
             target=pick(args.model, srv.model), draft=pick(args.draft_model, srv.draft_model),
             parallel=pick(args.parallel, settings.serve_parallel), max_queue=pick(args.max_queue, srv.max_queue),
-            n_ctx=pick(args.n_ctx, engine.get("n_ctx")), n_threads=pick(args.threads, engine.get("n_threads")),
-            mode=pick(args.mode, engine.get("mode")), max_tokens_cap=pick(args.max_tokens_cap, srv.max_tokens_cap),
+            # Only the flags: engine_config reads [engine] itself, under a model's own n_ctx (a flag beats both).
+            n_ctx=args.n_ctx, n_threads=args.threads, mode=args.mode,
+            max_tokens_cap=pick(args.max_tokens_cap, srv.max_tokens_cap),
             max_body_bytes=int(body_mb * (1 << 20)),
             allowed_hosts=args.allowed_hosts or srv.allowed_hosts, allowed_origins=origins or srv.allowed_origins,
             ssl_certfile=pick(args.ssl_certfile, srv.ssl_certfile), ssl_keyfile=pick(args.ssl_keyfile, srv.ssl_keyfile),
@@ -105,8 +107,22 @@ def server_settings(args: argparse.Namespace, settings: Settings) -> ServerSetti
         err = exc.errors()[0]
         field = str(err["loc"][0]) if err["loc"] else ""
         flag, dest = _FLAGS.get(field, ("--" + field.replace("_", "-"), field))
-        raise UsageError(f"Invalid {flag} {getattr(args, dest, err.get('input'))!r}: {err['msg']}.",
-                          "See `localspec serve --help` for each flag's range.") from None
+        given = getattr(args, dest, None)
+        if given is None:  # the value came from settings.toml or the environment, not a flag
+            key = _SETTING_KEYS.get(field, "server." + field)
+            got = srv.max_body_mb if field == "max_body_bytes" else err.get("input")
+            raise ConfigError(f"{setting_origin(key)}: setting '{key}': {err['msg']} (got {got!r}).",
+                              "Correct or remove it; docs/configuration.md lists each table.") from None
+        raise UsageError(f"Invalid {flag} {given!r}: {err['msg']}.",
+                         "See `localspec serve --help` for each flag's range.") from None
+
+
+def setting_origin(key: str) -> str:
+    """Where a setting's value came from, for an error line: its variable when set, else the file."""
+    from localspec.settings import ENV_PREFIX, settings_path
+
+    env = ENV_PREFIX + key.upper().replace(".", "__")
+    return f"${env}" if os.environ.get(env) else str(settings_path())
 
 
 def load_serve_settings(args: argparse.Namespace) -> Settings:
@@ -114,7 +130,11 @@ def load_serve_settings(args: argparse.Namespace) -> Settings:
     from localspec.settings import load_settings
 
     if args.settings:
-        os.environ[SETTINGS_ENV] = str(Path(args.settings).absolute())  # every loader in this process reads it
+        path = Path(args.settings).absolute()
+        if not path.exists():  # named on purpose: running on the defaults instead would hide the typo
+            raise ConfigError(f"The settings file {path} (--settings) does not exist.",
+                              "Give an existing file, or leave out --settings for <config>/settings.toml.")
+        os.environ[SETTINGS_ENV] = str(path)  # every loader in this process reads it
     return load_settings()
 
 
@@ -126,6 +146,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 _FLAGS = {"max_body_bytes": ("--max-body-mb", "max_body_mb"), "n_threads": ("--threads", "threads"),
           "target": ("--model", "model"), "draft": ("--draft-model", "draft_model"),
           "cache": ("--no-cache", "no_cache"), "embeddings": ("--no-embeddings", "no_embeddings")}
+# ServerSettings fields whose settings key is another: field -> its key in settings.toml.
+_SETTING_KEYS = {"max_body_bytes": "server.max_body_mb", "target": "server.model", "draft": "server.draft_model",
+                 "parallel": "engine.parallel", "cache": "cache.enabled", "cache_sampled": "cache.sampled",
+                 "cache_semantic": "cache.semantic", "cache_judge": "cache.judge", "router": "router.enabled",
+                 "profile": "profile"}
 
 
 def run(args: argparse.Namespace) -> int:

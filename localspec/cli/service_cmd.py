@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from localspec.errors import ConfigError, LocalspecError, UsageError
 from localspec.paths import resolve_paths
@@ -54,6 +54,7 @@ class ServiceSpec:
     env_file: Path = Path()
     log_dir: Path = Path()
     settings_file: Path | None = None
+    manager: Literal["systemd", "launchd"] = "systemd"  # who reads the environment file, and how
 
     @property
     def argv(self) -> list[str]:
@@ -230,7 +231,7 @@ def _spec(args: argparse.Namespace) -> ServiceSpec:
     paths = resolve_paths()
     return ServiceSpec(executable=localspec_command(), host=args.host, port=args.port, profile=args.profile,
                        env_file=paths.config_dir / ENV_FILE_NAME, log_dir=paths.data_dir / "logs",
-                       settings_file=paths.settings_file.absolute())
+                       settings_file=paths.settings_file.absolute(), manager=args.manager)
 
 
 def _run(cmds: list[list[str]], dry_run: bool, check: bool = True) -> None:
@@ -251,24 +252,32 @@ def _run(cmds: list[list[str]], dry_run: bool, check: bool = True) -> None:
                                  "See its message above; `localspec service status` shows the unit's state.")
 
 
-def env_file_values(env_file: Path) -> dict[str, str]:
-    """The variables the environment file sets (systemd's KEY=VALUE lines; `export` and quotes allowed)."""
+def env_file_values(env_file: Path, manager: str = "systemd") -> dict[str, str]:
+    """The variables the environment file sets (KEY=VALUE lines, quotes allowed). systemd's
+    EnvironmentFile skips an `export KEY=...` line, so on systemd one is refused rather than listed
+    as a setting the unit would never get; launchd's shell sources the file, where `export` works."""
     if not env_file.is_file():
         return {}
     values: dict[str, str] = {}
-    for line in env_file.read_text(encoding="utf-8", errors="replace").splitlines():
+    for n, line in enumerate(env_file.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         line = line.strip()
         if not line or line[0] in "#;":
             continue
-        key, sep, value = line.removeprefix("export ").partition("=")
+        head, sep, value = line.partition("=")
+        words = head.split()
+        if len(words) == 2 and words[0] == "export":
+            if manager == "systemd":  # the value may be a secret: never shown
+                raise ConfigError(f"{env_file}:{n}: `export {words[1]}=...` is skipped by systemd's EnvironmentFile.",
+                                  f"Write it as {words[1]}=... (without `export`).")
+            head = words[1]
         if sep:
-            values[key.strip()] = value.strip().strip("'\"").strip()
+            values[head.strip()] = value.strip().strip("'\"").strip()
     return values
 
 
-def env_file_sets_key(env_file: Path) -> bool:
+def env_file_sets_key(env_file: Path, manager: str = "systemd") -> bool:
     """Whether the environment file gives LOCALSPEC_API_KEY a value."""
-    return bool(env_file_values(env_file).get(API_KEY_ENV))
+    return bool(env_file_values(env_file, manager).get(API_KEY_ENV))
 
 
 def service_settings(spec: ServiceSpec) -> Settings:
@@ -276,7 +285,7 @@ def service_settings(spec: ServiceSpec) -> Settings:
     (not this shell's: the service never sees them)."""
     from localspec.settings import load_settings
 
-    return load_settings(spec.settings_file, environ=env_file_values(spec.env_file))
+    return load_settings(spec.settings_file, environ=env_file_values(spec.env_file, spec.manager))
 
 
 def describe_server(spec: ServiceSpec, settings: Settings) -> list[str]:
@@ -292,7 +301,7 @@ def describe_server(spec: ServiceSpec, settings: Settings) -> list[str]:
         lines.append(f"#   {name} = {shown}{origin}")
     profile = spec.profile or settings.profile
     lines.append(f"#   profile = {json.dumps(profile) if profile else 'unset (the registry default)'}")
-    key = "set there" if env_file_sets_key(spec.env_file) else "not set"
+    key = "set there" if env_file_sets_key(spec.env_file, spec.manager) else "not set"
     lines.append(f"#   {API_KEY_ENV}: {key} (read from {spec.env_file}; never shown)")
     return lines
 
@@ -322,7 +331,9 @@ def _require_key(spec: ServiceSpec, host: str, dry_run: bool) -> None:
     listen there without one. Refuse it here, with the fix, instead."""
     from localspec.server.settings import is_loopback
 
-    if is_loopback(host) or env_file_sets_key(spec.env_file) or service_settings(spec).server.api_key_file:
+    if is_loopback(host) or env_file_sets_key(spec.env_file, spec.manager):
+        return
+    if service_settings(spec).server.api_key_file:
         return
     if not dry_run:
         _create_env_file(spec.env_file)  # so that the fix is one line in an existing private file

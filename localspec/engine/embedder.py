@@ -36,7 +36,8 @@ def _text_key(text: str) -> bytes:
 
 
 def file_fingerprint(path: str | os.PathLike[str]) -> str:
-    """A cheap identity for a model file: its size and the hash of its first and last MiB.
+    """A cheap identity for a model file: its size and the hash of its first and last MiB, or of all
+    of it when it is no bigger than those two (a small file, an adapter, is hashed whole).
 
     Hashing a multi-GB GGUF takes seconds; a different file (another quant, a re-conversion)
     differs in size or in its header and metadata, which sit in the first MiB.
@@ -45,8 +46,10 @@ def file_fingerprint(path: str | os.PathLike[str]) -> str:
     size = p.stat().st_size
     h = hashlib.sha256(str(size).encode())
     with p.open("rb") as fh:
-        h.update(fh.read(1 << 20))
-        if size > 2 << 20:
+        if size <= 2 << 20:
+            h.update(fh.read(2 << 20))
+        else:
+            h.update(fh.read(1 << 20))
             fh.seek(size - (1 << 20))
             h.update(fh.read(1 << 20))
     return h.hexdigest()[:32]

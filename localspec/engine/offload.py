@@ -91,11 +91,14 @@ class VramBudget:
     """An OffloadPlanner over one reading of free VRAM, shared by the models loaded together: the
     target plans first, and the draft gets what the target's plan left."""
 
-    def __init__(self, free_vram: int, read_layers: Callable[[str], ModelLayers]) -> None:
+    def __init__(self, free_vram: int, read_layers: Callable[[str], ModelLayers | None]) -> None:
         self.left = max(0, free_vram)
         self._read_layers = read_layers
 
-    def __call__(self, path: str, *, n_cells: int) -> OffloadPlan:
-        plan = plan_offload(self._read_layers(path), free_vram=self.left, n_cells=n_cells)
+    def __call__(self, path: str, *, n_cells: int) -> OffloadPlan | None:
+        layers = self._read_layers(path)
+        if layers is None:  # its header cannot tell the layers: llama.cpp's own -1, nothing reserved
+            return None
+        plan = plan_offload(layers, free_vram=self.left, n_cells=n_cells)
         self.left = max(0, self.left - plan.gpu_bytes)
         return plan

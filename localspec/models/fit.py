@@ -6,6 +6,7 @@ The allowance below errs on the generous side so "fits" is rarely wrong.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import subprocess
@@ -15,10 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localspec.errors import IntegrityError
 from localspec.models.gguf_info import GGUFInfo, GGUFMeta, info_from_meta, read_gguf_info, read_header
 
 if TYPE_CHECKING:  # the engine package pulls in jinja2 and pydantic: `models list` need not
     from localspec.engine.offload import ModelLayers, VramBudget
+
+logger = logging.getLogger(__name__)
 
 N_UBATCH = 512  # llama.cpp's default micro-batch: logits buffer is n_ubatch x n_vocab floats
 MIN_COMPUTE = 256 * 1024 * 1024
@@ -128,22 +132,38 @@ def fit_verdict_for_size(file_bytes: int, ram: int | None = None, vram: int | No
 
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
+# llama.cpp's name for shard N of a split model (llama_split_path): the others sit beside the first.
+_SHARD = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf", re.IGNORECASE)
+MAX_LAYERS = 4096  # far above any model's blocks: an untrusted block_count past it plans nothing
 
 
-def model_layers(model: Path | str | GGUFMeta, kv_bytes_per_value: int = 2) -> ModelLayers:
-    """A model's per-layer weights, output head, per-cell KV and compute reserve, from its header.
+def model_layers(model: Path | str | GGUFMeta, kv_bytes_per_value: int = 2) -> ModelLayers | None:
+    """A model's per-layer weights, output head, per-cell KV and compute reserve, from its header;
+    None (no plan: llama.cpp's own -1) when the header cannot tell them, said in the log.
 
     Tensors named blk.N.* are layer N's. The output head is output.weight, or the token embedding
     when the model ties them (llama.cpp then puts a copy beside the output); the input embedding
-    itself always stays on the CPU."""
+    itself always stays on the CPU. A split model's tensors are summed over every shard."""
     from localspec.engine.offload import ModelLayers
 
     meta = model if isinstance(model, GGUFMeta) else read_header(model)
     info = info_from_meta(meta)
     n_layers = info.block_count or 0
+    if n_layers > MAX_LAYERS:
+        logger.warning("%s: block_count %d is past %d: no GPU offload plan", meta.path.name, n_layers, MAX_LAYERS)
+        return None
+    tensors = list(meta.tensors)
+    count = meta.get("split.count", 1)
+    if isinstance(count, int) and count > 1:
+        rest = None if isinstance(model, GGUFMeta) else _other_shards(Path(model), count)
+        if rest is None:
+            logger.warning("%s: a split model whose %d shards cannot all be read beside it: no GPU offload plan",
+                           meta.path.name, count)
+            return None
+        tensors += [t for shard in rest for t in shard.tensors]
     per_layer = [0] * n_layers
     sizes: dict[str, int] = {}
-    for t in meta.tensors:
+    for t in tensors:
         m = _BLOCK.match(t.name)
         if m and int(m.group(1)) < n_layers:
             per_layer[int(m.group(1))] += t.n_bytes
@@ -156,6 +176,18 @@ def model_layers(model: Path | str | GGUFMeta, kv_bytes_per_value: int = 2) -> M
         kv_bytes_per_cell=per_cell_all // n_layers if n_layers else 0,
         compute_bytes=compute_allowance(sum(per_layer) + head, info.vocab_size or 0),
     )
+
+
+def _other_shards(first: Path, count: int) -> list[GGUFMeta] | None:
+    """The headers of shards 2..count of the split model whose first shard is `first`; None when
+    its name is not a first shard's of `count`, or a shard is missing or not a GGUF."""
+    m = _SHARD.fullmatch(first.name)
+    if m is None or int(m["no"]) != 1 or int(m["count"]) != count:
+        return None
+    try:
+        return [read_header(first.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf")) for i in range(2, count + 1)]
+    except (IntegrityError, OSError):
+        return None
 
 
 def vram_planner(*, offload_supported: bool,

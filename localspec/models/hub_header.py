@@ -10,7 +10,8 @@ weights' size from the listing.
 
 A server that answers a range request with the whole file (200) is hung up on before its body is
 read, and the model is judged from its file size alone, saying so; so is one whose header runs
-past MAX_HEADER_BYTES, or that cannot be reached. Bytes that are not a GGUF header are one line.
+past MAX_HEADER_BYTES (or MAX_REQUESTS), one that answers a shorter range than asked before the
+file's end, or one that cannot be reached. Bytes that are not a GGUF header are one line.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from localspec.models.units import human_bytes
 FIRST_READ_BYTES = 64 << 10  # the keys before the token list, in most models, with room to spare
 MAX_HEADER_BYTES = 32 << 20  # a 256k-token vocabulary with scores and merges stays well inside
 TIMEOUT_S = 10.0  # one range request
+MAX_REQUESTS = 16  # doubling from 64 KiB reaches MAX_HEADER_BYTES in 10
 _CONTENT_RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
@@ -91,6 +93,9 @@ def _fetch_range(url: str, start: int, end: int) -> bytes:
                 break  # a server that sends more than asked is not read further
     if not out:
         raise _Failed("an empty range")
+    at_eof = m.group(3) != "*" and start + len(out) == int(m.group(3))
+    if len(out) < want and not at_eof:  # a server dribbling short ranges is not followed byte by byte
+        raise _Failed(f"a short range ({len(out)} of {want} bytes)")
     return bytes(out[:want])
 
 
@@ -101,12 +106,17 @@ def read_remote_header(repo: str, path: str, revision: str, size: int, *, depth:
 
     from localspec.models.hub import endpoint
 
+    if size <= 0:  # nothing to ask for (a range 0--1 is no range): the listing's size decides alone
+        return HeaderRead(Outcome.UNREACHABLE, None, f"{Outcome.UNREACHABLE.value}: the listing gives no size", 0, 0)
     url = hf_hub_url(repo, path, revision=revision, endpoint=endpoint())
     source = f"{repo}/{path}"
     buf = b""
     want = min(FIRST_READ_BYTES, size)
     requests = 0
     while True:
+        if requests >= MAX_REQUESTS:  # each read at least doubles the range: only a broken server gets here
+            return HeaderRead(Outcome.TOO_LONG, None, f"{Outcome.TOO_LONG.value} (over {MAX_REQUESTS} requests)",
+                              len(buf), requests)
         try:
             requests += 1
             buf += _fetch_range(url, len(buf), want - 1)

@@ -31,11 +31,13 @@ if TYPE_CHECKING:
 
 
 def pull_hub(mm: ModelManager, reference: str, progress: ProgressCallback | None = None,
-             force: bool = False, *, draft: str | None = None, role: Role = "target") -> HubPull:
+             force: bool = False, *, draft: str | None = None, role: Role = "target",
+             read_ahead: _ReadAhead | None = None) -> HubPull:
     """Pull ``hf.co/USER/REPO[:QUANT]`` (or ``USER/REPO:QUANT``, or a file URL): list the repo,
     pick the quant, refuse what cannot work before downloading, fetch and verify every shard,
     and register it under a generated id (its alias: the reference). ``draft`` (a Hub reference
-    or a registry id) is checked against it before anything downloads, then pulled too."""
+    or a registry id) is checked against it before anything downloads, then pulled too.
+    ``read_ahead``: a header of this model already read (the draft check's), not fetched again."""
     from localspec.models import hub
 
     ref = parse_hub_ref(reference)
@@ -55,7 +57,8 @@ def pull_hub(mm: ModelManager, reference: str, progress: ProgressCallback | None
     revision = listing.commit or ref.revision
     n_ctx = _n_ctx(mm)
     pick = hub.pick_quant(listing, ref, _fitter(listing, revision, n_ctx))
-    head = _header(listing.repo, revision, pick.quant, Depth.TOKENS)
+    # The token texts (megabytes) only when a draft is compared with them; the fit needs a few KiB.
+    head = _header(listing.repo, revision, pick.quant, Depth.TOKENS if draft else Depth.FIT, read_ahead)
     fit = remote_fit(pick.quant.size, head, n_ctx)
     checked = _check_draft(mm, draft, head.meta, ref.alias) if draft else None  # refused before any download
     known = _registry_entry_for(mm, listing, pick)
@@ -80,14 +83,36 @@ def _n_ctx(mm: ModelManager) -> int:
         return 4096
 
 
-def _header(repo: str, revision: str, quant: HubQuant, depth: Depth) -> HeaderRead:
+@dataclass(frozen=True)
+class _ReadAhead:
+    """A header read by range requests, and which file at which commit and depth it is."""
+
+    repo: str
+    path: str
+    revision: str
+    depth: Depth
+    head: HeaderRead
+
+    def serves(self, repo: str, path: str, revision: str, depth: Depth) -> bool:
+        deep_enough = self.depth is Depth.TOKENS or depth is Depth.FIT
+        return (self.repo, self.path, self.revision) == (repo, path, revision) and deep_enough
+
+
+def _read_ahead(repo: str, revision: str, quant: HubQuant, depth: Depth) -> _ReadAhead:
     """A quant's header by range requests; a file that is not a GGUF is refused here, before download."""
     first = quant.files[0]  # a split model's keys are in its first shard
     head = read_remote_header(repo, first.path, revision, first.size, depth=depth)
     if head.outcome is Outcome.INVALID:
         raise IntegrityError(f"{repo}/{first.path} is not a GGUF model: {head.detail}; nothing was downloaded.",
                              "Pick another quant or repo (`localspec models search NAME`).")
-    return head
+    return _ReadAhead(repo, first.path, revision, depth, head)
+
+
+def _header(repo: str, revision: str, quant: HubQuant, depth: Depth, known: _ReadAhead | None = None) -> HeaderRead:
+    """A quant's header: `known` when it is this file's, read deep enough, else by range requests."""
+    if known is not None and known.serves(repo, quant.files[0].path, revision, depth):
+        return known.head
+    return _read_ahead(repo, revision, quant, depth).head
 
 
 def _fitter(listing: RepoListing, revision: str, n_ctx: int) -> Callable[[HubQuant], bool]:
@@ -123,10 +148,12 @@ class _DraftCheck:
 
     compared: bool  # False: its header could not be read ahead; it is checked once downloaded
     detail: str
+    read_ahead: _ReadAhead | None = None  # the Hub draft's header, for its own pull not to read it again
 
 
-def _draft_header(mm: ModelManager, draft: str) -> tuple[GGUFMeta | None, str]:
-    """The draft's header with its token texts: from disk when installed, else by range requests."""
+def _draft_header(mm: ModelManager, draft: str) -> tuple[GGUFMeta | None, str, _ReadAhead | None]:
+    """The draft's header with its token texts: from disk when installed, else by range requests
+    (then also the read itself, which the draft's Hub pull reuses)."""
     from localspec.models import hub
     from localspec.models.registry import HFSource
 
@@ -136,34 +163,35 @@ def _draft_header(mm: ModelManager, draft: str) -> tuple[GGUFMeta | None, str]:
         if listing.gated and not hub.has_token():
             raise hub.gated_error(ref.repo)
         pick = hub.pick_quant(listing, ref, lambda q: True)
-        head = _header(listing.repo, listing.commit or ref.revision, pick.quant, Depth.TOKENS)
-        return head.meta, head.detail
+        ahead = _read_ahead(listing.repo, listing.commit or ref.revision, pick.quant, Depth.TOKENS)
+        return ahead.head.meta, ahead.head.detail, ahead
     entry = mm.resolve(draft)  # ModelNotFoundError names the ids there are
     path = mm.installed_path(entry.id)
     if path is not None:
-        return read_header_of(path), "its installed file is not a valid GGUF"
+        return read_header_of(path), "its installed file is not a valid GGUF", None
     src = next((s for s in entry.sources if isinstance(s, HFSource) and s.files[0].size), None)
     if src is None:
-        return None, "it is not installed and no Hub file of it is known"
+        return None, "it is not installed and no Hub file of it is known", None
     spec = src.files[0]
     head = read_remote_header(src.repo, spec.hub_path, src.revision, spec.size or 0, depth=Depth.TOKENS)
-    return head.meta, head.detail
+    return head.meta, head.detail, None
 
 
 def _check_draft(mm: ModelManager, draft: str, target: GGUFMeta | None, target_name: str) -> _DraftCheck:
     """Refuse, before any download, a draft whose tokenizer differs from the target's."""
     from localspec.models.compat import check_draft_compat
 
-    meta, why = _draft_header(mm, draft)
+    meta, why, ahead = _draft_header(mm, draft)
     if target is None or meta is None:
         missing = "the target's" if target is None else f"{draft}'s"
-        return _DraftCheck(False, f"{missing} header could not be read ahead ({why}); checked once downloaded")
+        return _DraftCheck(False, f"{missing} header could not be read ahead ({why}); checked once downloaded",
+                           ahead)
     try:
         c = check_draft_compat(target, meta)
     except IncompatibleDraftError as exc:
         raise IncompatibleDraftError(f"{draft} cannot draft for {target_name}: {exc.cause.rstrip('.')}; "
                                      "nothing was downloaded.", exc.fix) from None
-    return _DraftCheck(True, f"same {c.tokenizer_model} tokenizer, {c.tokens_compared:,} token texts equal")
+    return _DraftCheck(True, f"same {c.tokenizer_model} tokenizer, {c.tokens_compared:,} token texts equal", ahead)
 
 
 def _pull_draft(mm: ModelManager, draft: str | None, target_path: Path, target_name: str,
@@ -177,7 +205,7 @@ def _pull_draft(mm: ModelManager, draft: str | None, target_path: Path, target_n
     if checked is None:
         checked = _check_draft(mm, draft, target, target_name)
     if parse_hub_ref(draft) is not None:
-        rec = pull_hub(mm, draft, progress, force, role="draft").record
+        rec = pull_hub(mm, draft, progress, force, role="draft", read_ahead=checked.read_ahead).record
     else:
         rec = mm.pull(draft, progress, force)
     if not checked.compared and target is not None:

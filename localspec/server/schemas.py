@@ -60,6 +60,9 @@ class LocalspecOptions(_Request):
     cache: bool | None = Field(None, description="false: never answer this request from the cache nor store it")
     origins: bool = Field(False, description="stream=true: each text chunk says where its token came from "
                                              "(localspec.origin), as the in-process faces colour it")
+    default_temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description=f"the temperature when neither the request nor the model's settings set "
+                                          f"one (default {DEFAULT_TEMPERATURE}); the attached faces send their own")
 
 
 class ContentPart(_Request):

@@ -46,11 +46,12 @@ class Plan:
 
 def _sampling(body: _Sampling) -> SamplingParams:
     # Only what the body sends counts as the request's own: the model's settings fill the rest,
-    # and OpenAI's temperature 1.0 applies only when they do not set one either.
+    # and OpenAI's temperature 1.0 (or the client's own fallback) applies only when they set none either.
     given = dict(temperature=body.temperature, top_p=body.top_p, frequency_penalty=body.frequency_penalty,
                  presence_penalty=body.presence_penalty, seed=body.seed)
+    own = body.localspec.default_temperature if body.localspec else None
     return with_fallbacks(SamplingParams(**{k: v for k, v in given.items() if v is not None}),
-                          temperature=DEFAULT_TEMPERATURE)
+                          temperature=DEFAULT_TEMPERATURE if own is None else own)
 
 
 def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict[str, Any]:
