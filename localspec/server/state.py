@@ -155,6 +155,8 @@ class ServerState:
             return known
         self.admission.check()  # a busy server answers 429 before scanning the store for a name
         found = await asyncio.to_thread(self.models.find, name)
+        if found is None and c is None:  # the profile's names are unknown until a load succeeds: it answers
+            return self.primary
         if found is None:
             raise not_found(name, self.served_names())
         if found.id in ((c.target_id if c else None), self.settings.target):  # another spelling of the profile's
