@@ -87,8 +87,9 @@ class Loads:
 class FakeModels:
     """Installed models with their memory estimates; each also answers to `<id>-alias`."""
 
-    def __init__(self, sizes: dict[str, int]) -> None:
+    def __init__(self, sizes: dict[str, int], drafts: dict[str, str] | None = None) -> None:
         self.sizes = sizes
+        self.drafts = drafts or {}  # target -> the draft the registry pairs with it
         self.finds = 0  # store look-ups made
 
     def installed(self) -> list[InstalledModel]:
@@ -100,6 +101,9 @@ class FakeModels:
 
     def need_bytes(self, model_id: str) -> int:
         return self.sizes.get(model_id, 0)
+
+    def draft_for(self, model_id: str) -> str | None:
+        return self.drafts.get(model_id)
 
 
 class Memory:
@@ -272,6 +276,17 @@ def test_a_model_with_a_loading_one_beside_it_counts_that_ones_memory_as_taken()
     plan = plan_room(GB, MemoryFigures(available=2 * GB, total=64 * GB), [loading])
     assert isinstance(plan, NoRoom) and plan.busy == ("loading",)
     assert plan_room(GB // 2, MemoryFigures(available=2 * GB, total=64 * GB), [loading]) == Room(())
+
+
+def test_the_first_estimate_of_a_model_loaded_on_demand_counts_its_paired_draft():
+    """B (1 GB) pairs with a 1 GB draft: 2 GB do not fit beside the profile's 1 GB in 2.5 GB."""
+    loads, memory = Loads(), Memory(total=int(2.5 * GB))
+    models = FakeModels({PRIMARY: GB, B: GB, "b-draft": GB}, drafts={B: "b-draft"})
+    app = create_app(ServerSettings(cache=False, router=False), load=loads, models=models, memory=memory)
+    with ServerThread(app) as srv:
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=30)
+        assert _text(srv.base_url, B) == f"This is {B}."
+        assert loads.last(PRIMARY).target.closed  # without the draft, 1 GB would have fit beside it
 
 
 def test_closing_unloaded_models_goes_on_past_one_that_fails():

@@ -58,6 +58,10 @@ class ModelSource(Protocol):
 
     def need_bytes(self, model_id: str) -> int: ...
 
+    def draft_for(self, model_id: str) -> str | None:
+        """The draft a load of `model_id` is likely to pair with, when cheaply known (else None)."""
+        ...
+
 
 class NoModels:
     """No model beyond the profile's: the source of a server whose `load` is not the real one (tests)."""
@@ -70,6 +74,9 @@ class NoModels:
 
     def need_bytes(self, model_id: str) -> int:
         return 0
+
+    def draft_for(self, model_id: str) -> str | None:
+        return None
 
 
 class InstalledModels:
@@ -105,6 +112,17 @@ class InstalledModels:
         if model_id not in self._need:
             self._need[model_id] = self._estimate(model_id)
         return self._need[model_id]
+
+    def draft_for(self, model_id: str) -> str | None:
+        """The installed draft a registry profile pairs with `model_id` as its target: the load's
+        pairing prefers it when the tokenizers match. Read from the registry only: no file is opened."""
+        from localspec.models import ModelManager
+
+        mm = ModelManager()
+        for prof in mm.registry.profiles.values():
+            if prof.target == model_id and prof.draft and mm.installed_path(prof.draft) is not None:
+                return prof.draft
+        return None
 
     def _estimate(self, model_id: str) -> int:
         from localspec.models import ModelManager

@@ -232,8 +232,12 @@ class ServerState:
         return r.key or (c.target_id if c else "the profile's models")
 
     async def need_bytes(self, r: Resident) -> int:
-        """Its estimate: from the files its last load named (a paired draft included), else from its id."""
+        """Its estimate: from the files its last load named (a paired draft included), else from its
+        id and the draft the registry pairs with it."""
         ids = r.model_ids()
+        if r.key and r.loader.catalog is None:  # not loaded yet: its draft, where cheaply known, loads too
+            draft = await asyncio.to_thread(self.models.draft_for, r.key)
+            ids = (*ids, draft) if draft else ids
         if ids:
             r.need_bytes = sum([await asyncio.to_thread(self.models.need_bytes, m) for m in ids])
         return r.need_bytes
