@@ -275,7 +275,7 @@ def test_a_model_with_a_loading_one_beside_it_counts_that_ones_memory_as_taken()
     loading = Held("loading", int(1.5 * GB), False, 1.0, loading=True)
     plan = plan_room(GB, MemoryFigures(available=2 * GB, total=64 * GB), [loading])
     assert isinstance(plan, NoRoom) and plan.busy == ("loading",)
-    assert plan_room(GB // 2, MemoryFigures(available=2 * GB, total=64 * GB), [loading]) == Room(())
+    assert plan_room(GB // 4, MemoryFigures(available=2 * GB, total=64 * GB), [loading]) == Room(())  # (2 - 1.5) * 0.9
 
 
 def test_the_first_estimate_of_a_model_loaded_on_demand_counts_its_paired_draft():
