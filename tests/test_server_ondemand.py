@@ -333,6 +333,34 @@ def test_store_only_imports_are_not_offered_on_demand(monkeypatch):
     assert source.find("k") == InstalledModel("known", frozenset({"known", "k"}))
 
 
+def test_the_estimate_uses_the_models_own_context_unless_the_server_sets_one(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from localspec.server.residents import InstalledModels
+
+    class Store:
+        def installed_path(self, mid: str):
+            return tmp_path / f"{mid}.gguf"
+
+        def resolve(self, name: str):
+            return SimpleNamespace(id=name, settings=SimpleNamespace(n_ctx=512))  # its [models.settings]
+
+        def profile(self, name: str | None = None):
+            return SimpleNamespace(n_ctx=4096)
+
+    asked: list[int] = []
+
+    def estimate_fit(path, *, n_ctx: int, ram: int, vram: int):
+        asked.append(n_ctx)
+        return SimpleNamespace(total_bytes=7)
+
+    monkeypatch.setattr("localspec.models.ModelManager", Store)
+    monkeypatch.setattr("localspec.models.fit.estimate_fit", estimate_fit)
+    assert InstalledModels(n_ctx=None, parallel=2).need_bytes("m") == 7 and asked == [512 * 2]
+    InstalledModels(n_ctx=256, parallel=2).need_bytes("m")  # --n-ctx wins over the model's own
+    assert asked == [1024, 512]
+
+
 def test_models_loaded_on_demand_drop_the_servers_lora_and_cache():
     loads = Loads()
     settings = ServerSettings(cache=True, router=False, lora_path="/adapters/style.gguf", lora_scale=0.5)
