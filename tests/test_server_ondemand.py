@@ -69,9 +69,11 @@ class Loads:
     def __init__(self) -> None:
         self.engines: dict[str, list] = {}
         self.gates: dict[str, threading.Event] = {}  # a model's load waits for its gate
+        self.settings: dict[str, ServerSettings] = {}  # each model's last load's settings
 
     def __call__(self, settings: ServerSettings):
         mid = settings.target or PRIMARY
+        self.settings[mid] = settings
         if mid in self.gates:
             self.gates[mid].wait(30)
         tier = scripted_tier(model_id=mid, script=scripted(default=f"This is {mid}."))
@@ -85,17 +87,23 @@ class Loads:
 class FakeModels:
     """Installed models with their memory estimates; each also answers to `<id>-alias`."""
 
-    def __init__(self, sizes: dict[str, int]) -> None:
+    def __init__(self, sizes: dict[str, int], drafts: dict[str, str] | None = None) -> None:
         self.sizes = sizes
+        self.drafts = drafts or {}  # target -> the draft the registry pairs with it
+        self.finds = 0  # store look-ups made
 
     def installed(self) -> list[InstalledModel]:
         return [InstalledModel(m, frozenset({m, f"{m}-alias"})) for m in self.sizes]
 
     def find(self, name: str) -> InstalledModel | None:
+        self.finds += 1
         return next((m for m in self.installed() if name in m.names), None)
 
     def need_bytes(self, model_id: str) -> int:
         return self.sizes.get(model_id, 0)
+
+    def draft_for(self, model_id: str) -> str | None:
+        return self.drafts.get(model_id)
 
 
 class Memory:
@@ -117,7 +125,7 @@ def jit():
     app = create_app(settings=settings, load=loads, models=models, memory=memory)
     with ServerThread(app, announce=settings) as srv:
         assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=30)
-        srv.loads, srv.memory, srv.state = loads, memory, app.state.server
+        srv.loads, srv.memory, srv.state, srv.models = loads, memory, app.state.server, models
         yield srv
 
 
@@ -256,6 +264,259 @@ def test_shutdown_closes_the_models_loaded_on_demand_too():
         assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=30)
         _text(srv.base_url, B)
     assert loads.last(B).target.closed and loads.last(PRIMARY).target.closed
+
+
+# ---------------------------------------------------------------- fixes after review: holds, stop, retries
+
+
+def test_a_model_with_a_loading_one_beside_it_counts_that_ones_memory_as_taken():
+    # 2 GB available now, but a 1.5 GB model is still loading: it is not in `available` yet, and
+    # a loading model cannot be evicted, so a 1 GB model does not fit.
+    loading = Held("loading", int(1.5 * GB), False, 1.0, loading=True)
+    plan = plan_room(GB, MemoryFigures(available=2 * GB, total=64 * GB), [loading])
+    assert isinstance(plan, NoRoom) and plan.busy == ("loading",)
+    assert plan_room(GB // 4, MemoryFigures(available=2 * GB, total=64 * GB), [loading]) == Room(())  # (2 - 1.5) * 0.9
+
+
+def test_the_first_estimate_of_a_model_loaded_on_demand_counts_its_paired_draft():
+    """B (1 GB) pairs with a 1 GB draft: 2 GB do not fit beside the profile's 1 GB in 2.5 GB."""
+    loads, memory = Loads(), Memory(total=int(2.5 * GB))
+    models = FakeModels({PRIMARY: GB, B: GB, "b-draft": GB}, drafts={B: "b-draft"})
+    app = create_app(ServerSettings(cache=False, router=False), load=loads, models=models, memory=memory)
+    with ServerThread(app) as srv:
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=30)
+        assert _text(srv.base_url, B) == f"This is {B}."
+        assert loads.last(PRIMARY).target.closed  # without the draft, 1 GB would have fit beside it
+
+
+def test_closing_unloaded_models_goes_on_past_one_that_fails():
+    from localspec.server.state import close_all
+
+    class Closing:
+        def __init__(self, fails: bool) -> None:
+            self.fails, self.closed = fails, False
+
+        def close(self, drain: bool = False) -> None:
+            self.closed = True
+            if self.fails:
+                raise RuntimeError("close failed")
+
+    backends = [Closing(True), Closing(False)]
+    close_all(backends)  # type: ignore[arg-type]
+    assert [b.closed for b in backends] == [True, True]
+
+
+def test_store_only_imports_are_not_offered_on_demand(monkeypatch):
+    """A load resolves its target through the registry: a model only the store knows cannot load."""
+    from types import SimpleNamespace
+
+    from localspec.errors import LocalspecError
+    from localspec.server.residents import InstalledModels
+
+    class Store:
+        def list(self, with_fit: bool = True):
+            return [SimpleNamespace(id="imported", aliases=[], installed=True, role="?"),
+                    SimpleNamespace(id="known", aliases=["k"], installed=True, role="target")]
+
+        def resolve(self, name: str):
+            if name in ("known", "k"):
+                return SimpleNamespace(id="known", role="target", aliases=["k"], settings=None)
+            raise LocalspecError(f"unknown model {name}")
+
+        def installed_path(self, mid: str):
+            return f"/models/{mid}.gguf"
+
+    monkeypatch.setattr("localspec.models.ModelManager", Store)
+    source = InstalledModels(n_ctx=256, parallel=1)
+    assert [m.id for m in source.installed()] == ["known"]
+    assert source.find("imported") is None
+    assert source.find("k") == InstalledModel("known", frozenset({"known", "k"}))
+
+
+def test_the_estimate_uses_the_models_own_context_unless_the_server_sets_one(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from localspec.server.residents import InstalledModels
+
+    class Store:
+        def installed_path(self, mid: str):
+            return tmp_path / f"{mid}.gguf"
+
+        def resolve(self, name: str):
+            return SimpleNamespace(id=name, settings=SimpleNamespace(n_ctx=512))  # its [models.settings]
+
+        def profile(self, name: str | None = None):
+            return SimpleNamespace(n_ctx=4096)
+
+    asked: list[int] = []
+
+    def estimate_fit(path, *, n_ctx: int, ram: int, vram: int):
+        asked.append(n_ctx)
+        return SimpleNamespace(total_bytes=7)
+
+    monkeypatch.setattr("localspec.models.ModelManager", Store)
+    monkeypatch.setattr("localspec.models.fit.estimate_fit", estimate_fit)
+    assert InstalledModels(n_ctx=None, parallel=2).need_bytes("m") == 7 and asked == [512 * 2]
+    InstalledModels(n_ctx=256, parallel=2).need_bytes("m")  # --n-ctx wins over the model's own
+    assert asked == [1024, 512]
+
+
+def test_models_loaded_on_demand_drop_the_servers_lora_and_cache():
+    loads = Loads()
+    settings = ServerSettings(cache=True, router=False, lora_path="/adapters/style.gguf", lora_scale=0.5)
+    app = create_app(settings, load=loads, models=FakeModels({B: GB}), memory=Memory(total=64 * GB))
+    with ServerThread(app) as srv:
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=30)
+        _text(srv.base_url, B)
+    assert loads.settings[PRIMARY].lora_path == "/adapters/style.gguf" and loads.settings[PRIMARY].cache
+    on_demand = loads.settings[B]
+    assert on_demand.lora_path is None and on_demand.lora_scale == 1.0 and on_demand.cache is False
+
+
+def test_a_reply_holds_its_model_until_its_logprobs_are_read(jit):
+    """The job is done before the reply reads the model for its logprob pieces: the model is still
+    held then, so neither the reaper nor a load on demand closes it under the reply."""
+    url, loads, state = jit.base_url, jit.loads, jit.state
+    _text(url, B)
+    rt = loads.last(B).target
+    seen: list[bool] = []
+    real = rt.piece
+
+    def piece(token: int) -> bytes:
+        if threading.current_thread().name == "test-uvicorn":  # the reply, on the event loop
+            seen.append(state.extra[B].busy())
+        return real(token)
+
+    rt.piece = piece
+    r = _ask(url, B, logprobs=1)
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"]["tokens"]
+    r = _ask(url, B, logprobs=1, stream=True)
+    assert r.status_code == 200 and "[DONE]" in r.text
+    assert seen and all(seen)
+    assert wait_until(lambda: not state.extra[B].busy(), timeout=10)  # and released once written
+
+
+def test_stop_waits_for_a_request_between_its_model_check_and_its_submission(jit):
+    url, loads = jit.base_url, jit.loads
+    _text(url, B)
+    rt = loads.last(B).target
+    entered, gate = threading.Event(), threading.Event()
+    closed_then: list[bool] = []
+    real = rt.tokenize
+
+    def tokenize(text: str, *args, **kwargs) -> list[int]:
+        if "hold me" in text:
+            entered.set()
+            gate.wait(30)
+            closed_then.append(rt.closed)
+        return real(text, *args, **kwargs)
+
+    rt.tokenize = tokenize
+    got: list = []
+    stopped: list = []
+    t = threading.Thread(target=lambda: got.append(_ask(url, B, prompt="hold me")))
+    t.start()
+    try:
+        assert entered.wait(10)
+        s = threading.Thread(target=lambda: stopped.append(
+            request(url, "POST", "/v1/stop", json_body={"model": B})))
+        s.start()
+        time.sleep(0.3)
+        assert not rt.closed and not stopped  # the close waits for the request holding the model
+    finally:
+        gate.set()
+        t.join(30)
+    s.join(30)
+    assert closed_then and not any(closed_then)
+    assert got[0].status_code == 503 and got[0].json()["error"]["code"] == "cancelled"
+    assert stopped[0].status_code == 200 and stopped[0].json()["unloaded"] is True and rt.closed
+
+
+def test_an_embedding_holds_the_profiles_models_until_its_vectors_are_made():
+    from tests.fake_tier import ScriptedEmbedder
+
+    class Gated(ScriptedEmbedder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered, self.gate, self.closed, self.closed_then = threading.Event(), threading.Event(), False, []
+
+        def embed(self, text: str):
+            self.entered.set()
+            self.gate.wait(30)
+            self.closed_then.append(self.closed)
+            return super().embed(text)
+
+        def close(self) -> None:
+            self.closed = True
+
+    emb = Gated()
+    app = create_app(ServerSettings(cache=False, router=False), models=FakeModels({}), memory=Memory(total=64 * GB),
+                     load=lambda s: scripted_backend(pipeline=scripted_pipeline(tiers=[scripted_tier(model_id=PRIMARY)]),
+                                                     embedder=emb))
+    with ServerThread(app) as srv:
+        url, state = srv.base_url, app.state.server
+        assert wait_until(lambda: request(url, "GET", "/health").status_code == 200, timeout=30)
+        got: list = []
+        stopped: list = []
+        t = threading.Thread(target=lambda: got.append(request(
+            url, "POST", "/v1/embeddings", json_body={"model": "scripted-embedder", "input": "hello"})))
+        t.start()
+        try:
+            assert emb.entered.wait(10)
+            assert state.primary.busy()  # the reaper leaves them loaded
+            s = threading.Thread(target=lambda: stopped.append(
+                request(url, "POST", "/v1/stop", json_body={"model": PRIMARY})))
+            s.start()
+            time.sleep(0.3)
+            assert not emb.closed and not stopped  # stop closes them once the embedding is done
+        finally:
+            emb.gate.set()
+            t.join(30)
+        s.join(30)
+        assert got[0].status_code == 200 and emb.closed_then == [False]
+        assert stopped[0].json()["unloaded"] is True and emb.closed
+
+
+def test_a_failed_first_load_is_tried_again_and_installed_models_stay_reachable():
+    loads = Loads()
+    failures: list[str] = []
+
+    def load(settings: ServerSettings):
+        if settings.target is None and not failures:
+            failures.append("once")
+            raise RuntimeError("the disk hiccupped")
+        return loads(settings)
+
+    app = create_app(ServerSettings(cache=False, router=False, retry_after_s=1), load=load,
+                     models=FakeModels({B: GB}), memory=Memory(total=64 * GB))
+    with ServerThread(app) as srv:
+        url, state = srv.base_url, app.state.server
+        assert wait_until(lambda: state.loader.state == "error", timeout=30)
+        assert _text(url, B) == f"This is {B}."  # on demand, though the profile's names are unknown
+        time.sleep(1.1)  # past Retry-After: the next request naming the profile's model loads it again
+        assert _text(url, PRIMARY) == f"This is {PRIMARY}."
+        assert state.loader.state == "ok" and len(loads.engines[PRIMARY]) == 1
+
+
+def test_another_spelling_of_the_profiles_target_is_a_404_without_a_reload(jit):
+    url, loads = jit.base_url, jit.loads
+    assert request(url, "POST", "/v1/stop", json_body={"model": PRIMARY}).json()["unloaded"] is True
+    r = _ask(url, f"{PRIMARY}-alias")  # the store knows the spelling; the profile does not serve it
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert len(loads.engines[PRIMARY]) == 1 and jit.state.loader.backend is None
+
+
+def test_a_busy_server_answers_429_before_looking_a_name_up_and_names_are_capped(jit):
+    url, state, models = jit.base_url, jit.state, jit.models
+    before = models.finds
+    state.admission.held = state.admission.capacity
+    try:
+        r = _ask(url, "no-such-model")
+        assert r.status_code == 429 and models.finds == before
+    finally:
+        state.admission.held = 0
+    r = _ask(url, "m" * 600)
+    assert r.status_code in (400, 422) and models.finds == before
 
 
 def test_real_models_serve_the_small_one_and_load_the_other_on_demand(target_path, draft_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,7 @@ class Loader:
         self.backend: Backend | None = None
         self.catalog: Catalog | None = None
         self.error: str | None = None
+        self.failed_at: float | None = None  # monotonic time of the last failed load
         self.loads = 0  # loads started: past the first, a request waits for one instead of getting a 503
         self.on_ready: Callable[[Backend], None] | None = None  # hears the backend once it is loaded
         self._loading = threading.Event()
@@ -195,6 +197,7 @@ class Loader:
         except Exception as exc:  # shown on /health and in the log; the server keeps answering
             logger.exception("loading the models failed")
             self.error = str(exc)
+            self.failed_at = time.monotonic()
             self._loading.clear()
             return
         if self._closed:
@@ -207,6 +210,10 @@ class Loader:
             self.catalog = Catalog.of(backend)
         self.backend = backend
         self._loading.clear()
+
+    def may_retry(self, interval_s: float) -> bool:
+        """Whether a failed load may be tried again: once `interval_s` has passed since it failed."""
+        return self.failed_at is None or time.monotonic() - self.failed_at >= interval_s
 
     @property
     def loading(self) -> bool:

@@ -16,7 +16,7 @@ from localspec.server.backend import Backend
 from localspec.server.errors import APIError, ClientGone, error_json
 from localspec.server.schemas import (AutoReport, ChoiceLogprobs, ChunkExtension, CompletionLogprobs,
                                       CompletionTokensDetails, Extension, TokenLogprobOut, TopLogprob, Usage, _Sampling)
-from localspec.server.state import ServerState
+from localspec.server.state import CANCELLED, ServerState
 from localspec.server.streaming import SSE_DONE, SSE_KEEPALIVE, Piece, Waiting, collect, pieces, unless_disconnected
 from localspec.server.translate import Plan
 
@@ -101,8 +101,6 @@ def completion_logprobs(b: Backend, tokens: list[Token]) -> CompletionLogprobs:
     return CompletionLogprobs(tokens=texts, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
 
 
-CANCELLED = ("Generation was cancelled before it finished (the server is shutting down or reloading its models); "
-             "retry the request.")
 
 
 def unfinished(done: Done) -> APIError | None:

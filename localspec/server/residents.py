@@ -12,14 +12,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from localspec.errors import LocalspecError
+
+if TYPE_CHECKING:
+    from localspec.models import ModelManager
 
 logger = logging.getLogger(__name__)
 
 HEADROOM = 0.9  # as models/fit.py: keep 10% of RAM spare, an estimate is not a promise
-CHAT_ROLES = frozenset({"target", "?"})  # drafts and embedding models are not offered as chat models
+# Drafts and embedding models are not offered as chat models; nor are store-only imports (role "?"):
+# a load resolves its target through the registry, which does not know them.
+CHAT_ROLES = frozenset({"target"})
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,10 @@ class ModelSource(Protocol):
 
     def need_bytes(self, model_id: str) -> int: ...
 
+    def draft_for(self, model_id: str) -> str | None:
+        """The draft a load of `model_id` is likely to pair with, when cheaply known (else None)."""
+        ...
+
 
 class NoModels:
     """No model beyond the profile's: the source of a server whose `load` is not the real one (tests)."""
@@ -65,6 +74,9 @@ class NoModels:
 
     def need_bytes(self, model_id: str) -> int:
         return 0
+
+    def draft_for(self, model_id: str) -> str | None:
+        return None
 
 
 class InstalledModels:
@@ -87,21 +99,30 @@ class InstalledModels:
         from localspec.models import ModelManager
 
         mm = ModelManager()
-        role: str
         try:
             entry = mm.resolve(name)
-            mid, role, aliases = entry.id, entry.role, tuple(entry.aliases)
         except LocalspecError:
-            mid, role, aliases = name, "?", ()  # a store-only import is known by its id alone
-        if role not in CHAT_ROLES or mm.installed_path(mid) is None:
+            return None  # not in the registry (a store-only import included): nothing a load could resolve
+        if entry.role not in CHAT_ROLES or mm.installed_path(entry.id) is None:
             return None
-        return InstalledModel(mid, frozenset({mid, *aliases}))
+        return InstalledModel(entry.id, frozenset({entry.id, *entry.aliases}))
 
     def need_bytes(self, model_id: str) -> int:
         """Weights + KV cache for `n_ctx_tokens` + compute buffers (models/fit.py), 0 when unknown."""
         if model_id not in self._need:
             self._need[model_id] = self._estimate(model_id)
         return self._need[model_id]
+
+    def draft_for(self, model_id: str) -> str | None:
+        """The installed draft a registry profile pairs with `model_id` as its target: the load's
+        pairing prefers it when the tokenizers match. Read from the registry only: no file is opened."""
+        from localspec.models import ModelManager
+
+        mm = ModelManager()
+        for prof in mm.registry.profiles.values():
+            if prof.target == model_id and prof.draft and mm.installed_path(prof.draft) is not None:
+                return prof.draft
+        return None
 
     def _estimate(self, model_id: str) -> int:
         from localspec.models import ModelManager
@@ -112,11 +133,20 @@ class InstalledModels:
         if path is None:
             return 0
         try:
-            n_ctx = self.n_ctx or mm.profile(self.profile).n_ctx  # the engine's default: the profile's
+            n_ctx = self.n_ctx or own_n_ctx(mm, model_id) or mm.profile(self.profile).n_ctx
             return estimate_fit(path, n_ctx=n_ctx * self.parallel, ram=1, vram=0).total_bytes
         except (LocalspecError, OSError, ValueError):
             logger.warning("cannot estimate %s's memory; counting its file alone", model_id)
             return path.stat().st_size if path.exists() else 0
+
+
+def own_n_ctx(mm: ModelManager, model_id: str) -> int | None:
+    """The model's own [models.settings] n_ctx, which its load uses when no --n-ctx is given."""
+    try:
+        own = mm.resolve(model_id).settings
+    except LocalspecError:
+        return None
+    return own.n_ctx if own else None
 
 
 @dataclass(frozen=True)
@@ -127,6 +157,7 @@ class Held:
     need_bytes: int
     busy: bool  # requests in flight: never evicted
     last_used: float
+    loading: bool = False  # its memory is not taken yet: not in the system's `available`, and not evictable
 
 
 @dataclass(frozen=True)
@@ -145,7 +176,8 @@ def room_bytes(mem: MemoryFigures, held: Sequence[Held], kept: Sequence[Held]) -
     """Room for a new model with `kept` still loaded. Weights are mmapped, so the system may count a
     loaded model's pages as available: the room is also bounded by total RAM less what `kept` takes."""
     freed = sum(h.need_bytes for h in held if h not in kept)
-    return int(min(mem.available + freed, mem.total - sum(h.need_bytes for h in kept)) * HEADROOM)
+    coming = sum(h.need_bytes for h in kept if h.loading)
+    return int(min(mem.available - coming + freed, mem.total - sum(h.need_bytes for h in kept)) * HEADROOM)
 
 
 def plan_room(need_bytes: int, mem: MemoryFigures, held: Sequence[Held]) -> Room | NoRoom:
@@ -153,7 +185,7 @@ def plan_room(need_bytes: int, mem: MemoryFigures, held: Sequence[Held]) -> Room
     `need_bytes` fits; NoRoom when even unloading every idle one is not enough."""
     kept = list(held)
     evict: list[str] = []
-    for h in sorted((h for h in held if not h.busy), key=lambda h: h.last_used):
+    for h in sorted((h for h in held if not h.busy and not h.loading), key=lambda h: h.last_used):
         if need_bytes <= room_bytes(mem, held, kept):
             break
         kept.remove(h)
@@ -161,4 +193,4 @@ def plan_room(need_bytes: int, mem: MemoryFigures, held: Sequence[Held]) -> Room
     room = room_bytes(mem, held, kept)
     if need_bytes <= room:
         return Room(tuple(evict))
-    return NoRoom(need_bytes, room, tuple(h.key for h in kept if h.busy))
+    return NoRoom(need_bytes, room, tuple(h.key for h in kept if h.busy or h.loading))

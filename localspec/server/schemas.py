@@ -79,7 +79,7 @@ class PredictionIn(_Request):
 
 
 class _Sampling(_Body):
-    model: str = Field(..., description="a model id or alias from /v1/models, or 'auto'")
+    model: str = Field(..., max_length=512, description="a model id or alias from /v1/models, or 'auto'")
     max_tokens: int | None = Field(None, ge=1, description="default: the server's cap")
     temperature: float | None = Field(
         None, ge=0.0, le=2.0, description=f"default {DEFAULT_TEMPERATURE} (OpenAI's); 0 = greedy"
@@ -369,7 +369,7 @@ class ModelList(BaseModel):
 
 
 class EmbeddingRequest(_Body):
-    model: str
+    model: str = Field(max_length=512)
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None

@@ -63,6 +63,24 @@ class Admission:
             self.held -= 1
 
 
+@dataclass(eq=False)
+class Hold:
+    """One request's claim on a resident's models, from before their load to the end of its reply
+    (an embedding, a reply's logprob pieces read the model): while any is held, neither the reaper
+    nor room-making unloads them, and `stop` closes them only once those held are released."""
+
+    resident: Resident
+    backend: Backend | None = None  # the models it uses; None until they are loaded
+    released: bool = False
+
+    def release(self) -> None:
+        """Idempotent: a stream releases it when it ends and when its response closes."""
+        if not self.released:
+            self.released = True
+            self.resident.holds.discard(self)
+            self.resident.keep_alive.touch()  # expiry counts from the last request's end
+
+
 @dataclass
 class Resident:
     """Models this server loads and unloads together, with their own keep-alive: the profile's (key
@@ -73,12 +91,21 @@ class Resident:
     keep_alive: KeepAlive
     need_bytes: int = 0  # estimated memory once loaded (0: unknown)
     names: set[str] = field(default_factory=set)  # the names requests used for it
-    in_hand: int = 0  # requests between finding the models and submitting to them: not to be unloaded under
+    holds: set[Hold] = field(default_factory=set)  # requests using its models outside a running job
     jobs: set[Job] = field(default_factory=set)  # its admitted requests
+
+    @property
+    def in_hand(self) -> int:
+        return len(self.holds)
+
+    def hold(self) -> Hold:
+        h = Hold(self)
+        self.holds.add(h)
+        return h
 
     def busy(self) -> bool:
         self.jobs = {j for j in self.jobs if not j.done.is_set()}
-        return self.in_hand > 0 or bool(self.jobs)
+        return bool(self.holds) or bool(self.jobs)
 
     @property
     def held(self) -> bool:
@@ -118,22 +145,25 @@ class ServerState:
 
     async def resident_for(self, name: str) -> Resident:
         """The models a chat/completion request's name means: the profile's, or an installed model,
-        loaded on demand (else a 404). While the first load runs the profile's answer (its 503)."""
+        loaded on demand (else a 404). While the first load runs the profile's answer (its 503);
+        after it failed, installed models are still looked up."""
         c = self.loader.catalog
-        if c is None or name in c.names:
+        if (c is None and self.loader.state != "error") or (c is not None and name in c.names):
             return self.primary
         known = next((r for r in self.extra.values() if name in r.names), None)
         if known is not None:
             return known
+        self.admission.check()  # a busy server answers 429 before scanning the store for a name
         found = await asyncio.to_thread(self.models.find, name)
+        if found is None and c is None:  # the profile's names are unknown until a load succeeds: it answers
+            return self.primary
         if found is None:
             raise not_found(name, self.served_names())
-        if found.id == c.target_id:  # another spelling of the profile's target
+        if found.id in ((c.target_id if c else None), self.settings.target):  # another spelling of the profile's
             return self.primary
         r = self.extra.get(found.id)
         if r is None:
-            update = {"target": found.id, "draft": None, "router": False, "embeddings": False}
-            r = Resident(found.id, self.loader.sibling(self.settings.model_copy(update=update)),
+            r = Resident(found.id, self.loader.sibling(self.settings.model_copy(update=on_demand_settings(found.id))),
                          KeepAlive(self.keep_alive.default, self.keep_alive.clock))
             self.extra[found.id] = r
         if len(r.names) < MAX_NAMES:
@@ -143,16 +173,18 @@ class ServerState:
     async def ready(self, resident: Resident | None = None) -> Backend:
         """The loaded models; after an unload (keep-alive, stop) this request loads them again and waits,
         as for a model loaded on demand. The profile's first load at start-up keeps its 503 + Retry-After:
-        clients already retry on it."""
+        clients already retry on it. A failed load is tried again by a later request, at most once per
+        Retry-After, so clients retrying on its 503 do not load in a tight loop."""
         r = resident or self.primary
         loader = r.loader
+        retry = loader.state == "error" and loader.may_retry(self.settings.retry_after_s)
         if r is self.primary:
-            if loader.backend is None and loader.state == "idle":
+            if loader.backend is None and (loader.state == "idle" or retry):
                 await self.make_room(r)
             wait = loader.loads > 1
         else:
-            if loader.backend is None and not loader.loading:
-                await self.make_room(r)  # a failed load is tried again by the next request
+            if loader.backend is None and not loader.loading and (loader.error is None or retry):
+                await self.make_room(r)
             wait = True
         if wait:
             while loader.backend is None and loader.loading:
@@ -165,22 +197,26 @@ class ServerState:
         async with self._room:
             if r.held:
                 return
-            need = await self.need_bytes(r)
-            others = [x for x in self.residents() if x is not r and x.held]
-            needs = [await self.need_bytes(x) for x in others]
+            for x in self.residents():
+                await self.need_bytes(x)  # kept on each resident: the plan below reads them without awaiting
             memory = await asyncio.to_thread(self.memory)
-            # No await from here to the detach: a request taking a victim in between would lose it.
-            held = [Held(self.label(x), n, x.busy(), x.keep_alive.last_used)
-                    for x, n in zip(others, needs, strict=True)]
-            plan = plan_room(need, memory, held) if need else Room(())
+            # No await from here to the detach: the plan reads the state as it is now, and a request
+            # taking a victim in between would lose it.
+            if r.held:
+                return
+            others = [x for x in self.residents() if x is not r and x.held]
+            held = [Held(self.label(x), x.need_bytes, x.busy(), x.keep_alive.last_used, loading=x.loader.loading)
+                    for x in others]
+            plan = plan_room(r.need_bytes, memory, held) if r.need_bytes else Room(())
             if isinstance(plan, NoRoom):
                 raise no_room(self.label(r), plan, self.settings.retry_after_s)
             victims = [x for label in plan.evict for x in others if self.label(x) == label]
             for x in victims:
                 logger.info("unloading %s to make room for %s", self.label(x), self.label(r))
-            for b in [x.loader.detach() for x in victims]:
-                if b is not None:
-                    await asyncio.to_thread(b.close, False)
+            detached = [b for b in (x.loader.detach() for x in victims) if b is not None]
+            # One thread closes them all, each in its own try: one failed close or this task's
+            # cancellation cannot leave the others detached and open.
+            await asyncio.shield(asyncio.to_thread(close_all, detached))
             if r.key:
                 logger.info("loading %s on demand", r.key)
             r.loader.start()
@@ -196,28 +232,50 @@ class ServerState:
         return r.key or (c.target_id if c else "the profile's models")
 
     async def need_bytes(self, r: Resident) -> int:
-        """Its estimate: from the files its last load named (a paired draft included), else from its id."""
+        """Its estimate: from the files its last load named (a paired draft included), else from its
+        id and the draft the registry pairs with it."""
         ids = r.model_ids()
+        if r.key and r.loader.catalog is None:  # not loaded yet: its draft, where cheaply known, loads too
+            draft = await asyncio.to_thread(self.models.draft_for, r.key)
+            ids = (*ids, draft) if draft else ids
         if ids:
             r.need_bytes = sum([await asyncio.to_thread(self.models.need_bytes, m) for m in ids])
         return r.need_bytes
 
     @contextlib.asynccontextmanager
-    async def serving(self, model: str, keep_alive: str | float | None) -> AsyncIterator[Backend]:
-        """The models for one request's `model`, from its model check to its submission (then its
-        jobs hold them): neither the keep-alive reaper nor another model's load unloads them in
-        between. `keep_alive`: the request's, for these models."""
-        r = await self.resident_for(model)
-        r.in_hand += 1
+    async def holding(self, resident: Resident | None = None) -> AsyncIterator[tuple[Backend, Hold]]:
+        """The loaded models (loaded first if need be) and a hold on them, released when the block
+        ends unless the caller has handed the hold on (`Hold.release` is idempotent)."""
+        r = resident or self.primary
+        hold = r.hold()
         try:
             b = await self.ready(r)
+            hold.backend = b  # no await since ready() returned: this is the backend it found
+            yield b, hold
+        finally:
+            hold.release()
+
+    @contextlib.asynccontextmanager
+    async def serving(self, model: str, keep_alive: str | float | None) -> AsyncIterator[tuple[Backend, Hold]]:
+        """The models for one request's `model`, from its model check to its reply: neither the
+        keep-alive reaper nor another model's load unloads them while the hold is held. The block
+        ends at submission; a route that builds its reply later takes the hold with it (`keep`).
+        `keep_alive`: the request's, for these models."""
+        r = await self.resident_for(model)
+        c = self.loader.catalog
+        if r is self.primary and c is not None:
+            check_model(model, set(c.names))  # before ready(): a name it does not serve loads nothing
+        async with self.holding(r) as (b, hold):
             if r is self.primary:
                 check_model(model, b.target_names)
             r.keep_alive.ask(keep_alive)
-            yield b
-        finally:
-            r.in_hand -= 1
-            r.keep_alive.touch()
+            yield b, hold
+
+    def keep(self, hold: Hold) -> Hold:
+        """A second hold on the same models, for a reply built after `serving`'s block ends."""
+        kept = hold.resident.hold()
+        kept.backend = hold.backend
+        return kept
 
     def busy(self) -> bool:
         """The profile's models have requests in hand or running."""
@@ -232,15 +290,26 @@ class ServerState:
             if r.busy():
                 r.keep_alive.touch()  # expiry counts from the last request's end
             elif r.keep_alive.expired():
-                unloaded = await self.unload(r) or unloaded
+                unloaded = await self.unload(r, idle_only=True) or unloaded
         return unloaded
 
-    async def unload(self, resident: Resident | None = None) -> bool:
-        """Unload now (`stop`, the reaper, room for another model); False when nothing was loaded."""
-        b = (resident or self.primary).loader.detach()
-        if b is None:
-            return False
-        await asyncio.to_thread(b.close, False)
+    async def unload(self, resident: Resident | None = None, *, idle_only: bool = False) -> bool:
+        """Unload now (`stop`, the reaper: `idle_only`); False when nothing was loaded. Running jobs are cancelled;
+        requests holding these models (between their model check and submission, or building their
+        reply) finish with them before the close, so none reads a freed model. Under the room lock:
+        a load planning room meanwhile sees these models until they are closed."""
+        r = resident or self.primary
+        async with self._room:
+            if idle_only and r.busy():  # a request came while the reaper waited for the lock
+                return False
+            b = r.loader.detach()
+            if b is None:
+                return False
+            for job in list(r.jobs):
+                job.cancel()
+            while any(h.backend is b for h in list(r.holds)):
+                await asyncio.sleep(0.02)
+            await asyncio.shield(asyncio.to_thread(close_all, [b]))
         return True
 
     def resident_named(self, name: str) -> Resident | None:
@@ -262,9 +331,10 @@ class ServerState:
         return loader.backend
 
     def queue_depth(self) -> int:
-        """Admitted requests that are not in a slot yet, over every loaded model."""
-        running = sum(slot.active is not None for r in self.residents() if r.loader.backend is not None
-                      for slot in r.loader.backend.engine.slots)
+        """Admitted requests that are not in a slot yet, over every loaded model. Also run on the
+        completion thread while the loop adds or unloads models: each backend is read once."""
+        backends = [r.loader.backend for r in [self.primary, *list(self.extra.values())]]
+        running = sum(slot.active is not None for b in backends if b is not None for slot in b.engine.slots)
         return max(0, self.admission.unfinished() - running)
 
     async def submit(self, b: Backend, plan: Plan, *, model: str, owner: str) -> Job:
@@ -288,10 +358,13 @@ class ServerState:
             ) from exc
         except LocalspecError as exc:
             raise APIError(400, str(exc), "invalid_request") from exc
+        owners = [r for r in self.residents() if r.loader.backend is b]
+        if not owners:  # unloaded (`stop`) while it was tokenized: these models are about to close
+            job.cancel()
+            raise APIError(503, CANCELLED, "cancelled", headers={"Retry-After": str(self.settings.retry_after_s)})
         self.admission.jobs.add(job)
-        for r in self.residents():
-            if r.loader.backend is b:
-                r.jobs.add(job)
+        for r in owners:
+            r.jobs.add(job)
         self.metrics.set_queue_depth(self.queue_depth())
         return job
 
@@ -308,7 +381,10 @@ class ServerState:
         done = job.result
         if done is None:
             return
-        self.metrics.set_queue_depth(self.queue_depth())
+        try:
+            self.metrics.set_queue_depth(self.queue_depth())
+        except RuntimeError:  # the loop changed the models meanwhile: the gauge waits for the next request
+            logger.debug("queue depth not updated", exc_info=True)
         self.metrics.record(RequestRecord.from_stats(
             done.stats, face="api", profile=b.profile, target_model=b.target_id, draft_model=b.draft_id,
             finish_reason=done.finish_reason, e2e_ms=(time.perf_counter() - job.t_submit) * 1000,
@@ -319,6 +395,29 @@ class ServerState:
             route=str(job.route.tier) if job.route else str(job.tier),
             route_reason=job.route.reason if job.route else None,
         ))
+
+
+CANCELLED = ("Generation was cancelled before it finished (the server is shutting down or reloading its models); "
+             "retry the request.")
+
+
+def on_demand_settings(model_id: str) -> dict[str, object]:
+    """What a model loaded on demand changes in the server's settings: its own target, no draft
+    named (pairing finds one), no router or embedding model; no `--lora` (that adapter is the
+    profile target's: the model's own models.toml binding applies); and no semantic cache, since
+    each pipeline would open its own SemanticCache on the same directory (sharing one across
+    targets is not simple)."""
+    return {"target": model_id, "draft": None, "router": False, "embeddings": False,
+            "lora_path": None, "lora_scale": 1.0, "cache": False}
+
+
+def close_all(backends: list[Backend]) -> None:
+    """Close detached models on one thread, each in its own try: a failed close is logged, the rest close."""
+    for b in backends:
+        try:
+            b.close(False)
+        except Exception:
+            logger.exception("closing unloaded models failed")
 
 
 def server_state(request: Request) -> ServerState:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -128,21 +128,26 @@ class EventStream(StreamingResponse):
     ends first ends the other, so a client gone while its request is queued cancels it at once
     (Starlette leaves the disconnect to a failed send under ASGI 2.4, and a queued stream sends nothing)."""
 
-    def __init__(self, body: AsyncIterator[bytes]) -> None:
+    def __init__(self, body: AsyncIterator[bytes], *, on_close: Callable[[], None] | None = None) -> None:
         super().__init__(body, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close  # runs once the response is written or abandoned (a hold on the models)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as tg:
-            async def stream() -> None:
-                await self.stream_response(send)
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stream() -> None:
+                    await self.stream_response(send)
+                    tg.cancel_scope.cancel()
 
-            async def disconnect() -> None:
-                await self.listen_for_disconnect(receive)
-                tg.cancel_scope.cancel()
+                async def disconnect() -> None:
+                    await self.listen_for_disconnect(receive)
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(stream)
-            tg.start_soon(disconnect)
+                tg.start_soon(stream)
+                tg.start_soon(disconnect)
+        finally:
+            if self.on_close is not None:
+                self.on_close()
         if self.background is not None:
             await self.background()

@@ -29,26 +29,30 @@ router = APIRouter()
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State,
                            who: Principal) -> ChatCompletion | EventStream:
-    async with state.serving(body.model, body.keep_alive) as b:  # 404 for a name it cannot serve
+    async with state.serving(body.model, body.keep_alive) as (b, hold):  # 404 for a name it cannot serve
         plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
         job = await state.submit(b, plan_, model=body.model, owner=who)
+        kept = state.keep(hold)  # the reply reads the model (logprob pieces) after the job is done
     reply = ChatReply(state, b, body, plan_, job, who)
     if body.stream:
-        return EventStream(reply.stream())
-    tokens, done = await reply.whole(request)
-    content: str | None = done.text
-    calls: list[ToolCall] = []
-    if plan_.tool_mode:
-        content, calls = translate.parse_tool_calls(done.text, plan_.tool_mode == "forced")
-    return ChatCompletion(
-        id=reply.id, created=reply.created, model=body.model, usage=usage(done, plan_),
-        localspec=extension(b, done, plan_, job, who),
-        choices=[ChatChoice(
-            message=ChatMessageOut(content=content, tool_calls=calls or None),
-            finish_reason="tool_calls" if calls else done.finish_reason,
-            logprobs=chat_logprobs(b, tokens) if body.logprobs else None,
-        )],
-    )
+        return EventStream(reply.stream(), on_close=kept.release)
+    try:
+        tokens, done = await reply.whole(request)
+        content: str | None = done.text
+        calls: list[ToolCall] = []
+        if plan_.tool_mode:
+            content, calls = translate.parse_tool_calls(done.text, plan_.tool_mode == "forced")
+        return ChatCompletion(
+            id=reply.id, created=reply.created, model=body.model, usage=usage(done, plan_),
+            localspec=extension(b, done, plan_, job, who),
+            choices=[ChatChoice(
+                message=ChatMessageOut(content=content, tool_calls=calls or None),
+                finish_reason="tool_calls" if calls else done.finish_reason,
+                logprobs=chat_logprobs(b, tokens) if body.logprobs else None,
+            )],
+        )
+    finally:
+        kept.release()
 
 
 class ChatReply(StreamedReply):

@@ -27,22 +27,26 @@ router = APIRouter()
 )
 async def completions(body: CompletionRequest, request: Request, state: State,
                       who: Principal) -> Completion | EventStream:
-    async with state.serving(body.model, body.keep_alive) as b:  # 404 for a name it cannot serve
+    async with state.serving(body.model, body.keep_alive) as (b, hold):  # 404 for a name it cannot serve
         plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
         job = await state.submit(b, plan_, model=body.model, owner=who)
+        kept = state.keep(hold)  # the reply reads the model (logprob pieces) after the job is done
     echo = body.prompt if (body.echo and body.suffix is None and isinstance(body.prompt, str)) else ""
     reply = CompletionReply(state, b, body, plan_, job, who, echo)
     if body.stream:
-        return EventStream(reply.stream())
-    tokens, done = await reply.whole(request)
-    return Completion(
-        id=reply.id, created=reply.created, model=body.model, usage=usage(done, plan_),
-        localspec=extension(b, done, plan_, job, who),
-        choices=[CompletionChoice(
-            text=echo + done.text, finish_reason=done.finish_reason,
-            logprobs=completion_logprobs(b, tokens) if body.logprobs is not None else None,
-        )],
-    )
+        return EventStream(reply.stream(), on_close=kept.release)
+    try:
+        tokens, done = await reply.whole(request)
+        return Completion(
+            id=reply.id, created=reply.created, model=body.model, usage=usage(done, plan_),
+            localspec=extension(b, done, plan_, job, who),
+            choices=[CompletionChoice(
+                text=echo + done.text, finish_reason=done.finish_reason,
+                logprobs=completion_logprobs(b, tokens) if body.logprobs is not None else None,
+            )],
+        )
+    finally:
+        kept.release()
 
 
 def fim_supported(b: Backend) -> bool:
