@@ -133,7 +133,11 @@ class InstalledModels:
         if path is None:
             return 0
         try:
-            n_ctx = self.n_ctx or own_n_ctx(mm, model_id) or mm.profile(self.profile).n_ctx
+            from localspec.service import load_settings
+
+            # As the load decides it: the flag, the model's own, settings.toml's [engine], the profile's.
+            n_ctx = (self.n_ctx or own_n_ctx(mm, model_id) or load_settings().get("n_ctx")
+                     or mm.profile(self.profile).n_ctx)
             return estimate_fit(path, n_ctx=n_ctx * self.parallel, ram=1, vram=0).total_bytes
         except (LocalspecError, OSError, ValueError):
             logger.warning("cannot estimate %s's memory; counting its file alone", model_id)
