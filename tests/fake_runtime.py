@@ -66,6 +66,7 @@ class FakeRuntime:
         self.add_bos = False
         self.n_ctx_seq = n_ctx
         self.config = RuntimeConfig(n_ctx=n_ctx, n_seq_max=n_seq_max)
+        self.offload = None  # no GPU split: as a CPU build loads
         self.kv: dict[int, dict[int, int]] = {}
         self.decode_calls = 0
         self.rows_decoded = 0

@@ -106,6 +106,7 @@ class ScriptedRuntime:
         self.n_ctx_seq = n_ctx
         self.n_threads = 1
         self.config = RuntimeConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=1)
+        self.offload = None  # no GPU split: as a CPU build loads
         self.kv: dict[int, dict[int, int]] = {}
         self.decode_calls = 0
         self.rows_decoded = 0

@@ -239,7 +239,7 @@ def test_ps_json_lists_the_loaded_pair_with_slots_and_expiry(on_demand, capsys):
     assert report["url"] == on_demand.base_url and report["status"] == "ok"
     assert [(m["name"], m["role"]) for m in report["models"]] == [(TARGET, "target"), (f"{TARGET}-draft", "draft")]
     target = report["models"][0]
-    assert (target["slots"], target["slots_busy"], target["processor"]) == (2, 0, "CPU")
+    assert (target["slots"], target["slots_busy"], target["processor"]) == (2, 0, "100% CPU")
     assert report["keep_alive_s"] == 600 and 590 < report["expires_at"] - time.time() <= 600
     assert main(["ps"]) == 0
     assert TARGET in capsys.readouterr().out

@@ -224,3 +224,20 @@ def test_doctor_without_vram_shows_no_split(monkeypatch, target_path):
     monkeypatch.setattr(fit, "free_vram", lambda: (None, "none"))
     state, _, _ = models_state(verify=False)
     assert "offload" not in state["default_profile"]
+
+
+def test_ps_says_where_a_model_runs_as_ollama_ps_does():
+    from localspec.engine.offload import ALL_LAYERS, OffloadPlan
+    from localspec.server.routes.ps import processor_split
+
+    gib = 1 << 30
+    partial = OffloadPlan(n_gpu_layers=18, offloaded=18, n_layers=28, gpu_bytes=6 * gib, total_bytes=9 * gib,
+                          free_vram=7 * gib)
+    whole = OffloadPlan(n_gpu_layers=ALL_LAYERS, offloaded=28, n_layers=28, gpu_bytes=9 * gib, total_bytes=9 * gib,
+                        free_vram=20 * gib)
+    assert processor_split(gpu=False, n_gpu_layers=-1, plan=None) == "100% CPU"
+    assert processor_split(gpu=True, n_gpu_layers=0, plan=partial) == "100% CPU"
+    assert processor_split(gpu=True, n_gpu_layers=18, plan=partial) == "33%/67% CPU/GPU"
+    assert processor_split(gpu=True, n_gpu_layers=-1, plan=whole) == "100% GPU"
+    assert processor_split(gpu=True, n_gpu_layers=-1, plan=None) == "100% GPU"
+    assert processor_split(gpu=True, n_gpu_layers=12, plan=None) == "GPU (12 layers) + CPU"

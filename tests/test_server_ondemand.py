@@ -228,7 +228,7 @@ def test_ps_shows_each_model_with_its_own_expiry_and_stop_unloads_one(jit, capsy
     assert by_name[PRIMARY]["keep_alive_s"] is None and by_name[PRIMARY]["expires_at"] is None
     assert by_name[PRIMARY]["on_demand"] is False and by_name[B]["on_demand"] is True
     assert by_name[B]["keep_alive_s"] == 600 and 590 < by_name[B]["expires_at"] - time.time() <= 600
-    assert by_name[B]["processor"] == "CPU"
+    assert by_name[B]["processor"] == "100% CPU"
     assert main(["ps"]) == 0
     out = capsys.readouterr().out
     assert "Forever" in out and "minutes from now" in out

@@ -6,6 +6,8 @@ import asyncio
 
 from fastapi import APIRouter
 
+from localspec.engine.offload import OffloadPlan
+from localspec.engine.runtime import ModelRuntime
 from localspec.engine.scheduler import Engine
 from localspec.pipeline import LocalTier
 from localspec.server.errors import ERROR_RESPONSES
@@ -60,26 +62,36 @@ async def stop(body: StopRequest, state: State) -> StopReply:
 def _models(tier: LocalTier) -> list[PsModel]:
     engine = tier.engine
     busy = sum(slot.active is not None for slot in engine.slots)
-    common = dict(tier=str(tier.name), processor=_processor(engine), n_ctx=engine.config.n_ctx,
-                  slots=len(engine.slots), slots_busy=busy)
-    out = [PsModel(name=tier.model_id, role="target", size_bytes=_size(engine.target.path), **common)]
+    common = dict(tier=str(tier.name), n_ctx=engine.config.n_ctx, slots=len(engine.slots), slots_busy=busy)
+    out = [PsModel(name=tier.model_id, role="target", size_bytes=_size(engine.target.path),
+                   processor=_processor(engine, engine.target), **common)]
     if engine.draft is not None:
         out.append(PsModel(name=tier.draft_id or engine.draft.path.stem, role="draft",
-                           size_bytes=_size(engine.draft.path), **common))
+                           size_bytes=_size(engine.draft.path), processor=_processor(engine, engine.draft), **common))
     return out
 
 
-def _processor(engine: Engine) -> str:
-    layers = engine.config.n_gpu_layers
+def _processor(engine: Engine, runtime: ModelRuntime) -> str:
     try:
         import llama_cpp
 
         gpu = bool(llama_cpp.llama_supports_gpu_offload())
     except Exception:  # a broken build shows in generation, not here
         gpu = False
-    if not gpu or layers == 0:
-        return "CPU"
-    return "GPU (all layers)" if layers < 0 else f"GPU ({layers} layers) + CPU"
+    return processor_split(gpu=gpu, n_gpu_layers=engine.config.n_gpu_layers, plan=runtime.offload)
+
+
+def processor_split(*, gpu: bool, n_gpu_layers: int, plan: OffloadPlan | None) -> str:
+    """Where a model runs, as `ollama ps` says it: "100% CPU", "100% GPU" or "35%/65% CPU/GPU" (by
+    bytes, from the load's offload plan; without one, the configured layers)."""
+    if not gpu or n_gpu_layers == 0:
+        return "100% CPU"
+    if plan is None:
+        return "100% GPU" if n_gpu_layers < 0 else f"GPU ({n_gpu_layers} layers) + CPU"
+    if plan.offloaded >= plan.n_layers:
+        return "100% GPU"
+    on_gpu = round(100 * plan.gpu_bytes / plan.total_bytes) if plan.total_bytes > 0 else 0
+    return "100% CPU" if on_gpu <= 0 else f"{100 - on_gpu}%/{on_gpu}% CPU/GPU"
 
 
 def _size(path: object) -> int:
