@@ -20,7 +20,8 @@ from pathlib import Path
 
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import EngineConfig, GenerationRequest
-from localspec.engine.events import Done, Token
+from localspec.bench.runner import run_request
+from localspec.engine.events import Done
 from localspec.engine.scheduler import Engine
 from localspec.models import ModelManager, check_lora
 from tests.common import DRAFT_ID, TARGET_ID
@@ -42,15 +43,8 @@ TARGETS = {"0.5b": DRAFT_ID, "1.5b": TARGET_ID}
 def answer(engine: Engine, prompt: str, max_tokens: int) -> tuple[list[int], Done]:
     request = GenerationRequest(messages=[ChatMessage(role="user", content=prompt)], max_tokens=max_tokens,
                                 mode="draft")
-    ids: list[int] = []
-    done = None
-    for event in engine.generate(request):
-        if isinstance(event, Token):
-            ids.extend(event.ids)
-        elif isinstance(event, Done):
-            done = event
-    assert done is not None
-    return ids, done
+    generated = run_request(engine, request)
+    return list(generated.ids), generated.done
 
 
 def measure(target: Path, draft: Path, adapter: Path | None, scale: float, max_tokens: int,

@@ -83,6 +83,15 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def hub_env(hub_url: str, hf_home: Path) -> dict[str, str]:
+    """A CLI subprocess's environment against a fake Hub: short timeouts, no token, not offline."""
+    env = subprocess_env(HF_ENDPOINT=hub_url, HF_HOME=str(hf_home), HF_HUB_DISABLE_TELEMETRY="1",
+                         HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="5")
+    env.pop("HF_TOKEN", None)
+    env.pop("HF_HUB_OFFLINE", None)
+    return env
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
                           env=env or subprocess_env(), timeout=timeout, cwd=REPO)

@@ -18,7 +18,7 @@ from gguf import GGUFWriter, LlamaFileType
 
 from tests.fake_hf_server import COMMIT, FakeHub
 from tests.gguf_factory import BASE_TOKENS, make_gguf
-from tests.models_helpers import REPO, run_cli, sha256, subprocess_env, tmp_store  # noqa: F401
+from tests.models_helpers import REPO, hub_env, run_cli, sha256, subprocess_env, tmp_store  # noqa: F401
 
 from localspec.errors import DiskFullError, IncompatibleDraftError, ModelNotFoundError, UsageError
 from localspec.models import hub
@@ -89,11 +89,7 @@ def fake_hub(files, tmp_path):
 
 @pytest.fixture
 def env(tmp_path, fake_hub, tmp_store):  # noqa: F811
-    e = subprocess_env(HF_ENDPOINT=fake_hub.url, HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1",
-                       HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="5")
-    e.pop("HF_TOKEN", None)
-    e.pop("HF_HUB_OFFLINE", None)
-    return e
+    return hub_env(fake_hub.url, tmp_path / "hf")
 
 
 def cli_json(env, *args: str) -> tuple[int, list[dict], str]:

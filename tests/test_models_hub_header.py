@@ -11,7 +11,7 @@ import pytest
 
 from tests.fake_hf_server import FakeHub
 from tests.gguf_factory import BASE_TOKENS, make_gguf
-from tests.models_helpers import run_cli, subprocess_env, tmp_store  # noqa: F401
+from tests.models_helpers import hub_env, run_cli, subprocess_env, tmp_store  # noqa: F401
 
 from localspec.models.compat import check_draft_compat
 from localspec.models.gguf_info import read_gguf_info, read_header
@@ -173,11 +173,7 @@ def test_tokenizer_check_on_remote_headers(hub, gguf_files):
 
 @pytest.fixture
 def env(tmp_path, hub, tmp_store):  # noqa: F811
-    e = subprocess_env(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1",
-                       HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="5")
-    e.pop("HF_TOKEN", None)
-    e.pop("HF_HUB_OFFLINE", None)
-    return e
+    return hub_env(hub.url, tmp_path / "hf")
 
 
 def _error_line(stderr: str) -> str:
