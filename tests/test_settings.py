@@ -124,9 +124,10 @@ def test_serve_takes_each_table_and_flags_beat_settings(monkeypatch):
     assert _serve().port == 9200 and _serve("--port", "9300").port == 9300
 
 
-def test_serve_leaves_engine_settings_under_a_models_own_n_ctx():
+def test_serve_leaves_engine_settings_under_a_models_own_n_ctx(monkeypatch):
     from localspec.service import engine_config
 
+    monkeypatch.delenv("LOCALSPEC_THREADS", raising=False)  # CI sets it, and the environment beats the file
     _user_settings('[engine]\nn_ctx = 2048\nmode = "off"\nn_threads = 3\n')
     s = _serve()
     assert (s.n_ctx, s.mode, s.n_threads) == (None, None, None)
