@@ -4,6 +4,7 @@ gives them, Enter pulls one, an offline or unreachable Hub is one line, repo nam
 from __future__ import annotations
 
 import socket
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -149,3 +150,25 @@ async def test_repo_names_and_queries_show_as_written():
         await wait_for(pilot, lambda: "No GGUF" in _shown(status), 10, "no results")
         assert _shown(status) == "No GGUF models on the Hub match '[red]none'."
         assert not app.models.query_one("#hub-table").display
+
+
+async def test_a_slow_earlier_search_does_not_replace_the_latest_answer():
+    release = threading.Event()
+
+    def search(query: str) -> list[SearchHit]:
+        if query == "slow":
+            release.wait(10)
+        return [SearchHit(f"acme/{query}-GGUF", 1, False, (HubQuant("Q4_K_M", (HubFile("m.gguf", 5_000, None),)),))]
+
+    app = Host(ModelsScreen(fixed_model_rows, hub_search=search))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.screen is app.models, 5, "the models screen")
+        await pilot.press("slash", *"slow", "enter")
+        await pilot.press(*["backspace"] * 4, *"fast", "enter")
+        table = app.models.query_one("#hub-table", DataTable)
+        await wait_for(pilot, lambda: table.row_count == 1, 10, "the fast answer")
+        release.set()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert _cells(table)[0][0] == "acme/fast-GGUF"
+        assert [r.repo for r in app.models.hub_rows] == ["acme/fast-GGUF"]

@@ -83,6 +83,7 @@ class ModelsScreen(Screen):
         self._rows_source = rows or (lambda: ModelManager().list())
         self._hub_search = hub_search or _search_hub
         self.hub_rows: list[QuantRow] = []
+        self._hub_query: str | None = None  # the latest search: a slower earlier one's answer is dropped
         self.active_profile = active_profile
         self._pull_on_mount = pull_profile
         self.rows: list[ModelRow] = []
@@ -146,6 +147,7 @@ class ModelsScreen(Screen):
         query = event.value.strip()
         if not query:
             return
+        self._hub_query = query
         self._show_hub_status(f"Searching the Hub for {query!r}…")
         self._search_worker(query)
 
@@ -160,9 +162,12 @@ class ModelsScreen(Screen):
         except LocalspecError as exc:  # offline, unreachable: the curated list above still works
             self.post_message(HubResults(query, [], exc.cause, 0))
         except Exception as exc:  # noqa: BLE001  never crash the app on a search problem
-            self.post_message(HubResults(query, [], f"{type(exc).__name__}: {exc}", 0))
+            first = (str(exc).strip().splitlines() or [""])[0][:160]
+            self.post_message(HubResults(query, [], f"{type(exc).__name__}: {first}", 0))
 
     def on_hub_results(self, results: HubResults) -> None:
+        if results.query != self._hub_query:  # a thread worker cannot be cancelled, only outlived
+            return
         self.hub_rows = results.rows
         table = self.query_one("#hub-table", DataTable)
         table.clear()
