@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from localspec.errors import IntegrityError, ModelNotFoundError
 
 if TYPE_CHECKING:
-    from localspec.models import ModelManager
     from localspec.models.hub import SearchHit
 
 
@@ -229,7 +228,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         hits = hub.search(query, limit=args.limit)
     except DownloadError as exc:  # the registry still answers; the one line says why the Hub did not
         hits, failure = [], exc
-    n_ctx = _default_n_ctx(mgr)
+    from localspec.models.hub_search import default_n_ctx
+
+    n_ctx = default_n_ctx(mgr)
     rows = [_search_row(h, n_ctx) for h in hits]
     registry = [{"id": e.id, "role": e.role, "quant": e.quant, "size": e.expected_size(),
                  "installed": mgr.installed_path(e.id) is not None} for e in curated]
@@ -243,25 +244,16 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_n_ctx(mgr: ModelManager) -> int:
-    """The context a fit is judged at: the default profile's, as `models info` does."""
-    try:
-        return int(mgr.profile().n_ctx)
-    except Exception:  # noqa: BLE001  a broken overlay still searches
-        return 4096
-
-
 def _search_row(h: SearchHit, n_ctx: int) -> dict[str, Any]:
-    from localspec.models.hub_header import remote_fit
+    from localspec.models.hub_search import quant_rows
 
     quants = []
-    for q in h.quants:
-        fit = remote_fit(q.size, h.header, n_ctx)
-        est = fit.estimate
-        quants.append({"quant": q.quant, "size": q.size, "files": len(q.files), "bits_per_weight": q.bits_per_weight,
-                       "fit": fit.verdict, "fit_from": "size" if est is None else "header",
+    for q in quant_rows(h, n_ctx):
+        est = q.fit.estimate
+        quants.append({"quant": q.quant, "size": q.size, "files": q.files, "bits_per_weight": q.bits_per_weight,
+                       "fit": q.fit.verdict, "fit_from": "size" if est is None else "header",
                        "kv_bytes": est.kv_bytes if est else None, "n_ctx": est.n_ctx if est else None,
-                       "total_bytes": est.total_bytes if est else None, "pull": f"hf.co/{h.repo}:{q.quant}"})
+                       "total_bytes": est.total_bytes if est else None, "pull": q.pull_ref})
     head = h.header
     header = None if head is None else {"read": head.meta is not None, "note": head.detail or None,
                                         "bytes_read": head.bytes_read, "requests": head.requests}
