@@ -536,3 +536,17 @@ def test_real_models_serve_the_small_one_and_load_the_other_on_demand(target_pat
         assert r.json()["usage"]["completion_tokens"] >= 1
         names = {m["name"]: m for m in request(url, "GET", "/v1/ps").json()["models"]}
         assert {DRAFT_ID, TARGET_ID} <= set(names) and names[TARGET_ID]["on_demand"] is True
+
+
+def test_the_cache_routes_load_the_profiles_models_again_after_stop(jit):
+    """CI's fuzz run: a stop it sent left GET /v1/cache/stats answering 503 "still loading" for good."""
+    url, loads = jit.base_url, jit.loads
+    assert request(url, "GET", "/v1/cache/stats").status_code == 200
+    assert request(url, "POST", "/v1/stop", json_body={"model": PRIMARY}).json()["unloaded"] is True
+    assert loads.last(PRIMARY).target.closed
+    r = request(url, "GET", "/v1/cache/stats")
+    assert r.status_code == 200, r.text
+    assert r.json()["mode"] == "off" and not loads.last(PRIMARY).target.closed  # loaded again
+    assert request(url, "POST", "/v1/stop", json_body={"model": PRIMARY}).json()["unloaded"] is True
+    wrong = request(url, "POST", f"/v1/cache/{'0' * 32}/wrong", json_body={"token": "x"})
+    assert wrong.status_code == 403, wrong.text  # answered by the models loaded again, not a 503
