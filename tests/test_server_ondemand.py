@@ -421,7 +421,8 @@ def test_stop_waits_for_a_request_between_its_model_check_and_its_submission(jit
         s = threading.Thread(target=lambda: stopped.append(
             request(url, "POST", "/v1/stop", json_body={"model": B})))
         s.start()
-        time.sleep(0.3)
+        # stop has taken the models away (detached) and waits on the hold; nothing is closed yet
+        assert wait_until(lambda: jit.state.extra[B].loader.backend is None, timeout=10)
         assert not rt.closed and not stopped  # the close waits for the request holding the model
     finally:
         gate.set()
@@ -467,7 +468,7 @@ def test_an_embedding_holds_the_profiles_models_until_its_vectors_are_made():
             s = threading.Thread(target=lambda: stopped.append(
                 request(url, "POST", "/v1/stop", json_body={"model": PRIMARY})))
             s.start()
-            time.sleep(0.3)
+            assert wait_until(lambda: state.primary.loader.backend is None, timeout=10)  # stop is waiting
             assert not emb.closed and not stopped  # stop closes them once the embedding is done
         finally:
             emb.gate.set()
@@ -493,7 +494,8 @@ def test_a_failed_first_load_is_tried_again_and_installed_models_stay_reachable(
         url, state = srv.base_url, app.state.server
         assert wait_until(lambda: state.loader.state == "error", timeout=30)
         assert _text(url, B) == f"This is {B}."  # on demand, though the profile's names are unknown
-        time.sleep(1.1)  # past Retry-After: the next request naming the profile's model loads it again
+        # Past Retry-After (polled, not slept): the next request naming the profile's model loads it again.
+        assert wait_until(lambda: state.loader.may_retry(1), timeout=10)
         assert _text(url, PRIMARY) == f"This is {PRIMARY}."
         assert state.loader.state == "ok" and len(loads.engines[PRIMARY]) == 1
 

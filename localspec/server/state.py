@@ -72,11 +72,13 @@ class Hold:
     resident: Resident
     backend: Backend | None = None  # the models it uses; None until they are loaded
     released: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # set on release: `stop` awaits it
 
     def release(self) -> None:
-        """Idempotent: a stream releases it when it ends and when its response closes."""
+        """Idempotent: a stream releases it when it ends and when its response closes (on the loop)."""
         if not self.released:
             self.released = True
+            self.done.set()
             self.resident.holds.discard(self)
             self.resident.keep_alive.touch()  # expiry counts from the last request's end
 
@@ -307,8 +309,8 @@ class ServerState:
                 return False
             for job in list(r.jobs):
                 job.cancel()
-            while any(h.backend is b for h in list(r.holds)):
-                await asyncio.sleep(0.02)
+            # Awaited, not polled: each hold sets its event when its request is done with the models.
+            await asyncio.gather(*(h.done.wait() for h in list(r.holds) if h.backend is b))
             await asyncio.shield(asyncio.to_thread(close_all, [b]))
         return True
 
