@@ -102,8 +102,7 @@ def test_history_evidence_is_booked_apart_from_copies_of_the_prompt():
     assert c.choose(0, 16, 8, 8, explore=False, lookup_earlier=True).drafter == "off"
 
 
-def test_a_sure_copy_drafts_past_auto_k_max_where_long_batches_are_cheaper_per_row():
-    from localspec.engine.controller import AcceptanceBook, Controller
+def _cpu_costs():
     from localspec.engine.costs import Costs
 
     # This 2-core CPU's verify curve (ms by rows; scripts/verify_cost_shape.py-style, 300 tokens of KV):
@@ -115,7 +114,26 @@ def test_a_sure_copy_drafts_past_auto_k_max_where_long_batches_are_cheaper_per_r
         lo, hi = max(x for x in xs if x <= n), min(x for x in xs if x >= n)
         ms = measured[lo] if lo == hi else measured[lo] + (measured[hi] - measured[lo]) * (n - lo) / (hi - lo)
         verify.append(ms / 1000)
-    cpu = Costs(verify=verify, draft_step=0.027, draft_row=0.004)
+    return Costs(verify=verify, draft_step=0.027, draft_row=0.004)
+
+
+def test_the_first_answer_asked_again_is_copied_before_any_history_evidence():
+    """Bench, code prompt #1 asked again with identical output: from the copy prior `auto` drafted 2
+    tokens in 256 on the second ask and copied only on the third. An earlier answer starts from the
+    prediction's prior, and one long copy is worth a CPU's verify of 49 rows."""
+    from localspec.engine.controller import AcceptanceBook, Controller
+
+    c = Controller(_cpu_costs(), k_max=16, book=AcceptanceBook(decay=0.99), copy_k_max=48)
+    choice = c.choose(0, 16, 48, 200, explore=False, lookup_earlier=True)
+    assert choice.drafter == "lookup" and choice.k > 16
+    # A 16-token copy of the prompt, with no evidence yet, still waits for it.
+    assert c.choose(0, 16, 48, 200, explore=False).drafter == "off"
+
+
+def test_a_sure_copy_drafts_past_auto_k_max_where_long_batches_are_cheaper_per_row():
+    from localspec.engine.controller import AcceptanceBook, Controller
+
+    cpu = _cpu_costs()
     book = AcceptanceBook()
     for _ in range(50):  # the same request asked again: its earlier answer is accepted whole
         book.for_lookup(16, earlier=True).observe(48, 48)

@@ -104,6 +104,12 @@ _MATCH_BUCKETS = (16, 8, 4, 3, 2, 1)
 
 EARLIER_BUCKET = -1  # a full match in an earlier request (LookupHistory): its own evidence, since a
 # regenerated answer at temperature > 0 parts from the earlier one sooner than a copy of the prompt
+# The same owner's earlier answer, matched on 16 tokens, is the answer asked again: like a client's
+# prediction, it starts from the prediction's prior. From the copy prior (0.7) a long copy never paid
+# on a CPU's verify curve, so the first request asked again copied nothing (bench, code prompt #1:
+# 2 tokens drafted in 256, identical output, then 248 of 248 on the third ask). Sampled answers that
+# part sooner book their rejections here and the evidence takes over within a few passes.
+EARLIER_PRIOR = PREDICTION_PRIOR
 
 
 def match_bucket(match_length: int, *, earlier: bool = False) -> int:
@@ -128,7 +134,8 @@ class AcceptanceBook:
     def for_lookup(self, match_length: int, *, earlier: bool = False) -> Acceptance:
         key = match_bucket(match_length, earlier=earlier)
         if key not in self.lookup:
-            self.lookup[key] = Acceptance(decay=self.decay)
+            prior = EARLIER_PRIOR if key == EARLIER_BUCKET else PRIOR_ACCEPT / PRIOR_TRIALS
+            self.lookup[key] = Acceptance(decay=self.decay, prior=prior)
         return self.lookup[key]
 
 
