@@ -34,3 +34,28 @@ def test_every_hop_on_the_request_path_exists():
     for path in re.findall(r"\b([\w/]+\.py)\b", block):
         assert (REPO / "localspec" / path).exists() or any((REPO / "localspec").rglob(path)), path
     assert not missing, missing
+
+
+def test_one_remote_client_every_face_and_the_remote_tier_share():
+    """#28: the chat app's --connect, `generate`/`edit` against a server and the router's remote tier
+    build their OpenAI client in one place (localspec.attach.remote.openai_client)."""
+    import ast
+
+    builders = []
+    for path in (REPO / "localspec").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                if name in ("OpenAI", "AsyncOpenAI"):
+                    builders.append(path.relative_to(REPO).as_posix())
+    assert builders == ["localspec/attach/remote.py"], builders
+
+
+def test_the_remote_tier_keeps_a_hosted_apis_base_url_as_given():
+    from localspec.router import RemoteTier, TierSpec
+
+    tier = RemoteTier(TierSpec("remote", "remote", base_url="https://api.example.com/v1beta/openai", model="m"))
+    client = tier.client()
+    assert str(client.base_url).rstrip("/") == "https://api.example.com/v1beta/openai"
+    assert client.max_retries == 0

@@ -21,6 +21,25 @@ from localspec.engine.events import ORIGINS, Done, Event, FinishReason, Origin, 
 from localspec.errors import LocalspecError
 
 
+def openai_client(base_url: str, *, api_key: str | None = None, timeout_s: float = 600.0) -> Any:
+    """The one way localspec talks to an OpenAI-compatible server (the chat app's --connect and an
+    attached face, `generate`/`edit` against a server, the router's remote tier): the official
+    `openai` client at `base_url` as given (a hosted API's may not end in /v1; see `api_base` for a
+    server's root URL), with no retries of its own, since each caller decides what a failure means
+    (the remote tier retries through its circuit breaker)."""
+    try:
+        from openai import OpenAI
+    except ImportError as exc:  # pragma: no cover - openai is a dependency
+        raise LocalspecError("The 'openai' package is missing.", "pip install openai") from exc
+    return OpenAI(base_url=base_url, api_key=api_key or "localspec", max_retries=0, timeout=timeout_s)
+
+
+def api_base(url: str) -> str:
+    """A server's URL as the client's base URL: without a trailing slash, ending in /v1."""
+    base = url.rstrip("/")
+    return base if base.endswith("/v1") else f"{base}/v1"
+
+
 class _Timings(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

@@ -213,13 +213,12 @@ def edit_remotely(args: argparse.Namespace, task: EditTask, stream: TextIO | Non
     (a localspec server also sends each token's origin and its stats)."""
     import openai
 
-    from localspec.attach.remote import RemoteGeneration
+    from localspec.attach.remote import RemoteGeneration, api_base, openai_client
     from localspec.errors import LocalspecError
 
     # No tokenizer here: UTF-8 code runs 3-4 bytes per token, so a byte count halved bounds the reply.
     request = edit_request(args, task, reply_budget(len(task.text.encode()) // 2, args.max_tokens))
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key or os.environ.get("OPENAI_API_KEY") or "localspec",
-                           max_retries=0, timeout=3600)
+    client = openai_client(api_base(url), api_key=key or os.environ.get("OPENAI_API_KEY"), timeout_s=3600)
     try:
         model = model or next(iter(client.models.list())).id
         done = _stream(RemoteGeneration(client, model, request, localspec=localspec), stream)

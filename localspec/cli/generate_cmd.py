@@ -143,11 +143,9 @@ def run(args: argparse.Namespace) -> int:
 def _run_attached(args: argparse.Namespace, request: GenerationRequest, server: Server, t0: float) -> int:
     """The server's engine answers; this process streams and reports as if it had (no model loaded).
     The server logs the request in the shared metrics (face "api"): logging it here too would count it twice."""
-    from openai import OpenAI
+    from localspec.attach.remote import RemoteGeneration, api_base, openai_client
 
-    from localspec.attach.remote import RemoteGeneration
-
-    client = OpenAI(base_url=f"{server.url}/v1", api_key=server.key or "localspec", max_retries=0, timeout=3600)
+    client = openai_client(api_base(server.url), api_key=server.key, timeout_s=3600)
     model = args.model or server.target or min(server.names)
     load_s = time.perf_counter() - t0
     gen = RemoteGeneration(client, model, request, localspec=True, keep_alive=args.keep_alive)

@@ -1,6 +1,7 @@
 """The remote tier: an existing OpenAI-compatible server (vLLM, TGI, llama-server, a hosted API).
 
-Through the official `openai` client, with its own retries (so the circuit breaker sees every
+Through the official `openai` client, built as every attached face builds it
+(`localspec.attach.remote.openai_client`), with its own retries (so the circuit breaker sees every
 failed attempt): a connection error, a timeout, a 429 or a 5xx is retried with exponential
 backoff; after the last attempt, or while the breaker is open, `stream_chat` raises
 `RemoteUnavailable` before any text is produced, and the pipeline falls back to a local tier.
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from localspec.attach.remote import openai_client
 from localspec.errors import LocalspecError
 from localspec.router.breaker import CircuitBreaker
 from localspec.router.tiers import TierSpec, check_remote_spec
@@ -49,15 +51,12 @@ class RemoteTier:
         check_remote_spec(self.spec, f"remote tier {self.spec.name!r}")
 
     def client(self) -> openai.OpenAI:
-        import openai
-
+        """The attached faces' client (`openai_client`), built once; retries are this tier's own."""
         with self._client_lock:
             if self._client is None:
                 self.check()
                 key = os.environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
-                self._client = openai.OpenAI(
-                    base_url=self.spec.base_url, api_key=key or "none", timeout=self.spec.timeout_s, max_retries=0
-                )
+                self._client = openai_client(self.spec.base_url or "", api_key=key, timeout_s=self.spec.timeout_s)
             return self._client
 
     def _unavailable(self, why: str) -> RemoteUnavailable:

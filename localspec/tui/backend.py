@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localspec.engine.config import GenerationRequest
-from localspec.attach.remote import RemoteGeneration, ServedPair, remote_error, served_pair
+from localspec.attach.remote import (RemoteGeneration, ServedPair, api_base, openai_client, remote_error,
+                                     served_pair)
 from localspec.engine.events import Done, Event, ProgressFn, Stats, Token
 from localspec.errors import LocalspecError
 
@@ -217,14 +218,8 @@ class RemoteBackend:
     def __init__(self, url: str, model: str | None = None, api_key: str | None = None,
                  clock: Callable[[], float] = time.perf_counter, *, localspec: bool | None = None,
                  profile: str | None = None, attached: bool = False) -> None:
-        try:
-            from openai import OpenAI
-        except ImportError as exc:  # pragma: no cover - openai is a dependency
-            raise LocalspecError("The 'openai' package is missing.", "pip install openai") from exc
-        base = url.rstrip("/")
-        if not base.endswith("/v1"):
-            base += "/v1"
-        self.client = OpenAI(base_url=base, api_key=api_key or "localspec", max_retries=0, timeout=600)
+        base = api_base(url)
+        self.client = openai_client(base, api_key=api_key, timeout_s=600)
         self._clock = clock
         if model is None:
             try:
