@@ -221,13 +221,24 @@ ANSWERS = {
 }
 
 
-@pytest.fixture(scope="module")
-def srv(module_home):
+def _server():
     tier = scripted_tier(model_id=MODEL, script=scripted(ANSWERS, default="No."), mode="lookup", n_ctx=512)
     settings = ServerSettings(parallel=2, max_tokens_cap=256, n_ctx=512, cache=False, router=False)
     with ServerThread(scripted_app(pipeline=scripted_pipeline(tiers=[tier]), settings=settings)) as server:
         assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=60)
         yield server
+
+
+@pytest.fixture(scope="module")
+def srv(module_home):
+    yield from _server()
+
+
+@pytest.fixture
+def fresh_srv(module_home):
+    """A server that has answered nothing yet: on one that has, the same edit asked again copies the
+    earlier answer (lookup's history), which beats the prediction, so the prediction's counts vary."""
+    yield from _server()
 
 
 def edit(srv, path, instruction, *extra: str) -> int:
@@ -245,10 +256,10 @@ def test_edit_through_a_server_prints_the_diff_and_the_prediction_counts(srv, tm
     assert path.read_text() == FILE
 
 
-def test_edit_json_and_write_replace_the_file_keeping_a_backup(srv, tmp_path, capsys):
+def test_edit_json_and_write_replace_the_file_keeping_a_backup(fresh_srv, tmp_path, capsys):
     path = tmp_path / "geo.py"
     path.write_text(FILE)
-    assert edit(srv, path, "Add type hints", "--json", "--write") == 0
+    assert edit(fresh_srv, path, "Add type hints", "--json", "--write") == 0
     record = json.loads(capsys.readouterr().out)
     assert record["changed"] and record["written"] and record["text"] == TYPED and record["refused"] is None
     assert path.read_text() == TYPED and (tmp_path / "geo.py.bak").read_text() == FILE
