@@ -124,6 +124,20 @@ def test_serve_takes_each_table_and_flags_beat_settings(monkeypatch):
     assert _serve().port == 9200 and _serve("--port", "9300").port == 9300
 
 
+def test_chat_takes_the_cache_table_and_its_flags_beat_it():
+    """The one cache-settings object: an in-process `chat` reads [cache] as `serve` does."""
+    from localspec.cli.chat_cmd import chat_cache
+
+    def chat(*flags: str):
+        return chat_cache(build_parser().parse_args(["chat", *flags]))
+
+    assert chat().model_dump() == {"enabled": True, "semantic": False, "sampled": False, "judge": "model"}
+    _user_settings('[cache]\nsemantic = true\nsampled = true\njudge = "rules"\n')
+    assert chat().model_dump() == {"enabled": True, "semantic": True, "sampled": True, "judge": "rules"}
+    assert chat("--cache-judge", "scorer", "--no-cache").model_dump() == {
+        "enabled": False, "semantic": True, "sampled": True, "judge": "scorer"}
+
+
 def test_serve_leaves_engine_settings_under_a_models_own_n_ctx(monkeypatch):
     from localspec.service import engine_config
 

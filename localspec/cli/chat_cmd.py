@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from localspec.attach.probe import Server
     from localspec.engine.events import ProgressFn
     from localspec.models.adapters import LoraSpec
+    from localspec.settings import CacheTable
     from localspec.tui.backend import Backend
 
 logger = logging.getLogger(__name__)
@@ -41,9 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_lora_argument(p)
     p.add_argument("--n-ctx", type=int, help="context tokens")
     p.add_argument("--threads", type=int, help="llama.cpp threads")
-    p.add_argument("--cache-semantic", action="store_true",
-                   help="also answer near-duplicate prompts from the cache (off by default; see the README)")
-    add_cache_judge_arguments(p)
+    # Unset cache flags take the settings' [cache] table, as `serve` does (one cache-settings object).
+    p.add_argument("--no-cache", action="store_true", default=None, help="never answer from the cache")
+    p.add_argument("--cache-semantic", action="store_true", default=None,
+                   help="also answer near-duplicate prompts from the cache (default: [cache] semantic, off)")
+    add_cache_judge_arguments(p, default=None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,9 +118,10 @@ def make_app(args: argparse.Namespace, attached: dict[str | None, Server | None]
                 return RemoteBackend(server.url, model=server.target or min(server.names), api_key=server.key,
                                      localspec=True, profile=server.profile, attached=True)
             lora = chat_lora(args)
+            cache = chat_cache(args)
             return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
-                                     cache_semantic=getattr(args, "cache_semantic", False),
-                                     cache_judge=getattr(args, "cache_judge", "model"), on_progress=on_progress,
+                                     cache=cache.enabled, cache_semantic=cache.semantic, cache_sampled=cache.sampled,
+                                     cache_judge=cache.judge, on_progress=on_progress,
                                      lora_path=str(lora.path) if lora else None,
                                      lora_scale=lora.scale if lora else None)
 
@@ -129,6 +133,16 @@ def make_app(args: argparse.Namespace, attached: dict[str | None, Server | None]
     profile = None if connect else active_profile(getattr(args, "profile", None))
     # The same log `localspec serve` writes: the pane and `localspec stats` see the same records.
     return ChatApp(factory, profile=profile, metrics=SessionMetrics(Metrics.from_settings()))
+
+
+def chat_cache(args: argparse.Namespace) -> CacheTable:
+    """The in-process chat's cache: the settings' [cache] table under this command's flags."""
+    from localspec.settings import load_settings
+
+    table = load_settings().cache
+    flags = {"enabled": False if getattr(args, "no_cache", None) else None,
+             "semantic": getattr(args, "cache_semantic", None), "judge": getattr(args, "cache_judge", None)}
+    return table.model_copy(update={k: v for k, v in flags.items() if v is not None})
 
 
 def _answers(server: Server | None) -> bool:

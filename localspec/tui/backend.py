@@ -175,14 +175,15 @@ class LocalBackend:
 
     @classmethod
     def open(cls, profile: str | None = None, cache: bool = True, cache_semantic: bool = False,
-             cache_judge: bool | str = "model", *, on_progress: ProgressFn | None = None,
+             cache_judge: bool | str = "model", *, cache_sampled: bool = False, on_progress: ProgressFn | None = None,
              **overrides: Any) -> LocalBackend:
         """Resolve the profile, load its models, the cache and the router, start the step thread.
         `on_progress` hears the models' load and the one-time calibration."""
         from localspec.service import open_pipeline
 
         pipeline, files = open_pipeline(profile, cache=cache, cache_semantic=cache_semantic,
-                                        cache_judge=cache_judge, on_progress=on_progress, **overrides)
+                                        cache_sampled=cache_sampled, cache_judge=cache_judge,
+                                        on_progress=on_progress, **overrides)
         large = pipeline.tiers[pipeline.default_tier]
         return cls(large.engine, profile=profile, target=files.target_id, draft=files.draft_id, pipeline=pipeline)
 
