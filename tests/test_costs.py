@@ -321,3 +321,23 @@ def test_a_calibration_past_its_budget_is_not_retried(tmp_path, monkeypatch, cap
         costs = calibrate.measure(object(), None, 8)  # type: ignore[arg-type]
     assert attempts == [1] and costs.obtained is Obtained.UNSETTLED
     assert "retrying" not in caplog.text and "unsaved" in caplog.text
+
+
+def test_a_short_concave_curve_extrapolates_at_its_upper_slope_so_long_copies_are_tried():
+    """auto_recovery.py, planted busy-box curve: it stops at 9 rows and its top is flat (5-9 rows =
+    6.6 steps). Extended at its mean slope, 49 rows looked like 41 steps (this CPU: 20-23), so the
+    process copied its earlier answer 9 tokens a pass and ran at 0.79x a clean one."""
+    from localspec.engine.controller import AcceptanceBook, Controller
+    from localspec.engine.costs import Costs
+
+    # The planted curve as that process had learned it (rows 1-9, in single steps of 30 ms).
+    steps = [1.0, 2.33, 3.05, 5.0, 6.53, 6.9, 7.2, 7.4, 7.65]
+    costs = Costs(verify=[0.030 * s for s in steps], draft_step=0.02, draft_row=0.006)
+    assert costs.shape_at(49) < 30  # not 7.65 + 40 x the mean slope (0.83) = 41
+    assert costs.shape_at(49) > costs.shape_at(9) + 40 * (7.65 - 1) / 8 / 4  # nor near free
+    book = AcceptanceBook(decay=0.99)
+    for _ in range(20):  # copies of 9 tokens, accepted whole: nothing known past position 9
+        book.for_lookup(16, earlier=True).observe(9, 9)
+    choice = Controller(costs, k_max=16, book=book, copy_k_max=48).choose(0, 16, 200, 200, explore=False,
+                                                                           lookup_earlier=True)
+    assert choice.drafter == "lookup" and choice.k > 16, choice
