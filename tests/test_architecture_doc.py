@@ -59,3 +59,10 @@ def test_the_remote_tier_keeps_a_hosted_apis_base_url_as_given():
     client = tier.client()
     assert str(client.base_url).rstrip("/") == "https://api.example.com/v1beta/openai"
     assert client.max_retries == 0
+
+
+def test_every_code_module_is_at_most_600_lines():
+    """#28: a module a reader can hold in their head; data tables live in modules of their own."""
+    long = {p.relative_to(REPO).as_posix(): n for p in (REPO / "localspec").rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}
+    assert not long, long

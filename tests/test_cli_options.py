@@ -82,11 +82,11 @@ def test_one_spelling_per_option_across_verbs():
     parsers = dict(subcommands(PARSER))
     judges = [(path, a) for path, p in parsers.items() for a in p._actions if "--cache-judge" in a.option_strings]
     assert {path for path, _ in judges} == {("serve",), ("chat",), ("cache", "eval")}
-    # serve leaves an unset flag to settings.toml's [cache] judge, whose default is the same "model".
+    # serve and chat leave an unset flag to settings.toml's [cache] judge, whose default is the same "model".
     from localspec.settings import CacheTable
 
     assert CacheTable().judge == "model"
-    assert all(tuple(a.choices) == CACHE_JUDGES and a.default == (None if path == ("serve",) else "model")
+    assert all(tuple(a.choices) == CACHE_JUDGES and a.default == (None if path in (("serve",), ("chat",)) else "model")
                for path, a in judges)
     # A file a verb writes is --out everywhere (bench's --out is its output directory).
     writers = {path for path in visible.get("--out", [])}

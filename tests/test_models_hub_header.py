@@ -14,7 +14,8 @@ from tests.gguf_factory import BASE_TOKENS, make_gguf
 from tests.models_helpers import hub_env, run_cli, subprocess_env, tmp_store  # noqa: F401
 
 from localspec.models.compat import check_draft_compat
-from localspec.models.gguf_info import read_gguf_info, read_header
+from localspec.models.gguf_info import read_header
+from localspec.models.gguf_summary import read_gguf_info
 from localspec.models.hub_header import (
     FIRST_READ_BYTES,
     Depth,

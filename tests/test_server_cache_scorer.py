@@ -69,11 +69,12 @@ def test_the_command_line_offers_the_same_judges_as_the_cache() -> None:
 
 def test_serve_and_chat_parse_the_judge() -> None:
     from localspec.cli import build_parser
+    from localspec.cli.chat_cmd import chat_cache
     from localspec.cli.serve_cmd import settings_from_args
 
     parser = build_parser()
     for flags, expected in (([], "model"), (["--cache-judge", "scorer"], "scorer"), (["--no-cache-judge"], "rules")):
         assert settings_from_args(parser.parse_args(["serve", *flags])).cache_judge == expected
-        assert parser.parse_args(["chat", *flags]).cache_judge == expected
+        assert chat_cache(parser.parse_args(["chat", *flags])).judge == expected  # flag, else [cache] judge
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--cache-judge", "oracle"])

@@ -309,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
     from localspec.bench import goals as bench_goals
     from localspec.engine.config import EngineConfig
     from localspec.engine.scheduler import Engine
-    from localspec.models.gguf_info import read_gguf_info
+    from localspec.models.gguf_summary import read_gguf_info
     from localspec.service import calibration_dir
 
     plan = select_plan(args)

@@ -5,7 +5,8 @@ The engine does not import this package; it receives paths and DraftCompat value
 
 from localspec.models.compat import DraftCompat, LoraCompat, check_draft_compat, check_lora
 from localspec.models.fit import FitEstimate, estimate_fit
-from localspec.models.gguf_info import GGUFInfo, read_gguf_info, validate_gguf
+from localspec.models.gguf_info import validate_gguf
+from localspec.models.gguf_summary import GGUFInfo, read_gguf_info
 from localspec.models.manager import (
     DiskUsage,
     InstallRecord,

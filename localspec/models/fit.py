@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localspec.errors import IntegrityError
-from localspec.models.gguf_info import GGUFInfo, GGUFMeta, info_from_meta, read_gguf_info, read_header
+from localspec.models.gguf_info import GGUFMeta, read_header
+from localspec.models.gguf_summary import GGUFInfo, info_from_meta, read_gguf_info
 
 if TYPE_CHECKING:  # the engine package pulls in jinja2 and pydantic: `models list` need not
     from localspec.engine.offload import ModelLayers, VramBudget

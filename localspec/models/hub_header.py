@@ -23,7 +23,8 @@ from enum import Enum
 
 from localspec.errors import IntegrityError
 from localspec.models.fit import FitEstimate, estimate_fit, fit_verdict_for_size
-from localspec.models.gguf_info import GGUFInfo, GGUFMeta, HeaderIncomplete, info_from_meta, parse_header_prefix
+from localspec.models.gguf_info import GGUFMeta, HeaderIncomplete, parse_header_prefix
+from localspec.models.gguf_summary import GGUFInfo, info_from_meta
 from localspec.models.units import human_bytes
 
 FIRST_READ_BYTES = 64 << 10  # the keys before the token list, in most models, with room to spare

@@ -253,7 +253,7 @@ def _hub_entry(mm: ModelManager, ref: HubRef, listing: RepoListing, pick: QuantP
 def _install_hub(mm: ModelManager, entry: ModelEntry, pick: QuantPick, progress: ProgressCallback | None,
                  force: bool, fit: RemoteFit) -> InstallRecord:
     from localspec.models import overlay
-    from localspec.models.gguf_info import read_gguf_info
+    from localspec.models.gguf_summary import read_gguf_info
     from localspec.models.sources import hf
 
     src = entry.sources[0]

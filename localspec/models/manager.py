@@ -343,7 +343,8 @@ class ModelManager:
                     progress: ProgressCallback | None = None) -> InstallRecord:
         """Copy a local GGUF into the store; unknown ids get an overlay entry."""
         from localspec.models import overlay
-        from localspec.models.gguf_info import read_gguf_info, validate_gguf
+        from localspec.models.gguf_info import validate_gguf
+        from localspec.models.gguf_summary import read_gguf_info
         from localspec.models.sources.file import copy_into_store
 
         origin = Path(path).expanduser()

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from localspec.errors import ConfigError
-from localspec.models.gguf_info import GGUFInfo
+from localspec.models.gguf_summary import GGUFInfo
 from localspec.models.registry import FileSource, FileSpec, HFSource, ModelEntry, parse_registry_file
 
 HEADER = (
