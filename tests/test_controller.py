@@ -162,3 +162,20 @@ def test_verify_observations_move_the_whole_curve():
     assert c.choose(0, 0, 0, 2, context=2048).drafter == "off"
     # The short context keeps its own level: costs are learned per context range.
     assert costs.verify_cost(1, context=48) == pytest.approx(0.040)
+
+
+def test_why_not_counts_the_draft_models_own_steps():
+    """CI's first command said "draft k=15: verify(16) = 8.8 steps for 6.6 tokens expected, 0.14x":
+    the ratio counted the draft model's decodes, the message did not name them."""
+    import re
+
+    costs = Costs(verify=[0.03 * s for s in (1.0, 1.7, 2.4, 3.0, 3.6)], draft_step=0.03, draft_row=0.006)
+    c = Controller(costs, k_max=4, book=AcceptanceBook(decay=1.0))
+    for _ in range(40):  # a draft model that is rarely right
+        c.draft.observe(4, 0)
+    assert c.choose(draft_lag=40, lookup_match=0, lookup_available=0, k_cap=4).drafter == "off"
+    m = re.fullmatch(r"draft k=(\d): verify\(\d\) = ([\d.]+) steps \+ drafting ([\d.]+) for ([\d.]+) tokens "
+                     r"expected, ([\d.]+)x", c.why_not)
+    assert m, c.why_not
+    verify_steps, drafting, tokens, ratio = map(float, m.groups()[1:])
+    assert abs(ratio - tokens / (verify_steps + drafting)) < 0.02

@@ -311,5 +311,8 @@ def _why_not(options: list[_Option], costs: Costs, context: int | None) -> str:
         return "nothing to draft from (no draft model, no lookup match, no prediction to follow)"
     o = max(drafting, key=lambda o: o.choice.expected_rate)
     ratio = o.choice.expected_rate / options[0].choice.expected_rate
+    # The draft model's own steps (catching up, then k draft decodes) count in the ratio: say so.
+    drafting_steps = (o.cost - o.verify) / options[0].cost
+    extra = f" + drafting {drafting_steps:.1f}" if drafting_steps >= 0.05 else ""
     return (f"{o.choice.drafter} k={o.choice.k}: verify({o.choice.k + 1}) = {costs.steps(o.choice.k + 1, context):.1f}"
-            f" steps for {o.expected:.1f} tokens expected, {ratio:.2f}x")
+            f" steps{extra} for {o.expected:.1f} tokens expected, {ratio:.2f}x")
