@@ -179,3 +179,48 @@ def test_why_not_counts_the_draft_models_own_steps():
     assert m, c.why_not
     verify_steps, drafting, tokens, ratio = map(float, m.groups()[1:])
     assert abs(ratio - tokens / (verify_steps + drafting)) < 0.02
+
+
+def test_exploring_never_swaps_a_paying_draft_for_plain_decoding():
+    """Plain decoding is measured by every plain step: exploring it teaches nothing. It used to be
+    the 'hopeful' option whenever a lookup draft was best by a little, so a 347-token edit proposed
+    lookup drafts 120 times and drafted none."""
+    from localspec.engine.controller import Explorer
+
+    c = Controller(HERE, k_max=8, has_draft_model=False, explorer=Explorer(budget=0.5))
+    book = c.book.for_lookup(8)
+    book.accepted, book.trials = [90.0], [100.0]
+    # One token to propose: lookup k=1 (1.9 tokens for 1.5 steps) or plain decoding.
+    choices = [c.choose(draft_lag=0, lookup_match=8, lookup_available=1, k_cap=8) for _ in range(200)]
+    assert {ch.drafter for ch in choices} == {"lookup"}
+    assert not any(ch.explored and ch.k == 0 for ch in choices)
+
+
+def test_exploring_tries_only_an_option_whose_hope_beats_the_best():
+    from localspec.engine.controller import Explorer
+
+    c = Controller(HERE, k_max=8, has_draft_model=False, explorer=Explorer(budget=0.5, credit=10.0))
+    book = c.book.for_lookup(8)
+    book.accepted, book.trials = [0.0], [1000.0]  # a drafter seen to fail, a thousand times
+    choices = [c.choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8) for _ in range(50)]
+    assert all(ch.drafter == "off" and not ch.explored for ch in choices)
+
+
+def test_one_accepted_copy_does_not_plan_a_draft_of_untried_length():
+    """Optimism is paid where drafts have reached: positions never tried used to borrow it too and
+    compound to certainty, so one accepted 3-token lookup planned a 47-token draft (42 tokens
+    expected) that kept 1 on a real edit."""
+    c = Controller(HERE, k_max=8, has_draft_model=False, copy_k_max=48)
+    c.book.for_lookup(8).observe(3, 3)
+    planned = expected_tokens(c.book.for_lookup(8).planning_rates(48))
+    assert planned < 15
+    choice = c.choose(draft_lag=0, lookup_match=8, lookup_available=48, k_cap=200, explore=False)
+    assert choice.drafter == "lookup" and 3 <= choice.k <= 12
+
+
+def test_a_copy_prior_still_plans_long_before_any_evidence():
+    """A client's prediction (and an earlier answer asked again) says the answer is a copy: long runs
+    are the belief itself, so its untried positions keep the optimism."""
+    copy = Acceptance(prior=0.9, copy_prior=True)
+    assert expected_tokens(copy.planning_rates(16)) > 15
+    assert expected_tokens(Acceptance(prior=0.9).planning_rates(16)) < 10
