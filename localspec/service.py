@@ -31,6 +31,7 @@ from localspec.models.gguf_info import validate_gguf
 from localspec.models.model_settings import target_settings
 from localspec.models.registry import ModelSettings
 from localspec.paths import resolve_paths
+from localspec.settings import CacheTable
 
 logger = logging.getLogger(__name__)
 
@@ -224,13 +225,13 @@ def answer_fingerprint(target: Path, lora_path: str | None, lora_scale: float) -
 
 
 def open_pipeline(
-    profile: str | None = None, target: str | None = None, draft: str | None = None, cache: bool = True,
-    route: bool = True, cache_sampled: bool = False, cache_semantic: bool = False, cache_judge: bool | str = "model",
-    *, on_progress: ProgressFn | None = None, **overrides: Any,
+    profile: str | None = None, target: str | None = None, draft: str | None = None, *,
+    cache: CacheTable | None = None, route: bool = True, on_progress: ProgressFn | None = None, **overrides: Any,
 ):
     """The shared request pipeline for a profile: the large tier loaded now, the cache, the router.
 
-    `on_progress` hears the large tier's load and calibration; the small tier loads later, quietly.
+    `cache` is the [cache] table each face resolved (settings under its flags); None means its
+    defaults. `on_progress` hears the large tier's load and calibration; the small tier loads later, quietly.
 
     The router's tiers are checked now (a missing model names its pull command, a bad remote URL
     or unset key fails here, not at the first request); the small tier loads on its first request.
@@ -239,10 +240,11 @@ def open_pipeline(
     from localspec.pipeline import LocalTier, Pipeline, PipelineSettings, RemoteRunner
     from localspec.router import RemoteTier, Router, TierName
 
+    cache = cache if cache is not None else CacheTable()
     files, _ = resolve_models(profile, target, draft, need_draft=_wants_draft(overrides))
     engine = open_engine(profile, target, draft, on_progress=on_progress, **overrides)
     large = LocalTier(TierName.LARGE, engine, files.target_id, files.draft_id, tier_fingerprint(files.target, engine))
-    semantic = open_cache(profile, engine.config.n_threads, semantic=cache_semantic) if cache else None
+    semantic = open_cache(profile, engine.config.n_threads, semantic=cache.semantic) if cache.enabled else None
     router = None
     if route and target is None:
         router = Router.from_profile(profile, embedder=semantic.embedder if semantic else None)
@@ -260,7 +262,7 @@ def open_pipeline(
         small = open_engine(profile, spec.target, None, mode="off", **small_overrides)
         return LocalTier(name, small, small_files.target_id, None, tier_fingerprint(small_files.target, small))
 
-    settings = PipelineSettings(cache=cache, cache_sampled=cache_sampled, cache_judge=cache_judge)
+    settings = PipelineSettings(cache=cache.enabled, cache_sampled=cache.sampled, cache_judge=cache.judge)
     pipeline = Pipeline({TierName.LARGE: large}, TierName.LARGE, semantic, settings, router=router,
                         load_tier=load_tier if router else None)
     if router is not None:

@@ -138,6 +138,52 @@ def test_chat_takes_the_cache_table_and_its_flags_beat_it():
         "enabled": False, "semantic": True, "sampled": True, "judge": "scorer"}
 
 
+def test_open_pipeline_takes_the_cache_table_as_one_object():
+    """The [cache] settings reach the pipeline as one typed CacheTable, not four loose keywords."""
+    import inspect
+    import typing
+
+    from localspec.service import open_pipeline
+    from localspec.settings import CacheTable
+    from localspec.tui import LocalBackend
+
+    for opener in (open_pipeline, LocalBackend.open):
+        params = inspect.signature(opener).parameters
+        assert params["cache"].kind is inspect.Parameter.KEYWORD_ONLY and params["cache"].default is None
+        hints = typing.get_type_hints(opener, localns={"CacheTable": CacheTable})  # tui imports it to type only
+        assert CacheTable in typing.get_args(hints["cache"])
+        assert not {"cache_semantic", "cache_sampled", "cache_judge"} & set(params)
+
+
+def test_chat_and_serve_hand_open_pipeline_their_cache_table(monkeypatch):
+    """The in-process chat passes chat_cache's table through LocalBackend.open; serve builds one from its settings."""
+    from localspec.cli.chat_cmd import make_app
+    from localspec.server import ServerSettings
+    from localspec.server.backend import Backend
+    from localspec.settings import CacheTable
+
+    class Opened(Exception):
+        pass
+
+    seen: list[CacheTable] = []
+
+    def fake_open_pipeline(*_a, cache=None, **_kw):
+        seen.append(cache)
+        raise Opened
+
+    monkeypatch.setattr("localspec.service.open_pipeline", fake_open_pipeline)
+    _user_settings('[cache]\nsemantic = true\nsampled = true\n')
+    args = build_parser().parse_args(["chat", "--local", "--cache-judge", "rules"])
+    app = make_app(args, attached={None: None})
+    with pytest.raises(Opened):
+        app.backend_factory(None, on_progress=lambda *_: None)
+    assert seen.pop() == CacheTable(enabled=True, semantic=True, sampled=True, judge="rules")
+
+    with pytest.raises(Opened):
+        Backend.load(ServerSettings(cache=False, cache_semantic=True, cache_judge="scorer"))
+    assert seen.pop() == CacheTable(enabled=False, semantic=True, sampled=False, judge="scorer")
+
+
 def test_serve_leaves_engine_settings_under_a_models_own_n_ctx(monkeypatch):
     from localspec.service import engine_config
 

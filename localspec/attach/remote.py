@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -20,8 +20,11 @@ from localspec.engine.config import GenerationRequest
 from localspec.engine.events import ORIGINS, Done, Event, FinishReason, Origin, Stats, Token
 from localspec.errors import LocalspecError
 
+if TYPE_CHECKING:  # openai loads only when a client is built
+    from openai import OpenAI
 
-def openai_client(base_url: str, *, api_key: str | None = None, timeout_s: float = 600.0) -> Any:
+
+def openai_client(base_url: str, *, api_key: str | None = None, timeout_s: float = 600.0) -> OpenAI:
     """The one way localspec talks to an OpenAI-compatible server (the chat app's --connect and an
     attached face, `generate`/`edit` against a server, the router's remote tier): the official
     `openai` client at `base_url` as given (a hosted API's may not end in /v1; see `api_base` for a

@@ -118,10 +118,8 @@ def make_app(args: argparse.Namespace, attached: dict[str | None, Server | None]
                 return RemoteBackend(server.url, model=server.target or min(server.names), api_key=server.key,
                                      localspec=True, profile=server.profile, attached=True)
             lora = chat_lora(args)
-            cache = chat_cache(args)
             return LocalBackend.open(profile, mode=args.mode, n_ctx=args.n_ctx, n_threads=args.threads,
-                                     cache=cache.enabled, cache_semantic=cache.semantic, cache_sampled=cache.sampled,
-                                     cache_judge=cache.judge, on_progress=on_progress,
+                                     cache=chat_cache(args), on_progress=on_progress,
                                      lora_path=str(lora.path) if lora else None,
                                      lora_scale=lora.scale if lora else None)
 

@@ -76,10 +76,11 @@ class Backend:
     def load(cls, s: ServerSettings) -> Backend:
         from localspec.models import ModelManager
         from localspec.service import open_pipeline
+        from localspec.settings import CacheTable
 
+        cache = CacheTable(enabled=s.cache, semantic=s.cache_semantic, sampled=s.cache_sampled, judge=s.cache_judge)
         pipeline, files = open_pipeline(
-            profile=s.profile, target=s.target, draft=s.draft, cache=s.cache, route=s.router,
-            cache_sampled=s.cache_sampled, cache_semantic=s.cache_semantic, cache_judge=s.cache_judge,
+            profile=s.profile, target=s.target, draft=s.draft, cache=cache, route=s.router,
             parallel=s.parallel, n_ctx=s.n_ctx, n_threads=s.n_threads, mode=s.mode,
             lora_path=s.lora_path, lora_scale=s.lora_scale if s.lora_path else None,
         )

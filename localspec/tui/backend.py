@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the engine and the pipeline load only when a backend is bui
     from localspec.engine.scheduler import Engine
     from localspec.jobs import Job
     from localspec.pipeline import Pipeline
+    from localspec.settings import CacheTable
 
 logger = logging.getLogger(__name__)
 
@@ -174,16 +175,14 @@ class LocalBackend:
         )
 
     @classmethod
-    def open(cls, profile: str | None = None, cache: bool = True, cache_semantic: bool = False,
-             cache_judge: bool | str = "model", *, cache_sampled: bool = False, on_progress: ProgressFn | None = None,
-             **overrides: Any) -> LocalBackend:
+    def open(cls, profile: str | None = None, *, cache: CacheTable | None = None,
+             on_progress: ProgressFn | None = None, **overrides: Any) -> LocalBackend:
         """Resolve the profile, load its models, the cache and the router, start the step thread.
-        `on_progress` hears the models' load and the one-time calibration."""
+        `cache` is the [cache] table (None: its defaults); `on_progress` hears the models' load and
+        the one-time calibration."""
         from localspec.service import open_pipeline
 
-        pipeline, files = open_pipeline(profile, cache=cache, cache_semantic=cache_semantic,
-                                        cache_sampled=cache_sampled, cache_judge=cache_judge,
-                                        on_progress=on_progress, **overrides)
+        pipeline, files = open_pipeline(profile, cache=cache, on_progress=on_progress, **overrides)
         large = pipeline.tiers[pipeline.default_tier]
         return cls(large.engine, profile=profile, target=files.target_id, draft=files.draft_id, pipeline=pipeline)
 
