@@ -147,6 +147,8 @@ def test_the_plan_runs_every_mode_per_edit_interleaved_and_only_auto_prediction_
         assert request.messages == list(o.item.messages)
         assert request.mode == ("off" if o.mode == "off" else "lookup" if o.mode == "lookup" else "auto")
         assert request.prediction == (o.item.prediction if o.mode == "auto+prediction" else None)
+        # Every ask a first ask: no repeat copies an earlier repeat's answer through lookup's history.
+        assert request.history_scope == f"bench:{o.mode}:{o.rep}"
         row = o.row()
         assert (row["prediction_drafted"] > 0) == (o.mode == "auto+prediction"), row
         assert row["text"] == ANSWERS["Rename area" if o.item.key == "rename" else "Add type hints"]

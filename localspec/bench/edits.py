@@ -107,11 +107,14 @@ class BenchItem:
     def context(self) -> int:
         return self.prompt_tokens + self.max_tokens
 
-    def request(self, spec: ModeSpec) -> GenerationRequest:
-        """Greedy (the default sampling); the prediction only where the mode sends one."""
+    def request(self, spec: ModeSpec, *, repeat: int = 0) -> GenerationRequest:
+        """Greedy (the default sampling); the prediction only where the mode sends one. Each mode and
+        repeat is its own client, so every ask is a first ask, as an editor asks an edit once: a
+        repeat that copied the earlier repeat's answer measured lookup over history, not the
+        prediction (docs/predicted-outputs.md)."""
         return GenerationRequest(messages=list(self.messages), max_tokens=self.max_tokens, mode=spec.mode, k=spec.k,
                                  prediction=self.prediction if spec.prediction else None,
-                                 history_scope=f"bench:{spec.name}")  # each mode its own client
+                                 history_scope=f"bench:{spec.name}:{repeat}")
 
 
 def _item(suite: str, key: str, messages: Sequence[ChatMessage], prediction: str, code: str, count: TokenCount,
@@ -199,7 +202,7 @@ def run_items(engine: Engine, plan: BenchPlan, items: Sequence[BenchItem],
             rng.shuffle(order)
             for spec in order:
                 tick(f"{item.suite} {item.key} {spec.name}")
-                out.append(Outcome(item, spec.name, rep, run_request(engine, item.request(spec))))
+                out.append(Outcome(item, spec.name, rep, run_request(engine, item.request(spec, repeat=rep))))
     return out
 
 
