@@ -19,8 +19,10 @@ SPEEDUP_BAR = 1.8  # auto+prediction over off, median of tasks
 LOOKUP_BAR = 1.3  # auto+prediction over lookup, median of tasks
 WORST_BAR = 0.97  # auto+prediction over off on every task
 CEILING_SHARE = 0.85  # the bar where SPEEDUP_BAR is above this machine's ceiling
-# The longest draft the ceiling considers: the engine's prediction_k_max default, the end of the
-# verify curve a run measures (past it the curve is extrapolated).
+# The longest draft the ceiling considers: the engine's prediction_k_max default, the longest draft
+# a prediction makes. The learned curve runs on to 49 rows (lookup's copies), where this CPU's
+# ceiling is higher (2.05x against 1.79x at 16, docs/predicted-outputs.md); an edit's runs between
+# its changes are mostly shorter than 48 tokens, so a prediction's drafts stop at 16.
 CEILING_K_MAX = 16
 WANTED_PAIRS = 2  # the plan's repeats: each task's ratio is the median of 2 paired runs
 
