@@ -224,3 +224,72 @@ def test_a_copy_prior_still_plans_long_before_any_evidence():
     copy = Acceptance(prior=0.9, copy_prior=True)
     assert expected_tokens(copy.planning_rates(16)) > 15
     assert expected_tokens(Acceptance(prior=0.9).planning_rates(16)) < 10
+
+
+def _replay(book: AcceptanceBook, runs: tuple[int, ...], match: int) -> list[int]:
+    """One request's lookup drafts at `match`-token matches where each copy runs on for the given
+    number of tokens: the k the controller chose for each (0: it did not draft)."""
+    request = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
+    ks = []
+    for run in runs:
+        choice = request.choose(0, match, 48, 300, explore=False)
+        ks.append(choice.k)
+        if choice.k:
+            request.observe(choice, drafted=choice.k, accepted=min(run, choice.k), lookup_match=match)
+    return ks
+
+
+def _taught(match: int) -> AcceptanceBook:
+    """A book that earlier requests (a rename's copies) taught that `match`-token matches run on for 47."""
+    book = AcceptanceBook(decay=0.99)
+    for _ in range(12):
+        book.for_lookup(match).observe(47, 47)
+    return book
+
+
+def test_a_request_that_copies_badly_soon_stops_drafting_though_the_book_says_copies_run_long():
+    """The book pools every request and learns slowly; one request copies well or badly as a whole.
+    After a rename taught the book that 4-token matches run on for 47 tokens, a rewrite (its copies
+    from the trace below) drafted 15-47 tokens from such matches 20 times and kept 0-18 (0.70x)."""
+    book = _taught(4)
+    ks = _replay(book, (16, 1, 1, 6, 0, 0, 0, 12, 0, 0), match=4)
+    assert ks[0] >= 30  # the book's belief, before the request's own evidence
+    assert ks[5:] == [0] * 5 and sum(ks) < 120, ks  # the whole book's way: 10 drafts of 48 rows
+    # The next request starts from the book again, which this one's passes moved only a little.
+    assert _replay(book, (47,), match=4)[0] >= 16
+
+
+def test_a_rename_keeps_copying_between_its_renamed_words():
+    ks = _replay(_taught(16), (0, 30, 20, 0, 25, 40, 12, 0, 30, 30, 30), match=16)
+    assert min(ks) >= 12, ks
+    ks = _replay(_taught(16), (12, 14, 0, 13, 25, 12, 0, 13, 12, 14, 12), match=16)
+    assert min(ks) >= 12, ks
+
+
+def _cpu_curve() -> Costs:
+    """This CPU's learned curve to 49 rows (a 49-row pass for ~21 single steps)."""
+    steps = {1: 1.0, 2: 1.9, 3: 2.63, 5: 4.19, 9: 7.7, 17: 9.77, 33: 15.8, 49: 22.4}
+    known = sorted(steps)
+    curve = []
+    for n in range(1, 50):
+        lo = max(k for k in known if k <= n)
+        hi = min(k for k in known if k >= n)
+        v = steps[lo] if lo == hi else steps[lo] + (steps[hi] - steps[lo]) * (n - lo) / (hi - lo)
+        curve.append(0.035 * v)
+    return Costs(verify=curve, draft_step=0.02, draft_row=0.005)
+
+
+def test_exploring_never_tries_a_copy_longer_than_k_max():
+    """A long copy is taken on belief alone: a wrong 47-row pass costs ~20 single steps on a CPU."""
+    from localspec.engine.controller import Explorer
+
+    book = _taught(16)
+    c = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False,
+                   explorer=Explorer(budget=0.5, credit=100.0))
+    explored = []
+    for run in (0, 0, 3, 0, 1) * 8:
+        choice = c.choose(0, 16, 48, 300)
+        explored += [choice.k] if choice.explored else []
+        if choice.k:
+            c.observe(choice, drafted=choice.k, accepted=min(run, choice.k), lookup_match=16)
+    assert explored and max(explored) <= 16, explored

@@ -34,6 +34,10 @@ PRIOR_TRIALS = 2.0
 # if most of it holds, and a wrong one is found out within a few passes. Per request (see Controller).
 PREDICTION_PRIOR = 0.9
 EXPLORATION = 0.5  # standard errors of optimism added to an estimate while choosing
+# What the other requests taught of a position, as the prior of one request's own evidence, is worth
+# one of the request's passes: its own evidence takes over at once (a weight of 2 still drafted 16-48
+# tokens six times on a rewrite whose copies kept 0-16).
+REQUEST_WEIGHT = 1.0
 EXPLORE_BUDGET = 0.01  # the most of its time `auto` spends on choices it believes do not pay
 EXPLORE_CREDIT_S = 30.0  # credit saved up covers at most this many seconds of steps
 
@@ -54,26 +58,42 @@ class Acceptance:
     # answer): long runs are the belief itself, so positions no draft has reached plan optimistically too.
     copy_prior: bool = False
 
-    def rates(self, n: int) -> list[float]:
+    def counts(self, i: int) -> tuple[float, float]:
+        """(accepted, trials) at position i + 1."""
+        return (self.accepted[i], self.trials[i]) if i < len(self.trials) else (0.0, 0.0)
+
+    def rates(self, n: int, own: Acceptance | None = None) -> list[float]:
         """Estimated P(position i+1 accepted | positions 1..i were), for i = 0..n-1.
 
         Position 1 starts from the fixed prior; each later position starts from the estimate of
         the one before it. Acceptance changes slowly with position, and a fixed prior there would
         keep a drafter at k = 1 forever: k = 2 is never tried if position 2 looks like a coin flip.
+
+        `own`: one request's own evidence, not counted in this one (see `less`). It revises each
+        position's estimate, which is its prior worth REQUEST_WEIGHT of its passes: the pooled
+        evidence learns slowly (it halves over ~70 observations), while one request copies well or
+        badly as a whole. After a rename's copies had taught the book that 4-token matches run on
+        for 47 tokens, a rewrite drafted 15-47 tokens from such matches 20 times and kept 0-18 of
+        them (0.70x plain decoding).
         """
         out, prior = [], self.prior
         for i in range(n):
-            a = self.accepted[i] if i < len(self.accepted) else 0.0
-            t = self.trials[i] if i < len(self.trials) else 0.0
+            a, t = self.counts(i)
             prior = (a + prior * PRIOR_TRIALS) / (t + PRIOR_TRIALS)
+            if own is not None:
+                # The pooled estimate's weight: the fixed prior's where other requests saw nothing,
+                # down to REQUEST_WEIGHT where they saw much.
+                weight = REQUEST_WEIGHT + (PRIOR_TRIALS - REQUEST_WEIGHT) * PRIOR_TRIALS / (t + PRIOR_TRIALS)
+                a, t = own.counts(i)
+                prior = (a + prior * weight) / (t + weight)
             out.append(prior)
         return out
 
     def rate(self, i: int) -> float:
         return self.rates(i + 1)[i] if i >= 0 else 1.0
 
-    def planning_rates(self, n: int) -> list[float]:
-        """rates(n), each plus half a standard error: what the controller plans with.
+    def planning_rates(self, n: int, own: Acceptance | None = None) -> list[float]:
+        """rates(n, own), each plus half a standard error: what the controller plans with.
 
         A little optimism while evidence is thin keeps one unlucky rejection from retiring a
         drafter for good (the rule is greedy and would never try it again); with evidence the
@@ -83,11 +103,25 @@ class Acceptance:
         47-token draft (42 tokens expected, 19 steps on this CPU) that kept 1.
         """
         out = []
-        for i, r in enumerate(self.rates(n)):
-            t = self.trials[i] if i < len(self.trials) else 0.0
+        for i, r in enumerate(self.rates(n, own)):
+            t = self.counts(i)[1] + (own.counts(i)[1] if own is not None else 0.0)
             reach = 1.0 if i == 0 or self.copy_prior else min(1.0, t)
             out.append(min(1.0, r + reach * EXPLORATION * math.sqrt(r * (1.0 - r) / (t + PRIOR_TRIALS))))
         return out
+
+    def less(self, own: Acceptance) -> Acceptance:
+        """This evidence without one request's own share of it, which `rates(n, own)` weighs apart
+        (approximately where other requests observed in between: each decayed the share too)."""
+        trials = [max(0.0, t - own.counts(i)[1]) for i, t in enumerate(self.trials)]
+        accepted = [min(max(0.0, a - own.counts(i)[0]), trials[i]) for i, a in enumerate(self.accepted)]
+        return Acceptance(accepted=accepted, trials=trials, decay=self.decay, prior=self.prior,
+                          copy_prior=self.copy_prior)
+
+    def planned(self, n: int, own: Acceptance | None) -> list[float]:
+        """The planning rates of this pooled evidence for one request with `own` evidence (None: none
+        yet). Per book entry, not pooled over a request's lookup match lengths: pooled, the first
+        rejection of a rename stopped its copies at every length (1 token drafted in 321)."""
+        return self.planning_rates(n) if own is None else self.less(own).planning_rates(n, own)
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Positions 1..accepted survived; position accepted+1 (if drafted) was rejected."""
@@ -218,6 +252,8 @@ class Controller:
         # The prediction's acceptance is this request's alone: one client's prediction of one
         # answer says nothing about the next request's.
         self.prediction = Acceptance(prior=PREDICTION_PRIOR, decay=self.book.decay, copy_prior=True)
+        # This request's own evidence per book entry ("draft", or a lookup bucket), revising the book's.
+        self.own: dict[str | int, Acceptance] = {}
 
     @property
     def draft(self) -> Acceptance:
@@ -242,7 +278,8 @@ class Controller:
         k_top = min(self.k_max, k_cap)
         drafters: list[tuple[str, list[float], float, float]] = []  # name, rates, fixed cost, per-k cost
         if self.has_draft_model:
-            drafters.append(("draft", self.draft.planning_rates(k_top), c.catch_up(draft_lag), c.draft_step))
+            rates = self.draft.planned(k_top, self.own.get("draft"))
+            drafters.append(("draft", rates, c.catch_up(draft_lag), c.draft_step))
         if prediction_available > 0:  # like lookup, free to propose: the verify is the whole cost
             # Its own cap (prediction_k_max, applied by the caller): copies pay past auto's k_max.
             # Weighed before lookup, so that on a tie (both copying the same file) the client's
@@ -251,7 +288,8 @@ class Controller:
             drafters.append(("prediction", rates, 0.0, 0.0))
         if lookup_match > 0:
             book = self.book.for_lookup(lookup_match, earlier=lookup_earlier)
-            rates = book.planning_rates(min(self.copy_k_max, k_cap, lookup_available))
+            rates = book.planned(min(self.copy_k_max, k_cap, lookup_available),
+                                 self.own.get(match_bucket(lookup_match, earlier=lookup_earlier)))
             drafters.append(("lookup", rates, 0.0, 0.0))
         for name, rates, fixed, per_k in drafters:
             expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time
@@ -288,7 +326,9 @@ class Controller:
         # Plain decoding is never explored: every plain step measures it, so there is nothing to learn,
         # and "exploring" it where a draft is best only stopped the draft (trace of a 347-token edit:
         # lookup proposed at matches of 2-16 tokens 120 times and drafted none of them).
-        others = [o for o in options if o.choice.k > 0 and o is not best]
+        # Nor are copies past k_max: a long copy is taken on belief alone, since a wrong one costs
+        # ~20 single steps on a CPU (explored 39- and 46-token copies kept 8 and 16 on a rewrite).
+        others = [o for o in options if 0 < o.choice.k <= self.k_max and o is not best]
         if best.choice.drafter == "off":
             self.why_not = _why_not(options, self.costs, context)
         losses = [max(o.cost - o.expected / best.choice.expected_rate, 0.0) for o in others]
@@ -308,10 +348,15 @@ class Controller:
                 lookup_earlier: bool = False) -> None:
         if choice.drafter == "draft" and drafted:
             self.draft.observe(drafted, accepted)
+            self._own("draft", drafted, accepted)
         elif choice.drafter == "lookup" and drafted:
             self.book.for_lookup(lookup_match, earlier=lookup_earlier).observe(drafted, accepted)
+            self._own(match_bucket(lookup_match, earlier=lookup_earlier), drafted, accepted)
         elif choice.drafter == "prediction" and drafted:
             self.prediction.observe(drafted, accepted)
+
+    def _own(self, entry: str | int, drafted: int, accepted: int) -> None:
+        self.own.setdefault(entry, Acceptance(decay=self.book.decay)).observe(drafted, accepted)
 
 
 def _why_not(options: list[_Option], costs: Costs, context: int | None) -> str:
