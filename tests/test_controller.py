@@ -293,20 +293,3 @@ def test_exploring_never_tries_a_copy_longer_than_k_max():
         if choice.k:
             c.observe(choice, drafted=choice.k, accepted=min(run, choice.k), lookup_match=16)
     assert explored and max(explored) <= 16, explored
-
-
-def test_exploring_tries_the_cheapest_hopeful_option():
-    """The most hopeful option was the longest draft (its rows seen least): on a rewrite 11 of 20
-    drafts were such explorations, keeping ~1 token of 12-17. Of the options whose hope beats the
-    best's rate, the cheapest to try is taken."""
-    from localspec.engine.controller import Explorer
-
-    c = Controller(_cpu_curve(), k_max=16, book=_taught(4), copy_k_max=48, has_draft_model=False,
-                   explorer=Explorer(budget=0.01, credit=0.3))
-    explored = []
-    for run in (16, 1, 1, 6, 0, 0, 0, 12, 0, 0, 3, 1, 0, 2, 0, 5, 0, 0, 1, 0) * 3:
-        choice = c.choose(0, 4, 48, 300)
-        explored += [choice.k] if choice.explored else []
-        if choice.k:
-            c.observe(choice, drafted=choice.k, accepted=min(run, choice.k), lookup_match=4)
-    assert explored and explored.count(16) <= 3, explored

@@ -334,19 +334,14 @@ class Controller:
         losses = [max(o.cost - o.expected / best.choice.expected_rate, 0.0) for o in others]
         if not others or min(losses) > self.explorer.credit:
             return best.choice  # nothing affordable: most steps end here, before any optimism is computed
-        # Hopeful options, verify read optimistically where few passes were seen: only a hope that
-        # beats the best's rate can be a wrong belief worth paying to correct. Of those, the cheapest
-        # to try: the most hopeful was the longest draft (its rows seen least), and on a rewrite
-        # 11 of 20 drafts were such explorations, keeping ~1 token of 12-17.
+        # The most hopeful option: verify read optimistically where few passes were seen.
         c = self.costs
-        hopeful = [i for i, o in enumerate(others)
-                   if o.expected / (o.cost - o.verify * (1.0 - c.hope(o.choice.k + 1))) > best.choice.expected_rate]
-        if not hopeful:
-            return best.choice
-        i = min(hopeful, key=losses.__getitem__)
-        if self.explorer.spend(losses[i]):
-            o = others[i].choice
-            return Choice(o.drafter, o.k, o.expected_rate, explored=True)
+        hopes = [o.expected / (o.cost - o.verify * (1.0 - c.hope(o.choice.k + 1))) for o in others]
+        i = max(range(len(others)), key=hopes.__getitem__)
+        hopeful, loss = others[i], losses[i]
+        # Only a hope that beats the best's rate can be a wrong belief worth paying to correct.
+        if hopes[i] > best.choice.expected_rate and self.explorer.spend(loss):
+            return Choice(hopeful.choice.drafter, hopeful.choice.k, hopeful.choice.expected_rate, explored=True)
         return best.choice
 
     def observe(self, choice: Choice, drafted: int, accepted: int, lookup_match: int = 0, *,
