@@ -70,7 +70,8 @@ class Acceptance:
         keep a drafter at k = 1 forever: k = 2 is never tried if position 2 looks like a coin flip.
 
         `own`: one request's own evidence, not counted in this one (see `less`). It revises each
-        position's estimate, which is its prior worth REQUEST_WEIGHT of its passes: the pooled
+        position's estimate, which is its prior: worth PRIOR_TRIALS of its passes where the pooled
+        evidence is thin, down to REQUEST_WEIGHT where it is ample. The pooled
         evidence learns slowly (it halves over ~70 observations), while one request copies well or
         badly as a whole. After a rename's copies had taught the book that 4-token matches run on
         for 47 tokens, a rewrite drafted 15-47 tokens from such matches 20 times and kept 0-18 of
