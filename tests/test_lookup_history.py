@@ -56,6 +56,12 @@ def test_history_keeps_the_newest_tokens_within_its_bound_and_matches_never_span
 
 
 def test_history_proposals_match_a_brute_force_search():
+    def context(source, end, seq):  # tokens before `end` that agree with the end of seq
+        n = 0
+        while n < min(end, len(seq)) and source[end - 1 - n] == seq[-1 - n]:
+            n += 1
+        return n
+
     rng = random.Random(3)
     for _ in range(3000):
         history = LookupHistory(max_tokens=10_000)
@@ -66,15 +72,35 @@ def test_history_proposals_match_a_brute_force_search():
         hist = [rng.randrange(3) for _ in range(rng.randrange(4, 12))]
         got = d.propose(hist, 3, "s")
         own = d.propose(hist, 3)
-        if own.match_length >= 4:
-            assert got == own
-            continue
-        expected: tuple[int, ...] = ()
-        for s in seqs:  # the latest request with a full match, its latest occurrence
-            starts = [i for i in range(len(s) - 4) if s[i : i + 4] == hist[-4:]]
-            if starts:
-                expected = tuple(s[starts[-1] + 4 : starts[-1] + 7])
-        assert got.tokens == (expected or own.tokens), (seqs, hist)
+        # The own match's context: its latest full occurrence's, else its length.
+        own_ends = [i + 4 for i in range(len(hist) - 4) if hist[i : i + 4] == hist[-4:]]
+        own_context = context(hist, own_ends[-1], hist) if own.match_length >= 4 else own.match_length
+        best, expected = 0, ()
+        for s in seqs:  # every full match followed by a token, oldest first: the longest context wins, then the latest
+            for i in range(len(s) - 4):
+                if s[i : i + 4] == hist[-4:] and context(s, i + 4, hist) >= best:
+                    best, expected = context(s, i + 4, hist), tuple(s[i + 4 : i + 7])
+        if best > own_context:
+            assert got.tokens == expected and got.source == "history", (seqs, hist)
+        else:
+            assert got == own, (seqs, hist)
+
+
+def test_the_same_question_asked_again_copies_its_own_answer_not_the_latest_about_the_same_file():
+    history = LookupHistory(max_tokens=1000)
+    file, turn = list(range(100, 140)), [1, 2, 3]
+    rename, add_types = [500, 501] + file + turn, [600, 601] + file + turn
+    history.add("local", rename + [70, 71, 72])
+    history.add("local", add_types + [80, 81, 82])  # the latest full match, about another edit
+    d = PromptLookupDrafter(n_max=16, history=history)
+    assert d.propose(rename, 3, "local").tokens == (70, 71, 72)
+    assert d.propose(add_types, 3, "local").tokens == (80, 81, 82)
+    # A copy of the prompt (its own full match) gives way to the earlier answer that agrees for longer:
+    # the answer asked again made the edit the prompt's text has not.
+    asked_again = rename + [70] + file[:20]
+    history.add("local", rename + [70] + file[:20] + [999, 998])  # its earlier answer edited the file here
+    assert d.propose(asked_again, 2, "local").tokens == (999, 998)
+    assert d.propose(asked_again, 2).tokens == tuple(file[20:22])  # without history: the prompt's copy
 
 
 def test_a_history_proposal_says_so_and_keeps_the_end_token():

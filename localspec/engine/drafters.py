@@ -92,9 +92,9 @@ class LookupHistory:
         self._joined.clear()
 
 
-def longest_suffix_match(source: np.ndarray, suffix: np.ndarray, n_max: int) -> tuple[int, int]:
-    """(length, index after the match) of the latest occurrence in `source` of the longest suffix of
-    `suffix` (at most n_max tokens) that is followed by a token; (0, -1) if none.
+def _suffix_matches(source: np.ndarray, suffix: np.ndarray, n_max: int) -> tuple[int, np.ndarray]:
+    """(length, index after each occurrence) of the longest suffix of `suffix` (at most n_max
+    tokens) that occurs in `source` followed by a token; (0, empty) if none.
 
     Grows the match one token backwards at a time over the surviving candidates, so a call costs
     one pass over `source` plus the candidates, not one pass per n-gram length.
@@ -109,9 +109,27 @@ def longest_suffix_match(source: np.ndarray, suffix: np.ndarray, n_max: int) -> 
         if not grown.size:
             break
         ends, length = grown, length + 1
-    if not ends.size:
-        return 0, -1
-    return length, int(ends[-1]) + 1
+    return (length, ends + 1) if ends.size else (0, ends)
+
+
+def longest_suffix_match(source: np.ndarray, suffix: np.ndarray, n_max: int) -> tuple[int, int]:
+    """(length, index after the match) of the latest occurrence in `source` of the longest suffix of
+    `suffix` (at most n_max tokens) that is followed by a token; (0, -1) if none."""
+    length, after = _suffix_matches(source, suffix, n_max)
+    return (length, int(after[-1])) if after.size else (0, -1)
+
+
+def shared_context(source: np.ndarray, end: int, suffix: np.ndarray, limit: int) -> int:
+    """How many tokens before `end` in `source` equal the last tokens of `suffix` (at most `limit`)."""
+    n = min(end, len(suffix), limit)
+    differ = np.flatnonzero(source[end - n : end][::-1] != suffix[len(suffix) - n :][::-1])
+    return int(differ[0]) if differ.size else n
+
+
+# How far back an earlier request's context is compared with this sequence's, and over how many of its
+# latest full matches: enough for a whole edit prompt (file and question), cheap per step.
+HISTORY_CONTEXT = 4096
+HISTORY_CANDIDATES = 64
 
 
 class PromptLookupDrafter:
@@ -121,7 +139,8 @@ class PromptLookupDrafter:
     (between n_min and n_max tokens). That length is also the controller's evidence: a suffix of
     16 tokens found in the prompt means the answer is copying, and copies go on (measured on the
     bench's editing prompts: 95% per-position acceptance after 16+ matched tokens, 55% after 2).
-    Given a history, a full n_max match in an earlier request of the same scope is the fallback.
+    Given a history, an earlier request of the same scope with a full n_max match is copied instead
+    where its tokens before the match agree with this sequence's for longer than the own match's do.
     """
 
     name = "lookup"
@@ -139,14 +158,24 @@ class PromptLookupDrafter:
         length, start = longest_suffix_match(arr, arr, self.n_max)
         return (0, -1) if length < self.n_min else (length, start)
 
-    def _from_history(self, arr: np.ndarray, history: np.ndarray | None, own: int) -> tuple[int, int]:
-        """A full-length match in earlier requests, when the sequence's own is shorter."""
-        if history is None or own >= self.n_max or len(arr) < self.n_max:
+    def _from_history(self, arr: np.ndarray, history: np.ndarray | None) -> tuple[int, int]:
+        """(shared context, index after it) of the earlier request whose tokens before a full n_max
+        match agree longest with this sequence's; (0, -1) without a full match.
+
+        Not simply the latest full match: requests about one file end their prompts alike (the
+        file, the turn markers), so the latest other question's answer was copied where this one's
+        own earlier answer was wanted (the bench's editing prompts ask two edits of each file: the
+        second ask of one kept 2 of a 35-token copy of its sibling's answer).
+        """
+        if history is None or len(arr) < self.n_max:
             return 0, -1
-        length, start = longest_suffix_match(history, arr, self.n_max)
+        length, after = _suffix_matches(history, arr, self.n_max)
         if length < self.n_max:
             return 0, -1
-        return length, start
+        after = after[-HISTORY_CANDIDATES:]
+        contexts = [shared_context(history, int(a), arr, HISTORY_CONTEXT) for a in after]
+        best = max(range(len(after)), key=lambda i: (contexts[i], i))  # ties: the latest
+        return contexts[best], int(after[best])
 
     def propose(self, history: Sequence[int], k: int, scope: str | None = None) -> Draft:
         """Up to k tokens after the most recent earlier match of the longest suffix n-gram (`scope`:
@@ -155,9 +184,14 @@ class PromptLookupDrafter:
         earlier = None if scope is None else self.history.tokens(scope)
         n, start = self._longest_match(arr)
         source, name = arr, "lookup"
-        m, start_earlier = self._from_history(arr, earlier, n)
+        # An earlier request wins where its context agrees longer than the sequence's own match:
+        # always when that is short, and over a full one when it is the same question asked again
+        # (a copy of the prompt stops at the edit; the earlier answer made the same edit).
+        m, start_earlier = self._from_history(arr, earlier)
         if m and earlier is not None:
-            n, start, source, name = m, start_earlier, earlier, "history"
+            own = shared_context(arr, start, arr, HISTORY_CONTEXT) if n >= self.n_max else n
+            if m > own:
+                n, start, source, name = self.n_max, start_earlier, earlier, "history"
         if k <= 0 or n == 0:
             return Draft(tokens=(), q=None, source=name, match_length=n)
         proposal = source[start : start + k]
