@@ -191,7 +191,11 @@ class PromptLookupDrafter:
         if m and earlier is not None:
             own = shared_context(arr, start, arr, HISTORY_CONTEXT) if n >= self.n_max else n
             if m > own:
-                n, start, source, name = self.n_max, start_earlier, earlier, "history"
+                # The whole sequence agrees: the same question asked again, with its own prior in auto's
+                # book; else another question about the same text, whose answer is a copy like the
+                # prompt's (an edit's sibling answer kept 2 of 48 tokens on the earlier-answer prior).
+                again = m >= min(len(arr), HISTORY_CONTEXT)
+                n, start, source, name = self.n_max, start_earlier, earlier, "history" if again else "lookup"
         if k <= 0 or n == 0:
             return Draft(tokens=(), q=None, source=name, match_length=n)
         proposal = source[start : start + k]
