@@ -293,3 +293,25 @@ def test_exploring_never_tries_a_copy_longer_than_k_max():
         if choice.k:
             c.observe(choice, drafted=choice.k, accepted=min(run, choice.k), lookup_match=16)
     assert explored and max(explored) <= 16, explored
+
+
+def test_an_explored_step_is_charged_what_it_lost_not_what_it_hoped():
+    """The hope that makes an option worth trying is what prices it too, so failures cost more than
+    believed: a first ask explored 23 of its 41 drafts, 12-15-token copies at short matches that kept
+    1-6 (0.87x `off`). The outcome settles the charge; a debt stops exploring until it is earned back."""
+    from localspec.engine.controller import Explorer
+
+    explorer = Explorer(budget=0.5, credit=0.3)
+    c = Controller(HERE, k_max=8, has_draft_model=False, explorer=explorer)
+    book = c.book.for_lookup(8)
+    book.accepted, book.trials = [1.0], [2.0]  # a coin flip, seen twice: hopeful, not believed
+    best = c.choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8, explore=False)
+    before = explorer.credit + explorer.budget * HERE.verify_cost(best.k + 1)  # with this step's earnings
+    choice = c.choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8)
+    assert choice.explored and choice.k > best.k
+    believed, charged = before - explorer.credit, explorer.credit
+    c.observe(choice, drafted=choice.k, accepted=0, lookup_match=8)
+    # Charged what the step cost beyond the time the best choice needs for the one token it gave.
+    lost = HERE.verify_cost(choice.k + 1) - 1 / best.expected_rate
+    assert lost > believed
+    assert explorer.credit == pytest.approx(charged + believed - lost)

@@ -36,6 +36,7 @@ class Run:
     explore_loss: float  # believed seconds lost to exploring
     explored: int
     costs: Costs
+    explore_realized: float = 0.0  # seconds explored steps took beyond what plain decoding needed for their tokens
 
 
 def simulate(start: list[float], *, accept: float, requests: int = 3, tokens: int = 256, budget: float = 0.01,
@@ -46,7 +47,7 @@ def simulate(start: list[float], *, accept: float, requests: int = 3, tokens: in
     rng = random.Random(seed)
     costs = Costs(verify=list(start), draft_step=0.02, draft_row=0.005)
     book, explorer = AcceptanceBook(), Explorer(budget=budget)
-    rates, clock, loss, steps = [], 0.0, 0.0, 0
+    rates, clock, loss, steps, realized = [], 0.0, 0.0, 0, 0.0
     for _ in range(requests):
         controller = Controller(costs, k_max=8, has_draft_model=False, book=book, explorer=explorer)
         made, t0, context = 0, clock, 300
@@ -63,12 +64,14 @@ def simulate(start: list[float], *, accept: float, requests: int = 3, tokens: in
             if outlier_every and steps % outlier_every == 0:
                 seconds *= 10  # the pass waited on another process
             clock += seconds
+            if choice.explored:
+                realized += seconds - (accepted + 1) * quiet_box(1)
             costs.observe_verify(choice.k + 1, seconds, context=context)
             controller.observe(choice, choice.k, accepted, lookup_match=20)
             made += accepted + 1
             context += accepted + 1
         rates.append(made / (clock - t0))
-    return Run(rates, clock, loss, explorer.explored, costs)
+    return Run(rates, clock, loss, explorer.explored, costs, realized)
 
 
 OFF_RATE = 1 / quiet_box(1)
@@ -100,6 +103,16 @@ def test_exploring_costs_at_most_its_budget(accept):
     assert run.explore_loss <= 0.01 * run.seconds + 1e-9
     total_tokens = 4 * 256
     assert total_tokens / run.seconds >= 0.97 * OFF_RATE
+
+
+@pytest.mark.parametrize("accept", [0.0, 0.3, 0.6])
+def test_what_exploring_really_loses_stays_within_its_budget(accept):
+    """Charged by outcome, not by the hopeful belief that chose it: on the simulated clock the time
+    explored steps took beyond plain decoding's for the tokens they gave stays within the budget,
+    give or take one step's overdraft."""
+    run = simulate(QUIET, accept=accept, requests=4, budget=0.01)
+    assert run.explored > 0
+    assert run.explore_realized <= 0.01 * run.seconds + quiet_box(9), (run.explore_realized, run.seconds)
 
 
 def test_no_budget_no_exploring():
