@@ -75,13 +75,13 @@ def test_history_proposals_match_a_brute_force_search():
         # The own match's context: its latest full occurrence's, else its length.
         own_ends = [i + 4 for i in range(len(hist) - 4) if hist[i : i + 4] == hist[-4:]]
         own_context = context(hist, own_ends[-1], hist) if own.match_length >= 4 else own.match_length
-        best, expected = 0, ()
+        best, expected, again = 0, (), False
         for s in seqs:  # every full match followed by a token, oldest first: the longest context wins, then the latest
             for i in range(len(s) - 4):
                 if s[i : i + 4] == hist[-4:] and context(s, i + 4, hist) >= best:
-                    best, expected = context(s, i + 4, hist), tuple(s[i + 4 : i + 7])
-        if best > own_context:  # "history" (auto's earlier-answer book) only for the whole sequence asked again
-            assert got.tokens == expected and got.source == ("history" if best >= len(hist) else "lookup"), (seqs, hist)
+                    best, expected, again = context(s, i + 4, hist), tuple(s[i + 4 : i + 7]), s[: len(hist)] == hist
+        if best > own_context or (again and best == own_context):  # "history": that request began like this one
+            assert got.tokens == expected and got.source == ("history" if again else "lookup"), (seqs, hist)
         else:
             assert got == own, (seqs, hist)
 
@@ -105,6 +105,14 @@ def test_the_same_question_asked_again_copies_its_own_answer_not_the_latest_abou
     asked_again = rename + [70] + file[:20]
     history.add("local", rename + [70] + file[:20] + [999, 998])  # its earlier answer edited the file here
     assert d.propose(asked_again, 2, "local").tokens == (999, 998)
+    # Asked again, the answer parted from the earlier one at a near-tie and met it again: still the
+    # earlier answer to this prompt (its own book entry), not a related text.
+    parted = rename + [70, 555] + file[:20]
+    again = d.propose(parted, 2, "local", prompt=len(rename))
+    assert again.tokens == (999, 998) and again.source == "history"
+    # The prompt unknown, the whole sequence must agree to be asked again: here it does not, and on
+    # a tie the sequence's own copy of the prompt goes on.
+    assert d.propose(parted, 2, "local").tokens == tuple(file[20:22])
     assert d.propose(asked_again, 2).tokens == tuple(file[20:22])  # without history: the prompt's copy
 
 
@@ -176,3 +184,24 @@ def test_a_sure_copy_drafts_past_auto_k_max_where_long_batches_are_cheaper_per_r
     assert choice.expected_rate > 1.2 * capped.choose(0, 16, 48, 200, explore=False, lookup_earlier=True).expected_rate
     # The draft model stays at its own cap.
     assert all(o.choice.k <= 16 for o in long.options(0, 0, 0, 200) if o.choice.drafter == "draft")
+
+
+def test_auto_tells_the_lookup_where_its_prompt_ends():
+    """Whether an earlier request is this one asked again depends on the prompt alone, not on where
+    the answers parted: `auto` passes the prompt's length with every proposal it weighs."""
+    from tests.test_costs import QUIET, _answer, _auto_engine
+    from localspec.engine.costs import Costs
+
+    engine, copy = _auto_engine(Costs(verify=QUIET, draft_step=0.02, draft_row=0.005, pinned=True))
+    seen: list[tuple[int, int | None]] = []
+    propose = engine.lookup.propose
+
+    def spy(history, k, scope=None, *, prompt=None):
+        seen.append((len(history), prompt))
+        return propose(history, k, scope, prompt=prompt)
+
+    engine.lookup.propose = spy  # type: ignore[method-assign]
+    prompt = "Copy this:\n" + copy
+    _answer(engine, prompt)
+    n_prompt = len(engine.target.tokenize(prompt, add_special=True, parse_special=False))
+    assert seen and all(p == n_prompt < n for n, p in seen)

@@ -119,6 +119,13 @@ def longest_suffix_match(source: np.ndarray, suffix: np.ndarray, n_max: int) -> 
     return (length, int(after[-1])) if after.size else (0, -1)
 
 
+def _starts_with(joined: np.ndarray, at: int, prefix: np.ndarray) -> bool:
+    """Whether the sequence of `joined` (a LookupHistory's) holding index `at` begins with `prefix`."""
+    separators = np.flatnonzero(joined[:at] == LookupHistory.SEPARATOR)
+    first = int(separators[-1]) + 1 if separators.size else 0
+    return bool(np.array_equal(joined[first : first + len(prefix)], prefix))
+
+
 def shared_context(source: np.ndarray, end: int, suffix: np.ndarray, limit: int) -> int:
     """How many tokens before `end` in `source` equal the last tokens of `suffix` (at most `limit`)."""
     n = min(end, len(suffix), limit)
@@ -177,9 +184,11 @@ class PromptLookupDrafter:
         best = max(range(len(after)), key=lambda i: (contexts[i], i))  # ties: the latest
         return contexts[best], int(after[best])
 
-    def propose(self, history: Sequence[int], k: int, scope: str | None = None) -> Draft:
+    def propose(self, history: Sequence[int], k: int, scope: str | None = None, *, prompt: int | None = None) -> Draft:
         """Up to k tokens after the most recent earlier match of the longest suffix n-gram (`scope`:
-        whose finished requests may be copied too, see `LookupHistory`; None: none)."""
+        whose finished requests may be copied too, see `LookupHistory`; None: none). `prompt`: how
+        many of history's tokens are the prompt (None: all of them), which an earlier request must
+        share to be this one asked again."""
         arr = np.asarray(history, dtype=np.int64)
         earlier = None if scope is None else self.history.tokens(scope)
         n, start = self._longest_match(arr)
@@ -190,11 +199,13 @@ class PromptLookupDrafter:
         m, start_earlier = self._from_history(arr, earlier)
         if m and earlier is not None:
             own = shared_context(arr, start, arr, HISTORY_CONTEXT) if n >= self.n_max else n
-            if m > own:
-                # The whole sequence agrees: the same question asked again, with its own prior in auto's
-                # book; else another question about the same text, whose answer is a copy like the
-                # prompt's (an edit's sibling answer kept 2 of 48 tokens on the earlier-answer prior).
-                again = m >= min(len(arr), HISTORY_CONTEXT)
+            # An earlier request with this prompt is the same question asked again, with its own prior
+            # in auto's book, also past a near-tie where the answers parted; it takes ties too, since
+            # after the answers meet again it knows the edits ahead and the prompt does not. Another
+            # question about the same text gives a copy like the prompt's (an edit's sibling answer
+            # kept 2 of 48 tokens on the asked-again prior).
+            again = _starts_with(earlier, start_earlier, arr[: len(arr) if prompt is None else prompt])
+            if m > own or (again and m == own):
                 n, start, source, name = self.n_max, start_earlier, earlier, "history" if again else "lookup"
         if k <= 0 or n == 0:
             return Draft(tokens=(), q=None, source=name, match_length=n)

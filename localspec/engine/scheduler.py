@@ -467,7 +467,8 @@ class Engine:
         if a.controller is None:
             raise RuntimeError("mode auto without its controller")
         lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
-        proposal = self.lookup.propose(a.tokens, min(room, a.controller.copy_k_max), a.request.history_scope)
+        proposal = self.lookup.propose(a.tokens, min(room, a.controller.copy_k_max), a.request.history_scope,
+                                       prompt=a.n_prompt)
         a.lookup_match, a.lookup_earlier = proposal.match_length, proposal.source == "history"
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), room, context=len(a.tokens),
                                        lookup_earlier=a.lookup_earlier,
