@@ -471,8 +471,8 @@ class Engine:
                                        prompt=a.n_prompt)
         a.lookup_match, a.lookup_earlier = proposal.match_length, proposal.source == "history"
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), room, context=len(a.tokens),
-                                       lookup_earlier=a.lookup_earlier,
-                                       prediction_available=prediction_cap, prediction_cap=prediction_cap)
+                                       lookup_earlier=a.lookup_earlier, prediction_available=prediction_cap,
+                                       prediction_cap=prediction_cap)
         a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
         return a.choice.drafter, a.choice.k, proposal
 
@@ -563,9 +563,8 @@ class Engine:
                 a.handle.deliver(Token(text=tail, ids=(), origin="target"))
         if a.t_first:
             a.stats.decode_ms = (a.t_last - a.t_first) * 1000
-        # Keep only KV cells that match the final history, for the next request's prefix reuse.
-        # A cancelled request (client gone) frees its generated cells at once; its prompt stays
-        # cached, since a retry of the same prompt is the likeliest next request.
+        # Keep only KV cells that match the final history, for the next request's prefix reuse. A cancelled
+        # request (client gone) frees its generated cells; its prompt stays: a retry is the likeliest next request.
         keep = common_prefix(slot.kv, a.tokens)
         self._pin(slot, a, keep)
         self._truncate(slot, min(keep, a.n_prompt) if reason == "cancelled" else keep)
