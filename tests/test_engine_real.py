@@ -147,7 +147,9 @@ def test_long_lookup_drafts_are_served_and_match_target_only(engine, k):
 def test_a_request_asked_again_drafts_its_earlier_answer_from_its_owner_history_only(engine):
     """Lookup over finished requests (like llama-server's ngram-mod pool): the same question again
     copies its earlier answer, verified like any draft; another owner's history stays out."""
-    req = chat(PROMPTS[4], max_tokens=48, mode="lookup", k=48, history_scope="test-owner-a")
+    # A prompt with no near-tie in its first 48 tokens: one there parts the answers and leaves
+    # nothing to compare (PROMPTS[4] has one at token 4 since its last prompt token is read alone).
+    req = chat(PROMPTS[3], max_tokens=48, mode="lookup", k=48, history_scope="test-owner-a")
     prompt_ids, _ = engine.prompt_tokens(req)
     first, done_first, _ = run(engine, req)
     again, done_again, _ = run(engine, req)
@@ -292,9 +294,41 @@ def test_kv_cache_consistent_after_draft_reject_cycles(engine):
     rt.seq_rm(0, 0, -1)
     noise = np.abs(control - fresh)
     diff = np.abs(cached - fresh)
-    assert int(np.argmax(cached)) == int(np.argmax(fresh))
+    top2 = np.argsort(fresh)[-2:]
+    gap = float(fresh[top2[1]] - fresh[top2[0]])
+    # The argmax may differ only where the fresh prefill's top two are a proven near-tie.
+    print(f"cached vs fresh: argmax {int(np.argmax(cached))} vs {int(top2[1])}, fresh top-2 gap {gap:.3f}")
+    assert int(np.argmax(cached)) == int(np.argmax(fresh)) or (gap < NEAR_TIE and int(np.argmax(cached)) in top2), gap
     assert diff.max() <= 1.5 * noise.max() + 0.05, (diff.max(), noise.max())
     assert diff.mean() <= 1.5 * noise.mean() + 0.01, (diff.mean(), noise.mean())
+
+
+# A prompt whose greedy answer reaches a near-tie within a few tokens ("This class..." or "Inventory
+# class..."): a one-row difference in how the prompt was read flips it (measured before the fix).
+DOCSTRING_PROMPT = (
+    "Add a docstring to every method of this class. Return the whole class with no other changes.\n\n"
+    "```python\nclass Inventory:\n    def __init__(self):\n        self.items = {}\n\n"
+    "    def add(self, name, qty):\n        if name in self.items:\n"
+    "            self.items[name] = self.items[name] + qty\n        else:\n            self.items[name] = qty\n\n"
+    "    def total(self):\n        t = 0\n        for name in self.items:\n            t = t + self.items[name]\n"
+    "        return t\n```"
+)
+
+
+@pytest.mark.models
+def test_a_prompt_read_fresh_or_from_reused_kv_gives_the_same_greedy_answer(engine):
+    """Reusing a prompt's KV re-reads only its last token, alone; a fresh prefill reads that token
+    alone too, so both compute the same numbers and give the same answer, with no near-tie allowed.
+    (Read inside the last chunk, it flipped this answer's first word: repeated questions, the bench's
+    repeats and a user's retry got different answers depending on what ran before.)"""
+    req = chat(DOCSTRING_PROMPT, max_tokens=24, mode="off")
+    engine.target.seq_rm(0, 0, -1)
+    engine.slots[0].kv.clear()
+    fresh, done_fresh, _ = run(engine, req)
+    reused, done_reused, _ = run(engine, req)
+    assert done_fresh.stats.reused_prefix_tokens == 0
+    assert done_reused.stats.reused_prefix_tokens == done_reused.stats.prompt_tokens - 1
+    assert reused == fresh, (engine.target.detokenize(fresh), engine.target.detokenize(reused))
 
 
 @pytest.mark.models

@@ -523,6 +523,27 @@ def test_same_seed_same_tokens_when_interleaved():
     assert ids == alone
 
 
+def test_a_prompts_last_token_is_read_alone_fresh_or_reused():
+    """A row's logits depend (in their last bits) on the batch it is computed in. A reused prompt
+    re-reads only its last token, so a fresh prefill reads that token alone too: both ways, the
+    first token comes from the same one-row pass."""
+    engine = make_engine(prefill_budget=64)
+    passes: list[list[tuple[int, bool]]] = []
+    decode = engine.target.decode
+    engine.target.decode = lambda rows: passes.append([(r.pos, r.logits) for r in rows]) or decode(rows)
+    n = len(PROMPT.split())
+    for _ in range(2):
+        passes.clear()
+        _run(engine, PROMPT, SamplingParams(), "off", None, 1)
+        assert passes[-1] == [(n - 1, True)], passes
+    assert passes == [[(n - 1, True)]], "the second request re-read more than the last token"
+    engine.target.seq_rm(0, 0, -1)
+    engine.slots[0].kv.clear()
+    passes.clear()
+    _run(engine, PROMPT, SamplingParams(), "off", None, 1)
+    assert passes == [[(i, False) for i in range(n - 1)], [(n - 1, True)]]
+
+
 def _drain(handle) -> list[int]:
     ids: list[int] = []
     while not handle.events.empty():

@@ -5,18 +5,16 @@
 1. admit: queued requests into free slots (the judge's lane first; a request cancelled while
    queued ends here, without waiting for a slot);
 2. draft: each decoding slot's proposal (draft-model steps are batched across slots);
-3. build the batch: every decoding slot's [last token, d1..dk] rows, then prefill chunks of new
-   prompts within a per-step token budget, so a long prompt neither stalls other streams nor
-   blocks cancellation;
+3. build the batch: each decoding slot's [last token, d1..dk] rows, then prompt chunks within a
+   per-step budget, so a long prompt neither stalls other streams nor blocks cancellation;
 4. decode: one target `llama_decode` for the whole batch;
 5. accept: `verify()` per slot on its own logits, its tokens to its sink, and a KV rollback of
    what was rejected.
 
-Each slot keeps the list of tokens its target KV cache holds. That list is the whole of the KV
-bookkeeping: a rollback truncates it (and `llama_memory_seq_rm`s the cells), and a new request
-reuses the longest common prefix with it, so a multi-turn chat does not re-read its history.
-
-`generate(request)` is a thin loop over `submit` and `step` for one caller.
+Each slot keeps the list of tokens its target KV cache holds: the whole of the KV bookkeeping. A
+rollback truncates it (and `llama_memory_seq_rm`s the cells); a new request reuses the longest
+common prefix with it, so a chat does not re-read its history. `generate(request)` is a thin loop
+over `submit` and `step` for one caller.
 """
 
 from __future__ import annotations
@@ -88,9 +86,8 @@ class Engine:
         self.explorer = Explorer(budget=self.config.auto_explore)  # shared: the budget is the engine's time
         self.cost_file: calibrate.CostFile | None = None  # where learned costs persist (set by calibrate)
         self.slots = [Slot(seq=i) for i in range(self.config.parallel)]
-        # One prompt prefix that many requests share (the cache judge's instructions and examples)
-        # lives in a sequence of its own, past the slots: a slot used since for other work gets it
-        # back by a zero-copy seq_cp instead of a prefill of hundreds of tokens.
+        # One prompt prefix that many requests share (the cache judge's) lives in a sequence past the
+        # slots: a slot used since for other work gets it back by a zero-copy seq_cp, not a prefill.
         self._pin_seq = self.config.parallel if target.config.pinned_cells else None
         self.defaults = defaults or RequestDefaults()
         self.prompter = Prompter(target, n_ctx=self.config.n_ctx,
@@ -301,10 +298,13 @@ class Engine:
         return rows
 
     def _prefill_rows(self, slot: Slot, budget: int) -> list[Row]:
-        """The next chunk of a slot's prompt; logits only on the prompt's last token."""
+        """The next chunk of a slot's prompt. The last token, the one row with logits, is read alone as
+        when the rest is reused (_admit_into): a row's floats depend on its batch, and so the same
+        prompt gets the same greedy answer whether or not an earlier request left its KV behind."""
         a = slot.current
         start = len(slot.kv)
-        chunk = a.tokens[start : min(a.n_prompt, start + budget)]
+        end = a.n_prompt if start == a.n_prompt - 1 else min(a.n_prompt - 1, start + budget)
+        chunk = a.tokens[start:end]
         last = start + len(chunk) == a.n_prompt
         rows = [Row(t, start + i, slot.seq, logits=last and i == len(chunk) - 1) for i, t in enumerate(chunk)]
         slot.kv.extend(chunk)
@@ -380,7 +380,7 @@ class Engine:
 
     def _admit_into(self, slot: Slot, handle: Handle, request: GenerationRequest, tokens: list[int],
                     t_submit: float) -> None:
-        # Keep at least the last prompt token to decode: its logits give the first token.
+        # Keep at least the last prompt token to decode (alone, as _prefill_rows does): it gives the first token.
         keep = min(common_prefix(slot.kv, tokens), len(tokens) - 1)
         pinned = len(self._pinned)
         if self._pin_seq is not None and keep < pinned <= handle.pin_len and tokens[:pinned] == self._pinned:
