@@ -205,3 +205,21 @@ def test_auto_tells_the_lookup_where_its_prompt_ends():
     _answer(engine, prompt)
     n_prompt = len(engine.target.tokenize(prompt, add_special=True, parse_special=False))
     assert seen and all(p == n_prompt < n for n, p in seen)
+
+
+def test_begins_with_finds_each_kept_sequences_start_also_after_the_oldest_went():
+    history = LookupHistory(max_tokens=40)
+    seqs = [[100 + i] + list(range(i, i + 9)) for i in range(6)]  # 10 tokens each: 4 fit
+    for s in seqs:
+        history.add("local", s)
+    joined = history.tokens("local")
+    assert joined is not None
+    kept = seqs[-4:]
+    at = 0
+    for i, s in enumerate(kept):
+        for j in range(len(s)):  # every index inside the sequence names it, and only it
+            assert history.begins_with("local", at + j, np.asarray(s[:3]))
+            other = kept[i - 1] if i else kept[1]
+            assert not history.begins_with("local", at + j, np.asarray(other[:3]))
+        at += len(s) + 1  # and its separator
+    assert at == len(joined)

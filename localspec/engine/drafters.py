@@ -66,6 +66,7 @@ class LookupHistory:
         self.max_tokens = max_tokens
         self._sequences: dict[str, list[np.ndarray]] = {}
         self._joined: dict[str, np.ndarray] = {}
+        self._starts: dict[str, np.ndarray] = {}  # where each sequence begins in the joined tokens
 
     def add(self, scope: str, tokens: Sequence[int], *, end: int | None = None) -> None:
         """A finished sequence; `end`: the end-of-generation token that ended it, kept so that the
@@ -82,14 +83,22 @@ class LookupHistory:
         for a in kept:  # oldest first, so the latest match of a suffix is the most recent request's
             parts += [a, np.array([self.SEPARATOR], dtype=np.int64)]
         self._joined[scope] = np.concatenate(parts)
+        self._starts[scope] = np.cumsum([0] + [len(a) + 1 for a in kept[:-1]])
 
     def tokens(self, scope: str) -> np.ndarray | None:
         """The scope's sequences joined by separators (None if it has none)."""
         return self._joined.get(scope)
 
+    def begins_with(self, scope: str, at: int, prefix: np.ndarray) -> bool:
+        """Whether the sequence holding index `at` of the scope's joined tokens begins with `prefix`."""
+        starts, joined = self._starts[scope], self._joined[scope]
+        first = int(starts[np.searchsorted(starts, at, side="right") - 1])
+        return bool(np.array_equal(joined[first : first + len(prefix)], prefix))
+
     def clear(self) -> None:
         self._sequences.clear()
         self._joined.clear()
+        self._starts.clear()
 
 
 def _suffix_matches(source: np.ndarray, suffix: np.ndarray, n_max: int) -> tuple[int, np.ndarray]:
@@ -117,13 +126,6 @@ def longest_suffix_match(source: np.ndarray, suffix: np.ndarray, n_max: int) -> 
     `suffix` (at most n_max tokens) that is followed by a token; (0, -1) if none."""
     length, after = _suffix_matches(source, suffix, n_max)
     return (length, int(after[-1])) if after.size else (0, -1)
-
-
-def _starts_with(joined: np.ndarray, at: int, prefix: np.ndarray) -> bool:
-    """Whether the sequence of `joined` (a LookupHistory's) holding index `at` begins with `prefix`."""
-    separators = np.flatnonzero(joined[:at] == LookupHistory.SEPARATOR)
-    first = int(separators[-1]) + 1 if separators.size else 0
-    return bool(np.array_equal(joined[first : first + len(prefix)], prefix))
 
 
 def shared_context(source: np.ndarray, end: int, suffix: np.ndarray, limit: int) -> int:
@@ -197,14 +199,14 @@ class PromptLookupDrafter:
         # always when that is short, and over a full one when it is the same question asked again
         # (a copy of the prompt stops at the edit; the earlier answer made the same edit).
         m, start_earlier = self._from_history(arr, earlier)
-        if m and earlier is not None:
+        if m and scope is not None and earlier is not None:
             own = shared_context(arr, start, arr, HISTORY_CONTEXT) if n >= self.n_max else n
             # An earlier request with this prompt is the same question asked again, with its own prior
             # in auto's book, also past a near-tie where the answers parted; it takes ties too, since
             # after the answers meet again it knows the edits ahead and the prompt does not. Another
             # question about the same text gives a copy like the prompt's (an edit's sibling answer
             # kept 2 of 48 tokens on the asked-again prior).
-            again = _starts_with(earlier, start_earlier, arr[: len(arr) if prompt is None else prompt])
+            again = self.history.begins_with(scope, start_earlier, arr[: len(arr) if prompt is None else prompt])
             if m > own or (again and m == own):
                 n, start, source, name = self.n_max, start_earlier, earlier, "history" if again else "lookup"
         if k <= 0 or n == 0:
