@@ -15,7 +15,7 @@ from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.costs import Costs
 from localspec.engine.controller import AcceptanceBook, Controller
 from localspec.engine.events import Done, Token
-from localspec.engine.prediction import MIN_MATCH_BYTES, Prediction, asked_again, prepare
+from localspec.engine.prediction import MIN_MATCH_BYTES, Prediction, prepare
 from localspec.engine.scheduler import Engine
 from localspec.errors import PredictionTooLongError
 from tests.fake_tier import SPECIAL, ScriptedRuntime, scripted, scripted_costs, scripted_engine
@@ -245,49 +245,3 @@ def test_the_engine_drafts_again_after_the_output_spells_a_predicted_token_diffe
     # Realigned by text: the prediction's tokens after the merged one are drafted and kept (at most
     # the 20 before it could be without; each pass's own last token is the target's, not accepted).
     assert st.prediction_accepted > len("def f():\n    return '") + tail // 2
-
-
-@pytest.mark.parametrize("newest_parts_at_once", [False, True])
-def test_a_question_asked_again_follows_its_earlier_answer_past_the_word_where_they_parted(newest_parts_at_once):
-    """auto: the same prompt again drafts its earlier answers from a prediction's cursor. Planted: an
-    earlier answer that parts from this one at one word (a near-tie that flipped), so lookup over
-    the history has no full 16-token match for the next 16 tokens and the cursor realigns after 8
-    bytes; and, newer, an answer that parts at once (another mode's batch shapes flipped its first
-    word): the cursor realigns onto the older one, which agrees longer."""
-    engine = engine_for("auto")
-    request = GenerationRequest(prompt="add types", max_tokens=400)
-    prompt, _ = engine.prompt_tokens(request)
-    earlier = [EDITED.replace("(width: float", "(w: float", 1)]
-    if newest_parts_at_once:
-        earlier.append("Sure! " + ANSWER)
-    for text in earlier:
-        engine.lookup.history.add(request.history_scope, prompt + engine.target.tokenize(text, False, False))
-    done = [e for e in engine.generate(request) if isinstance(e, Done)][0]
-    st = done.stats
-    assert done.text == EDITED
-    # The client sent no prediction: its usage shows none; the copies count as drafts.
-    assert st.prediction_tokens == st.prediction_drafted == st.prediction_accepted == 0
-    after_edit = len(EDITED) - EDITED.index("(width: float") - len("(width: float")
-    assert st.accepted >= after_edit - 16
-    # Measured 16 passes for 138 tokens; 22 when the newest answer is the untyped one, which the
-    # cursor also realigns into where both spell a line alike.
-    assert st.target_passes <= st.completion_tokens // 6
-
-
-def test_asked_again_is_only_the_same_prompt_and_owner():
-    engine = engine_for("auto")
-    request = GenerationRequest(prompt="add types", max_tokens=400, history_scope="alice")
-    prompt, _ = engine.prompt_tokens(request)
-    history = engine.lookup.history
-    history.add("alice", prompt + [ord("a")] * 5)
-    history.add("alice", prompt + [ord("b")] * 5)
-    history.add("alice", prompt[:-1] + [ord("c")] * 5)  # another prompt that shares all but its end
-    answers = history.answers_to("alice", prompt, most=4)
-    assert [a.tolist() for a in answers] == [[ord("b")] * 5, [ord("a")] * 5]  # newest first
-    assert [a.tolist() for a in history.answers_to("alice", prompt, most=1)] == [[ord("b")] * 5]
-    assert history.answers_to("bob", prompt, most=4) == []
-    assert history.answers_to("alice", prompt + [ord("b")] * 5, most=4) == []  # nothing followed that
-    pred = asked_again(history, "alice", prompt, piece=engine.target.piece)
-    assert pred is not None and pred.source == "history" and pred.propose(3).source == "history"
-    assert pred.text == b"bbbbbaaaaa"
-    assert asked_again(history, None, prompt, piece=engine.target.piece) is None

@@ -89,13 +89,6 @@ class LookupHistory:
         """The scope's sequences joined by separators (None if it has none)."""
         return self._joined.get(scope)
 
-    def answers_to(self, scope: str, prompt: Sequence[int], *, most: int) -> list[np.ndarray]:
-        """What followed `prompt` in the kept sequences that begin with it, newest first, at most `most`."""
-        p = np.asarray(prompt, dtype=np.int64)
-        found = [seq[len(p) :] for seq in reversed(self._sequences.get(scope, []))
-                 if len(seq) > len(p) and np.array_equal(seq[: len(p)], p)]
-        return found[:most]
-
     def begins_with(self, scope: str, at: int, prefix: np.ndarray) -> bool:
         """Whether the sequence holding index `at` of the scope's joined tokens begins with `prefix`."""
         starts, joined = self._starts[scope], self._joined[scope]

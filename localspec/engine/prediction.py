@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from localspec.engine.drafters import LookupHistory
 from localspec.engine.verify import Draft
 from localspec.errors import PredictionTooLongError
 
@@ -51,22 +50,6 @@ def prepare(text: str, tokenizer: Tokenizer, *, n_ctx: int) -> Prediction:
     return Prediction.build(tokens, piece=tokenizer.piece)
 
 
-# Earlier answers to one prompt that its asking again follows: each was computed with other batch
-# shapes (modes, drafts), so each parts from the others at some near-tie.
-ASKED_AGAIN_ANSWERS = 4
-
-
-def asked_again(history: LookupHistory, scope: str | None, prompt: Sequence[int], *, piece: Piece) -> Prediction | None:
-    """The same question asked again: its earlier answers (same scope, newest first, one after the
-    other), followed like a prediction. Lookup copies them too, but after two answers part at a
-    near-tie (batch float differences flip a word) it waits for a full 16-token match, while the
-    cursor realigns after 8 bytes, on the answer that agrees longest with the output so far (the
-    docstring edit asked a third time kept 109 of 161 drafted tokens before this)."""
-    answers = [] if scope is None else history.answers_to(scope, prompt, most=ASKED_AGAIN_ANSWERS)
-    tokens = [int(t) for answer in answers for t in answer]
-    return Prediction.build(tokens, piece=piece, source="history") if tokens else None
-
-
 @dataclass
 class Prediction:
     """One request's prediction and where its output stands in it."""
@@ -79,18 +62,15 @@ class Prediction:
     anchor: int = 0  # where the output was last aligned: a realignment prefers matches after it
     seen: int = 0  # output tokens folded in so far
     tail: bytearray = field(default_factory=bytearray)  # the output's last TAIL_BYTES bytes
-    # "prediction": the client's, counted in its usage; "history": this question's earlier answer
-    # (asked_again), drafted the same way and counted like any other draft.
-    source: str = "prediction"
 
     @classmethod
-    def build(cls, tokens: Sequence[int], *, piece: Piece, source: str = "prediction") -> Prediction:
+    def build(cls, tokens: Sequence[int], *, piece: Piece) -> Prediction:
         offsets: dict[int, int] = {}
         text = bytearray()
         for i, t in enumerate(tokens):
             offsets.setdefault(len(text), i)
             text += piece(t)
-        return cls(tokens=tuple(tokens), text=bytes(text), boundaries=offsets, piece=piece, source=source)
+        return cls(tokens=tuple(tokens), text=bytes(text), boundaries=offsets, piece=piece)
 
     @property
     def aligned(self) -> bool:
@@ -139,8 +119,8 @@ class Prediction:
         one of the prediction's tokens (the output spelled it differently: wait for a shared boundary)."""
         i = self.boundaries.get(self.pos) if self.pos is not None else None
         if k <= 0 or i is None:
-            return Draft((), source=self.source)
-        return Draft(self.tokens[i : i + k], source=self.source)
+            return Draft((), source="prediction")
+        return Draft(self.tokens[i : i + k], source="prediction")
 
     def available(self) -> int:
         """How many tokens a proposal could hold now (auto weighs drafts only this long)."""

@@ -2,12 +2,14 @@
 
 `submit(request, sink=...) -> Handle` queues a request; each `step()` then goes
 
-1. admit: queued requests into free slots (the judge's lane first; one cancelled while queued ends here);
+1. admit: queued requests into free slots (the judge's lane first; a request cancelled while
+   queued ends here, without waiting for a slot);
 2. draft: each decoding slot's proposal (draft-model steps are batched across slots);
 3. build the batch: each decoding slot's [last token, d1..dk] rows, then prompt chunks within a
    per-step budget, so a long prompt neither stalls other streams nor blocks cancellation;
 4. decode: one target `llama_decode` for the whole batch;
-5. accept: `verify()` per slot on its own logits, its tokens to its sink, a KV rollback of the rest.
+5. accept: `verify()` per slot on its own logits, its tokens to its sink, and a KV rollback of
+   what was rejected.
 
 Each slot keeps the list of tokens its target KV cache holds: the whole of the KV bookkeeping. A
 rollback truncates it (and `llama_memory_seq_rm`s the cells); a new request reuses the longest
@@ -38,7 +40,7 @@ from localspec.engine.costs import Costs
 from localspec.engine.drafters import DraftJob, DraftModelDrafter, LookupHistory, PromptLookupDrafter, common_prefix
 from localspec.engine.events import Done, Event, FinishReason, Origin, ProgressFn, Stats, Token
 from localspec.engine.grammar import Grammar
-from localspec.engine.prediction import asked_again, prepare
+from localspec.engine.prediction import prepare
 from localspec.engine.loading import check_vocabularies, load_runtimes
 from localspec.engine.offload import OffloadPlanner
 from localspec.engine.runtime import ModelRuntime, Row
@@ -226,7 +228,8 @@ class Engine:
 
         admit → draft → build the batch → decode → accept. A fault in one slot's part (admitting,
         drafting, building rows, verifying) fails that slot's request once, with finish_reason
-        "error", and frees the slot; the other slots go on."""
+        "error", and frees the slot; the other slots go on.
+        """
         self._admit()
         self._end_cancelled()
         running = [s for s in self.slots if s.active]
@@ -391,16 +394,13 @@ class Engine:
                            sampled_grammar=handle.grammar is not None and not request.sampling.greedy,
                            has_prediction=handle.prediction is not None)
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
-        prediction = handle.prediction if spec.use_prediction else None
-        if prediction is None and spec.use_prediction and spec.mode == "auto":  # the earlier answer, if asked again
-            prediction = asked_again(self.lookup.history, request.history_scope, tokens, piece=self.target.piece)
         stats = Stats(mode=spec.mode, prompt_tokens=len(tokens), reused_prefix_tokens=keep,
                       prediction_tokens=len(handle.prediction.tokens) if handle.prediction else 0)
         active = Active(
             handle=handle, request=request, tokens=list(tokens), n_prompt=len(tokens), mode=spec.mode,
             k=spec.k, rng=PositionRng(seed), stats=stats, t_submit=t_submit,
             t_admit=time.perf_counter(), stop=StopMatcher(request.stop), grammar=handle.grammar,
-            prediction=prediction,
+            prediction=handle.prediction if spec.use_prediction else None,
         )
         if spec.mode == "auto" and self.costs is not None:
             active.controller = Controller(self.costs, k_max=spec.k, has_draft_model=self.drafter is not None,
