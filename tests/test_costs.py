@@ -354,3 +354,36 @@ def test_a_short_concave_curve_extrapolates_at_its_upper_slope_so_long_copies_ar
     choice = Controller(costs, k_max=16, book=book, copy_k_max=48).choose(0, 16, 200, 200, explore=False,
                                                                            lookup_earlier=True)
     assert choice.drafter == "lookup" and choice.k > 16, choice
+
+
+# This 2-core CPU past 9 rows (300 tokens of KV): 1, 2, 5, 9, 17, 25, 33, 49, 64 rows in seconds.
+LONG_CPU = [(1, 0.032), (2, 0.062), (5, 0.128), (9, 0.244), (17, 0.333), (25, 0.442), (33, 0.531), (49, 0.731),
+            (64, 0.851)]
+
+
+def long_cpu(rows: int) -> float:
+    for (a, ta), (b, tb) in zip(LONG_CPU, LONG_CPU[1:], strict=False):
+        if a <= rows <= b:
+            return ta + (tb - ta) * (rows - a) / (b - a)
+    return LONG_CPU[-1][1]
+
+
+def test_a_planted_curve_learns_long_copies_as_one_stretch_so_copies_stay_long():
+    """auto_recovery.py's planted process, second answer (copying its first whole): the planted curve
+    stops at 9 rows, so past it every row count is a guess. Each 49-row copy taught only 49 and its
+    next few rows that they cost more than believed, so 45 looked cheaper, then 41...: it copied 48,
+    46, 42, 38, 34, 30, 9 tokens a pass where a clean process copied 47 a pass (0.90x)."""
+    costs = Costs(verify=BUSY_BOX, draft_step=0.142, draft_row=0.02)
+    for _ in range(248):  # the first answer: plain steps (the level is learned, the shape is not)
+        costs.observe_verify(1, long_cpu(1), context=300)
+    controller = Controller(costs, k_max=16, has_draft_model=False, book=AcceptanceBook(decay=0.99),
+                            copy_k_max=48)
+    made, drafts = 0, []
+    while made < 240:
+        choice = controller.choose(0, 16, 248 - made, 256 - made, context=700 + made, explore=False,
+                                   lookup_earlier=True)
+        costs.observe_verify(choice.k + 1, long_cpu(choice.k + 1), context=700 + made)
+        controller.observe(choice, choice.k, choice.k, 16, lookup_earlier=True)
+        drafts.append(choice.k)
+        made += choice.k + 1
+    assert len(drafts) == 5 and min(drafts) >= 40, drafts
