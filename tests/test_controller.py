@@ -253,10 +253,36 @@ def test_a_request_that_copies_badly_soon_stops_drafting_though_the_book_says_co
     from the trace below) drafted 15-47 tokens from such matches 20 times and kept 0-18 (0.70x)."""
     book = _taught(4)
     ks = _replay(book, (16, 1, 1, 6, 0, 0, 0, 12, 0, 0), match=4)
-    assert ks[0] >= 30  # the book's belief, before the request's own evidence
+    assert ks[0] == 16  # the book's belief, up to the slow start's first cap (copy_cap)
     assert ks[5:] == [0] * 5 and sum(ks) < 120, ks  # the whole book's way: 10 drafts of 48 rows
     # The next request starts from the book again, which this one's passes moved only a little.
     assert _replay(book, (47,), match=4)[0] >= 16
+
+
+def test_a_copy_past_k_max_starts_at_k_max_and_doubles_while_kept_whole():
+    """Bench first asks drafted 48-token copies from matches in related text and kept 0-5 of each,
+    ~20 single steps lost to each on a CPU: a request's first copy stops at k_max, then each copy
+    kept whole doubles the next one's cap, and a miss brings it back to k_max."""
+    ks = _replay(_taught(16), (48, 48, 48, 48, 3, 48, 48), match=16)
+    assert ks == [16, 32, 48, 48, 48, 16, 32], ks
+
+
+def test_a_question_asked_again_copies_long_at_once_then_slowly_after_the_answers_part():
+    """Noisy bench, editing #4 asked again: its answer parted from the first at a near-tie, and it
+    drafted four more 48-token copies of the first answer, kept 2 of them all (0.87x `off`)."""
+    book = AcceptanceBook(decay=0.99)
+    for _ in range(15):  # earlier requests asked again copied their first answers whole
+        book.for_lookup(16, earlier=True).observe(48, 48)
+    request = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
+    ks = []
+    for run in (23, 21, 0, 1, 0, 1, 0, 0, 3, 0):
+        choice = request.choose(0, 16, 48, 300, explore=False, lookup_earlier=True)
+        ks.append(choice.k)
+        if choice.k:
+            request.observe(choice, drafted=choice.k, accepted=min(run, choice.k), lookup_match=16,
+                            lookup_earlier=True)
+    assert ks[0] == 48  # the first answer is the belief
+    assert ks[1] <= 16 and sum(ks) < 150, ks  # before: 48, then 23 a pass five times (181 drafted)
 
 
 def test_a_rename_keeps_copying_between_its_renamed_words():
