@@ -213,8 +213,9 @@ def test_keep_alive_is_per_model(jit):
     url, loads, state = jit.base_url, jit.loads, jit.state
     _text(url, PRIMARY, keep_alive="-1")
     _text(url, B, keep_alive=0)
-    assert wait_until(lambda: state.extra[B].loader.backend is None, timeout=10)
-    assert loads.last(B).target.closed and state.loader.backend is not None
+    # Unloading detaches the backend on the event loop, then closes it on a worker thread: wait for both.
+    assert wait_until(lambda: state.extra[B].loader.backend is None and loads.last(B).target.closed, timeout=10)
+    assert state.loader.backend is not None
 
 
 def test_ps_shows_each_model_with_its_own_expiry_and_stop_unloads_one(jit, capsys):
