@@ -24,6 +24,7 @@ from localspec.engine.chat import ChatMessage
 from localspec.engine.config import MAX_DRAFT_K, EngineConfig, GenerationRequest
 from localspec.engine.drafters import common_prefix
 from localspec.engine.events import Done, Token
+from localspec.engine.prediction import prepare
 from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
 from localspec.engine.sampling import SamplingParams, distribution
 from localspec.engine.scheduler import Engine
@@ -468,3 +469,33 @@ def test_embedding_model_refused_as_draft(target_path, minilm_path):
     with pytest.raises(IncompatibleDraftError) as exc:
         Engine.load(str(target_path), str(minilm_path), EngineConfig(n_ctx=256, n_threads=TEST_THREADS))
     assert "30522" in str(exc.value) and "151936" in str(exc.value)
+
+
+REWRITTEN_MODULE = '''def load(path=PATH):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def save(todos, path=PATH):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(todos, f, indent=2)
+    os.replace(tmp, path)
+'''
+
+
+def test_a_prediction_moved_into_a_class_is_followed_at_its_new_indentation(engine):
+    """With the target's own tokenizer (its merges of runs of spaces and line ends): once a method's
+    line is the function's line four spaces deeper, the cursor proposes the next lines four spaces
+    deeper too, so the draft survives the line end."""
+    tokens = engine.target.tokenize
+    p = prepare(REWRITTEN_MODULE, engine.target, n_ctx=2048)
+    out = ('class TodoStore:\n    def __init__(self, path=PATH):\n        self.path = path\n\n'
+           '    def load(self):\n        with open(self.path, encoding="utf-8") as f:\n'
+           '            return json.load(f)\n\n    def save(self, todos):\n        tmp = self.path + ".tmp"\n')
+    ids = tokens(out, add_special=False, parse_special=False)
+    for n in range(1, len(ids) + 1):  # as the engine folds in each step's token
+        p.follow(ids[:n])
+    assert p.aligned and [v.shift for v in p.views] == [0, 4]
+    proposed = b"".join(engine.target.piece(t) for t in p.propose(32).tokens).decode()
+    assert proposed.startswith('        with open(tmp, "w", encoding="utf-8") as f:\n            json.dump(todos, f')

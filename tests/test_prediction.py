@@ -15,7 +15,7 @@ from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.costs import Costs
 from localspec.engine.controller import AcceptanceBook, Controller
 from localspec.engine.events import Done, Token
-from localspec.engine.prediction import MIN_MATCH_BYTES, Prediction, prepare
+from localspec.engine.prediction import MAX_SHIFTED_VIEWS, MIN_MATCH_BYTES, MIN_MATCH_TEXT, Prediction, prepare
 from localspec.engine.scheduler import Engine
 from localspec.errors import PredictionTooLongError
 from tests.fake_tier import SPECIAL, ScriptedRuntime, scripted, scripted_costs, scripted_engine
@@ -26,7 +26,7 @@ def byte_piece(token: int) -> bytes:
 
 
 def byte_prediction(text: str) -> Prediction:
-    return Prediction.build(list(text.encode()), piece=byte_piece)
+    return Prediction.build(list(text.encode()), piece=byte_piece, tokenize=lambda s: list(s.encode()))
 
 
 def as_text(tokens: tuple[int, ...]) -> str:
@@ -77,6 +77,64 @@ def test_a_short_match_does_not_realign_and_the_first_match_after_the_last_posit
     p.follow(list(b"alpha = 1\nbeta_beta = 2\nALPHA = 1\nbeta_beta"))
     assert p.aligned and as_text(p.propose(32).tokens) == " = 3\n"  # the second occurrence: after the anchor
     assert MIN_MATCH_BYTES > len(" = 1\n")
+
+
+MODULE = """def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def save(data, path):
+    with open(path, "w") as f:
+        json.dump(data, f)
+"""
+
+
+def test_a_line_end_and_indentation_alone_do_not_realign():
+    p = byte_prediction("def f(a):\n        return a\n")
+    p.follow(list(b"def g(bb):\n        "))  # "):\n        " is in the prediction, but it follows any statement
+    assert not p.aligned and p.propose(8).tokens == ()
+    p.follow(list(b"def g(bb):\n        return"))
+    assert p.aligned and as_text(p.propose(8).tokens) == " a\n"
+    assert MIN_MATCH_TEXT > len("):")
+
+
+def test_functions_made_methods_are_followed_across_their_new_indentation():
+    p = byte_prediction(MODULE)
+    out = "class Store:\n    def load(self):\n        with open(self.path) as f:\n"
+    p.follow(list(out.encode()))
+    assert as_text(p.propose(12).tokens) == "        retu"  # realigned on ") as f:\n", at the old indentation
+    out += "            return json.load(f)"
+    p.follow(list(out.encode()))
+    # The line is the prediction's with four more spaces: the cursor moves to the shifted view and
+    # proposes the next lines as the method would write them, not the function's indentation.
+    assert p.aligned and as_text(p.propose(64).tokens).startswith("\n\n    def save(data, path):\n        with")
+    out += "\n\n    def save(self, data):\n        with open(self.path, \"w\") as f:\n"
+    p.follow(list(out.encode()))
+    assert p.aligned and as_text(p.propose(64).tokens) == "            json.dump(data, f)\n"
+    assert len(p.views) == 2  # one shift, built once
+
+
+def test_an_output_at_the_predictions_own_indentation_builds_no_view():
+    p = byte_prediction(MODULE)
+    p.follow(list(b"def load(filename):\n    with open(filename) as f:\n        return json.load(f)"))
+    assert p.aligned and len(p.views) == 1
+    assert as_text(p.propose(10).tokens) == "\n\n\ndef sav"
+
+
+def test_dedented_lines_follow_a_view_shifted_back():
+    p = byte_prediction("class A:\n    def f(self):\n        x = compute(1)\n        return x * 2\n")
+    p.follow(list(b"def f():\n    x = compute(1)"))
+    assert p.aligned and p.views[p.view].shift == -4
+    assert as_text(p.propose(64).tokens) == "\n    return x * 2\n"
+
+
+def test_shifted_views_are_capped():
+    p = byte_prediction(MODULE)
+    for n in range(1, 9):
+        p.tail = bytearray(b"\n" + b" " * (4 + n) + b"return json.load(f)")
+        p.pos = p._realign()
+    assert len(p.views) == 1 + MAX_SHIFTED_VIEWS
 
 
 # ---------------------------------------------------------------- configuration

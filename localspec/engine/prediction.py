@@ -11,6 +11,12 @@ at the next boundary both share. After a divergence (the edit itself) the output
 searched for in the prediction, and the cursor continues after the longest match, so an edit that
 changes a few lines copies again from the line after them.
 
+An edit that moves code in or out of a block (functions made methods of a class, a body wrapped in
+`try:`) writes the prediction's lines with more or fewer leading spaces. When the output's current
+line is a prediction line's text with another indentation, a `View` of the whole prediction with
+every line shifted by that difference is tokenized and joins the search: the cursor follows the
+shifted lines across their line ends instead of failing at every next line's indentation.
+
 The draft is a point mass (q = None): `verify` accepts token d with probability p(d) and on
 rejection samples from p with d removed, which keeps the output exactly the target's distribution
 at any temperature; greedy requests accept while the target's argmax equals the prediction.
@@ -18,6 +24,8 @@ at any temperature; greedy requests accept while the target's argmax equals the 
 
 from __future__ import annotations
 
+import re
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -31,8 +39,18 @@ TAIL_BYTES = 64
 # The shortest match that realigns: shorter ones (an indent, "return ") recur all over a file and
 # would draft from the wrong place.
 MIN_MATCH_BYTES = 8
+# ... and of them, the fewest that are not whitespace: a line end and the next line's indentation
+# ("):\n        ") occur after every statement, and drafted from the first such place after the
+# cursor, propose whichever line happens to follow it.
+MIN_MATCH_TEXT = 4
+# Shifted views a request may build: a refactor moves code by one or two block levels, and each view
+# is one more search per realignment.
+MAX_SHIFTED_VIEWS = 4
+
+WHITESPACE = b" \t\r\n"
 
 Piece = Callable[[int], bytes]
+Tokenize = Callable[[str], list[int]]
 
 
 class Tokenizer(Protocol):
@@ -44,33 +62,103 @@ class Tokenizer(Protocol):
 def prepare(text: str, tokenizer: Tokenizer, *, n_ctx: int) -> Prediction:
     """A request's prediction, tokenized as plain text (special-token spellings stay text). One
     longer than the context is refused: no answer could follow it to its end."""
-    tokens = tokenizer.tokenize(text, add_special=False, parse_special=False)
+
+    def tokenize(s: str) -> list[int]:
+        return tokenizer.tokenize(s, add_special=False, parse_special=False)
+
+    tokens = tokenize(text)
     if len(tokens) > n_ctx:
         raise PredictionTooLongError(len(tokens), n_ctx)
-    return Prediction.build(tokens, piece=tokenizer.piece)
+    return Prediction.build(tokens, piece=tokenizer.piece, tokenize=tokenize)
+
+
+@dataclass(frozen=True)
+class View:
+    """The prediction with every non-blank line's leading spaces shifted by `shift` (0: as sent)."""
+
+    shift: int
+    tokens: tuple[int, ...]
+    text: bytes  # the tokens' pieces joined: the view as the target's tokenizer spells it
+    boundaries: dict[int, int]  # byte offset -> index of the token that starts there
+    line_starts: tuple[int, ...]  # byte offset of each line's first byte
+
+    @classmethod
+    def of(cls, tokens: Sequence[int], *, piece: Piece, shift: int = 0) -> View:
+        offsets: dict[int, int] = {}
+        text = bytearray()
+        for i, t in enumerate(tokens):
+            offsets.setdefault(len(text), i)
+            text += piece(t)
+        starts = [0] + [m.end() for m in re.finditer(b"\n", text)]
+        return cls(shift=shift, tokens=tuple(tokens), text=bytes(text), boundaries=offsets,
+                   line_starts=tuple(starts))
+
+    def line_of(self, offset: int) -> int:
+        return bisect_right(self.line_starts, offset) - 1
+
+    def longest_suffix(self, tail: bytes) -> int:
+        """Length of the longest suffix of `tail` found in this view, if it has at least MIN_MATCH_BYTES and
+        MIN_MATCH_TEXT of them are not whitespace; else 0."""
+        if len(tail) < MIN_MATCH_BYTES or tail[-MIN_MATCH_BYTES:] not in self.text:
+            return 0
+        # A suffix that occurs has every shorter suffix occurring too: binary search the longest.
+        lo, hi = MIN_MATCH_BYTES, len(tail)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if tail[-mid:] in self.text:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo if len(tail[-lo:].translate(None, WHITESPACE)) >= MIN_MATCH_TEXT else 0
+
+
+def shifted(text: str, shift: int) -> str:
+    """`text` with `shift` spaces added to (or, below 0, at most that many removed from) the front
+    of every non-blank line. Indented, two blank lines become one: code moved into a block is
+    spaced as a block's (PEP 8's two blank lines are for top-level definitions)."""
+    out = []
+    blank = 0
+    for line in text.splitlines(keepends=True):
+        if not line.strip():
+            blank += 1
+            if shift > 0 and blank > 1:
+                continue
+        else:
+            blank = 0
+            line = " " * shift + line if shift > 0 else line[min(-shift, len(line) - len(line.lstrip(" "))):]
+        out.append(line)
+    return "".join(out)
+
+
+def indent(line: bytes) -> int:
+    return len(line) - len(line.lstrip(b" "))
 
 
 @dataclass
 class Prediction:
     """One request's prediction and where its output stands in it."""
 
-    tokens: tuple[int, ...]
-    text: bytes  # the tokens' pieces joined: the prediction as the target's tokenizer spells it
-    boundaries: dict[int, int]  # byte offset -> index of the token that starts there
+    views: list[View]  # views[0] is the prediction as sent; the others shifted, built as needed
     piece: Piece
-    pos: int | None = 0  # byte offset the output has reached; None: lost after a divergence
+    tokenize: Tokenize | None = None  # builds shifted views; None: the prediction as sent only
+    view: int = 0  # the view the cursor is in
+    pos: int | None = 0  # byte offset the output has reached in that view; None: lost after a divergence
     anchor: int = 0  # where the output was last aligned: a realignment prefers matches after it
     seen: int = 0  # output tokens folded in so far
     tail: bytearray = field(default_factory=bytearray)  # the output's last TAIL_BYTES bytes
 
     @classmethod
-    def build(cls, tokens: Sequence[int], *, piece: Piece) -> Prediction:
-        offsets: dict[int, int] = {}
-        text = bytearray()
-        for i, t in enumerate(tokens):
-            offsets.setdefault(len(text), i)
-            text += piece(t)
-        return cls(tokens=tuple(tokens), text=bytes(text), boundaries=offsets, piece=piece)
+    def build(cls, tokens: Sequence[int], *, piece: Piece, tokenize: Tokenize | None = None) -> Prediction:
+        return cls(views=[View.of(tokens, piece=piece)], piece=piece, tokenize=tokenize)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The prediction's tokens as sent."""
+        return self.views[0].tokens
+
+    @property
+    def text(self) -> bytes:
+        return self.views[0].text
 
     @property
     def aligned(self) -> bool:
@@ -81,10 +169,11 @@ class Prediction:
         far (the engine passes prompt + output and the prompt's length, so no step copies the output)."""
         new = history[start + self.seen :]
         self.seen = len(history) - start
+        text = self.views[self.view].text
         for token in new:
             b = self.piece(token)
             self.tail += b
-            if self.pos is not None and self.text.startswith(b, self.pos):
+            if self.pos is not None and text.startswith(b, self.pos):
                 self.pos += len(b)
                 self.anchor = self.pos
             else:
@@ -94,35 +183,76 @@ class Prediction:
             self.pos = self._realign()
 
     def _realign(self) -> int | None:
-        """Byte offset after the longest suffix of the output (at least MIN_MATCH_BYTES) found in the
-        prediction; the first such match ending at or after the anchor, else the first anywhere."""
+        """Byte offset after the longest suffix of the output (as `View.longest_suffix` counts them)
+        found in any view, the current view winning ties; in it, the first match ending at or after the anchor's
+        line, else the first anywhere. Where the output's line is the matched line with other
+        indentation, a view shifted by the difference is built and searched first."""
         tail = bytes(self.tail)
-        if len(tail) < MIN_MATCH_BYTES or tail[-MIN_MATCH_BYTES:] not in self.text:
+        view, length = self._longest(tail)
+        if not length:
             return None
-        # A suffix that occurs has every shorter suffix occurring too: binary search the longest.
-        lo, hi = MIN_MATCH_BYTES, len(tail)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if tail[-mid:] in self.text:
-                lo = mid
-            else:
-                hi = mid - 1
-        suffix = tail[-lo:]
-        at = self.text.find(suffix, max(self.anchor - lo, 0))
-        if at < 0:
-            at = self.text.find(suffix)
-        self.anchor = at + lo
+        at = self._locate(view, tail[-length:])
+        shift = self._shift_seen(tail, view, at + length)
+        if shift is not None and self._add_view(shift):
+            view, length = self._longest(tail)
+            at = self._locate(view, tail[-length:])
+        self.view, self.anchor = view, at + length
         return self.anchor
 
+    def _locate(self, view: int, suffix: bytes) -> int:
+        """Where `suffix` starts in a view: the first match ending at or after the line the output was
+        last aligned on, else the first anywhere."""
+        line = self.views[self.view].line_of(self.anchor)
+        v = self.views[view]
+        at = v.text.find(suffix, max(v.line_starts[min(line, len(v.line_starts) - 1)] - len(suffix), 0))
+        return at if at >= 0 else v.text.find(suffix)
+
+    def _longest(self, tail: bytes) -> tuple[int, int]:
+        """(view, match length) of the longest suffix match; the current view, then the earliest built,
+        wins a tie."""
+        order = [self.view] + [i for i in range(len(self.views)) if i != self.view]
+        best, length = self.view, 0
+        for i in order:
+            n = self.views[i].longest_suffix(tail)
+            if n > length:
+                best, length = i, n
+        return best, length
+
+    def _shift_seen(self, tail: bytes, view: int, end: int) -> int | None:
+        """The shift (against the prediction as sent) that would align the output's current line with
+        the view's line ending at `end`: when that line's text up to `end`, past its leading spaces,
+        is the output's line past its own and only the leading spaces differ; else None."""
+        nl = tail.rfind(b"\n")
+        if nl < 0:
+            return None  # the line's start has left the tail: its indentation is unknown
+        out_line = tail[nl + 1 :]
+        v = self.views[view]
+        pred_line = v.text[v.line_starts[v.line_of(end - 1)] : end]
+        if indent(out_line) == indent(pred_line) or not out_line.strip(b" "):
+            return None
+        if out_line.lstrip(b" ") != pred_line.lstrip(b" "):
+            return None
+        return v.shift + indent(out_line) - indent(pred_line)
+
+    def _add_view(self, shift: int) -> bool:
+        """Build the view shifted by `shift` unless it exists or the views are at their cap; whether one was built."""
+        if self.tokenize is None or len(self.views) > MAX_SHIFTED_VIEWS or any(v.shift == shift for v in self.views):
+            return False
+        text = shifted(self.views[0].text.decode("utf-8", errors="replace"), shift)
+        self.views.append(View.of(self.tokenize(text), piece=self.piece, shift=shift))
+        return True
+
     def propose(self, k: int) -> Draft:
-        """Up to k of the prediction's tokens after the cursor; none while the cursor is lost or inside
-        one of the prediction's tokens (the output spelled it differently: wait for a shared boundary)."""
-        i = self.boundaries.get(self.pos) if self.pos is not None else None
+        """Up to k of the view's tokens after the cursor; none while the cursor is lost or inside one of
+        the view's tokens (the output spelled it differently: wait for a shared boundary)."""
+        v = self.views[self.view]
+        i = v.boundaries.get(self.pos) if self.pos is not None else None
         if k <= 0 or i is None:
             return Draft((), source="prediction")
-        return Draft(self.tokens[i : i + k], source="prediction")
+        return Draft(v.tokens[i : i + k], source="prediction")
 
     def available(self) -> int:
         """How many tokens a proposal could hold now (auto weighs drafts only this long)."""
-        i = self.boundaries.get(self.pos) if self.pos is not None else None
-        return 0 if i is None else len(self.tokens) - i
+        v = self.views[self.view]
+        i = v.boundaries.get(self.pos) if self.pos is not None else None
+        return 0 if i is None else len(v.tokens) - i
