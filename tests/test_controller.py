@@ -285,29 +285,6 @@ def test_a_question_asked_again_copies_long_at_once_then_slowly_after_the_answer
     assert ks[1] <= 16 and sum(ks) < 150, ks  # before: 48, then 23 a pass five times (181 drafted)
 
 
-def _replay_prediction(runs: tuple[int, ...]) -> list[int]:
-    """One request's prediction drafts where the output follows the prediction for the given number
-    of tokens from each step: the k the controller chose for each (0: it did not draft from it)."""
-    request = Controller(_cpu_curve(), k_max=16, has_draft_model=False)
-    ks = []
-    for run in runs:
-        choice = request.choose(0, 0, 0, 300, explore=False, prediction_available=100, prediction_cap=16)
-        ks.append(choice.k if choice.drafter == "prediction" else 0)
-        if choice.k:
-            request.observe(choice, drafted=choice.k, accepted=min(run, choice.k))
-    return ks
-
-
-def test_after_a_miss_a_prediction_drafts_at_most_twice_what_it_kept_then_doubles_while_kept_whole():
-    """Bench, functions-to-class: the rewrite's prediction, realigned on a few bytes, drafted 16
-    tokens at a time and kept 0-2 of them (87-99 rejected tokens over two asks: the gap to `off`)."""
-    assert _replay_prediction((40, 3, 40, 40, 40, 40)) == [16, 16, 6, 12, 16, 16]
-    # It drafts its window or nothing: a window of 2 after a draft kept from none, and one more miss
-    # retires it (before: 16 a pass throughout, 73 tokens drafted and 2 kept after the first 16).
-    assert _replay_prediction((40, 2, 0, 0, 0, 0, 0, 9, 40)) == [16, 16, 4, 2, 0, 0, 0, 0, 0]
-    assert _replay_prediction((40, 12, 40, 40)) == [16, 16, 16, 16]  # an edit's misses keep most: drafts stay long
-
-
 def test_a_rename_keeps_copying_between_its_renamed_words():
     ks = _replay(_taught(16), (0, 30, 20, 0, 25, 40, 12, 0, 30, 30, 30), match=16)
     assert min(ks) >= 12, ks

@@ -264,8 +264,6 @@ class Controller:
         self.own: dict[str | int, Acceptance] = {}
         # How long a copy this request may draft now, per lookup book entry (see `copy_cap`).
         self.copy_caps: dict[int, int] = {}
-        # How long a prediction draft may be now (None: the caller's cap; see `observe`).
-        self.prediction_k: int | None = None
         # The explored step awaiting its outcome: (its believed cost, the best option's rate, the
         # believed loss it spent).
         self._exploring: tuple[float, float, float] | None = None
@@ -291,31 +289,27 @@ class Controller:
         level = c.level_at(c.calibration_context if context is None else context)
         out = [_Option(Choice("off", 0, 1.0 / level), 1.0, level, level)]
         k_top = min(self.k_max, k_cap)
-        # name, rates, fixed cost, per-k cost, the shortest k weighed
-        drafters: list[tuple[str, list[float], float, float, int]] = []
+        drafters: list[tuple[str, list[float], float, float]] = []  # name, rates, fixed cost, per-k cost
         if self.has_draft_model:
             rates = self.draft.planned(k_top, self.own.get("draft"))
-            drafters.append(("draft", rates, c.catch_up(draft_lag), c.draft_step, 1))
+            drafters.append(("draft", rates, c.catch_up(draft_lag), c.draft_step))
         if prediction_available > 0:  # like lookup, free to propose: the verify is the whole cost
             # Its own cap (prediction_k_max, applied by the caller): copies pay past auto's k_max.
             # Weighed before lookup, so that on a tie (both copying the same file) the client's
-            # prediction drafts and its usage counts what it was worth. After a miss it drafts its
-            # window or nothing (see `observe`): planned shorter, it stayed as short as the miss.
+            # prediction drafts and its usage counts what it was worth.
             rates = self.prediction.planning_rates(prediction_available)
-            drafters.append(("prediction", rates, 0.0, 0.0, 1 if self.prediction_k is None else len(rates)))
+            drafters.append(("prediction", rates, 0.0, 0.0))
         if lookup_match > 0:
             book = self.book.for_lookup(lookup_match, earlier=lookup_earlier)
             bucket = match_bucket(lookup_match, earlier=lookup_earlier)
             rates = book.planned(min(self.copy_cap(bucket), k_cap, lookup_available),
                                  self.own.get(bucket))
-            drafters.append(("lookup", rates, 0.0, 0.0, 1))
-        for name, rates, fixed, per_k, k_min in drafters:
+            drafters.append(("lookup", rates, 0.0, 0.0))
+        for name, rates, fixed, per_k in drafters:
             expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time
             for k, a in enumerate(rates, start=1):
                 survive *= a
                 expected += survive
-                if k < k_min:
-                    continue
                 verify = level * c.shape_at(k + 1)
                 cost = fixed + k * per_k + verify
                 out.append(_Option(Choice(name, k, expected / cost), expected, cost, verify))
@@ -337,7 +331,6 @@ class Controller:
         at most prediction_cap of them (default k_cap): a prediction drafts past auto's k_max.
         """
         cap = k_cap if prediction_cap is None else prediction_cap
-        cap = cap if self.prediction_k is None else min(cap, self.prediction_k)
         options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context,
                                prediction_available=min(prediction_available, cap), lookup_earlier=lookup_earlier)
         best = max(options, key=lambda o: o.choice.expected_rate)
@@ -395,14 +388,6 @@ class Controller:
             self.copy_caps[bucket] = min(self.copy_k_max, max(cap, 2 * drafted)) if whole else min(cap, self.k_max)
         elif choice.drafter == "prediction" and drafted:
             self.prediction.observe(drafted, accepted)
-            # After a miss the next prediction draft is at most twice what this one kept (at least
-            # 2: one token seldom pays a 2-row pass on a CPU, so a cap of 1 would retire it), and it
-            # doubles while drafts are kept whole: a rewrite's prediction realigns on 8 bytes and is
-            # often wrong at once, and a 16-token draft kept from none costs ~9 single steps on a
-            # CPU (bench, functions-to-class: 87-99 rejected tokens, the whole gap to `off`), while
-            # an edit's misses keep most of their drafts and stay long.
-            cap = self.prediction_k or drafted
-            self.prediction_k = max(cap, 2 * drafted) if accepted >= drafted else max(2, 2 * accepted)
 
     def _own(self, entry: str | int, drafted: int, accepted: int) -> None:
         self.own.setdefault(entry, Acceptance(decay=self.book.decay)).observe(drafted, accepted)
