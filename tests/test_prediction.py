@@ -15,7 +15,7 @@ from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.costs import Costs
 from localspec.engine.controller import AcceptanceBook, Controller
 from localspec.engine.events import Done, Token
-from localspec.engine.prediction import MAX_SHIFTED_VIEWS, MIN_MATCH_BYTES, MIN_MATCH_TEXT, Prediction, prepare
+from localspec.engine.prediction import MAX_SHIFTED_VIEWS, MIN_MATCH_BYTES, MIN_MATCH_TEXT, Prediction, prepare, shifted
 from localspec.engine.scheduler import Engine
 from localspec.errors import PredictionTooLongError
 from tests.fake_tier import SPECIAL, ScriptedRuntime, scripted, scripted_costs, scripted_engine
@@ -127,6 +127,23 @@ def test_dedented_lines_follow_a_view_shifted_back():
     p.follow(list(b"def f():\n    x = compute(1)"))
     assert p.aligned and p.views[p.view].shift == -4
     assert as_text(p.propose(64).tokens) == "\n    return x * 2\n"
+
+
+def test_a_shifted_view_moves_lines_only_at_line_feeds():
+    # A form feed, a lone carriage return or a line separator inside a line is not a line start.
+    text, kept = shifted("a\fb\n  c\rd\u2028e\n\n\nf\n", 4)
+    assert text == "    a\fb\n      c\rd\u2028e\n\n    f\n" and kept == [0, 1, 2, 4, 5]
+
+
+def test_a_realignment_in_a_view_with_fewer_blank_lines_still_prefers_what_follows_the_anchor():
+    # The shifted view drops one of the two blank lines, so its line numbers run one behind.
+    sent = "def a():\n    y = 2\n    x = compute(1)\n\n\ndef b():\n    y = 2\n    x = compute(1)\n    return x\n"
+    p = byte_prediction(sent)
+    out = "def a():\n    y = 2\n    x = compute(1)\n\n\ndef b():\n    y = 2\n        x = compute(1)"
+    for n in range(1, len(out) + 1):  # as the engine folds in each step's token
+        p.follow(list(out[:n].encode()))
+    assert p.views[p.view].shift == 4  # the second function's line, not the first's
+    assert as_text(p.propose(32).tokens) == "\n        return x\n"
 
 
 def test_shifted_views_are_capped():

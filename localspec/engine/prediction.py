@@ -25,7 +25,7 @@ at any temperature; greedy requests accept while the target's argmax equals the 
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -46,6 +46,9 @@ MIN_MATCH_TEXT = 4
 # Shifted views a request may build: a refactor moves code by one or two block levels, and each view
 # is one more search per realignment.
 MAX_SHIFTED_VIEWS = 4
+# Larger predictions keep the view as sent: a view is tokenized inside a decoding step, and each one
+# multiplies the realignment's search.
+MAX_SHIFTED_BYTES = 64 * 1024
 
 WHITESPACE = b" \t\r\n"
 
@@ -69,7 +72,7 @@ def prepare(text: str, tokenizer: Tokenizer, *, n_ctx: int) -> Prediction:
     tokens = tokenize(text)
     if len(tokens) > n_ctx:
         raise PredictionTooLongError(len(tokens), n_ctx)
-    return Prediction.build(tokens, piece=tokenizer.piece, tokenize=tokenize)
+    return Prediction.build(tokens, piece=tokenizer.piece, tokenize=tokenize, source=text)
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,11 @@ class View:
     text: bytes  # the tokens' pieces joined: the view as the target's tokenizer spells it
     boundaries: dict[int, int]  # byte offset -> index of the token that starts there
     line_starts: tuple[int, ...]  # byte offset of each line's first byte
+    origin: tuple[int, ...]  # each line's index in the prediction as sent (blank lines may be dropped)
 
     @classmethod
-    def of(cls, tokens: Sequence[int], *, piece: Piece, shift: int = 0) -> View:
+    def of(cls, tokens: Sequence[int], *, piece: Piece, shift: int = 0,
+           origin: Sequence[int] | None = None) -> View:
         offsets: dict[int, int] = {}
         text = bytearray()
         for i, t in enumerate(tokens):
@@ -91,10 +96,20 @@ class View:
             text += piece(t)
         starts = [0] + [m.end() for m in re.finditer(b"\n", text)]
         return cls(shift=shift, tokens=tuple(tokens), text=bytes(text), boundaries=offsets,
-                   line_starts=tuple(starts))
+                   line_starts=tuple(starts), origin=tuple(range(len(starts)) if origin is None else origin))
 
     def line_of(self, offset: int) -> int:
         return bisect_right(self.line_starts, offset) - 1
+
+    def original_line(self, offset: int) -> int:
+        """The line of the prediction as sent that holds `offset` of this view."""
+        line = self.line_of(offset)
+        return self.origin[line] if line < len(self.origin) else line
+
+    def start_of_original(self, line: int) -> int:
+        """Byte offset of this view's first line at or after the prediction's line `line`."""
+        i = bisect_left(self.origin, line)
+        return self.line_starts[i] if i < len(self.line_starts) else len(self.text)
 
     def longest_suffix(self, tail: bytes) -> int:
         """Length of the longest suffix of `tail` found in this view, if it has at least MIN_MATCH_BYTES and
@@ -112,13 +127,14 @@ class View:
         return lo if len(tail[-lo:].translate(None, WHITESPACE)) >= MIN_MATCH_TEXT else 0
 
 
-def shifted(text: str, shift: int) -> str:
+def shifted(text: str, shift: int) -> tuple[str, list[int]]:
     """`text` with `shift` spaces added to (or, below 0, at most that many removed from) the front
-    of every non-blank line. Indented, two blank lines become one: code moved into a block is
-    spaced as a block's (PEP 8's two blank lines are for top-level definitions)."""
-    out = []
+    of every non-blank line, and the index in `text` of each line kept. Indented, two blank lines
+    become one: code moved into a block is spaced as a block's (PEP 8's two blank lines are for
+    top-level definitions). Lines end at "\n" only, as `View.line_starts` counts them."""
+    out, kept = [], []
     blank = 0
-    for line in text.splitlines(keepends=True):
+    for i, line in enumerate(text.split("\n")):
         if not line.strip():
             blank += 1
             if shift > 0 and blank > 1:
@@ -127,7 +143,8 @@ def shifted(text: str, shift: int) -> str:
             blank = 0
             line = " " * shift + line if shift > 0 else line[min(-shift, len(line) - len(line.lstrip(" "))):]
         out.append(line)
-    return "".join(out)
+        kept.append(i)
+    return "\n".join(out), kept
 
 
 def indent(line: bytes) -> int:
@@ -141,6 +158,7 @@ class Prediction:
     views: list[View]  # views[0] is the prediction as sent; the others shifted, built as needed
     piece: Piece
     tokenize: Tokenize | None = None  # builds shifted views; None: the prediction as sent only
+    source: str | None = None  # the prediction's text as sent (None: its tokens' pieces, decoded)
     view: int = 0  # the view the cursor is in
     pos: int | None = 0  # byte offset the output has reached in that view; None: lost after a divergence
     anchor: int = 0  # where the output was last aligned: a realignment prefers matches after it
@@ -148,8 +166,9 @@ class Prediction:
     tail: bytearray = field(default_factory=bytearray)  # the output's last TAIL_BYTES bytes
 
     @classmethod
-    def build(cls, tokens: Sequence[int], *, piece: Piece, tokenize: Tokenize | None = None) -> Prediction:
-        return cls(views=[View.of(tokens, piece=piece)], piece=piece, tokenize=tokenize)
+    def build(cls, tokens: Sequence[int], *, piece: Piece, tokenize: Tokenize | None = None,
+              source: str | None = None) -> Prediction:
+        return cls(views=[View.of(tokens, piece=piece)], piece=piece, tokenize=tokenize, source=source)
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -186,7 +205,7 @@ class Prediction:
         """Byte offset after the longest suffix of the output (as `View.longest_suffix` counts them)
         found in any view, the current view winning ties; in it, the first match ending at or after the anchor's
         line, else the first anywhere. Where the output's line is the matched line with other
-        indentation, a view shifted by the difference is built and searched first."""
+        indentation, a view shifted by the difference is built and the search runs again."""
         tail = bytes(self.tail)
         view, length = self._longest(tail)
         if not length:
@@ -201,10 +220,10 @@ class Prediction:
 
     def _locate(self, view: int, suffix: bytes) -> int:
         """Where `suffix` starts in a view: the first match ending at or after the line the output was
-        last aligned on, else the first anywhere."""
-        line = self.views[self.view].line_of(self.anchor)
+        last aligned on (as the prediction numbers its lines), else the first anywhere."""
+        line = self.views[self.view].original_line(self.anchor)
         v = self.views[view]
-        at = v.text.find(suffix, max(v.line_starts[min(line, len(v.line_starts) - 1)] - len(suffix), 0))
+        at = v.text.find(suffix, max(v.start_of_original(line) - len(suffix), 0))
         return at if at >= 0 else v.text.find(suffix)
 
     def _longest(self, tail: bytes) -> tuple[int, int]:
@@ -232,14 +251,21 @@ class Prediction:
             return None
         if out_line.lstrip(b" ") != pred_line.lstrip(b" "):
             return None
-        return v.shift + indent(out_line) - indent(pred_line)
+        # Against the line as sent: a view shifted back leaves lines already at the margin there.
+        sent = self.views[0]
+        line = v.original_line(end - 1)
+        if line >= len(sent.line_starts):
+            return None
+        return indent(out_line) - indent(sent.text[sent.line_starts[line] :])
 
     def _add_view(self, shift: int) -> bool:
         """Build the view shifted by `shift` unless it exists or the views are at their cap; whether one was built."""
-        if self.tokenize is None or len(self.views) > MAX_SHIFTED_VIEWS or any(v.shift == shift for v in self.views):
+        if (self.tokenize is None or len(self.views) > MAX_SHIFTED_VIEWS or len(self.text) > MAX_SHIFTED_BYTES
+                or any(v.shift == shift for v in self.views)):
             return False
-        text = shifted(self.views[0].text.decode("utf-8", errors="replace"), shift)
-        self.views.append(View.of(self.tokenize(text), piece=self.piece, shift=shift))
+        source = self.source if self.source is not None else self.text.decode("utf-8", errors="replace")
+        text, kept = shifted(source, shift)
+        self.views.append(View.of(self.tokenize(text), piece=self.piece, shift=shift, origin=kept))
         return True
 
     def propose(self, k: int) -> Draft:
