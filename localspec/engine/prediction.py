@@ -203,9 +203,9 @@ class Prediction:
 
     def _realign(self) -> int | None:
         """Byte offset after the longest suffix of the output (as `View.longest_suffix` counts them)
-        found in any view, the current view winning ties; in it, the first match ending at or after the anchor's
-        line, else the first anywhere. Where the output's line is the matched line with other
-        indentation, a view shifted by the difference is built and the search runs again."""
+        found in any view, the current view winning ties; in it, the first match ending at or after
+        the anchor's line, else the first anywhere. Where the output's line is the matched line with
+        other indentation, a view shifted by the difference is built and the search runs again."""
         tail = bytes(self.tail)
         view, length = self._longest(tail)
         if not length:
@@ -256,7 +256,9 @@ class Prediction:
         line = v.original_line(end - 1)
         if line >= len(sent.line_starts):
             return None
-        return indent(out_line) - indent(sent.text[sent.line_starts[line] :])
+        start = sent.line_starts[line]
+        stop = sent.line_starts[line + 1] if line + 1 < len(sent.line_starts) else len(sent.text)
+        return indent(out_line) - indent(sent.text[start:stop])
 
     def _add_view(self, shift: int) -> bool:
         """Build the view shifted by `shift` unless it exists or the views are at their cap; whether one was built."""
