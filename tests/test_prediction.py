@@ -15,7 +15,15 @@ from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.costs import Costs
 from localspec.engine.controller import AcceptanceBook, Controller
 from localspec.engine.events import Done, Token
-from localspec.engine.prediction import MAX_SHIFTED_VIEWS, MIN_MATCH_BYTES, MIN_MATCH_TEXT, Prediction, prepare, shifted
+from localspec.engine.prediction import (
+    FAR_MATCH_BYTES,
+    MAX_SHIFTED_VIEWS,
+    MIN_MATCH_BYTES,
+    MIN_MATCH_TEXT,
+    Prediction,
+    prepare,
+    shifted,
+)
 from localspec.engine.scheduler import Engine
 from localspec.errors import PredictionTooLongError
 from tests.fake_tier import SPECIAL, ScriptedRuntime, scripted, scripted_costs, scripted_engine
@@ -77,6 +85,21 @@ def test_a_short_match_does_not_realign_and_the_first_match_after_the_last_posit
     p.follow(list(b"alpha = 1\nbeta_beta = 2\nALPHA = 1\nbeta_beta"))
     assert p.aligned and as_text(p.propose(32).tokens) == " = 3\n"  # the second occurrence: after the anchor
     assert MIN_MATCH_BYTES > len(" = 1\n")
+
+
+def test_a_short_match_far_from_where_the_output_left_the_prediction_does_not_realign():
+    sent = 'intro = "to-do items"\n' + "".join(f"line_{i} = {i}\n" for i in range(10))
+    sent += "def add(title, path=PATH):\n    return title\n"
+    p = byte_prediction(sent)
+    out = 'intro = "to-do items"\nline_0 = 0\nline_1 = 1\nline_2 = 2\n'
+    p.follow(list((out + "# more to-do items").encode()))
+    assert not p.aligned  # " to-do items" is only on the first line, before where the output stands
+    p.follow(list((out + "# more to-do items\ndef init(self, path=PATH").encode()))
+    assert not p.aligned  # ", path=PATH" is eight lines on: an edit resumes near where it left off
+    out += "# more to-do items\ndef init(self, path=PATH):\n    pass\ndef add(title, path=PATH):\n    ret"
+    p.follow(list(out.encode()))
+    assert p.aligned and as_text(p.propose(16).tokens) == "urn title\n"  # a long match goes anywhere
+    assert len("\ndef add(title, path=PATH):\n    ret") >= FAR_MATCH_BYTES > len(", path=PATH")
 
 
 MODULE = """def load(path):

@@ -9,7 +9,8 @@ tokens than the prediction's tokenization did (BPE merges depend on what surroun
 predicted as one token and written as "foo" + "bar" keeps the cursor aligned, and drafting resumes
 at the next boundary both share. After a divergence (the edit itself) the output's recent bytes are
 searched for in the prediction, and the cursor continues after the longest match, so an edit that
-changes a few lines copies again from the line after them.
+changes a few lines copies again from the line after them. A short match counts only near where the
+output left the prediction; elsewhere (code moved, or a phrase that recurs) it must be longer.
 
 An edit that moves code in or out of a block (functions made methods of a class, a body wrapped in
 `try:`) writes the prediction's lines with more or fewer leading spaces. When the output's current
@@ -43,6 +44,13 @@ MIN_MATCH_BYTES = 8
 # ("):\n        ") occur after every statement, and drafted from the first such place after the
 # cursor, propose whichever line happens to follow it.
 MIN_MATCH_TEXT = 4
+# An edit resumes the prediction near where it left it: on the line the output was last aligned on or
+# a few lines after (lines it deleted). A match before that line or further on needs FAR_MATCH_BYTES:
+# short phrases recur across a file ("to-do items" of a module docstring, "path=PATH" of six
+# signatures), and on the bench's large change each such realignment drafted 13-15 tokens and kept
+# 0-1. Code that really moved is found a few tokens later, on a longer match.
+NEAR_LINES = 4
+FAR_MATCH_BYTES = 24
 # Shifted views a request may build: a refactor moves code by one or two block levels, and each view
 # is one more search per realignment.
 MAX_SHIFTED_VIEWS = 4
@@ -205,7 +213,9 @@ class Prediction:
         """Byte offset after the longest suffix of the output (as `View.longest_suffix` counts them)
         found in any view, the current view winning ties; in it, the first match ending at or after
         the anchor's line, else the first anywhere. Where the output's line is the matched line with
-        other indentation, a view shifted by the difference is built and the search runs again."""
+        other indentation, a view shifted by the difference is built and the search runs again. A
+        match far from the anchor's line (before it, or more than NEAR_LINES after) realigns only
+        when it is FAR_MATCH_BYTES long."""
         tail = bytes(self.tail)
         view, length = self._longest(tail)
         if not length:
@@ -215,6 +225,8 @@ class Prediction:
         if shift is not None and self._add_view(shift):
             view, length = self._longest(tail)
             at = self._locate(view, tail[-length:])
+        if length < FAR_MATCH_BYTES and not self._near(view, at):
+            return None
         self.view, self.anchor = view, at + length
         return self.anchor
 
@@ -225,6 +237,12 @@ class Prediction:
         v = self.views[view]
         at = v.text.find(suffix, max(v.start_of_original(line) - len(suffix), 0))
         return at if at >= 0 else v.text.find(suffix)
+
+    def _near(self, view: int, at: int) -> bool:
+        """Whether a match starting at `at` of a view starts on the line the output was last aligned on
+        or at most NEAR_LINES after it (as the prediction numbers its lines)."""
+        jump = self.views[view].original_line(at) - self.views[self.view].original_line(self.anchor)
+        return 0 <= jump <= NEAR_LINES
 
     def _longest(self, tail: bytes) -> tuple[int, int]:
         """(view, match length) of the longest suffix match; the current view, then the earliest built,
