@@ -38,6 +38,14 @@ EXPLORATION = 0.5  # standard errors of optimism added to an estimate while choo
 # one of the request's passes: its own evidence takes over at once (a weight of 2 still drafted 16-48
 # tokens six times on a rewrite whose copies kept 0-16).
 REQUEST_WEIGHT = 1.0
+# A request stops drafting its prediction once the prediction's drafts have cost this many single
+# steps more than they gave (tokens against verify(k + 1) on the learned curve): about one 16-token
+# draft kept at 2-4 on a CPU. A mostly wrong prediction (the bench's large change, code rewritten as
+# a class) kept drafting 15-16 tokens at its many short copies and kept 2-5 of each, 0.80x `off`.
+PREDICTION_STOP_LOSS = 5.0
+# ... and drafts it again once the output has followed it this many tokens in a row (two whole
+# drafts' worth): the edit is over and the answer copies the file again.
+PREDICTION_RESUME = 32
 EXPLORE_BUDGET = 0.01  # the most of its time `auto` spends on choices it believes do not pay
 EXPLORE_CREDIT_S = 30.0  # credit saved up covers at most this many seconds of steps
 
@@ -260,6 +268,8 @@ class Controller:
         # The prediction's acceptance is this request's alone: one client's prediction of one
         # answer says nothing about the next request's.
         self.prediction = Acceptance(prior=PREDICTION_PRIOR, decay=self.book.decay, copy_prior=True)
+        self.prediction_net = 0.0  # single steps the prediction's drafts saved so far (below 0: lost)
+        self.prediction_stopped = False  # lost PREDICTION_STOP_LOSS: not drafted until the output follows it
         # This request's own evidence per book entry ("draft", or a lookup bucket), revising the book's.
         self.own: dict[str | int, Acceptance] = {}
         # How long a copy this request may draft now, per lookup book entry (see `copy_cap`).
@@ -317,7 +327,7 @@ class Controller:
 
     def choose(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int, *,
                context: int | None = None, explore: bool = True, prediction_available: int = 0,
-               prediction_cap: int | None = None, lookup_earlier: bool = False) -> Choice:
+               prediction_cap: int | None = None, lookup_earlier: bool = False, prediction_streak: int = 0) -> Choice:
         """Pick the best (drafter, k); now and then, within the explorer's budget, a hopeful other.
 
         draft_lag: tokens the draft model must catch up before it can draft;
@@ -328,9 +338,14 @@ class Controller:
         context: the sequence's KV length, which the verify cost grows with;
         explore: False for a look that takes no step (it must not spend the budget);
         prediction_available: how many of the prediction's tokens could be proposed (0 = none),
-        at most prediction_cap of them (default k_cap): a prediction drafts past auto's k_max.
+        at most prediction_cap of them (default k_cap): a prediction drafts past auto's k_max;
+        prediction_streak: output tokens in a row that followed the prediction (see PREDICTION_RESUME).
         """
         cap = k_cap if prediction_cap is None else prediction_cap
+        if self.prediction_stopped and prediction_streak >= PREDICTION_RESUME:
+            self.prediction_stopped, self.prediction_net = False, 0.0
+        if self.prediction_stopped:
+            prediction_available = 0
         options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context,
                                prediction_available=min(prediction_available, cap), lookup_earlier=lookup_earlier)
         best = max(options, key=lambda o: o.choice.expected_rate)
@@ -388,6 +403,8 @@ class Controller:
             self.copy_caps[bucket] = min(self.copy_k_max, max(cap, 2 * drafted)) if whole else min(cap, self.k_max)
         elif choice.drafter == "prediction" and drafted:
             self.prediction.observe(drafted, accepted)
+            self.prediction_net += accepted + 1 - self.costs.steps(drafted + 1)
+            self.prediction_stopped = self.prediction_net < -PREDICTION_STOP_LOSS
 
     def _own(self, entry: str | int, drafted: int, accepted: int) -> None:
         self.own.setdefault(entry, Acceptance(decay=self.book.decay)).observe(drafted, accepted)

@@ -171,6 +171,7 @@ class Prediction:
     pos: int | None = 0  # byte offset the output has reached in that view; None: lost after a divergence
     anchor: int = 0  # where the output was last aligned: a realignment prefers matches after it
     seen: int = 0  # output tokens folded in so far
+    streak: int = 0  # output tokens in a row that followed the prediction (a realignment starts again at 0)
     tail: bytearray = field(default_factory=bytearray)  # the output's last TAIL_BYTES bytes
 
     @classmethod
@@ -203,8 +204,9 @@ class Prediction:
             if self.pos is not None and text.startswith(b, self.pos):
                 self.pos += len(b)
                 self.anchor = self.pos
+                self.streak += 1
             else:
-                self.pos = None
+                self.pos, self.streak = None, 0
         del self.tail[:-TAIL_BYTES]
         if self.pos is None and new:
             self.pos = self._realign()

@@ -472,7 +472,7 @@ class Engine:
         a.lookup_match, a.lookup_earlier = proposal.match_length, proposal.source == "history"
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), room, context=len(a.tokens),
                                        lookup_earlier=a.lookup_earlier, prediction_available=prediction_cap,
-                                       prediction_cap=prediction_cap)
+                                       prediction_cap=prediction_cap, prediction_streak=a.prediction_streak)
         a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
         return a.choice.drafter, a.choice.k, proposal
 

@@ -146,6 +146,10 @@ class Active:
     def generated(self) -> int:
         return len(self.tokens) - self.n_prompt
 
+    @property
+    def prediction_streak(self) -> int:
+        return self.prediction.streak if self.prediction is not None else 0
+
 
 @dataclass(frozen=True)
 class Speculation:
