@@ -13,7 +13,13 @@ from pydantic import ValidationError
 
 from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.costs import Costs
-from localspec.engine.controller import PREDICTION_RESUME, PREDICTION_STOP_LOSS, AcceptanceBook, Controller
+from localspec.engine.controller import (
+    PREDICTION_CREDIT,
+    PREDICTION_RESUME,
+    PREDICTION_STOP_LOSS,
+    AcceptanceBook,
+    Controller,
+)
 from localspec.engine.events import Done, Token
 from localspec.engine.prediction import (
     FAR_MATCH_BYTES,
@@ -100,6 +106,13 @@ def test_a_short_match_far_from_where_the_output_left_the_prediction_does_not_re
     p.follow(list(out.encode()))
     assert p.aligned and as_text(p.propose(16).tokens) == "urn title\n"  # a long match goes anywhere
     assert len("\ndef add(title, path=PATH):\n    ret") >= FAR_MATCH_BYTES > len(", path=PATH")
+
+
+def test_an_inserted_line_realigns_on_a_short_match_that_starts_on_the_line_before():
+    p = byte_prediction("def f(a):\n    b = g(a)\n    y = transform(b)\n    return y\n")
+    p.follow(list(b"def f(a):\n    b = g(a)\n    log(a)\n    y"))  # a line inserted before "y = ..."
+    # "(a)\n    y" starts on the line before the one the output left, and ends on it: near.
+    assert p.aligned and as_text(p.propose(32).tokens) == " = transform(b)\n    return y\n"
 
 
 MODULE = """def load(path):
@@ -227,26 +240,55 @@ def test_a_prediction_wins_a_tie_with_lookup():
     assert choice.drafter == "prediction"
 
 
-# This CPU's learned curve (bench, 2 threads): a 16-token draft costs 8.4 single steps, 17 rows 9.7.
+# This CPU's learned curve (bench, 2 threads): 16 rows cost 8.4 single steps, 17 rows (a 16-token draft) 9.7.
 CPU_SHAPE = [1.0, 1.85, 2.54, 3.09, 3.75, 6.32, 6.35, 7.47, 7.56, 8.17, 8.17, 8.36, 8.36, 8.39, 8.39, 8.39, 9.73]
+ASK = dict(prediction_available=40, prediction_cap=16)  # explore=True, the engine's step, on a budget of 0
 
 
-def test_a_prediction_that_loses_stops_drafting_until_the_output_follows_it_again():
+def cpu_controller() -> Controller:
     costs = Costs(verify=[0.035 * s for s in CPU_SHAPE], draft_step=0.01, draft_row=0.005, pinned=True)
     ctl = Controller(costs, k_max=8, has_draft_model=False, book=AcceptanceBook())
     for _ in range(20):  # believed right: the rates alone would go on drafting it after a few misses
         ctl.prediction.observe(16, 16)
-    ask = dict(prediction_available=40, prediction_cap=16, explore=False)
-    lost, drafts = 0.0, 0
-    for _ in range(40):  # the output parts from every draft after its second token
-        choice = ctl.choose(0, 0, 0, 64, **ask)
+    return ctl
+
+
+def draft_steps(ctl: Controller, kept: int, steps: int, streak: int = 0) -> tuple[int, float]:
+    """`steps` engine steps where every prediction draft keeps `kept`: (drafts, single steps lost)."""
+    drafts, lost = 0, 0.0
+    for _ in range(steps):
+        choice = ctl.choose(0, 0, 0, 64, prediction_streak=streak, **ASK)
         if choice.drafter == "prediction":
-            ctl.observe(choice, choice.k, 2)
-            lost += costs.steps(choice.k + 1) - 3
-            drafts += 1
-    assert drafts >= 1 and lost <= PREDICTION_STOP_LOSS + costs.steps(17)
-    assert ctl.choose(0, 0, 0, 64, prediction_streak=PREDICTION_RESUME - 1, **ask).drafter == "off"
-    assert ctl.choose(0, 0, 0, 64, prediction_streak=PREDICTION_RESUME, **ask).drafter == "prediction"
+            ctl.observe(choice, choice.k, kept)
+            drafts, lost = drafts + 1, lost + ctl.costs.steps(choice.k + 1) - kept - 1
+    return drafts, lost
+
+
+def test_a_prediction_that_loses_stops_drafting_until_the_output_follows_it_again():
+    ctl = cpu_controller()
+    drafts, lost = draft_steps(ctl, kept=2, steps=40)  # the output parts from every draft at its third token
+    assert drafts >= 1 and lost <= PREDICTION_STOP_LOSS + ctl.costs.steps(17)
+    assert ctl.choose(0, 0, 0, 64, prediction_streak=PREDICTION_RESUME - 1, **ASK).drafter == "off"
+    assert "prediction stopped" in ctl.why_not
+    assert ctl.choose(0, 0, 0, 64, prediction_streak=PREDICTION_RESUME, explore=False, **ASK).drafter == "off"
+    choice = ctl.choose(0, 0, 0, 64, prediction_streak=PREDICTION_RESUME, **ASK)
+    assert choice.drafter == "prediction" and choice.k > ctl.k_max  # from its first belief: a long draft
+
+
+def test_a_stopped_prediction_counts_only_the_tokens_followed_since_it_stopped():
+    ctl = cpu_controller()
+    draft_steps(ctl, kept=0, steps=10, streak=40)  # the streak was 40 when it stopped (a prefix kept it going)
+    assert ctl.choose(0, 0, 0, 64, prediction_streak=40 + PREDICTION_RESUME - 1, **ASK).drafter == "off"
+    assert ctl.choose(0, 0, 0, 64, prediction_streak=5, **ASK).drafter == "off"  # broken: counts from 0
+    assert ctl.choose(0, 0, 0, 64, prediction_streak=PREDICTION_RESUME, **ASK).drafter == "prediction"
+
+
+def test_what_a_prediction_saved_early_does_not_pay_for_long_losses_later():
+    ctl = cpu_controller()
+    drafts, _ = draft_steps(ctl, kept=16, steps=30)  # copied well: saved far more than the credit
+    assert drafts == 30 and ctl.prediction_net == PREDICTION_CREDIT
+    drafts, lost = draft_steps(ctl, kept=0, steps=30)  # then wrong at every draft
+    assert drafts >= 1 and lost <= PREDICTION_CREDIT + PREDICTION_STOP_LOSS + ctl.costs.steps(17)
 
 
 def test_the_streak_counts_output_tokens_that_followed_the_prediction_in_a_row():
@@ -338,6 +380,19 @@ def test_auto_drafts_from_the_prediction_even_where_lookup_could_copy_the_same()
         done = [e for e in engine.generate(request) if isinstance(e, Done)][0]
     st = done.stats
     assert st.prediction_drafted >= 0.8 * st.drafted and st.prediction_accepted >= 0.8 * st.accepted
+
+
+def test_auto_hears_how_long_the_output_has_followed_the_prediction(monkeypatch):
+    streaks: list[int] = []
+    choose = Controller.choose
+
+    def recording(self, *args, prediction_streak: int = 0, **kw):
+        streaks.append(prediction_streak)
+        return choose(self, *args, prediction_streak=prediction_streak, **kw)
+
+    monkeypatch.setattr(Controller, "choose", recording)
+    run(engine_for("auto"), prediction=EDITED)
+    assert max(streaks) >= PREDICTION_RESUME and streaks == sorted(streaks)  # one run, followed throughout
 
 
 def test_a_sampled_request_with_a_prediction_keeps_the_answer():

@@ -39,13 +39,18 @@ EXPLORATION = 0.5  # standard errors of optimism added to an estimate while choo
 # tokens six times on a rewrite whose copies kept 0-16).
 REQUEST_WEIGHT = 1.0
 # A request stops drafting its prediction once the prediction's drafts have cost this many single
-# steps more than they gave (tokens against verify(k + 1) on the learned curve): about one 16-token
-# draft kept at 2-4 on a CPU. A mostly wrong prediction (the bench's large change, code rewritten as
-# a class) kept drafting 15-16 tokens at its many short copies and kept 2-5 of each, 0.80x `off`.
+# steps more than they gave (kept tokens + 1 against verify(k + 1) on the learned curve): about one
+# 16-token draft kept at 0-3 on a CPU (17 rows: 9.7 steps). A mostly wrong prediction (the bench's
+# large change, code rewritten as a class) kept drafting 15-16 tokens at its many short copies and
+# kept 2-5 of each, 0.80x `off`.
 PREDICTION_STOP_LOSS = 5.0
-# ... and drafts it again once the output has followed it this many tokens in a row (two whole
-# drafts' worth): the edit is over and the answer copies the file again.
+# What the drafts saved counts up to this much: a prediction that copied well and then goes wrong
+# (the file's first half kept, its second rewritten) stops within about two failed long drafts.
+PREDICTION_CREDIT = 2 * PREDICTION_STOP_LOSS
+# ... and drafts it again, from its first belief, once the output has followed it this many tokens in
+# a row since it stopped (two whole drafts' worth): the edit is over and the answer copies again.
 PREDICTION_RESUME = 32
+_STOPPING = -1  # prediction_stopped_at until the next choice reads the streak
 EXPLORE_BUDGET = 0.01  # the most of its time `auto` spends on choices it believes do not pay
 EXPLORE_CREDIT_S = 30.0  # credit saved up covers at most this many seconds of steps
 
@@ -269,7 +274,9 @@ class Controller:
         # answer says nothing about the next request's.
         self.prediction = Acceptance(prior=PREDICTION_PRIOR, decay=self.book.decay, copy_prior=True)
         self.prediction_net = 0.0  # single steps the prediction's drafts saved so far (below 0: lost)
-        self.prediction_stopped = False  # lost PREDICTION_STOP_LOSS: not drafted until the output follows it
+        # Lost PREDICTION_STOP_LOSS: not drafted until the output follows it. The streak when it stopped
+        # (None: not stopped), so that only tokens followed since then count towards resuming.
+        self.prediction_stopped_at: int | None = None
         # This request's own evidence per book entry ("draft", or a lookup bucket), revising the book's.
         self.own: dict[str | int, Acceptance] = {}
         # How long a copy this request may draft now, per lookup book entry (see `copy_cap`).
@@ -342,9 +349,7 @@ class Controller:
         prediction_streak: output tokens in a row that followed the prediction (see PREDICTION_RESUME).
         """
         cap = k_cap if prediction_cap is None else prediction_cap
-        if self.prediction_stopped and prediction_streak >= PREDICTION_RESUME:
-            self.prediction_stopped, self.prediction_net = False, 0.0
-        if self.prediction_stopped:
+        if self.prediction_stopped_at is not None and not (explore and self._resume(prediction_streak)):
             prediction_available = 0
         options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context,
                                prediction_available=min(prediction_available, cap), lookup_earlier=lookup_earlier)
@@ -360,6 +365,8 @@ class Controller:
         others = [o for o in options if 0 < o.choice.k <= self.k_max and o is not best]
         if best.choice.drafter == "off":
             self.why_not = _why_not(options, self.costs, context)
+            if self.prediction_stopped_at is not None:
+                self.why_not += "; the prediction stopped after its drafts lost more than they gave"
         losses = [max(o.cost - o.expected / best.choice.expected_rate, 0.0) for o in others]
         if not others or min(losses) > self.explorer.credit:
             return best.choice  # nothing affordable: most steps end here, before any optimism is computed
@@ -373,6 +380,22 @@ class Controller:
             self._exploring = (hopeful.cost, best.choice.expected_rate, loss)
             return Choice(hopeful.choice.drafter, hopeful.choice.k, hopeful.choice.expected_rate, explored=True)
         return best.choice
+
+    def _resume(self, streak: int) -> bool:
+        """Whether a stopped prediction drafts again: the output has followed it PREDICTION_RESUME tokens
+        in a row since it stopped (a streak shorter than the one it stopped at was broken, and counts
+        from 0). It starts over as the client's claim, its own evidence and net cleared."""
+        at = self.prediction_stopped_at
+        if at is None or at == _STOPPING:  # the first look since it stopped: count from here
+            self.prediction_stopped_at = streak
+            return False
+        if streak < at:
+            self.prediction_stopped_at = at = 0
+        if streak - at < PREDICTION_RESUME:
+            return False
+        self.prediction = Acceptance(prior=PREDICTION_PRIOR, decay=self.book.decay, copy_prior=True)
+        self.prediction_net, self.prediction_stopped_at = 0.0, None
+        return True
 
     def copy_cap(self, bucket: int) -> int:
         """The longest copy this request may draft from a lookup book entry now. Past k_max a copy
@@ -403,8 +426,10 @@ class Controller:
             self.copy_caps[bucket] = min(self.copy_k_max, max(cap, 2 * drafted)) if whole else min(cap, self.k_max)
         elif choice.drafter == "prediction" and drafted:
             self.prediction.observe(drafted, accepted)
-            self.prediction_net += accepted + 1 - self.costs.steps(drafted + 1)
-            self.prediction_stopped = self.prediction_net < -PREDICTION_STOP_LOSS
+            net = self.prediction_net + accepted + 1 - self.costs.steps(drafted + 1)
+            self.prediction_net = min(net, PREDICTION_CREDIT)
+            if net < -PREDICTION_STOP_LOSS:
+                self.prediction_stopped_at = _STOPPING
 
     def _own(self, entry: str | int, drafted: int, accepted: int) -> None:
         self.own.setdefault(entry, Acceptance(decay=self.book.decay)).observe(drafted, accepted)

@@ -223,12 +223,14 @@ class Prediction:
         if not length:
             return None
         at = self._locate(view, tail[-length:])
+        if length < FAR_MATCH_BYTES and not self._near(view, at + length):
+            return None  # before a view is built for it: each is the whole prediction tokenized again
         shift = self._shift_seen(tail, view, at + length)
         if shift is not None and self._add_view(shift):
             view, length = self._longest(tail)
             at = self._locate(view, tail[-length:])
-        if length < FAR_MATCH_BYTES and not self._near(view, at):
-            return None
+            if length < FAR_MATCH_BYTES and not self._near(view, at + length):
+                return None
         self.view, self.anchor = view, at + length
         return self.anchor
 
@@ -240,10 +242,11 @@ class Prediction:
         at = v.text.find(suffix, max(v.start_of_original(line) - len(suffix), 0))
         return at if at >= 0 else v.text.find(suffix)
 
-    def _near(self, view: int, at: int) -> bool:
-        """Whether a match starting at `at` of a view starts on the line the output was last aligned on
-        or at most NEAR_LINES after it (as the prediction numbers its lines)."""
-        jump = self.views[view].original_line(at) - self.views[self.view].original_line(self.anchor)
+    def _near(self, view: int, end: int) -> bool:
+        """Whether a match ending at `end` of a view ends on the line the output was last aligned on or
+        at most NEAR_LINES after it (as the prediction numbers its lines). Its end, not its start: a
+        short match after an inserted line starts with the end of the line before the anchor's."""
+        jump = self.views[view].original_line(end - 1) - self.views[self.view].original_line(self.anchor)
         return 0 <= jump <= NEAR_LINES
 
     def _longest(self, tail: bytes) -> tuple[int, int]:
