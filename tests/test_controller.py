@@ -259,29 +259,6 @@ def test_a_request_that_copies_badly_soon_stops_drafting_though_the_book_says_co
     assert _replay(book, (47,), match=4)[0] >= 16
 
 
-def test_a_request_whose_copies_fail_at_every_kind_of_match_stops_copying_until_a_long_match():
-    """Bench, the large change in `auto`: the book had learned from a rename that copies run long at
-    matches of every length, and each of its buckets paid for a failed 16-token copy (121 drafted,
-    34 kept: 0.87-0.92x `off`). The request's losses across buckets stop lookup, until a 16-token
-    match after a break shows the answer copying again (a 16-token match is 16 tokens copied)."""
-    from localspec.engine.controller import LOOKUP_RESUME, LOOKUP_STOP_LOSS
-
-    book = AcceptanceBook(decay=0.99)
-    for match in (2, 3, 4, 8, 16):
-        for _ in range(12):
-            book.for_lookup(match).observe(47, 47)
-    request = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
-    lost = 0.0
-    for match in (8, 4, 3, 2) * 4:  # every copy parts at its second token
-        choice = request.choose(0, match, 48, 300)
-        if choice.drafter == "lookup":
-            request.observe(choice, drafted=choice.k, accepted=1, lookup_match=match)
-            lost += request.costs.steps(choice.k + 1) - 2
-    assert 0 < lost <= LOOKUP_STOP_LOSS + request.costs.steps(17)
-    assert request.choose(0, 3, 48, 300).drafter == "off" and "lookup stopped" in request.why_not
-    assert request.choose(0, LOOKUP_RESUME, 48, 300).drafter == "lookup"  # broken at 3, then 16 again
-
-
 def test_a_copy_past_k_max_starts_at_k_max_and_doubles_while_kept_whole():
     """Bench first asks drafted 48-token copies from matches in related text and kept 0-5 of each,
     ~20 single steps lost to each on a CPU: a request's first copy stops at k_max, then each copy

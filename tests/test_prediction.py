@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from localspec.engine.config import EngineConfig, GenerationRequest, output_rows
 from localspec.engine.costs import Costs
 from localspec.engine.controller import (
+    PREDICTION_CREDIT,
     PREDICTION_RESUME,
-    STOP_CREDIT,
-    STOP_LOSS,
+    PREDICTION_STOP_LOSS,
     AcceptanceBook,
     Controller,
 )
@@ -267,7 +267,7 @@ def draft_steps(ctl: Controller, kept: int, steps: int, streak: int = 0) -> tupl
 def test_a_prediction_that_loses_stops_drafting_until_the_output_follows_it_again():
     ctl = cpu_controller()
     drafts, lost = draft_steps(ctl, kept=2, steps=40)  # the output parts from every draft at its third token
-    assert drafts >= 1 and lost <= STOP_LOSS + ctl.costs.steps(17)
+    assert drafts >= 1 and lost <= PREDICTION_STOP_LOSS + ctl.costs.steps(17)
     assert ctl.choose(0, 0, 0, 64, prediction_streak=PREDICTION_RESUME - 1, **ASK).drafter == "off"
     assert "prediction stopped" in ctl.why_not
     assert ctl.choose(0, 0, 0, 64, prediction_streak=PREDICTION_RESUME, explore=False, **ASK).drafter == "off"
@@ -286,9 +286,9 @@ def test_a_stopped_prediction_counts_only_the_tokens_followed_since_it_stopped()
 def test_what_a_prediction_saved_early_does_not_pay_for_long_losses_later():
     ctl = cpu_controller()
     drafts, _ = draft_steps(ctl, kept=16, steps=30)  # copied well: saved far more than the credit
-    assert drafts == 30 and ctl.prediction_stop.net == STOP_CREDIT
+    assert drafts == 30 and ctl.prediction_net == PREDICTION_CREDIT
     drafts, lost = draft_steps(ctl, kept=0, steps=30)  # then wrong at every draft
-    assert drafts >= 1 and lost <= STOP_CREDIT + STOP_LOSS + ctl.costs.steps(17)
+    assert drafts >= 1 and lost <= PREDICTION_CREDIT + PREDICTION_STOP_LOSS + ctl.costs.steps(17)
 
 
 def test_the_streak_counts_output_tokens_that_followed_the_prediction_in_a_row():

@@ -40,23 +40,17 @@ EXPLORATION = 0.5  # standard errors of optimism added to an estimate while choo
 REQUEST_WEIGHT = 1.0
 # A request stops drafting its prediction once the prediction's drafts have cost this many single
 # steps more than they gave (kept tokens + 1 against verify(k + 1) on the learned curve): about one
-# 16-token draft kept at 0-3 on a CPU (17 rows: 9.7 steps). On the bench's large change (code
-# rewritten as a class) a mostly wrong prediction kept drafting 15-16 tokens at its many short copies
-# and kept 2-5 of each (0.80x `off`), and lookup, at 2-16-token matches in the file, kept 34 of 121
-# drafted tokens (`auto` alone 0.87-0.92x).
-STOP_LOSS = 5.0
-# Lookup's is about two such drafts: it pools matches of every kind, and a good copy's first miss (a
-# renamed word) costs one long draft; its buckets each learned their own misses, so the rewrite above
-# paid for a failed 16-token copy at each kind of match before lookup stopped drafting there.
-LOOKUP_STOP_LOSS = 12.0
-# What a source's drafts saved counts up to this much: one that copied well and then goes wrong (the
-# file's first half kept, its second rewritten) stops within about two failed long drafts.
-STOP_CREDIT = 10.0
-# A stopped source drafts again once the output has copied it this far since it stopped: for the
-# prediction, tokens in a row that followed it (two whole drafts' worth); for lookup, a match of its
-# longest n-gram (16 tokens). The edit is over and the answer copies again.
+# 16-token draft kept at 0-3 on a CPU (17 rows: 9.7 steps). A mostly wrong prediction (the bench's
+# large change, code rewritten as a class) kept drafting 15-16 tokens at its many short copies and
+# kept 2-5 of each, 0.80x `off`.
+PREDICTION_STOP_LOSS = 5.0
+# What the drafts saved counts up to this much: a prediction that copied well and then goes wrong
+# (the file's first half kept, its second rewritten) stops within about two failed long drafts.
+PREDICTION_CREDIT = 2 * PREDICTION_STOP_LOSS
+# ... and drafts it again, from its first belief, once the output has followed it this many tokens in
+# a row since it stopped (two whole drafts' worth): the edit is over and the answer copies again.
 PREDICTION_RESUME = 32
-LOOKUP_RESUME = 16
+_STOPPING = -1  # prediction_stopped_at until the next choice reads the streak
 EXPLORE_BUDGET = 0.01  # the most of its time `auto` spends on choices it believes do not pay
 EXPLORE_CREDIT_S = 30.0  # credit saved up covers at most this many seconds of steps
 
@@ -252,47 +246,6 @@ class Explorer:
         self.credit += believed - actual
 
 
-@dataclass
-class StopLoss:
-    """One request's net from one drafting source, in single steps, and whether it is stopped.
-
-    `resume` reads a signal that grows by one per token the output copies from the source and drops
-    when the copy breaks (the prediction's streak, lookup's match length); only what it gained since
-    the stop counts, so a source does not resume on the copy it failed.
-    """
-
-    limit: float = STOP_LOSS  # how far below 0 the net may go before the source stops
-    net: float = 0.0  # single steps its drafts saved (below 0: lost), counted up to STOP_CREDIT
-    stopped_at: int | None = None  # the signal when it stopped (None: drafting; -1: not read yet)
-
-    @property
-    def stopped(self) -> bool:
-        return self.stopped_at is not None
-
-    def settle(self, gained: float) -> None:
-        """One draft's outcome: its kept tokens + 1, less its verify pass, in single steps."""
-        net = self.net + gained
-        self.net = min(net, STOP_CREDIT)
-        if net < -self.limit:
-            self.stopped_at = -1
-
-    def resume(self, signal: int, needed: int) -> bool:
-        """Whether a stopped source drafts again: the signal has grown `needed` since it stopped (a
-        signal below where it stopped was broken since, and counts from 0). Its net starts over."""
-        at = self.stopped_at
-        if at is None:
-            return True
-        if at < 0:  # the first look since it stopped: count from here
-            self.stopped_at = signal
-            return False
-        if signal < at:
-            self.stopped_at = at = 0
-        if signal - at < needed:
-            return False
-        self.net, self.stopped_at = 0.0, None
-        return True
-
-
 @dataclass(frozen=True)
 class _Option:
     choice: Choice
@@ -320,10 +273,10 @@ class Controller:
         # The prediction's acceptance is this request's alone: one client's prediction of one
         # answer says nothing about the next request's.
         self.prediction = Acceptance(prior=PREDICTION_PRIOR, decay=self.book.decay, copy_prior=True)
-        # What this request's prediction and prompt lookup drafts gained, each stopped past STOP_LOSS.
-        # Lookup at an earlier request's match is apart: the answer asked again (see copy_cap).
-        self.prediction_stop = StopLoss()
-        self.lookup_stop = StopLoss(limit=LOOKUP_STOP_LOSS)
+        self.prediction_net = 0.0  # single steps the prediction's drafts saved so far (below 0: lost)
+        # Lost PREDICTION_STOP_LOSS: not drafted until the output follows it. The streak when it stopped
+        # (None: not stopped), so that only tokens followed since then count towards resuming.
+        self.prediction_stopped_at: int | None = None
         # This request's own evidence per book entry ("draft", or a lookup bucket), revising the book's.
         self.own: dict[str | int, Acceptance] = {}
         # How long a copy this request may draft now, per lookup book entry (see `copy_cap`).
@@ -396,11 +349,8 @@ class Controller:
         prediction_streak: output tokens in a row that followed the prediction (see PREDICTION_RESUME).
         """
         cap = k_cap if prediction_cap is None else prediction_cap
-        if self.prediction_stop.stopped and not (explore and self._resume_prediction(prediction_streak)):
+        if self.prediction_stopped_at is not None and not (explore and self._resume(prediction_streak)):
             prediction_available = 0
-        if (self.lookup_stop.stopped and not lookup_earlier
-                and not (explore and self.lookup_stop.resume(lookup_match, LOOKUP_RESUME))):
-            lookup_match = 0
         options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context,
                                prediction_available=min(prediction_available, cap), lookup_earlier=lookup_earlier)
         best = max(options, key=lambda o: o.choice.expected_rate)
@@ -415,10 +365,8 @@ class Controller:
         others = [o for o in options if 0 < o.choice.k <= self.k_max and o is not best]
         if best.choice.drafter == "off":
             self.why_not = _why_not(options, self.costs, context)
-            stopped = [name for name, stop in (("prediction", self.prediction_stop), ("lookup", self.lookup_stop))
-                       if stop.stopped]
-            if stopped:
-                self.why_not += f"; {' and '.join(stopped)} stopped after drafts that lost more than they gave"
+            if self.prediction_stopped_at is not None:
+                self.why_not += "; the prediction stopped after its drafts lost more than they gave"
         losses = [max(o.cost - o.expected / best.choice.expected_rate, 0.0) for o in others]
         if not others or min(losses) > self.explorer.credit:
             return best.choice  # nothing affordable: most steps end here, before any optimism is computed
@@ -433,11 +381,20 @@ class Controller:
             return Choice(hopeful.choice.drafter, hopeful.choice.k, hopeful.choice.expected_rate, explored=True)
         return best.choice
 
-    def _resume_prediction(self, streak: int) -> bool:
-        """A stopped prediction resumes from its first belief: the client's claim, its misses cleared."""
-        if not self.prediction_stop.resume(streak, PREDICTION_RESUME):
+    def _resume(self, streak: int) -> bool:
+        """Whether a stopped prediction drafts again: the output has followed it PREDICTION_RESUME tokens
+        in a row since it stopped (a streak shorter than the one it stopped at was broken, and counts
+        from 0). It starts over as the client's claim, its own evidence and net cleared."""
+        at = self.prediction_stopped_at
+        if at is None or at == _STOPPING:  # the first look since it stopped: count from here
+            self.prediction_stopped_at = streak
+            return False
+        if streak < at:
+            self.prediction_stopped_at = at = 0
+        if streak - at < PREDICTION_RESUME:
             return False
         self.prediction = Acceptance(prior=PREDICTION_PRIOR, decay=self.book.decay, copy_prior=True)
+        self.prediction_net, self.prediction_stopped_at = 0.0, None
         return True
 
     def copy_cap(self, bucket: int) -> int:
@@ -464,14 +421,15 @@ class Controller:
             bucket = match_bucket(lookup_match, earlier=lookup_earlier)
             self.book.for_lookup(lookup_match, earlier=lookup_earlier).observe(drafted, accepted)
             self._own(bucket, drafted, accepted)
-            if not lookup_earlier:
-                self.lookup_stop.settle(accepted + 1 - self.costs.steps(drafted + 1))
             cap = self.copy_cap(bucket)
             whole = accepted >= drafted
             self.copy_caps[bucket] = min(self.copy_k_max, max(cap, 2 * drafted)) if whole else min(cap, self.k_max)
         elif choice.drafter == "prediction" and drafted:
             self.prediction.observe(drafted, accepted)
-            self.prediction_stop.settle(accepted + 1 - self.costs.steps(drafted + 1))
+            net = self.prediction_net + accepted + 1 - self.costs.steps(drafted + 1)
+            self.prediction_net = min(net, PREDICTION_CREDIT)
+            if net < -PREDICTION_STOP_LOSS:
+                self.prediction_stopped_at = _STOPPING
 
     def _own(self, entry: str | int, drafted: int, accepted: int) -> None:
         self.own.setdefault(entry, Acceptance(decay=self.book.decay)).observe(drafted, accepted)
