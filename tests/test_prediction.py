@@ -275,6 +275,17 @@ def test_a_prediction_that_loses_stops_drafting_until_the_output_follows_it_agai
     assert choice.drafter == "prediction" and choice.k > ctl.k_max  # from its first belief: a long draft
 
 
+def test_a_prediction_whose_first_draft_fails_at_the_edit_keeps_drafting():
+    """`localspec edit` renaming a function in a 55-token file: the first draft parts at the renamed
+    word, and the rest of the file copies. A stop-loss of 5 steps stopped it there for good."""
+    costs = Costs(verify=[0.035 * s for s in CPU_SHAPE], draft_step=0.01, draft_row=0.005, pinned=True)
+    ctl = Controller(costs, k_max=8, has_draft_model=False, book=AcceptanceBook())
+    choice = ctl.choose(0, 0, 0, 64, **ASK)
+    assert choice.drafter == "prediction" and choice.k > ctl.k_max
+    ctl.observe(choice, choice.k, 2)  # "def total_price" predicted, "def order_total" written
+    assert ctl.choose(0, 0, 0, 64, **ASK).drafter == "prediction"
+
+
 def test_a_stopped_prediction_counts_only_the_tokens_followed_since_it_stopped():
     ctl = cpu_controller()
     draft_steps(ctl, kept=0, steps=10, streak=40)  # the streak was 40 when it stopped (a prefix kept it going)

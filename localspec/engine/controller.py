@@ -39,14 +39,16 @@ EXPLORATION = 0.5  # standard errors of optimism added to an estimate while choo
 # tokens six times on a rewrite whose copies kept 0-16).
 REQUEST_WEIGHT = 1.0
 # A request stops drafting its prediction once the prediction's drafts have cost this many single
-# steps more than they gave (kept tokens + 1 against verify(k + 1) on the learned curve): about one
-# 16-token draft kept at 0-3 on a CPU (17 rows: 9.7 steps). A mostly wrong prediction (the bench's
-# large change, code rewritten as a class) kept drafting 15-16 tokens at its many short copies and
-# kept 2-5 of each, 0.80x `off`.
-PREDICTION_STOP_LOSS = 5.0
+# steps more than they gave (kept tokens + 1 against verify(k + 1) on the learned curve): more than
+# one 16-token draft kept at 0 on a CPU (17 rows: 9.7 steps), since an edit's first draft often fails
+# at the edit itself (a rename's first line) and the copy goes on after it; at 5 a 55-token rename
+# stopped after its first draft and drafted nothing more. A mostly wrong prediction (the bench's large
+# change, code rewritten as a class) kept drafting 15-16 tokens at its many short copies and kept 2-5
+# of each, 0.80x `off`.
+PREDICTION_STOP_LOSS = 10.0
 # What the drafts saved counts up to this much: a prediction that copied well and then goes wrong
-# (the file's first half kept, its second rewritten) stops within about two failed long drafts.
-PREDICTION_CREDIT = 2 * PREDICTION_STOP_LOSS
+# (the file's first half kept, its second rewritten) stops within about three failed long drafts.
+PREDICTION_CREDIT = PREDICTION_STOP_LOSS
 # ... and drafts it again, from its first belief, once the output has followed it this many tokens in
 # a row since it stopped (two whole drafts' worth): the edit is over and the answer copies again.
 PREDICTION_RESUME = 32
