@@ -341,3 +341,27 @@ def test_an_explored_step_is_charged_what_it_lost_not_what_it_hoped():
     lost = HERE.verify_cost(choice.k + 1) - 1 / best.expected_rate
     assert lost > believed
     assert explorer.credit == pytest.approx(charged + believed - lost)
+
+
+def test_exploring_heals_an_acceptance_belief_on_a_steep_well_known_curve():
+    """The curve this workplace's engine had learned over 26,344 passes (a 2-row verify 1.94 steps,
+    17 rows 10.66): well known, so the explorer's cost optimism was nil, and a lookup never tried at
+    length is planned on its 0.7 prior, where only k = 1 is near paying (1.9 tokens for 1.94 steps).
+    A rename copying its prompt drafted nothing at all in 256 tokens. The explorer hopes for each
+    position's acceptance at its upper bound, so it tries a copy, and copies that are kept whole are
+    then planned on their evidence."""
+    from localspec.engine.controller import Explorer
+    from localspec.engine.costs import MAX_WEIGHT
+
+    steps = [1.0, 1.94, 2.67, 3.26, 4.11, 4.71, 5.69, 6.47, 7.79, 8.06, 8.08, 8.12, 8.92, 8.96, 8.99, 9.01, 10.66]
+    costs = Costs(verify=[0.0369 * s for s in steps], draft_step=0.0187, draft_row=0.006, pinned=True)
+    costs.shape_weight = [MAX_WEIGHT] * len(steps)
+    c = Controller(costs, k_max=16, has_draft_model=True, book=AcceptanceBook(decay=0.99),
+                   explorer=Explorer(budget=0.01), copy_k_max=48)
+    tokens, drafted = 0, 0
+    while tokens < 256:
+        choice = c.choose(draft_lag=0, lookup_match=7, lookup_available=48, k_cap=256 - tokens, context=450)
+        if choice.k:
+            c.observe(choice, choice.k, choice.k, lookup_match=7)  # the copy is the answer
+        tokens, drafted = tokens + choice.k + 1, drafted + choice.k
+    assert drafted > 0.8 * tokens, (drafted, tokens)

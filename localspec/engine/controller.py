@@ -34,6 +34,10 @@ PRIOR_TRIALS = 2.0
 # if most of it holds, and a wrong one is found out within a few passes. Per request (see Controller).
 PREDICTION_PRIOR = 0.9
 EXPLORATION = 0.5  # standard errors of optimism added to an estimate while choosing
+# ... and while exploring, at every position a draft could reach: what a draft might be worth if the
+# belief about its acceptance is wrong. One standard error lifts an untried position's prior (0.7 on
+# two pseudo-trials) to 1, and a thousand rejections leave it near their rate.
+HOPE = 1.0
 # What the other requests taught of a position, as the prior of one request's own evidence, is worth
 # one of the request's passes: its own evidence takes over at once (a weight of 2 still drafted 16-48
 # tokens six times on a rewrite whose copies kept 0-16).
@@ -118,11 +122,23 @@ class Acceptance:
         positions never tried it compounded to certainty, so one accepted 3-token lookup planned a
         47-token draft (42 tokens expected, 19 steps on this CPU) that kept 1.
         """
+        return self._optimistic(n, own, EXPLORATION, everywhere=self.copy_prior)
+
+    def hopeful_rates(self, n: int, own: Acceptance | None = None) -> list[float]:
+        """rates(n, own), each plus HOPE standard errors, reached or not: the explorer's upper bound.
+        Planning pays no optimism where drafts have not reached, so on a steep verify curve a lookup
+        that was never tried long stays untried: a rename copying its prompt drafted nothing at all
+        (k = 1: 1.9 tokens for verify(2) = 1.94 steps, and k > 1 planned on a 0.7 prior)."""
+        return self._optimistic(n, own, HOPE, everywhere=True)
+
+    def _optimistic(self, n: int, own: Acceptance | None, errors: float, *, everywhere: bool) -> list[float]:
+        """rates(n, own), each plus `errors` standard errors: at position 1 always, past it where drafts
+        have reached (in proportion up to one trial) or, `everywhere`, at every position."""
         out = []
         for i, r in enumerate(self.rates(n, own)):
             t = self.counts(i)[1] + (own.counts(i)[1] if own is not None else 0.0)
-            reach = 1.0 if i == 0 or self.copy_prior else min(1.0, t)
-            out.append(min(1.0, r + reach * EXPLORATION * math.sqrt(r * (1.0 - r) / (t + PRIOR_TRIALS))))
+            reach = 1.0 if i == 0 or everywhere else min(1.0, t)
+            out.append(min(1.0, r + reach * errors * math.sqrt(r * (1.0 - r) / (t + PRIOR_TRIALS))))
         return out
 
     def less(self, own: Acceptance) -> Acceptance:
@@ -138,6 +154,10 @@ class Acceptance:
         yet). Per book entry, not pooled over a request's lookup match lengths: pooled, the first
         rejection of a rename stopped its copies at every length (1 token drafted in 321)."""
         return self.planning_rates(n) if own is None else self.less(own).planning_rates(n, own)
+
+    def hoped(self, n: int, own: Acceptance | None) -> list[float]:
+        """`planned`'s upper bound for the explorer (see `hopeful_rates`)."""
+        return self.hopeful_rates(n) if own is None else self.less(own).hopeful_rates(n, own)
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Positions 1..accepted survived; position accepted+1 (if drafted) was rejected."""
@@ -301,28 +321,30 @@ class Controller:
 
     def options(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int,
                 context: int | None = None, *, prediction_available: int = 0,
-                lookup_earlier: bool = False) -> list[_Option]:
+                lookup_earlier: bool = False, hopeful: bool = False) -> list[_Option]:
         """Every (drafter, k) worth weighing, plain decoding first. Runs every step: kept to plain
-        arithmetic over the cost curve's level and shape (~0.3% of a 30 ms step on this CPU)."""
+        arithmetic over the cost curve's level and shape (~0.3% of a 30 ms step on this CPU).
+        `hopeful`: each drafter's acceptance at its upper bound, for the explorer (see `hopeful_rates`)."""
         c = self.costs
         level = c.level_at(c.calibration_context if context is None else context)
         out = [_Option(Choice("off", 0, 1.0 / level), 1.0, level, level)]
         k_top = min(self.k_max, k_cap)
         drafters: list[tuple[str, list[float], float, float]] = []  # name, rates, fixed cost, per-k cost
         if self.has_draft_model:
-            rates = self.draft.planned(k_top, self.own.get("draft"))
+            rates = (self.draft.hoped if hopeful else self.draft.planned)(k_top, self.own.get("draft"))
             drafters.append(("draft", rates, c.catch_up(draft_lag), c.draft_step))
         if prediction_available > 0:  # like lookup, free to propose: the verify is the whole cost
             # Its own cap (prediction_k_max, applied by the caller): copies pay past auto's k_max.
             # Weighed before lookup, so that on a tie (both copying the same file) the client's
             # prediction drafts and its usage counts what it was worth.
-            rates = self.prediction.planning_rates(prediction_available)
+            p = self.prediction
+            rates = (p.hopeful_rates if hopeful else p.planning_rates)(prediction_available)
             drafters.append(("prediction", rates, 0.0, 0.0))
         if lookup_match > 0:
             book = self.book.for_lookup(lookup_match, earlier=lookup_earlier)
             bucket = match_bucket(lookup_match, earlier=lookup_earlier)
-            rates = book.planned(min(self.copy_cap(bucket), k_cap, lookup_available),
-                                 self.own.get(bucket))
+            rates = (book.hoped if hopeful else book.planned)(min(self.copy_cap(bucket), k_cap, lookup_available),
+                                                               self.own.get(bucket))
             drafters.append(("lookup", rates, 0.0, 0.0))
         for name, rates, fixed, per_k in drafters:
             expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time
@@ -369,14 +391,24 @@ class Controller:
             self.why_not = _why_not(options, self.costs, context)
             if self.prediction_stopped_at is not None:
                 self.why_not += "; the prediction stopped after its drafts lost more than they gave"
-        losses = [max(o.cost - o.expected / best.choice.expected_rate, 0.0) for o in others]
-        if not others or min(losses) > self.explorer.credit:
+        losses = {(o.choice.drafter, o.choice.k): max(o.cost - o.expected / best.choice.expected_rate, 0.0)
+                  for o in others}
+        affordable = [o for o in others if losses[o.choice.drafter, o.choice.k] <= self.explorer.credit]
+        if not affordable:
             return best.choice  # nothing affordable: most steps end here, before any optimism is computed
-        # The most hopeful option: verify read optimistically where few passes were seen.
+        # The most hopeful affordable option: its acceptance at the upper bound, its verify read
+        # optimistically where few passes were seen. Among the affordable ones, so that a long draft
+        # that may pay (a copy never tried) is approached through shorter ones while credit is low.
         c = self.costs
-        hopes = [o.expected / (o.cost - o.verify * (1.0 - c.hope(o.choice.k + 1))) for o in others]
-        i = max(range(len(others)), key=hopes.__getitem__)
-        hopeful, loss = others[i], losses[i]
+        upper = {(o.choice.drafter, o.choice.k): o.expected
+                 for o in self.options(draft_lag, lookup_match, lookup_available, k_cap, context,
+                                       prediction_available=min(prediction_available, cap),
+                                       lookup_earlier=lookup_earlier, hopeful=True)}
+        hopes = [upper[o.choice.drafter, o.choice.k] / (o.cost - o.verify * (1.0 - c.hope(o.choice.k + 1)))
+                 for o in affordable]
+        i = max(range(len(affordable)), key=hopes.__getitem__)
+        hopeful = affordable[i]
+        loss = losses[hopeful.choice.drafter, hopeful.choice.k]
         # Only a hope that beats the best's rate can be a wrong belief worth paying to correct.
         if hopes[i] > best.choice.expected_rate and self.explorer.spend(loss):
             self._exploring = (hopeful.cost, best.choice.expected_rate, loss)
