@@ -115,6 +115,15 @@ def _tokenize(vocab: Any, text: str, add_special: bool, parse_special: bool) -> 
     return list(buf[:n])
 
 
+def _piece(vocab: Any, token: int) -> bytes:
+    buf = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+    return buf.raw[:n]
+
+
 class Vocabulary:
     """A model's tokenizer and trained context alone (llama.cpp's vocab-only load reads no weights):
     enough to size a context before loading the model into one."""
@@ -143,6 +152,10 @@ class Vocabulary:
 
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
         return _tokenize(self._vocab, text, add_special, parse_special)
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for, as ModelRuntime.piece (a prediction's tokenizer, without weights)."""
+        return _piece(self._vocab, token)
 
     def close(self) -> None:
         if self._model:
@@ -287,13 +300,7 @@ class ModelRuntime:
         """The bytes a token stands for (may be part of a multi-byte character)."""
         cached = self._piece_cache.get(token)
         if cached is None:
-            buf = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            cached = buf.raw[:n]
-            self._piece_cache[token] = cached
+            cached = self._piece_cache[token] = _piece(self._vocab, token)
         return cached
 
     def detokenize(self, tokens: list[int]) -> str:

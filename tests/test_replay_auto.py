@@ -1,0 +1,50 @@
+"""scripts/replay_auto.py: auto's choices replayed over recorded answers, on a byte tokenizer."""
+
+from __future__ import annotations
+
+from localspec.engine.costs import Costs
+from scripts.replay_auto import Recorded, replay, summary
+
+# A GPU-like curve: 17 rows cost 1.3 single steps, so a copy kept whole pays at once.
+FLAT = Costs(verify=[0.02 * (1 + 0.02 * n) for n in range(17)], draft_step=0.004, draft_row=0.0002, pinned=True)
+# A steep CPU curve: a pass of n rows costs n single steps, so no draft can pay.
+STEEP = Costs(verify=[0.03 * n for n in range(1, 18)], draft_step=0.02, draft_row=0.01, pinned=True)
+
+CODE = "".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n\n" for i in range(12))
+
+
+class Bytes:
+    """One token per byte: the prediction's cursor and lookup's n-grams work on any tokenizer."""
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return list(text.encode())
+
+    def piece(self, token: int) -> bytes:
+        return bytes([token])
+
+
+def _item(answer: str, prediction: str, key: str = "copy") -> Recorded:
+    prompt = list(f"Rename nothing in this file:\n{CODE}\n".encode())
+    return Recorded(suite="predicted", key=key, prompt=prompt, answer=list(answer.encode()), prediction=prediction)
+
+
+def test_a_copy_replays_faster_than_plain_decoding_where_verifying_is_cheap():
+    runs = replay([_item(CODE, CODE)], FLAT, Bytes(), seed=1)
+    table = summary(runs)
+    assert table["predicted", "auto+prediction"]["copy"] > 5.0
+    assert table["predicted", "auto"]["copy"] > 2.0
+    drafted = runs["predicted", "copy", "auto+prediction"][0].drafts
+    assert drafted and drafted[0].startswith("p m=")
+
+
+def test_where_no_draft_can_pay_auto_replays_at_plain_speed():
+    runs = replay([_item(CODE, CODE)], STEEP, Bytes(), seed=1, explore=0.0)
+    assert summary(runs)["predicted", "auto+prediction"]["copy"] <= 1.0 + 1e-9
+    assert summary(runs)["predicted", "auto"]["copy"] == 1.0
+
+
+def test_a_wrong_prediction_still_replays_the_answer():
+    answer = "class Nothing:\n    pass\n" * 20
+    runs = replay([_item(answer, CODE, key="wrong")], FLAT, Bytes(), seed=3)
+    for r in runs["predicted", "wrong", "auto+prediction"]:
+        assert 0.5 < r.speedup < 20
