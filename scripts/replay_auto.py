@@ -103,7 +103,8 @@ def replay(items: Sequence[Recorded], costs: Costs, tokenizer: Tokenizer, *, see
             for mode in (m for m in order if m in MODES):
                 with_prediction = mode == "auto+prediction"
                 controller = Controller(costs, k_max=K_MAX, has_draft_model=False, book=book, explorer=explorer,
-                                        copy_k_max=PREDICTION_K_MAX if with_prediction else COPY_K_MAX)
+                                        copy_k_max=PREDICTION_K_MAX if with_prediction else COPY_K_MAX,
+                                        has_prediction=with_prediction)
                 run = replay_one(item, controller, costs, tokenizer, prediction=with_prediction)
                 out.setdefault((item.suite, item.key, mode), []).append(run)
     return out

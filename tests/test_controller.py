@@ -365,3 +365,21 @@ def test_exploring_heals_an_acceptance_belief_on_a_steep_well_known_curve():
             c.observe(choice, choice.k, choice.k, lookup_match=7)  # the copy is the answer
         tokens, drafted = tokens + choice.k + 1, drafted + choice.k
     assert drafted > 0.8 * tokens, (drafted, tokens)
+
+
+def test_with_a_prediction_lookup_copies_only_from_a_full_match():
+    """The prompt holds the file the prediction is: a short match there is that file again where the
+    prediction's realignment refused it (on the bench's large change such copies kept 0-4 of 15)."""
+    def controller(has_prediction: bool) -> Controller:
+        c = Controller(GPU, k_max=8, has_draft_model=False, has_prediction=has_prediction)
+        for m in (8, 16):
+            book = c.book.for_lookup(m)
+            book.accepted, book.trials = [95.0] * 8, [100.0] * 8
+        return c
+
+    short = controller(True).choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8, explore=False)
+    assert short.drafter == "off"
+    full = controller(True).choose(draft_lag=0, lookup_match=16, lookup_available=8, k_cap=8, explore=False)
+    assert full.drafter == "lookup" and full.k >= 4
+    plain = controller(False).choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8, explore=False)
+    assert plain.drafter == "lookup" and plain.k >= 4

@@ -57,6 +57,13 @@ PREDICTION_CREDIT = PREDICTION_STOP_LOSS
 # a row since it stopped (two whole drafts' worth): the edit is over and the answer copies again.
 PREDICTION_RESUME = 32
 _STOPPING = -1  # prediction_stopped_at until the next choice reads the streak
+# With a prediction, prompt lookup drafts only from a match this long (lookup's longest, n_max 16). The
+# prompt holds the file the prediction is, so a shorter match is mostly that file again at a place the
+# prediction's realignment refused (a short phrase far from where the output stands): on the bench's
+# large change such copies kept 0-4 of 15 tokens. A full match is the surer copy (an instruction quoted,
+# code the prediction lacks). Replayed over the bench's answers (scripts/replay_auto.py) on three
+# learned curves, it raised auto+prediction's median and worst task on both suites.
+PREDICTION_LOOKUP_MIN = 16
 EXPLORE_BUDGET = 0.01  # the most of its time `auto` spends on choices it believes do not pay
 EXPLORE_CREDIT_S = 30.0  # credit saved up covers at most this many seconds of steps
 
@@ -281,7 +288,7 @@ class Controller:
 
     def __init__(
         self, costs: Costs, k_max: int = 8, has_draft_model: bool = True, book: AcceptanceBook | None = None,
-        explorer: Explorer | None = None, copy_k_max: int | None = None,
+        explorer: Explorer | None = None, copy_k_max: int | None = None, has_prediction: bool = False,
     ) -> None:
         self.costs = costs
         self.k_max = k_max
@@ -289,6 +296,7 @@ class Controller:
         # rows costs less per row than one of 17 (CPU matmuls switch to their batched kernels).
         self.copy_k_max = k_max if copy_k_max is None else copy_k_max
         self.has_draft_model = has_draft_model
+        self.has_prediction = has_prediction  # the request sent one: lookup copies only full matches
         self.book = book if book is not None else AcceptanceBook(decay=1.0)
         self.explorer = explorer if explorer is not None else Explorer(budget=0.0)
         self.why_not: str = ""  # why the last plain step did not draft, in the cost model's terms
@@ -373,6 +381,8 @@ class Controller:
         prediction_streak: output tokens in a row that followed the prediction (see PREDICTION_RESUME).
         """
         cap = k_cap if prediction_cap is None else prediction_cap
+        if self.has_prediction and not lookup_earlier and lookup_match < PREDICTION_LOOKUP_MIN:
+            lookup_match = lookup_available = 0
         if self.prediction_stopped_at is not None and not (explore and self._resume(prediction_streak)):
             prediction_available = 0
         options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context,

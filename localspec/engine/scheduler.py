@@ -405,7 +405,7 @@ class Engine:
         if spec.mode == "auto" and self.costs is not None:
             active.controller = Controller(self.costs, k_max=spec.k, has_draft_model=self.drafter is not None,
                                            book=self.acceptance, explorer=self.explorer,
-                                           copy_k_max=spec.copy_k)
+                                           copy_k_max=spec.copy_k, has_prediction=active.prediction is not None)
         slot.active = active
 
     def _draft(self, decoding: list[Slot]) -> dict[int, Draft]:
