@@ -39,7 +39,7 @@ MODES = ("auto", "auto+prediction")
 PREDICTION_K_MAX = 16  # EngineConfig.prediction_k_max: with a prediction, lookup copies no further
 COPY_K_MAX = 48  # EngineConfig.copy_k_max
 K_MAX = 16  # EngineConfig.auto_k_max
-ROOM = 4096  # no request here ends on its budget or the context
+N_CTX = 4096  # the bench's context is sized to its largest edit: no answer here reaches it
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Recorded:
     prompt: list[int]
     answer: list[int]
     prediction: str
+    max_tokens: int = N_CTX  # the reply budget the bench gave it
 
 
 @dataclass
@@ -59,19 +60,22 @@ class Replayed:
 
 def replay_one(item: Recorded, controller: Controller, costs: Costs, tokenizer: Tokenizer, *,
                prediction: bool) -> Replayed:
-    """One request as the scheduler's auto path runs it, on the recorded answer instead of the target."""
+    """One request as the scheduler's auto path runs it, on the recorded answer instead of the target.
+    The answer's first token comes from the prompt's pass (no choice), as does the bench's decode
+    speed leave it out."""
     lookup = PromptLookupDrafter(2, 16)
-    predicted = prepare(item.prediction, tokenizer, n_ctx=ROOM) if prediction else None
+    predicted = prepare(item.prediction, tokenizer, n_ctx=N_CTX) if prediction else None
     out, n_prompt = item.answer, len(item.prompt)
-    i, spent, drafts = 0, 0.0, []
+    i, spent, drafts = 1, 0.0, []
     while i < len(out):
         history = item.prompt + out[:i]
+        room = min(item.max_tokens - i - 1, N_CTX - len(history))  # as Engine._plan_draft's
         available = 0
         if predicted is not None:
             predicted.follow(history, start=n_prompt)
-            available = min(PREDICTION_K_MAX, predicted.available())
-        proposal = lookup.propose(history, controller.copy_k_max, None, prompt=n_prompt)
-        choice = controller.choose(0, proposal.match_length, len(proposal), ROOM, context=len(history),
+            available = min(PREDICTION_K_MAX, room, predicted.available())
+        proposal = lookup.propose(history, min(room, controller.copy_k_max), None, prompt=n_prompt)
+        choice = controller.choose(0, proposal.match_length, len(proposal), room, context=len(history),
                                    prediction_available=available, prediction_cap=available,
                                    prediction_streak=predicted.streak if predicted else 0)
         if choice.drafter == "prediction" and predicted is not None:
@@ -87,7 +91,7 @@ def replay_one(item: Recorded, controller: Controller, costs: Costs, tokenizer: 
             drafts.append(f"{choice.drafter[0]}{'x' if choice.explored else ''} m={proposal.match_length} "
                           f"{kept}/{len(draft)} {kept + 1 - steps:+.1f}")
         spent, i = spent + steps, i + kept + 1
-    return Replayed(len(out) / spent, drafts)
+    return Replayed((len(out) - 1) / spent if spent else 1.0, drafts)
 
 
 def replay(items: Sequence[Recorded], costs: Costs, tokenizer: Tokenizer, *, seed: int,
@@ -104,7 +108,7 @@ def replay(items: Sequence[Recorded], costs: Costs, tokenizer: Tokenizer, *, see
                 with_prediction = mode == "auto+prediction"
                 controller = Controller(costs, k_max=K_MAX, has_draft_model=False, book=book, explorer=explorer,
                                         copy_k_max=PREDICTION_K_MAX if with_prediction else COPY_K_MAX,
-                                        has_prediction=with_prediction)
+                                        lookup_min=16 if with_prediction else 0)  # lookup_n_max
                 run = replay_one(item, controller, costs, tokenizer, prediction=with_prediction)
                 out.setdefault((item.suite, item.key, mode), []).append(run)
     return out
@@ -139,7 +143,7 @@ def record(out: Path) -> None:
         prompt, _ = engine.prompt_tokens(engine.with_defaults(request))
         answer = run_request(engine, request).ids
         rows.append({"suite": item.suite, "key": item.key, "prompt": list(prompt), "answer": list(answer),
-                     "prediction": item.prediction})
+                     "prediction": item.prediction, "max_tokens": item.max_tokens})
         print(f"{item.suite} {item.key}: {len(prompt)} prompt tokens, {len(answer)} answer tokens", flush=True)
     out.write_text(json.dumps(rows))
 

@@ -370,16 +370,24 @@ def test_exploring_heals_an_acceptance_belief_on_a_steep_well_known_curve():
 def test_with_a_prediction_lookup_copies_only_from_a_full_match():
     """The prompt holds the file the prediction is: a short match there is that file again where the
     prediction's realignment refused it (on the bench's large change such copies kept 0-4 of 15)."""
-    def controller(has_prediction: bool) -> Controller:
-        c = Controller(GPU, k_max=8, has_draft_model=False, has_prediction=has_prediction)
+    from localspec.engine.controller import Explorer
+
+    def controller(lookup_min: int, credit: float = 0.0) -> Controller:
+        c = Controller(GPU, k_max=8, has_draft_model=False, lookup_min=lookup_min,
+                       explorer=Explorer(budget=0.5, credit=credit))
         for m in (8, 16):
             book = c.book.for_lookup(m)
             book.accepted, book.trials = [95.0] * 8, [100.0] * 8
         return c
 
-    short = controller(True).choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8, explore=False)
+    beside = controller(16)
+    short = beside.choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8, explore=False)
     assert short.drafter == "off"
-    full = controller(True).choose(draft_lag=0, lookup_match=16, lookup_available=8, k_cap=8, explore=False)
+    full = controller(16).choose(draft_lag=0, lookup_match=16, lookup_available=8, k_cap=8, explore=False)
     assert full.drafter == "lookup" and full.k >= 4
-    plain = controller(False).choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8, explore=False)
+    plain = controller(0).choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8, explore=False)
     assert plain.drafter == "lookup" and plain.k >= 4
+    exploring = controller(16, credit=10.0)  # nor does the explorer take the short match
+    choices = [exploring.choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8) for _ in range(20)]
+    assert all(ch.drafter == "off" for ch in choices)
+    assert "lookup copies only 16-token matches beside a prediction" in exploring.why_not

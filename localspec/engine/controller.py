@@ -57,13 +57,6 @@ PREDICTION_CREDIT = PREDICTION_STOP_LOSS
 # a row since it stopped (two whole drafts' worth): the edit is over and the answer copies again.
 PREDICTION_RESUME = 32
 _STOPPING = -1  # prediction_stopped_at until the next choice reads the streak
-# With a prediction, prompt lookup drafts only from a match this long (lookup's longest, n_max 16). The
-# prompt holds the file the prediction is, so a shorter match is mostly that file again at a place the
-# prediction's realignment refused (a short phrase far from where the output stands): on the bench's
-# large change such copies kept 0-4 of 15 tokens. A full match is the surer copy (an instruction quoted,
-# code the prediction lacks). Replayed over the bench's answers (scripts/replay_auto.py) on three
-# learned curves, it raised auto+prediction's median and worst task on both suites.
-PREDICTION_LOOKUP_MIN = 16
 EXPLORE_BUDGET = 0.01  # the most of its time `auto` spends on choices it believes do not pay
 EXPLORE_CREDIT_S = 30.0  # credit saved up covers at most this many seconds of steps
 
@@ -288,7 +281,7 @@ class Controller:
 
     def __init__(
         self, costs: Costs, k_max: int = 8, has_draft_model: bool = True, book: AcceptanceBook | None = None,
-        explorer: Explorer | None = None, copy_k_max: int | None = None, has_prediction: bool = False,
+        explorer: Explorer | None = None, copy_k_max: int | None = None, lookup_min: int = 0,
     ) -> None:
         self.costs = costs
         self.k_max = k_max
@@ -296,7 +289,14 @@ class Controller:
         # rows costs less per row than one of 17 (CPU matmuls switch to their batched kernels).
         self.copy_k_max = k_max if copy_k_max is None else copy_k_max
         self.has_draft_model = has_draft_model
-        self.has_prediction = has_prediction  # the request sent one: lookup copies only full matches
+        # The shortest prompt-lookup match this request drafts from. With a prediction the scheduler sets
+        # it to lookup's longest (a full match): the prompt holds the file the prediction is, so a shorter
+        # match is mostly that file again where the prediction's realignment refused it (a short phrase far
+        # from where the output stands); on the bench's large change such copies kept 0-4 of 15 tokens. A
+        # full match is the surer copy (an instruction quoted, code the prediction lacks). Replayed over
+        # the bench's answers (scripts/replay_auto.py) on three learned curves, auto+prediction's median
+        # rose on both suites (1-5%) and its worst task rose or held.
+        self.lookup_min = lookup_min
         self.book = book if book is not None else AcceptanceBook(decay=1.0)
         self.explorer = explorer if explorer is not None else Explorer(budget=0.0)
         self.why_not: str = ""  # why the last plain step did not draft, in the cost model's terms
@@ -381,7 +381,8 @@ class Controller:
         prediction_streak: output tokens in a row that followed the prediction (see PREDICTION_RESUME).
         """
         cap = k_cap if prediction_cap is None else prediction_cap
-        if self.has_prediction and not lookup_earlier and lookup_match < PREDICTION_LOOKUP_MIN:
+        ignored = 0 < lookup_match < self.lookup_min and not lookup_earlier
+        if ignored:
             lookup_match = lookup_available = 0
         if self.prediction_stopped_at is not None and not (explore and self._resume(prediction_streak)):
             prediction_available = 0
@@ -401,6 +402,8 @@ class Controller:
             self.why_not = _why_not(options, self.costs, context)
             if self.prediction_stopped_at is not None:
                 self.why_not += "; the prediction stopped after its drafts lost more than they gave"
+            if ignored:
+                self.why_not += f"; lookup copies only {self.lookup_min}-token matches beside a prediction"
         losses = {(o.choice.drafter, o.choice.k): max(o.cost - o.expected / best.choice.expected_rate, 0.0)
                   for o in others}
         affordable = [o for o in others if losses[o.choice.drafter, o.choice.k] <= self.explorer.credit]

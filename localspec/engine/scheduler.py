@@ -404,8 +404,8 @@ class Engine:
         )
         if spec.mode == "auto" and self.costs is not None:
             active.controller = Controller(self.costs, k_max=spec.k, has_draft_model=self.drafter is not None,
-                                           book=self.acceptance, explorer=self.explorer,
-                                           copy_k_max=spec.copy_k, has_prediction=active.prediction is not None)
+                                           book=self.acceptance, explorer=self.explorer, copy_k_max=spec.copy_k,
+                                           lookup_min=self.lookup.n_max if active.prediction is not None else 0)
         slot.active = active
 
     def _draft(self, decoding: list[Slot]) -> dict[int, Draft]:
