@@ -408,7 +408,7 @@ class Controller:
                   for o in others}
         affordable = [o for o in others if losses[o.choice.drafter, o.choice.k] <= self.explorer.credit]
         if not affordable:
-            return best.choice  # nothing affordable: most steps end here, before any optimism is computed
+            return best.choice  # nothing affordable (plain steps where no draft is near paying): no optimism computed
         # The most hopeful affordable option: its acceptance at the upper bound, its verify read
         # optimistically where few passes were seen. Among the affordable ones, so that a long draft
         # that may pay (a copy never tried) is approached through shorter ones while credit is low.
