@@ -149,15 +149,13 @@ class Acceptance:
         return Acceptance(accepted=accepted, trials=trials, decay=self.decay, prior=self.prior,
                           copy_prior=self.copy_prior)
 
-    def planned(self, n: int, own: Acceptance | None) -> list[float]:
+    def planned(self, n: int, own: Acceptance | None, *, hopeful: bool = False) -> list[float]:
         """The planning rates of this pooled evidence for one request with `own` evidence (None: none
-        yet). Per book entry, not pooled over a request's lookup match lengths: pooled, the first
-        rejection of a rename stopped its copies at every length (1 token drafted in 321)."""
-        return self.planning_rates(n) if own is None else self.less(own).planning_rates(n, own)
-
-    def hoped(self, n: int, own: Acceptance | None) -> list[float]:
-        """`planned`'s upper bound for the explorer (see `hopeful_rates`)."""
-        return self.hopeful_rates(n) if own is None else self.less(own).hopeful_rates(n, own)
+        yet); `hopeful`: the explorer's upper bound instead (see `hopeful_rates`). Per book entry, not
+        pooled over a request's lookup match lengths: pooled, the first rejection of a rename stopped
+        its copies at every length (1 token drafted in 321)."""
+        evidence = self if own is None else self.less(own)
+        return (evidence.hopeful_rates if hopeful else evidence.planning_rates)(n, own)
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Positions 1..accepted survived; position accepted+1 (if drafted) was rejected."""
@@ -339,20 +337,19 @@ class Controller:
         k_top = min(self.k_max, k_cap)
         drafters: list[tuple[str, list[float], float, float]] = []  # name, rates, fixed cost, per-k cost
         if self.has_draft_model:
-            rates = (self.draft.hoped if hopeful else self.draft.planned)(k_top, self.own.get("draft"))
+            rates = self.draft.planned(k_top, self.own.get("draft"), hopeful=hopeful)
             drafters.append(("draft", rates, c.catch_up(draft_lag), c.draft_step))
         if prediction_available > 0:  # like lookup, free to propose: the verify is the whole cost
             # Its own cap (prediction_k_max, applied by the caller): copies pay past auto's k_max.
             # Weighed before lookup, so that on a tie (both copying the same file) the client's
             # prediction drafts and its usage counts what it was worth.
-            p = self.prediction
-            rates = (p.hopeful_rates if hopeful else p.planning_rates)(prediction_available)
+            rates = self.prediction.planned(prediction_available, None, hopeful=hopeful)
             drafters.append(("prediction", rates, 0.0, 0.0))
         if lookup_match > 0:
             book = self.book.for_lookup(lookup_match, earlier=lookup_earlier)
             bucket = match_bucket(lookup_match, earlier=lookup_earlier)
-            rates = (book.hoped if hopeful else book.planned)(min(self.copy_cap(bucket), k_cap, lookup_available),
-                                                               self.own.get(bucket))
+            rates = book.planned(min(self.copy_cap(bucket), k_cap, lookup_available), self.own.get(bucket),
+                                 hopeful=hopeful)
             drafters.append(("lookup", rates, 0.0, 0.0))
         for name, rates, fixed, per_k in drafters:
             expected, survive = 1.0, 1.0  # E[tokens | k] built up one position at a time
