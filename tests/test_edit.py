@@ -22,7 +22,7 @@ from localspec.edit.task import EditTask, fence_for
 from localspec.errors import UsageError
 from localspec.server import ServerSettings
 from tests.common import DRAFT_ID, TARGET_ID, TEST_THREADS
-from tests.fake_tier import scripted, scripted_app, scripted_pipeline, scripted_tier
+from tests.fake_tier import scripted, scripted_app, scripted_costs, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread, request, wait_until
 
 FILE = "def area(width, height):\n    return width * height\n\n\nprint(area(2, 3))\n"
@@ -223,6 +223,9 @@ ANSWERS = {
 
 def _server():
     tier = scripted_tier(model_id=MODEL, script=scripted(ANSWERS, default="No."), mode="lookup", n_ctx=512)
+    # `edit` asks for auto: pinned costs, not a calibration timed on the scripted model's microsecond
+    # passes, which made auto's choices (and the prediction's counts) depend on the box's load.
+    tier.engine.costs = scripted_costs()
     settings = ServerSettings(parallel=2, max_tokens_cap=256, n_ctx=512, cache=False, router=False)
     with ServerThread(scripted_app(pipeline=scripted_pipeline(tiers=[tier]), settings=settings)) as server:
         assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=60)
