@@ -77,6 +77,7 @@ def replay_one(item: Recorded, controller: Controller, costs: Costs, tokenizer: 
         proposal = lookup.propose(history, min(room, controller.copy_k_max), None, prompt=n_prompt)
         choice = controller.choose(0, proposal.match_length, len(proposal), room, context=len(history),
                                    prediction_available=available, prediction_cap=available,
+                                   prediction_odds=predicted.follow_odds(available) if predicted else (),
                                    prediction_streak=predicted.streak if predicted else 0)
         if choice.drafter == "prediction" and predicted is not None:
             draft: Sequence[int] = predicted.propose(choice.k).tokens

@@ -443,3 +443,47 @@ def test_the_engine_drafts_again_after_the_output_spells_a_predicted_token_diffe
     # Realigned by text: the prediction's tokens after the merged one are drafted and kept (at most
     # the 20 before it could be without; each pass's own last token is the target's, not accepted).
     assert st.prediction_accepted > len("def f():\n    return '") + tail // 2
+
+
+# ---------------------------------------------------------------- edits that recur
+
+
+def test_the_output_leaving_the_prediction_at_a_token_lowers_its_odds_there_each_time():
+    p = byte_prediction("x = f(path)\ny = f(path)\nz = f(path)\n")
+    out = "x = f(self.path)\ny = f("
+    p.follow(list(out.encode()))  # left at "p" of the first "path", realigned on ")\ny = f("
+    assert p.aligned and p.left[ord("p")] == 1 and p.followed[ord("p")] == 0
+    assert p.follow_odds(3) == [1 / 3, 1.0, 1.0]  # "pat": only "p" was ever left
+    out += "self.path)\nz = f("
+    p.follow(list(out.encode()))
+    assert p.aligned and p.left[ord("p")] == 2 and p.follow_odds(1) == [1 / 4]
+
+
+def test_a_token_the_output_followed_regains_its_odds():
+    p = byte_prediction("a = g(path)\nb = g(path)\nc = g(path)\nd = g(path)\n")
+    p.follow(list(b"a = g(path)\nb = g(path)\nc = g(self.path)\nd = g("))
+    assert (p.followed[ord("p")], p.left[ord("p")]) == (2, 1)  # followed twice, left once
+    assert p.follow_odds(2) == [3 / 5, 1.0] and len(p.follow_odds(64)) == len("path)\n")
+    p.follow(list(b"a = g(path)\nb = g(path)\nc = g(self.path)\nd = g(x"))
+    assert not p.aligned and p.follow_odds(4) == []  # lost: nothing to propose, no odds
+
+
+def odds_controller(shape: list[float]) -> Controller:
+    costs = Costs(verify=[0.035 * s for s in shape], draft_step=0.01, draft_row=0.005, pinned=True)
+    ctl = Controller(costs, k_max=8, has_draft_model=False, book=AcceptanceBook())
+    for _ in range(20):
+        ctl.prediction.observe(16, 16)
+    return ctl
+
+
+def test_on_a_cpu_auto_stops_a_prediction_draft_before_a_likely_edit_and_on_a_gpu_drafts_through():
+    """A draft kept up to a recurring edit gives the same tokens for a shorter verify: worth stopping
+    for where rows cost (this CPU's curve), not where they are nearly free (a GPU's)."""
+    odds = [1.0] * 6 + [1 / 4] + [1.0] * 33  # the 7th token is one the output left twice and never followed
+    ask = dict(prediction_available=40, prediction_cap=16, explore=False)
+    cpu = odds_controller(CPU_SHAPE)
+    assert cpu.choose(0, 0, 0, 64, **ask).k >= 12  # believed right throughout: a long draft
+    choice = cpu.choose(0, 0, 0, 64, prediction_odds=odds, **ask)
+    assert choice.drafter == "prediction" and 1 <= choice.k <= 6  # before the edit (4: the curve's step at 5 rows)
+    gpu = odds_controller([1.0 + 0.01 * n for n in range(17)])
+    assert gpu.choose(0, 0, 0, 64, prediction_odds=odds, **ask).k == 16

@@ -22,6 +22,7 @@ the largest E / cost; k = 0 is plain decoding at 1 / verify(1). See docs/auto-mo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from localspec.engine.costs import Costs
@@ -326,7 +327,7 @@ class Controller:
         return self.book.lookup
 
     def options(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int,
-                context: int | None = None, *, prediction_available: int = 0,
+                context: int | None = None, *, prediction_available: int = 0, prediction_odds: Sequence[float] = (),
                 lookup_earlier: bool = False, hopeful: bool = False) -> list[_Option]:
         """Every (drafter, k) worth weighing, plain decoding first. Runs every step: kept to plain
         arithmetic over the cost curve's level and shape (~0.3% of a 30 ms step on this CPU).
@@ -343,7 +344,10 @@ class Controller:
             # Its own cap (prediction_k_max, applied by the caller): copies pay past auto's k_max.
             # Weighed before lookup, so that on a tie (both copying the same file) the client's
             # prediction drafts and its usage counts what it was worth.
+            # Each position's rate times the chance the output follows that token (an edit that recurs):
+            # on a steep verify curve the draft then stops before it, on a flat one it drafts through.
             rates = self.prediction.planned(prediction_available, None, hopeful=hopeful)
+            rates = [r * (prediction_odds[i] if i < len(prediction_odds) else 1.0) for i, r in enumerate(rates)]
             drafters.append(("prediction", rates, 0.0, 0.0))
         if lookup_match > 0:
             book = self.book.for_lookup(lookup_match, earlier=lookup_earlier)
@@ -363,7 +367,8 @@ class Controller:
 
     def choose(self, draft_lag: int, lookup_match: int, lookup_available: int, k_cap: int, *,
                context: int | None = None, explore: bool = True, prediction_available: int = 0,
-               prediction_cap: int | None = None, lookup_earlier: bool = False, prediction_streak: int = 0) -> Choice:
+               prediction_cap: int | None = None, prediction_odds: Sequence[float] = (), lookup_earlier: bool = False,
+               prediction_streak: int = 0) -> Choice:
         """Pick the best (drafter, k); now and then, within the explorer's budget, a hopeful other.
 
         draft_lag: tokens the draft model must catch up before it can draft;
@@ -375,6 +380,8 @@ class Controller:
         explore: False for a look that takes no step (it must not spend the budget);
         prediction_available: how many of the prediction's tokens could be proposed (0 = none),
         at most prediction_cap of them (default k_cap): a prediction drafts past auto's k_max;
+        prediction_odds: per proposed token, the chance the output follows it (`Prediction.follow_odds`;
+        missing: 1);
         prediction_streak: output tokens in a row that followed the prediction (see PREDICTION_RESUME).
         """
         cap = k_cap if prediction_cap is None else prediction_cap
@@ -384,7 +391,8 @@ class Controller:
         if self.prediction_stopped_at is not None and not (explore and self._resume(prediction_streak)):
             prediction_available = 0
         options = self.options(draft_lag, lookup_match, lookup_available, k_cap, context,
-                               prediction_available=min(prediction_available, cap), lookup_earlier=lookup_earlier)
+                               prediction_available=min(prediction_available, cap), prediction_odds=prediction_odds,
+                               lookup_earlier=lookup_earlier)
         best = max(options, key=lambda o: o.choice.expected_rate)
         if not explore:
             return best.choice
@@ -413,7 +421,7 @@ class Controller:
         upper = {(o.choice.drafter, o.choice.k): o.expected
                  for o in self.options(draft_lag, lookup_match, lookup_available, k_cap, context,
                                        prediction_available=min(prediction_available, cap),
-                                       lookup_earlier=lookup_earlier, hopeful=True)}
+                                       prediction_odds=prediction_odds, lookup_earlier=lookup_earlier, hopeful=True)}
         hopes = [upper[o.choice.drafter, o.choice.k] / (o.cost - o.verify * (1.0 - c.hope(o.choice.k + 1)))
                  for o in affordable]
         i = max(range(len(affordable)), key=hopes.__getitem__)

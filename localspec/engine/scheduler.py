@@ -226,10 +226,9 @@ class Engine:
     def step(self) -> bool:
         """Advance every active request by one target pass. Returns False when idle.
 
-        admit → draft → build the batch → decode → accept. A fault in one slot's part (admitting,
-        drafting, building rows, verifying) fails that slot's request once, with finish_reason
-        "error", and frees the slot; the other slots go on.
-        """
+        admit → draft → build the batch → decode → accept. A fault in one slot's part (admitting, drafting,
+        building rows, verifying) fails that slot's request once, with finish_reason "error", and frees
+        the slot; the other slots go on."""
         self._admit()
         self._end_cancelled()
         running = [s for s in self.slots if s.active]
@@ -472,7 +471,8 @@ class Engine:
         a.lookup_match, a.lookup_earlier = proposal.match_length, proposal.source == "history"
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), room, context=len(a.tokens),
                                        lookup_earlier=a.lookup_earlier, prediction_available=prediction_cap,
-                                       prediction_cap=prediction_cap, prediction_streak=a.prediction_streak)
+                                       prediction_cap=prediction_cap, prediction_odds=a.prediction_odds(prediction_cap),
+                                       prediction_streak=a.prediction_streak)
         a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
         return a.choice.drafter, a.choice.k, proposal
 

@@ -150,6 +150,10 @@ class Active:
     def prediction_streak(self) -> int:
         return self.prediction.streak if self.prediction is not None else 0
 
+    def prediction_odds(self, n: int) -> list[float]:
+        """Per next prediction token, the chance the output follows it (`Prediction.follow_odds`)."""
+        return self.prediction.follow_odds(n) if self.prediction is not None else []
+
 
 @dataclass(frozen=True)
 class Speculation:
