@@ -3,6 +3,7 @@
 #   packaging/gpu-bundle.sh [OUT_DIR]      (default /tmp/localspec-gpu-bundle -> OUT_DIR/localspec-gpu-check.tar.gz
 #                                           and OUT_DIR/MANIFEST.txt, the bundle's file list)
 #   BENCH_JSON=path/bench.json ...         acceptance profiles (default docs/bench/quick.json)
+#   PREDICTED_BENCH_JSON=path/bench.json   Predicted Outputs' acceptance (default docs/bench/predicted.json)
 # Contents: a trimmed llama.cpp source from the llama-cpp-python sdist (CPU + CUDA backends, the
 # Qwen2 vocab-only GGUF for the synthetic models), the llama-cpp-python and gguf Python sources,
 # localspec (with packaging/gpu_check.py and synth_gguf.py), wheels of the pure-Python/abi-tagged
@@ -59,6 +60,9 @@ echo "== acceptance profiles"
 bench=${BENCH_JSON:-$REPO/docs/bench/quick.json}
 if [ -f "$bench" ]; then cp "$bench" "$stage/bench.json"; echo "using $bench"
 else echo "no bench JSON at $bench: no acceptance profiles bundled"; fi
+predicted=${PREDICTED_BENCH_JSON:-$REPO/docs/bench/predicted.json}
+if [ -f "$predicted" ]; then cp "$predicted" "$stage/bench-predicted.json"; echo "using $predicted"
+else echo "no predicted bench JSON at $predicted: no Predicted Outputs estimate"; fi
 
 (cd "$stage" && find . -type f -printf '%s\t%P\n' | sort -k2) >"$stage/MANIFEST.txt"
 cp "$stage/MANIFEST.txt" "$OUT/MANIFEST.txt"

@@ -80,7 +80,7 @@ if [ "$BACKEND" = cuda ]; then
 fi
 SHAPES="Qwen2.5-Coder-7B + 0.5B shapes"; [ "$SMALL" = 1 ] && SHAPES="small rehearsal shapes"
 CHECK_ARGS=(--out "$OUTDIR" --work "$WORK/models" --vocab "$LLAMA_SRC/models/ggml-vocab-qwen2.gguf"
-  --bench "$HERE/bench.json" --recipe "$RECIPE")
+  --bench "$HERE/bench.json" --predicted-bench "$HERE/bench-predicted.json" --recipe "$RECIPE")
 [ "$SMALL" = 1 ] && CHECK_ARGS+=(--small)
 [ "$BACKEND" = cpu ] && CHECK_ARGS+=(--threads "$JOBS")
 

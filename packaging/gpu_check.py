@@ -9,7 +9,9 @@ with --small. Steps:
      verify batches 1..16 rows and draft batches 1..16 rows (the catch-up);
   3. feed those costs and the per-position acceptance measured with the real pair on the CPU
      (a localspec bench JSON) to the `auto` controller, and record the k it chooses and the
-     speedup it predicts over plain decoding.
+     speedup it predicts over plain decoding;
+  4. for Predicted Outputs (a `bench --plan predicted` JSON, --predicted-bench): the CPU run's
+     passes re-costed on this machine's curve, and the ceiling at its measured coverage.
 Everything goes to --out: calibration.json, predictions.json, summary.txt (also printed).
 """
 
@@ -118,6 +120,38 @@ def predict(costs, profile: dict, k_max: int = PROFILE_K_MAX) -> dict:
             round(expected_tokens([acc.rate(i) for i in range(k)]) / costs.verify_cost(k + 1) / base, 3)
             for k in range(1, k_max + 1)
         ]
+    return out
+
+
+def _verify_at(costs, rows: float) -> float:
+    """verify(rows) for a mean row count between two whole ones: linear between them."""
+    lo = max(1, int(rows))
+    frac = rows - lo
+    return costs.verify_cost(lo) * (1.0 - frac) + costs.verify_cost(lo + 1) * frac if frac else costs.verify_cost(lo)
+
+
+def prediction_estimates(bench: dict, costs) -> list[dict]:
+    """Predicted Outputs on these costs at the acceptance a CPU run of `bench --plan predicted`
+    measured, per suite. `recosted`: each auto+prediction run's passes (their mean rows: drafted
+    tokens over passes, plus one) priced on this curve, tokens over their cost against plain
+    decoding, the median over runs. The CPU's choices are kept, so on a flatter curve this
+    understates what `auto` would draft. `ceiling`: the bench's own upper bound at the suite's
+    measured coverage (localspec.bench.predicted.ceiling) on this curve."""
+    from localspec.bench.predicted import PREDICTED, ceiling, coverage
+
+    runs = [r for r in bench.get("runs", []) if r.get("mode") == PREDICTED and r.get("target_passes")]
+    out = []
+    for suite in sorted({r["suite"] for r in runs}):
+        ratios = []
+        for r in (r for r in runs if r["suite"] == suite):
+            passes = r["target_passes"]
+            rows = 1.0 + (r.get("drafted") or 0) / passes
+            ratios.append(r["tokens"] * costs.verify_cost(1) / (passes * _verify_at(costs, rows)))
+        covered = coverage(bench["runs"], suite)
+        best = ceiling(covered[0], costs.verify_cost) if covered else None
+        out.append({"suite": suite, "runs": len(ratios), "recosted_speedup": round(statistics.median(ratios), 3),
+                    "covered": round(covered[0], 3) if covered else None,
+                    "ceiling": {"k": best.k, "speedup": round(best.speedup, 3)} if best else None})
     return out
 
 
@@ -233,6 +267,9 @@ def run(args: argparse.Namespace) -> dict:
         "bench": {"path": str(args.bench), "command": bench.get("command"), "started": bench.get("started")},
         "costs": {"engine_calibration": predict_all(engine_costs, profiles), "sweep": predict_all(swept, profiles)},
     }
+    predicted = json.loads(args.predicted_bench.read_text()) if args.predicted_bench and args.predicted_bench.is_file() else {}
+    preds["predicted_outputs"] = {"bench": {"path": str(args.predicted_bench), "started": predicted.get("started")},
+                                  "sweep": prediction_estimates(predicted, swept)}
     (out / "predictions.json").write_text(json.dumps(preds, indent=1))
     summary = render_summary(calibration, preds, time.perf_counter() - t_start)
     (out / "summary.txt").write_text(summary)
@@ -274,6 +311,14 @@ def render_summary(cal: dict, preds: dict, seconds: float) -> str:
         lines.append(f"{p['suite']:8} {p['mode']:9} {cells[0]:18} {cells[1]:18} {' '.join(f'{s:.2f}' for s in p['speedup_by_k'])}")
     if not preds["costs"]["sweep"]:
         lines.append("(no acceptance profiles: no bench JSON given)")
+    lines.append("")
+    lines.append("Predicted Outputs (auto+prediction) at the CPU bench's acceptance, on the swept costs:")
+    for e in preds.get("predicted_outputs", {}).get("sweep", []):
+        c = e["ceiling"]
+        lines.append(f"{e['suite']:10} CPU passes re-costed {e['recosted_speedup']:.2f}x; drafts gave {e['covered']:.0%}, "
+                     f"ceiling {c['speedup']:.2f}x at k={c['k']}" if c else f"{e['suite']:10} {e['recosted_speedup']:.2f}x")
+    if not preds.get("predicted_outputs", {}).get("sweep"):
+        lines.append("(none: no predicted bench JSON given)")
     return "\n".join(lines) + "\n"
 
 
@@ -284,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the synthetic models go (GBs for the real shapes; not the output dir)")
     ap.add_argument("--vocab", type=Path, required=True, help="ggml-vocab-qwen2.gguf")
     ap.add_argument("--bench", type=Path, help="localspec bench JSON with by-position acceptance")
+    ap.add_argument("--predicted-bench", type=Path, help="a `localspec bench --plan predicted` JSON")
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU rehearsal)")
     ap.add_argument("--recipe", choices=("q4_k_m", "q8_0"), default="q4_k_m")
     ap.add_argument("--threads", type=int, default=None)

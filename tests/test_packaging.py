@@ -263,6 +263,28 @@ def test_prediction_follows_the_costs():
     assert gpu_check.predict(cpu_like, good)["lag0"] == {"drafter": "off", "k": 0, "speedup": 1.0}
 
 
+def test_predicted_outputs_are_estimated_from_the_cpu_runs_passes_on_the_measured_curve():
+    from localspec.engine.controller import Costs
+
+    # Two edits: 100 tokens in 20 passes of 4 drafted rows each, and 100 tokens in 50 single-row passes.
+    bench = {"runs": [
+        {"suite": "predicted", "mode": "auto+prediction", "prompt": "a", "tokens": 100, "target_passes": 20,
+         "drafted": 80, "accepted": 80},
+        {"suite": "predicted", "mode": "auto+prediction", "prompt": "b", "tokens": 100, "target_passes": 50,
+         "drafted": 0, "accepted": 50},
+        {"suite": "predicted", "mode": "off", "prompt": "a", "tokens": 100, "target_passes": 100},
+    ]}
+    flat = Costs(verify=[0.010] * 17, draft_step=0.002, draft_row=0.0001)
+    steep = Costs(verify=[0.010 * (1 + 0.6 * n) for n in range(17)], draft_step=0.002, draft_row=0.0001)
+    [on_flat] = gpu_check.prediction_estimates(bench, flat)
+    [on_steep] = gpu_check.prediction_estimates(bench, steep)
+    # Re-costed: 100 tokens for 20 passes of verify(5) against 100 of verify(1); then 2x for 50 passes.
+    assert on_flat["runs"] == 2 and on_flat["recosted_speedup"] == pytest.approx((5.0 + 2.0) / 2)
+    assert on_steep["recosted_speedup"] == pytest.approx((5.0 / 3.4 + 2.0) / 2, rel=1e-3)
+    assert on_flat["covered"] == pytest.approx(0.65) and on_flat["ceiling"]["speedup"] > on_steep["ceiling"]["speedup"]
+    assert gpu_check.prediction_estimates({}, flat) == []
+
+
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory, draft_path):
     """The --small rehearsal models, tokenizer taken from the real draft model's file."""
