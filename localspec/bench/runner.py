@@ -27,7 +27,7 @@ from localspec.bench import goals as bench_goals
 from localspec.bench.anchors import LlamaServerPool, rendered_prompt
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import GenerationRequest
-from localspec.engine.events import Done
+from localspec.engine.events import Done, Generated, collect
 from localspec.engine.scheduler import Engine
 
 SCHEMA_VERSION = 1
@@ -199,23 +199,8 @@ def _chat(prompt: str, max_tokens: int, spec: ModeSpec) -> GenerationRequest:
                              k=spec.k, history_scope=f"bench:{spec.name}")
 
 
-@dataclass(frozen=True)
-class Generated:
-    done: Done
-    ids: tuple[int, ...]  # the answer's tokens, as streamed
-
-
 def run_request(engine: Engine, request: GenerationRequest) -> Generated:
-    done: Done | None = None
-    ids: list[int] = []
-    for ev in engine.generate(request):
-        if isinstance(ev, Done):
-            done = ev
-        else:
-            ids.extend(ev.ids)
-    if done is None:
-        raise RuntimeError("the engine's stream ended without a Done event")
-    return Generated(done, tuple(ids))
+    return collect(engine.generate(request))
 
 
 def _run_one(engine: Engine, request: GenerationRequest) -> Done:

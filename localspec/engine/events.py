@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -132,6 +132,27 @@ class Done:
 
 
 Event = Token | Done
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One request's stream, folded: its Done and the answer's tokens as streamed."""
+
+    done: Done
+    ids: tuple[int, ...]
+
+
+def collect(events: Iterable[Event]) -> Generated:
+    done: Done | None = None
+    ids: list[int] = []
+    for ev in events:
+        if isinstance(ev, Done):
+            done = ev
+        else:
+            ids.extend(ev.ids)
+    if done is None:
+        raise RuntimeError("the engine's stream ended without a Done event")
+    return Generated(done, tuple(ids))
 
 
 # ---------------------------------------------------------------------- loading
