@@ -11,8 +11,12 @@ with --small. Steps:
      (a localspec bench JSON) to the `auto` controller, and record the k it chooses and the
      speedup it predicts over plain decoding;
   4. for Predicted Outputs (a `bench --plan predicted` JSON, --predicted-bench): the CPU run's
-     passes re-costed on this machine's curve, and the ceiling at its measured coverage.
-Everything goes to --out: calibration.json, predictions.json, summary.txt (also printed).
+     passes re-costed on this machine's curve, and the ceiling at its measured coverage;
+  5. the engine end to end on these models, one greedy request per mode: `off`, then its own
+     answer as a prediction (every draft kept: real 100%-acceptance timings on these kernels),
+     `lookup`, `draft` and `auto` (on the swept costs), each answer compared with `off`'s.
+Everything goes to --out: calibration.json, predictions.json, engine.json (rewritten after each
+mode, so a timeout still leaves the modes done), summary.txt (also printed).
 """
 
 from __future__ import annotations
@@ -136,8 +140,8 @@ def prediction_estimates(bench: dict, costs) -> list[dict]:
     tokens over passes, plus one) priced on this curve, tokens over their cost against plain
     decoding, the median over runs. The CPU's choices are kept, so on a flatter curve this
     understates what `auto` would draft. `ceiling`: the bench's own upper bound at the suite's
-    measured coverage (localspec.bench.predicted.ceiling) on this curve."""
-    from localspec.bench.predicted import PREDICTED, ceiling, coverage
+    measured coverage (localspec.bench.ceiling.ceiling) on this curve."""
+    from localspec.bench.ceiling import PREDICTED, ceiling, coverage
 
     runs = [r for r in bench.get("runs", []) if r.get("mode") == PREDICTED and r.get("target_passes")]
     out = []
@@ -153,6 +157,58 @@ def prediction_estimates(bench: dict, costs) -> list[dict]:
                     "covered": round(covered[0], 3) if covered else None,
                     "ceiling": {"k": best.k, "speedup": round(best.speedup, 3)} if best else None})
     return out
+
+
+# ---------------------------------------------------------------- the engine end to end
+
+# Each mode's request, in the issue's order: plain decoding first (its answer is the prediction and
+# the reference), then the prediction at 100% acceptance, then the drafters.
+ENGINE_MODES = ("off", "prediction", "lookup", "draft", "auto")
+# Code-like text with repeats, so prompt lookup has matches even where random weights write noise.
+ENGINE_PROMPT = "".join(f"def f{i}(x):\n    return x * {i} + f{i - 1}(x)\n\n" for i in range(1, 24))
+
+
+def drive_engine(models: dict, costs, *, n_gpu_layers: int, threads: int | None, max_tokens: int,
+                 write=lambda result: None) -> dict:
+    """One greedy request per ENGINE_MODES through a real `Engine` on the synthetic models; `write`
+    hears the result after each mode. `prediction` is mode `lookup` with `off`'s answer as the
+    prediction (a prediction takes precedence there); `auto` runs on `costs` (no calibration)."""
+    from localspec.engine.config import EngineConfig, GenerationRequest
+    from localspec.engine.events import collect
+    from localspec.engine.scheduler import Engine
+
+    # No lookup history: a request asked again would copy the earlier answer, not test its drafter.
+    # draft_p_min 0: a random-weight draft is never confident, and would otherwise never draft.
+    config = EngineConfig(n_ctx=2048, parallel=1, mode="off", n_gpu_layers=n_gpu_layers, n_threads=threads,
+                          pinned_prefix_cells=0, lookup_history_tokens=0, draft_p_min=0.0)
+    engine = Engine.load(models["target"]["path"], models["draft"]["path"], config)
+    engine.costs = costs
+    result: dict = {"max_tokens": max_tokens, "runs": {}}
+    reference: tuple[list[int], str] | None = None
+    try:
+        for mode in ENGINE_MODES:
+            request = GenerationRequest(prompt=ENGINE_PROMPT, max_tokens=max_tokens,
+                                        mode="lookup" if mode == "prediction" else mode,
+                                        prediction=reference[1] if mode == "prediction" and reference else None)
+            answer = collect(engine.generate(request))
+            done, ids = answer.done, list(answer.ids)
+            st = done.stats
+            run = {"finish": done.finish_reason, "error": done.error, "tokens": st.completion_tokens,
+                   "decode_ms": round(st.decode_ms, 2), "target_passes": st.target_passes,
+                   "tokens_per_s": round((st.completion_tokens - 1) / st.decode_ms * 1000, 2) if st.decode_ms else None,
+                   "drafted": st.drafted, "accepted": st.accepted, "prediction_accepted": st.prediction_accepted}
+            if reference is None:
+                reference = (ids, done.text)
+            else:
+                same = next((i for i, (a, b) in enumerate(zip(ids, reference[0], strict=False)) if a != b), None)
+                if same is None and len(ids) != len(reference[0]):
+                    same = min(len(ids), len(reference[0]))
+                run["first_difference"] = same  # None: the same answer as `off`
+            result["runs"][mode] = run
+            write(result)
+    finally:
+        engine.close()
+    return result
 
 
 # ---------------------------------------------------------------- measuring
@@ -271,6 +327,12 @@ def run(args: argparse.Namespace) -> dict:
     preds["predicted_outputs"] = {"bench": {"path": str(args.predicted_bench), "started": predicted.get("started")},
                                   "sweep": prediction_estimates(predicted, swept)}
     (out / "predictions.json").write_text(json.dumps(preds, indent=1))
+    if args.engine_tokens > 0:
+        def write(result: dict) -> None:
+            (out / "engine.json").write_text(json.dumps(result, indent=1))
+
+        preds["engine"] = drive_engine(models, swept, n_gpu_layers=args.n_gpu_layers, threads=args.threads,
+                                       max_tokens=args.engine_tokens, write=write)
     summary = render_summary(calibration, preds, time.perf_counter() - t_start)
     (out / "summary.txt").write_text(summary)
     print(summary, flush=True)
@@ -319,6 +381,14 @@ def render_summary(cal: dict, preds: dict, seconds: float) -> str:
                      f"ceiling {c['speedup']:.2f}x at k={c['k']}" if c else f"{e['suite']:10} {e['recosted_speedup']:.2f}x")
     if not preds.get("predicted_outputs", {}).get("sweep"):
         lines.append("(none: no predicted bench JSON given)")
+    runs = preds.get("engine", {}).get("runs", {})
+    if runs:
+        lines.append("")
+        lines.append("the engine end to end (greedy; tokens/s after the first token; kept/drafted; same answer as off)")
+        for mode, r in runs.items():
+            same = "-" if mode == "off" else "yes" if r.get("first_difference") is None else f"from {r['first_difference']}"
+            lines.append(f"{mode:10} {r['tokens_per_s'] or 0:8.1f} tok/s  {r['accepted']}/{r['drafted']}  {same}"
+                         + (f"  error: {r['error']}" if r["error"] else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -337,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k-max", type=int, default=15, help="verify batches up to k_max+1 rows (default 16)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="skip the long-context sweep")
+    ap.add_argument("--engine-tokens", type=int, default=128,
+                    help="tokens per request when driving the engine in each mode (0: skip)")
     args = ap.parse_args(argv)
     run(args)
     return 0

@@ -320,6 +320,31 @@ def test_synthetic_models_load_in_llama_cpp_and_calibrate(tiny_models, draft_pat
         draft.close()
 
 
+def test_the_gpu_check_drives_the_engine_in_every_mode_and_writes_after_each(tiny_models):
+    from localspec.engine.controller import Costs
+    from tests.common import TEST_THREADS
+
+    models = {"target": tiny_models["small-target"], "draft": tiny_models["small-draft"]}
+    flat = Costs(verify=[0.010 + 0.0002 * n for n in range(17)], draft_step=0.002, draft_row=0.0001, pinned=True)
+    written: list[list[str]] = []
+    result = gpu_check.drive_engine(models, flat, n_gpu_layers=0, threads=TEST_THREADS, max_tokens=24,
+                                    write=lambda r: written.append(list(r["runs"])))
+    assert written[0] == ["off"] and written[-1] == list(gpu_check.ENGINE_MODES)  # one write per mode, in order
+    runs = result["runs"]
+    assert all(r["error"] is None and r["tokens"] > 0 for r in runs.values())
+    assert "first_difference" not in runs["off"] and all("first_difference" in runs[m] for m in gpu_check.ENGINE_MODES[1:])
+    # off's own answer as the prediction: drafted from until the answers part (random weights, flat logits)
+    assert runs["prediction"]["prediction_accepted"] > 0
+    assert runs["draft"]["drafted"] > 0  # a random-weight draft model drafts too (draft_p_min 0)
+    assert "the engine end to end" in gpu_check.render_summary(
+        {"machine": {"gpus": [], "gpu_offload": False, "llama_cpp_python": "x"},
+         "models": {"target": {"shape": "t", "recipe": "r"}, "draft": {"shape": "d"}},
+         "sweep": {"verify_by_rows": [0.01], "context": 48, "draft_by_rows": [0.001]}, "verify_ratio_to_one_row": [1.0],
+         "sweep_long_context": {"verify_by_rows": []},
+         "engine_calibration": {"seconds": 1, "verify": [0.01], "draft_step": 0.001, "draft_row": 0.0001}},
+        {"costs": {"sweep": []}, "engine": result}, 1.0)
+
+
 # ---------------------------------------------------------------- standalone app (slow, opt-in)
 
 STANDALONE_APP = Path(os.environ.get("LOCALSPEC_STANDALONE_APP", REPO / "dist" / "localspec" / "localspec"))
