@@ -28,6 +28,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -127,18 +128,21 @@ def predict(costs, profile: dict, k_max: int = PROFILE_K_MAX) -> dict:
     return out
 
 
-def _verify_at(costs, rows: float) -> float:
-    """verify(rows) for a mean row count between two whole ones: linear between them."""
-    lo = max(1, int(rows))
-    frac = rows - lo
-    return costs.verify_cost(lo) * (1.0 - frac) + costs.verify_cost(lo + 1) * frac if frac else costs.verify_cost(lo)
+def _passes_cost(costs, passes: int, drafted_by_position: list[int]) -> float:
+    """What a run's target passes cost on `costs`: drafted_by_position[k - 1] drafts reached position k,
+    so dbp[k - 1] - dbp[k] passes verified exactly k drafted tokens (k + 1 rows), and the rest were plain."""
+    dbp = [*drafted_by_position, 0]
+    cost = (passes - dbp[0]) * costs.verify_cost(1)
+    for k in range(1, len(dbp)):
+        cost += (dbp[k - 1] - dbp[k]) * costs.verify_cost(k + 1)
+    return cost
 
 
 def prediction_estimates(bench: dict, costs) -> list[dict]:
     """Predicted Outputs on these costs at the acceptance a CPU run of `bench --plan predicted`
-    measured, per suite. `recosted`: each auto+prediction run's passes (their mean rows: drafted
-    tokens over passes, plus one) priced on this curve, tokens over their cost against plain
-    decoding, the median over runs. The CPU's choices are kept, so on a flatter curve this
+    measured, per suite. `recosted`: each auto+prediction run's passes (each at its own row count,
+    from the run's drafts by position) priced on this curve, against the plain passes its answer
+    needs after the prefill's token (tokens - 1 of one row), the median over runs. The CPU's choices are kept, so on a flatter curve this
     understates what `auto` would draft. `ceiling`: the bench's own upper bound at the suite's
     measured coverage (localspec.bench.ceiling.ceiling) on this curve."""
     from localspec.bench.ceiling import PREDICTED, ceiling, coverage
@@ -148,9 +152,8 @@ def prediction_estimates(bench: dict, costs) -> list[dict]:
     for suite in sorted({r["suite"] for r in runs}):
         ratios = []
         for r in (r for r in runs if r["suite"] == suite):
-            passes = r["target_passes"]
-            rows = 1.0 + (r.get("drafted") or 0) / passes
-            ratios.append(r["tokens"] * costs.verify_cost(1) / (passes * _verify_at(costs, rows)))
+            cost = _passes_cost(costs, r["target_passes"], r.get("drafted_by_position") or [])
+            ratios.append((r["tokens"] - 1) * costs.verify_cost(1) / cost)
         covered = coverage(bench["runs"], suite)
         best = ceiling(covered[0], costs.verify_cost) if covered else None
         out.append({"suite": suite, "runs": len(ratios), "recosted_speedup": round(statistics.median(ratios), 3),
@@ -182,24 +185,31 @@ def drive_engine(models: dict, costs, *, n_gpu_layers: int, threads: int | None,
     config = EngineConfig(n_ctx=2048, parallel=1, mode="off", n_gpu_layers=n_gpu_layers, n_threads=threads,
                           pinned_prefix_cells=0, lookup_history_tokens=0, draft_p_min=0.0)
     engine = Engine.load(models["target"]["path"], models["draft"]["path"], config)
-    engine.costs = costs
+    # Pinned: the modes before `auto` would otherwise teach it their passes, and `auto` is to run on
+    # the swept curve itself.
+    engine.costs = replace(costs, pinned=True)
     result: dict = {"max_tokens": max_tokens, "runs": {}}
     reference: tuple[list[int], str] | None = None
     try:
         for mode in ENGINE_MODES:
             request = GenerationRequest(prompt=ENGINE_PROMPT, max_tokens=max_tokens,
                                         mode="lookup" if mode == "prediction" else mode,
-                                        prediction=reference[1] if mode == "prediction" and reference else None)
-            answer = collect(engine.generate(request))
+                                        prediction=(reference[1] or None) if mode == "prediction" and reference else None)
+            try:
+                answer = collect(engine.generate(request))
+            except Exception as exc:  # one mode's failure is a finding, not the end of the check
+                result["runs"][mode] = {"finish": "error", "error": f"{type(exc).__name__}: {exc}"}
+                write(result)
+                continue
             done, ids = answer.done, list(answer.ids)
             st = done.stats
             run = {"finish": done.finish_reason, "error": done.error, "tokens": st.completion_tokens,
                    "decode_ms": round(st.decode_ms, 2), "target_passes": st.target_passes,
                    "tokens_per_s": round((st.completion_tokens - 1) / st.decode_ms * 1000, 2) if st.decode_ms else None,
                    "drafted": st.drafted, "accepted": st.accepted, "prediction_accepted": st.prediction_accepted}
-            if reference is None:
+            if mode == "off":
                 reference = (ids, done.text)
-            else:
+            elif reference is not None:
                 same = next((i for i, (a, b) in enumerate(zip(ids, reference[0], strict=False)) if a != b), None)
                 if same is None and len(ids) != len(reference[0]):
                     same = min(len(ids), len(reference[0]))
@@ -386,7 +396,11 @@ def render_summary(cal: dict, preds: dict, seconds: float) -> str:
         lines.append("")
         lines.append("the engine end to end (greedy; tokens/s after the first token; kept/drafted; same answer as off)")
         for mode, r in runs.items():
-            same = "-" if mode == "off" else "yes" if r.get("first_difference") is None else f"from {r['first_difference']}"
+            if "tokens" not in r:
+                lines.append(f"{mode:10} failed: {r['error']}")
+                continue
+            diff = r.get("first_difference", "-")
+            same = "-" if mode == "off" or diff == "-" else "yes" if diff is None else f"from {diff}"
             lines.append(f"{mode:10} {r['tokens_per_s'] or 0:8.1f} tok/s  {r['accepted']}/{r['drafted']}  {same}"
                          + (f"  error: {r['error']}" if r["error"] else ""))
     return "\n".join(lines) + "\n"

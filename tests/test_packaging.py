@@ -266,22 +266,24 @@ def test_prediction_follows_the_costs():
 def test_predicted_outputs_are_estimated_from_the_cpu_runs_passes_on_the_measured_curve():
     from localspec.engine.controller import Costs
 
-    # Two edits: 100 tokens in 20 passes of 4 drafted rows each, and 100 tokens in 50 single-row passes.
+    # Two edits of 101 tokens (100 after the prefill's): one in 20 passes that each verified 4 drafted
+    # tokens (5 rows), one in 10 passes of 5 rows and 40 plain ones.
     bench = {"runs": [
-        {"suite": "predicted", "mode": "auto+prediction", "prompt": "a", "tokens": 100, "target_passes": 20,
-         "drafted": 80, "accepted": 80},
-        {"suite": "predicted", "mode": "auto+prediction", "prompt": "b", "tokens": 100, "target_passes": 50,
-         "drafted": 0, "accepted": 50},
-        {"suite": "predicted", "mode": "off", "prompt": "a", "tokens": 100, "target_passes": 100},
+        {"suite": "predicted", "mode": "auto+prediction", "prompt": "a", "tokens": 101, "target_passes": 20,
+         "drafted": 80, "accepted": 80, "drafted_by_position": [20, 20, 20, 20]},
+        {"suite": "predicted", "mode": "auto+prediction", "prompt": "b", "tokens": 101, "target_passes": 50,
+         "drafted": 40, "accepted": 40, "drafted_by_position": [10, 10, 10, 10]},
+        {"suite": "predicted", "mode": "off", "prompt": "a", "tokens": 101, "target_passes": 100},
     ]}
     flat = Costs(verify=[0.010] * 17, draft_step=0.002, draft_row=0.0001)
     steep = Costs(verify=[0.010 * (1 + 0.6 * n) for n in range(17)], draft_step=0.002, draft_row=0.0001)
     [on_flat] = gpu_check.prediction_estimates(bench, flat)
     [on_steep] = gpu_check.prediction_estimates(bench, steep)
-    # Re-costed: 100 tokens for 20 passes of verify(5) against 100 of verify(1); then 2x for 50 passes.
-    assert on_flat["runs"] == 2 and on_flat["recosted_speedup"] == pytest.approx((5.0 + 2.0) / 2)
-    assert on_steep["recosted_speedup"] == pytest.approx((5.0 / 3.4 + 2.0) / 2, rel=1e-3)
-    assert on_flat["covered"] == pytest.approx(0.65) and on_flat["ceiling"]["speedup"] > on_steep["ceiling"]["speedup"]
+    # Re-costed: 100 plain passes' worth against 20 × verify(5), and against 10 × verify(5) + 40 × verify(1).
+    assert on_flat["runs"] == 2 and on_flat["recosted_speedup"] == pytest.approx((100 / 20 + 100 / 50) / 2)
+    assert on_steep["recosted_speedup"] == pytest.approx((100 / (20 * 3.4) + 100 / (10 * 3.4 + 40)) / 2, abs=1e-3)
+    assert on_flat["covered"] == pytest.approx((80 / 101 + 40 / 101) / 2, abs=1e-3)
+    assert on_flat["ceiling"]["speedup"] > on_steep["ceiling"]["speedup"]
     assert gpu_check.prediction_estimates({}, flat) == []
 
 
@@ -336,13 +338,16 @@ def test_the_gpu_check_drives_the_engine_in_every_mode_and_writes_after_each(tin
     # off's own answer as the prediction: drafted from until the answers part (random weights, flat logits)
     assert runs["prediction"]["prediction_accepted"] > 0
     assert runs["draft"]["drafted"] > 0  # a random-weight draft model drafts too (draft_p_min 0)
-    assert "the engine end to end" in gpu_check.render_summary(
-        {"machine": {"gpus": [], "gpu_offload": False, "llama_cpp_python": "x"},
-         "models": {"target": {"shape": "t", "recipe": "r"}, "draft": {"shape": "d"}},
-         "sweep": {"verify_by_rows": [0.01], "context": 48, "draft_by_rows": [0.001]}, "verify_ratio_to_one_row": [1.0],
-         "sweep_long_context": {"verify_by_rows": []},
-         "engine_calibration": {"seconds": 1, "verify": [0.01], "draft_step": 0.001, "draft_row": 0.0001}},
-        {"costs": {"sweep": []}, "engine": result}, 1.0)
+    calibration = {"machine": {"gpus": [], "gpu_offload": False, "llama_cpp_python": "x"},
+                   "models": {"target": {"shape": "t", "recipe": "r"}, "draft": {"shape": "d"}},
+                   "sweep": {"verify_by_rows": [0.01], "context": 48, "draft_by_rows": [0.001]},
+                   "verify_ratio_to_one_row": [1.0], "sweep_long_context": {"verify_by_rows": []},
+                   "engine_calibration": {"seconds": 1, "verify": [0.01], "draft_step": 0.001, "draft_row": 0.0001}}
+    assert "the engine end to end" in gpu_check.render_summary(calibration, {"costs": {"sweep": []}, "engine": result}, 1.0)
+    # A mode that raised is reported in the summary, and the check goes on (engine.json keeps the rest).
+    failed = {"runs": {**result["runs"], "draft": {"finish": "error", "error": "RuntimeError: no luck"}}}
+    assert "failed: RuntimeError: no luck" in gpu_check.render_summary(calibration, {"costs": {"sweep": []},
+                                                                                    "engine": failed}, 1.0)
 
 
 # ---------------------------------------------------------------- standalone app (slow, opt-in)
