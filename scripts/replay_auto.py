@@ -86,7 +86,10 @@ def replay_one(item: Recorded, controller: Controller, costs: Costs, tokenizer: 
         else:
             draft = ()
         kept = next((j for j, t in enumerate(draft) if i + j >= len(out) or out[i + j] != t), len(draft))
-        controller.observe(choice, len(draft), kept, proposal.match_length)
+        # As Active.ahead: a lookup copy kept whole learns whether the target's next token is the copy's next.
+        ahead = (proposal.tokens[kept] == out[i + kept] if choice.drafter == "lookup" and kept == len(draft)
+                 and kept < len(proposal) and i + kept < len(out) else None)
+        controller.observe(choice, len(draft), kept, proposal.match_length, ahead=ahead)
         steps = costs.steps(len(draft) + 1)
         if draft:
             drafts.append(f"{choice.drafter[0]}{'x' if choice.explored else ''} m={proposal.match_length} "

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.engine.controller import Acceptance, AcceptanceBook, Controller, Costs, expected_tokens, match_bucket
+from localspec.engine.controller import (
+    Acceptance,
+    AcceptanceBook,
+    Choice,
+    Controller,
+    Costs,
+    expected_tokens,
+    match_bucket,
+)
 
 # Measured on a 2-core CPU with the real pair (issue 9): target step 60 ms, draft step 27 ms,
 # verify of 2/5/9 rows 105/161/338 ms. Intermediate sizes interpolated.
@@ -391,3 +399,51 @@ def test_with_a_prediction_lookup_copies_only_from_a_full_match():
     choices = [exploring.choose(draft_lag=0, lookup_match=8, lookup_available=8, k_cap=8) for _ in range(20)]
     assert all(ch.drafter == "off" for ch in choices)
     assert "lookup copies only 16-token matches beside a prediction" in exploring.why_not
+
+
+def _copies(book: AcceptanceBook, runs: tuple[int, ...], *, ahead: bool) -> list[int]:
+    """As _replay, and a copy kept whole learns whether the copy's next token was the target's too
+    (`ahead`, what the scheduler gets from the verify's bonus token)."""
+    request = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
+    ks = []
+    for run in runs:
+        choice = request.choose(0, 16, 48, 300, explore=False)
+        ks.append(choice.k)
+        if choice.k:
+            kept = min(run, choice.k)
+            request.observe(choice, drafted=choice.k, accepted=kept, lookup_match=16,
+                            ahead=(run > choice.k) if ahead and kept == choice.k else None)
+    return ks
+
+
+def test_a_copy_kept_whole_learns_the_position_past_it_from_the_bonus_token():
+    """Bench first ask (editing #3, a copy of its prompt): one 14-token copy kept 2, and from then on
+    the request drafted 2 tokens at 16-token matches 50 times, each kept whole; position 3 kept its one
+    rejection as the request's evidence, since no draft reached it again. The bonus token after a whole
+    copy says what drafting one more would have: the copy grows back."""
+    book = AcceptanceBook(decay=0.99)
+    for _ in range(25):  # earlier requests' copies at 16-token matches mostly ran on
+        book.for_lookup(16).observe(15, 15)
+    runs = (2, *([40] * 8))
+    stuck = _copies(book, runs, ahead=False)
+    assert stuck == [16] + [2] * 8, stuck  # the trap, as it was
+    book = AcceptanceBook(decay=0.99)
+    for _ in range(25):
+        book.for_lookup(16).observe(15, 15)
+    grown = _copies(book, runs, ahead=True)
+    assert grown[:2] == [16, 2] and min(grown[2:]) >= 16, grown
+
+
+def test_the_bonus_token_past_a_whole_copy_counts_as_one_more_position():
+    """ahead=True books position k + 1 as kept, ahead=False as the rejection there, None nothing."""
+    for ahead, trials, kept in ((None, 4, 4), (True, 5, 5), (False, 5, 4)):
+        book = AcceptanceBook(decay=1.0)
+        c = Controller(HERE, k_max=8, book=book, has_draft_model=False)
+        c.observe(Choice("lookup", 4, 1.0), drafted=4, accepted=4, lookup_match=16, ahead=ahead)
+        entry = book.for_lookup(16)
+        assert (len(entry.trials), sum(entry.accepted)) == (trials, kept)
+    # Only a copy kept whole: a rejected draft already shows where it ended.
+    book = AcceptanceBook(decay=1.0)
+    Controller(HERE, k_max=8, book=book, has_draft_model=False).observe(
+        Choice("lookup", 4, 1.0), drafted=4, accepted=2, lookup_match=16, ahead=True)
+    assert book.for_lookup(16).trials == [1.0, 1.0, 1.0]

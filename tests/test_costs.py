@@ -387,3 +387,29 @@ def test_a_planted_curve_learns_long_copies_as_one_stretch_so_copies_stay_long()
         drafts.append(choice.k)
         made += choice.k + 1
     assert len(drafts) == 5 and min(drafts) >= 40, drafts
+
+
+def test_a_whole_copy_tells_the_controller_whether_the_target_went_on_copying(monkeypatch):
+    """Active.ahead: after a lookup draft kept whole, the verify's bonus token is compared with the
+    proposal's next token; the controller books it as one more position (Controller.observe)."""
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.events import Done
+
+    seen: list[tuple[int, int, bool | None]] = []
+    observe = Controller.observe
+
+    def spy(self, choice, drafted, accepted, *args, ahead=None, **kwargs):
+        if choice.drafter == "lookup":
+            seen.append((drafted, accepted, ahead))
+        return observe(self, choice, drafted, accepted, *args, ahead=ahead, **kwargs)
+
+    monkeypatch.setattr(Controller, "observe", spy)
+    flat = Costs(verify=[0.02 + 0.0005 * i for i in range(17)], draft_step=0.02, draft_row=0.005, pinned=True)
+    engine, copy = _auto_engine(flat)
+    done = _answer(engine, "Copy this:\n" + copy)
+    assert seen and all(a is None for d, k, a in seen if k < d)  # a rejected draft shows where it ended
+    assert any(a is True for d, k, a in seen if k == d)  # the copy went on past a whole draft
+    plain, _ = _auto_engine(flat)
+    off = [e for e in plain.generate(GenerationRequest(prompt="Copy this:\n" + copy, max_tokens=120, mode="off"))
+           if isinstance(e, Done)][0]
+    assert done.text == off.text

@@ -461,7 +461,12 @@ class Controller:
         return self.copy_caps.get(bucket, start)
 
     def observe(self, choice: Choice, drafted: int, accepted: int, lookup_match: int = 0, *,
-                lookup_earlier: bool = False) -> None:
+                lookup_earlier: bool = False, ahead: bool | None = None) -> None:
+        """A verify's outcome. `ahead`, for a copy kept whole: whether the target's bonus token is the
+        copy's next token, which is what drafting one more would have shown (None: unknown, or not whole).
+        Without it a request's one rejection at a position stays its evidence there for good: the k that
+        stops before it is never passed again (a first ask copying its prompt drafted 2 tokens at 16-token
+        matches 50 times in a row, each kept whole, after one 14-token copy kept 2)."""
         if choice.explored and self._exploring is not None:
             cost, best_rate, believed = self._exploring
             self.explorer.settle(believed, max(cost - (accepted + 1) / best_rate, 0.0))
@@ -471,10 +476,11 @@ class Controller:
             self._own("draft", drafted, accepted)
         elif choice.drafter == "lookup" and drafted:
             bucket = match_bucket(lookup_match, earlier=lookup_earlier)
-            self.book.for_lookup(lookup_match, earlier=lookup_earlier).observe(drafted, accepted)
-            self._own(bucket, drafted, accepted)
-            cap = self.copy_cap(bucket)
             whole = accepted >= drafted
+            seen, kept = (drafted + 1, accepted + int(ahead)) if whole and ahead is not None else (drafted, accepted)
+            self.book.for_lookup(lookup_match, earlier=lookup_earlier).observe(seen, kept)
+            self._own(bucket, seen, kept)
+            cap = self.copy_cap(bucket)
             self.copy_caps[bucket] = min(self.copy_k_max, max(cap, 2 * drafted)) if whole else min(cap, self.k_max)
         elif choice.drafter == "prediction" and drafted:
             self.prediction.observe(drafted, accepted)

@@ -466,9 +466,8 @@ class Engine:
         if a.controller is None:
             raise RuntimeError("mode auto without its controller")
         lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
-        proposal = self.lookup.propose(a.tokens, min(room, a.controller.copy_k_max), a.request.history_scope,
-                                       prompt=a.n_prompt)
-        a.lookup_match, a.lookup_earlier = proposal.match_length, proposal.source == "history"
+        a.proposal = proposal = self.lookup.propose(a.tokens, min(room, a.controller.copy_k_max),
+                                                    a.request.history_scope, prompt=a.n_prompt)
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), room, context=len(a.tokens),
                                        lookup_earlier=a.lookup_earlier, prediction_available=prediction_cap,
                                        prediction_cap=prediction_cap, prediction_odds=a.prediction_odds(prediction_cap),
@@ -501,7 +500,8 @@ class Engine:
             verdict = verify(target_rows(a, rows, d.tokens), d, a.rng, start_pos=len(a.tokens))
         a.stats.target_passes += 1
         if a.choice is not None and a.controller is not None:
-            a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match, lookup_earlier=a.lookup_earlier)
+            a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match, lookup_earlier=a.lookup_earlier,
+                                 ahead=a.ahead(d, verdict))
             a.choice = None
         if len(d):
             a.stats.drafted += len(d)

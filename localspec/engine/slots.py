@@ -17,7 +17,7 @@ from localspec.engine.events import Done, Event, Stats, TokenLogprob
 from localspec.engine.grammar import Grammar
 from localspec.engine.prediction import Prediction
 from localspec.engine.text import StopMatcher, Utf8Stream
-from localspec.engine.verify import PositionRng
+from localspec.engine.verify import Draft, PositionRng, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +138,7 @@ class Active:
     grammar: Grammar | None = None
     controller: Controller | None = None  # mode auto only
     choice: Choice | None = None  # what auto chose for the step in flight
-    lookup_match: int = 0
-    lookup_earlier: bool = False  # that match is in an earlier request (LookupHistory)
+    proposal: Draft = Draft(())  # auto: the whole lookup proposal it weighed for the step in flight
     prediction: Prediction | None = None  # Predicted Outputs: drafted from while the output follows it
 
     @property
@@ -149,6 +148,23 @@ class Active:
     @property
     def prediction_streak(self) -> int:
         return self.prediction.streak if self.prediction is not None else 0
+
+    @property
+    def lookup_match(self) -> int:
+        return self.proposal.match_length
+
+    @property
+    def lookup_earlier(self) -> bool:
+        """The lookup match is in an earlier request of this owner with this prompt (LookupHistory)."""
+        return self.proposal.source == "history"
+
+    def ahead(self, d: Draft, verdict: Verdict) -> bool | None:
+        """For a lookup draft kept whole: whether the target's next token is the proposal's next one
+        (None: not a lookup draft, not whole, or the proposal ends with it)."""
+        proposed = self.proposal.tokens
+        if d.source not in ("lookup", "history") or verdict.accepted < len(d) or len(proposed) <= len(d):
+            return None
+        return proposed[len(d)] == verdict.next_token
 
     def prediction_odds(self, n: int) -> list[float]:
         """Per next prediction token, the chance the output follows it (`Prediction.follow_odds`)."""
