@@ -447,3 +447,48 @@ def test_the_bonus_token_past_a_whole_copy_counts_as_one_more_position():
     Controller(HERE, k_max=8, book=book, has_draft_model=False).observe(
         Choice("lookup", 4, 1.0), drafted=4, accepted=2, lookup_match=16, ahead=True)
     assert book.for_lookup(16).trials == [1.0, 1.0, 1.0]
+
+
+def test_after_the_answers_part_copies_of_the_earlier_answer_are_their_own_bet():
+    """Editing #4 (docstrings) asked again: the copy of the first answer parted at token 9, then the
+    answers met at the code between docstrings and two more 15-token copies kept 0 each (0.89x `off`);
+    their rejections also taught the asked-again entry, so the third ask drafted nothing for 112 tokens
+    of an answer it then copied. Copies after the part plan on their own entry (REALIGNED_BUCKET)."""
+    from localspec.engine.controller import EARLIER_BUCKET, REALIGNED_BUCKET
+
+    book = AcceptanceBook(decay=0.99)
+    for _ in range(15):  # earlier requests asked again copied their first answers whole
+        book.for_lookup(16, earlier=True).observe(48, 48)
+    request = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
+    ks = []
+    for run in (8, 0, 0, 0):
+        choice = request.choose(0, 16, 48, 300, explore=False, lookup_earlier=True)
+        ks.append(choice.k)
+        if choice.k:
+            request.observe(choice, drafted=choice.k, accepted=min(run, choice.k), lookup_match=16,
+                            lookup_earlier=True)
+    assert ks[0] == 48 and max(ks[1:]) <= 4, ks  # before: 48, 16, 16, 16
+    assert request.parted and REALIGNED_BUCKET in book.lookup
+    # Only the first copy taught the asked-again entry: its 16th observation, the earlier 15 decayed.
+    assert book.lookup[EARLIER_BUCKET].trials[0] == pytest.approx(sum(0.99**i for i in range(16)))
+    again = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
+    assert again.choose(0, 16, 48, 300, explore=False, lookup_earlier=True).k == 48
+
+
+def test_copies_after_the_answers_part_grow_back_where_they_run_on():
+    """An edit asked again that parted at a near-tie in a comment meets its first answer again at the
+    code, and copies of it run on from there: the request's own evidence (and the bonus token past each
+    whole copy) lets them grow again."""
+    book = AcceptanceBook(decay=0.99)
+    for _ in range(15):
+        book.for_lookup(16, earlier=True).observe(48, 48)
+    request = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
+    ks = []
+    for run in (8, *([200] * 8)):
+        choice = request.choose(0, 16, 48, 300, explore=False, lookup_earlier=True)
+        ks.append(choice.k)
+        if choice.k:
+            kept = min(run, choice.k)
+            request.observe(choice, drafted=choice.k, accepted=kept, lookup_match=16, lookup_earlier=True,
+                            ahead=True if kept == choice.k else None)
+    assert ks[0] == 48 and ks[-1] >= 16, ks

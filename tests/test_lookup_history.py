@@ -131,9 +131,10 @@ def test_history_evidence_is_booked_apart_from_copies_of_the_prompt():
 
     cpu = Costs(verify=[0.060, 0.105, 0.124, 0.142, 0.161, 0.200, 0.240, 0.290, 0.338], draft_step=0.027, draft_row=0.004)
     book = AcceptanceBook()
+    for _ in range(30):  # regenerated answers (one request each) that part from the earlier one at once
+        Controller(cpu, k_max=8, book=book).observe(Choice("lookup", 8, 1.0), drafted=8, accepted=0, lookup_match=16,
+                                                    lookup_earlier=True)
     c = Controller(cpu, k_max=8, book=book)
-    for _ in range(30):  # regenerated answers that part from the earlier one at once
-        c.observe(Choice("lookup", 8, 1.0), drafted=8, accepted=0, lookup_match=16, lookup_earlier=True)
     assert book.for_lookup(16, earlier=True).planning_rates(1)[0] < 0.2
     assert book.for_lookup(16).planning_rates(1)[0] > 0.5  # copies of the prompt keep their prior
     # So a 16-token match in this sequence still drafts, while one in the history no longer does.

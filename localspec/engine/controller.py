@@ -186,10 +186,19 @@ EARLIER_BUCKET = -1  # a full match in an earlier request (LookupHistory): its o
 # 2 tokens drafted in 256, identical output, then 248 of 248 on the third ask). Sampled answers that
 # part sooner book their rejections here and the evidence takes over within a few passes.
 EARLIER_PRIOR = PREDICTION_PRIOR
+REALIGNED_BUCKET = -2  # the earlier answer again, after this one parted from it (a copy of it rejected)
+# and met it again on 16 tokens: another bet than the answer asked again. Where the answers parted in
+# prose they meet at the code between docstrings and part at the next one: a second ask whose first
+# copy of its first answer parted at token 9 drafted two more 15-token copies there and kept 0 of each
+# (0.89x `off`), and their rejections taught the asked-again entry that the third ask would not copy
+# (it drafted nothing for 112 tokens of an answer it then copied). From the same prior, planned without
+# a copy's optimism at positions not reached, so it drafts short until the request's own copies run on.
 
 
-def match_bucket(match_length: int, *, earlier: bool = False) -> int:
-    return EARLIER_BUCKET if earlier else next((b for b in _MATCH_BUCKETS if match_length >= b), 0)
+def match_bucket(match_length: int, *, earlier: bool = False, parted: bool = False) -> int:
+    if earlier:
+        return REALIGNED_BUCKET if parted else EARLIER_BUCKET
+    return next((b for b in _MATCH_BUCKETS if match_length >= b), 0)
 
 
 @dataclass
@@ -207,10 +216,10 @@ class AcceptanceBook:
     def __post_init__(self) -> None:
         self.draft.decay = self.decay
 
-    def for_lookup(self, match_length: int, *, earlier: bool = False) -> Acceptance:
-        key = match_bucket(match_length, earlier=earlier)
+    def for_lookup(self, match_length: int, *, earlier: bool = False, parted: bool = False) -> Acceptance:
+        key = match_bucket(match_length, earlier=earlier, parted=parted)
         if key not in self.lookup:
-            prior = EARLIER_PRIOR if key == EARLIER_BUCKET else PRIOR_ACCEPT / PRIOR_TRIALS
+            prior = EARLIER_PRIOR if key in (EARLIER_BUCKET, REALIGNED_BUCKET) else PRIOR_ACCEPT / PRIOR_TRIALS
             self.lookup[key] = Acceptance(decay=self.decay, prior=prior, copy_prior=key == EARLIER_BUCKET)
         return self.lookup[key]
 
@@ -310,6 +319,7 @@ class Controller:
         self.own: dict[str | int, Acceptance] = {}
         # How long a copy this request may draft now, per lookup book entry (see `copy_cap`).
         self.copy_caps: dict[int, int] = {}
+        self.parted = False  # a copy of an earlier answer to this prompt was rejected (see REALIGNED_BUCKET)
         # The explored step awaiting its outcome: (its believed cost, the best option's rate, the
         # believed loss it spent).
         self._exploring: tuple[float, float, float] | None = None
@@ -350,8 +360,8 @@ class Controller:
             rates = [r * (prediction_odds[i] if i < len(prediction_odds) else 1.0) for i, r in enumerate(rates)]
             drafters.append(("prediction", rates, 0.0, 0.0))
         if lookup_match > 0:
-            book = self.book.for_lookup(lookup_match, earlier=lookup_earlier)
-            bucket = match_bucket(lookup_match, earlier=lookup_earlier)
+            book = self.book.for_lookup(lookup_match, earlier=lookup_earlier, parted=self.parted)
+            bucket = match_bucket(lookup_match, earlier=lookup_earlier, parted=self.parted)
             rates = book.planned(min(self.copy_cap(bucket), k_cap, lookup_available), self.own.get(bucket),
                                  hopeful=hopeful)
             drafters.append(("lookup", rates, 0.0, 0.0))
@@ -475,13 +485,14 @@ class Controller:
             self.draft.observe(drafted, accepted)
             self._own("draft", drafted, accepted)
         elif choice.drafter == "lookup" and drafted:
-            bucket = match_bucket(lookup_match, earlier=lookup_earlier)
+            bucket = match_bucket(lookup_match, earlier=lookup_earlier, parted=self.parted)
             whole = accepted >= drafted
             seen, kept = (drafted + 1, accepted + int(ahead)) if whole and ahead is not None else (drafted, accepted)
-            self.book.for_lookup(lookup_match, earlier=lookup_earlier).observe(seen, kept)
+            self.book.for_lookup(lookup_match, earlier=lookup_earlier, parted=self.parted).observe(seen, kept)
             self._own(bucket, seen, kept)
             cap = self.copy_cap(bucket)
             self.copy_caps[bucket] = min(self.copy_k_max, max(cap, 2 * drafted)) if whole else min(cap, self.k_max)
+            self.parted = self.parted or (lookup_earlier and not whole)
         elif choice.drafter == "prediction" and drafted:
             self.prediction.observe(drafted, accepted)
             net = self.prediction_net + accepted + 1 - self.costs.steps(drafted + 1)
