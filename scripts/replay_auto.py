@@ -78,7 +78,8 @@ def replay_one(item: Recorded, controller: Controller, costs: Costs, tokenizer: 
         choice = controller.choose(0, proposal.match_length, len(proposal), room, context=len(history),
                                    prediction_available=available, prediction_cap=available,
                                    prediction_odds=predicted.follow_odds(available) if predicted else (),
-                                   prediction_streak=predicted.streak if predicted else 0)
+                                   prediction_streak=predicted.streak if predicted else 0,
+                                   lookup_repeat=proposal.source == "repeat")
         if choice.drafter == "prediction" and predicted is not None:
             draft: Sequence[int] = predicted.propose(choice.k).tokens
         elif choice.drafter == "lookup":
@@ -89,7 +90,8 @@ def replay_one(item: Recorded, controller: Controller, costs: Costs, tokenizer: 
         # As Active.ahead: a lookup copy kept whole learns whether the target's next token is the copy's next.
         ahead = (proposal.tokens[kept] == out[i + kept] if choice.drafter == "lookup" and kept == len(draft)
                  and kept < len(proposal) and i + kept < len(out) else None)
-        controller.observe(choice, len(draft), kept, proposal.match_length, ahead=ahead)
+        controller.observe(choice, len(draft), kept, proposal.match_length, lookup_repeat=proposal.source == "repeat",
+                           ahead=ahead)
         steps = costs.steps(len(draft) + 1)
         if draft:
             drafts.append(f"{choice.drafter[0]}{'x' if choice.explored else ''} m={proposal.match_length} "

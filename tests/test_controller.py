@@ -492,3 +492,19 @@ def test_copies_after_the_answers_part_grow_back_where_they_run_on():
             request.observe(choice, drafted=choice.k, accepted=kept, lookup_match=16, lookup_earlier=True,
                             ahead=True if kept == choice.k else None)
     assert ks[0] == 48 and ks[-1] >= 16, ks
+
+
+def test_an_answer_repeating_itself_is_booked_apart_from_a_copy_of_its_prompt():
+    """Every bench code first ask drafted a 13-15-token copy of its own earlier text at an 8-token match,
+    on what the editing suite's copies of their prompts had taught that bucket, and kept 0-1 of it."""
+    from localspec.engine.controller import REPEAT_BUCKETS, match_bucket
+
+    book = AcceptanceBook(decay=0.99)
+    for _ in range(25):  # edits copied their prompts at 8-15-token matches
+        book.for_lookup(8).observe(15, 15)
+    c = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
+    assert c.choose(0, 8, 48, 300, explore=False).k >= 8  # a copy of the prompt: the book's belief
+    assert c.choose(0, 8, 48, 300, explore=False, lookup_repeat=True).k <= 2  # the answer's own text: no evidence
+    c.observe(Choice("lookup", 2, 1.0), drafted=2, accepted=0, lookup_match=8, lookup_repeat=True)
+    assert match_bucket(8, repeat=True) == 8 + REPEAT_BUCKETS and book.for_lookup(8).trials[0] == pytest.approx(
+        sum(0.99**i for i in range(25)))  # the repeat's rejection did not teach the prompt's entry

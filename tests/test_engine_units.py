@@ -61,6 +61,17 @@ def test_prompt_lookup_proposes_the_continuation_of_the_latest_match():
     assert d.propose([5, 6, 1, 5, 6, 2, 5, 6], 1).tokens == (2,)
 
 
+def test_prompt_lookup_names_a_match_in_the_answer_so_far_a_repeat():
+    """auto books a copy of the prompt and an answer repeating itself apart (REPEAT_BUCKETS): `prompt`
+    says where the answer starts; the proposal's source says which text it continues."""
+    d = PromptLookupDrafter(n_min=2, n_max=3)
+    prompt = [1, 2, 3, 4, 5]
+    assert d.propose(prompt + [9, 1, 2], 2, prompt=len(prompt)).source == "lookup"  # continues the prompt
+    answer = [7, 8, 6, 7, 8]
+    assert d.propose(prompt + answer, 2, prompt=len(prompt)).source == "repeat"  # continues the answer's own text
+    assert d.propose(prompt + answer, 2).source == "lookup"  # no prompt length given: every match a lookup
+
+
 def test_prompt_lookup_finds_the_longest_latest_match_like_a_brute_force_search():
     def brute(hist, n_min, n_max, k):
         for n in range(min(n_max, len(hist) - 1), n_min - 1, -1):

@@ -190,11 +190,14 @@ class PromptLookupDrafter:
         """Up to k tokens after the most recent earlier match of the longest suffix n-gram (`scope`:
         whose finished requests may be copied too, see `LookupHistory`; None: none). `prompt`: how
         many of history's tokens are the prompt (None: all of them), which an earlier request must
-        share to be this one asked again."""
+        share to be this one asked again, and where a match in the answer so far is named "repeat".
+
+        Sources: "lookup" (the prompt, or another question's answer), "repeat" (the answer's own earlier
+        text: it runs on far less than a copy of the input), "history" (this question's earlier answer)."""
         arr = np.asarray(history, dtype=np.int64)
         earlier = None if scope is None else self.history.tokens(scope)
         n, start = self._longest_match(arr)
-        source, name = arr, "lookup"
+        source, name = arr, "repeat" if prompt is not None and start >= prompt else "lookup"
         # An earlier request wins where its context agrees longer than the sequence's own match:
         # always when that is short, and over a full one when it is the same question asked again
         # (a copy of the prompt stops at the edit; the earlier answer made the same edit).

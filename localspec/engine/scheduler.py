@@ -471,7 +471,7 @@ class Engine:
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), room, context=len(a.tokens),
                                        lookup_earlier=a.lookup_earlier, prediction_available=prediction_cap,
                                        prediction_cap=prediction_cap, prediction_odds=a.prediction_odds(prediction_cap),
-                                       prediction_streak=a.prediction_streak)
+                                       prediction_streak=a.prediction_streak, lookup_repeat=a.lookup_repeat)
         a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
         return a.choice.drafter, a.choice.k, proposal
 
@@ -501,7 +501,7 @@ class Engine:
         a.stats.target_passes += 1
         if a.choice is not None and a.controller is not None:
             a.controller.observe(a.choice, len(d), verdict.accepted, a.lookup_match, lookup_earlier=a.lookup_earlier,
-                                 ahead=a.ahead(d, verdict))
+                                 lookup_repeat=a.lookup_repeat, ahead=a.ahead(d, verdict))
             a.choice = None
         if len(d):
             a.stats.drafted += len(d)

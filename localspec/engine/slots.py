@@ -158,11 +158,16 @@ class Active:
         """The lookup match is in an earlier request of this owner with this prompt (LookupHistory)."""
         return self.proposal.source == "history"
 
+    @property
+    def lookup_repeat(self) -> bool:
+        """The lookup match is in the answer so far, not in the prompt."""
+        return self.proposal.source == "repeat"
+
     def ahead(self, d: Draft, verdict: Verdict) -> bool | None:
         """For a lookup draft kept whole: whether the target's next token is the proposal's next one
         (None: not a lookup draft, not whole, or the proposal ends with it)."""
         proposed = self.proposal.tokens
-        if d.source not in ("lookup", "history") or verdict.accepted < len(d) or len(proposed) <= len(d):
+        if d.source not in ("lookup", "repeat", "history") or verdict.accepted < len(d) or len(proposed) <= len(d):
             return None
         return proposed[len(d)] == verdict.next_token
 
