@@ -508,3 +508,15 @@ def test_an_answer_repeating_itself_is_booked_apart_from_a_copy_of_its_prompt():
     c.observe(Choice("lookup", 2, 1.0), drafted=2, accepted=0, lookup_match=8, lookup_repeat=True)
     assert match_bucket(8, repeat=True) == 8 + REPEAT_BUCKETS and book.for_lookup(8).trials[0] == pytest.approx(
         sum(0.99**i for i in range(25)))  # the repeat's rejection did not teach the prompt's entry
+
+
+def test_a_part_found_by_the_bonus_token_counts_as_the_answers_parting():
+    """A copy of the earlier answer kept whole, whose bonus token is not the earlier answer's next:
+    the answers part there, and later copies of it are realigned ones (REALIGNED_BUCKET)."""
+    book = AcceptanceBook(decay=0.99)
+    request = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
+    choice = request.choose(0, 16, 48, 300, explore=False, lookup_earlier=True)
+    request.observe(choice, drafted=choice.k, accepted=choice.k, lookup_match=16, lookup_earlier=True, ahead=True)
+    assert not request.parted
+    request.observe(choice, drafted=choice.k, accepted=choice.k, lookup_match=16, lookup_earlier=True, ahead=False)
+    assert request.parted

@@ -507,7 +507,8 @@ class Controller:
             self._own(bucket, seen, kept)
             cap = self.copy_cap(bucket)
             self.copy_caps[bucket] = min(self.copy_k_max, max(cap, 2 * drafted)) if whole else min(cap, self.k_max)
-            self.parted = self.parted or (lookup_earlier and not whole)
+            # Parted: a copy of the earlier answer rejected, or kept whole with the target's next token not its.
+            self.parted = self.parted or (lookup_earlier and (not whole or ahead is False))
         elif choice.drafter == "prediction" and drafted:
             self.prediction.observe(drafted, accepted)
             net = self.prediction_net + accepted + 1 - self.costs.steps(drafted + 1)
