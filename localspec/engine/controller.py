@@ -186,7 +186,7 @@ EARLIER_BUCKET = -1  # a full match in an earlier request (LookupHistory): its o
 # 2 tokens drafted in 256, identical output, then 248 of 248 on the third ask). Sampled answers that
 # part sooner book their rejections here and the evidence takes over within a few passes.
 EARLIER_PRIOR = PREDICTION_PRIOR
-REALIGNED_BUCKET = -2  # the earlier answer again, after this one parted from it (a copy of it rejected)
+REALIGNED_BUCKET = -2  # the earlier answer again, after this one parted from it at a copy's verify
 # and met it again on 16 tokens: another bet than the answer asked again. Where the answers parted in
 # prose they meet at the code between docstrings and part at the next one: a second ask whose first
 # copy of its first answer parted at token 9 drafted two more 15-token copies there and kept 0 of each
@@ -331,7 +331,7 @@ class Controller:
         self.own: dict[str | int, Acceptance] = {}
         # How long a copy this request may draft now, per lookup book entry (see `copy_cap`).
         self.copy_caps: dict[int, int] = {}
-        self.parted = False  # a copy of an earlier answer to this prompt was rejected (see REALIGNED_BUCKET)
+        self.parted = False  # the answer left its earlier one at a copy's verify (see REALIGNED_BUCKET)
         # The explored step awaiting its outcome: (its believed cost, the best option's rate, the
         # believed loss it spent).
         self._exploring: tuple[float, float, float] | None = None
