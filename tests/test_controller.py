@@ -234,16 +234,20 @@ def test_a_copy_prior_still_plans_long_before_any_evidence():
     assert expected_tokens(Acceptance(prior=0.9).planning_rates(16)) < 10
 
 
-def _replay(book: AcceptanceBook, runs: tuple[int, ...], match: int) -> list[int]:
+def _replay(book: AcceptanceBook, runs: tuple[int, ...], match: int, *, ahead: bool = False) -> list[int]:
     """One request's lookup drafts at `match`-token matches where each copy runs on for the given
-    number of tokens: the k the controller chose for each (0: it did not draft)."""
+    number of tokens: the k the controller chose for each (0: it did not draft). `ahead`: a copy kept
+    whole also learns whether the copy's next token was the target's (what the scheduler gets from the
+    verify's bonus token)."""
     request = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
     ks = []
     for run in runs:
         choice = request.choose(0, match, 48, 300, explore=False)
         ks.append(choice.k)
         if choice.k:
-            request.observe(choice, drafted=choice.k, accepted=min(run, choice.k), lookup_match=match)
+            kept = min(run, choice.k)
+            request.observe(choice, drafted=choice.k, accepted=kept, lookup_match=match,
+                            ahead=(run > choice.k) if ahead and kept == choice.k else None)
     return ks
 
 
@@ -401,21 +405,6 @@ def test_with_a_prediction_lookup_copies_only_from_a_full_match():
     assert "lookup copies only 16-token matches beside a prediction" in exploring.why_not
 
 
-def _copies(book: AcceptanceBook, runs: tuple[int, ...], *, ahead: bool) -> list[int]:
-    """As _replay, and a copy kept whole learns whether the copy's next token was the target's too
-    (`ahead`, what the scheduler gets from the verify's bonus token)."""
-    request = Controller(_cpu_curve(), k_max=16, book=book, copy_k_max=48, has_draft_model=False)
-    ks = []
-    for run in runs:
-        choice = request.choose(0, 16, 48, 300, explore=False)
-        ks.append(choice.k)
-        if choice.k:
-            kept = min(run, choice.k)
-            request.observe(choice, drafted=choice.k, accepted=kept, lookup_match=16,
-                            ahead=(run > choice.k) if ahead and kept == choice.k else None)
-    return ks
-
-
 def test_a_copy_kept_whole_learns_the_position_past_it_from_the_bonus_token():
     """Bench first ask (editing #3, a copy of its prompt): one 14-token copy kept 2, and from then on
     the request drafted 2 tokens at 16-token matches 50 times, each kept whole; position 3 kept its one
@@ -425,12 +414,12 @@ def test_a_copy_kept_whole_learns_the_position_past_it_from_the_bonus_token():
     for _ in range(25):  # earlier requests' copies at 16-token matches mostly ran on
         book.for_lookup(16).observe(15, 15)
     runs = (2, *([40] * 8))
-    stuck = _copies(book, runs, ahead=False)
+    stuck = _replay(book, runs, 16)
     assert stuck == [16] + [2] * 8, stuck  # the trap, as it was
     book = AcceptanceBook(decay=0.99)
     for _ in range(25):
         book.for_lookup(16).observe(15, 15)
-    grown = _copies(book, runs, ahead=True)
+    grown = _replay(book, runs, 16, ahead=True)
     assert grown[:2] == [16, 2] and min(grown[2:]) >= 16, grown
 
 
