@@ -8,6 +8,12 @@ pinned verify curve says, so two policies differ only by their choices.
 
     python scripts/replay_auto.py record --out answers.json      # the predicted plan's items (~3 min)
     python scripts/replay_auto.py replay answers.json --curve DIR/bench.json [--seeds 6] [--trace KEY]
+    python scripts/replay_auto.py record --plan goals --out goals.json   # the goals plan's prompts (~2 min)
+    python scripts/replay_auto.py ceiling goals.json --curve DIR/bench.json
+
+`ceiling`: per answer, the most any lookup policy could reach on the curve if it knew where each copy
+ends (each pass drafts exactly what the answer keeps of the proposal, or nothing), beside fixed rules
+(draft k tokens at matches of m or more) and `auto`'s replay: what a first ask can gain from its prompt.
 
 Per item and position: lookup's proposal and the prediction's (the engine's own PromptLookupDrafter
 and Prediction), the real Controller's choice, the drafted prefix the answer keeps; a pass of n rows
@@ -26,10 +32,11 @@ import argparse
 import json
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localspec.engine.config import GenerationRequest
 from localspec.engine.controller import AcceptanceBook, Controller, Explorer
 from localspec.engine.costs import Costs
 from localspec.engine.drafters import PromptLookupDrafter
@@ -110,7 +117,7 @@ def replay(items: Sequence[Recorded], costs: Costs, tokenizer: Tokenizer, *, see
         for item in items:
             order = ["off", *MODES] if item.suite != "predicted" else ["off", "lookup", *MODES]
             rng.shuffle(order)
-            for mode in (m for m in order if m in MODES):
+            for mode in (m for m in order if m in MODES and (item.prediction or m == "auto")):
                 with_prediction = mode == "auto+prediction"
                 controller = Controller(costs, k_max=K_MAX, has_draft_model=False, book=book, explorer=explorer,
                                         copy_k_max=PREDICTION_K_MAX if with_prediction else COPY_K_MAX,
@@ -130,28 +137,100 @@ def summary(runs: dict[tuple[str, str, str], list[Replayed]]) -> dict[tuple[str,
 
 def load_curve(path: Path) -> Costs:
     data = json.loads(path.read_text())
-    costs = Costs.from_json(data.get("costs", data))
+    # A bench.json's learned curve, or its starting calibration (goals runs before they kept the curve).
+    costs = Costs.from_json(data.get("costs") or data.get("calibration") or data)
     costs.pinned = True
     return costs
 
 
-def record(out: Path) -> None:
+def _requests(plan: str, count: Callable[[str], int]) -> list[tuple[str, str, GenerationRequest, str]]:
+    """(suite, key, greedy `off` request, prediction) per item of a plan: `predicted`'s edit tasks and
+    prompts with their files as predictions, or `goals`' shipped prompts as the bench asks them."""
     from localspec.bench.edits import plan_items
-    from localspec.bench.runner import PREDICTED_MODES, predicted_plan, run_request
+    from localspec.bench.runner import PREDICTED_MODES, goals_plan, load_suites, predicted_plan
+    from localspec.engine.chat import ChatMessage
+
+    if plan == "predicted":
+        off = next(m for m in PREDICTED_MODES if m.name == "off")
+        return [(i.suite, i.key, i.request(off), i.prediction) for i in plan_items(predicted_plan(), count)]
+    goals = goals_plan()
+    return [(suite, str(n), GenerationRequest(messages=[ChatMessage(role="user", content=prompt)],
+                                              max_tokens=goals.max_tokens, mode="off"), "")
+            for suite in goals.suites for n, prompt in enumerate(goals.prompts(suite, load_suites()))]
+
+
+def record(out: Path, plan: str = "predicted") -> None:
+    from localspec.bench.runner import run_request
     from localspec.service import open_engine
 
     engine = open_engine(mode="off")
     count = lambda s: len(engine.target.tokenize(s, add_special=False, parse_special=False))  # noqa: E731
-    off = next(m for m in PREDICTED_MODES if m.name == "off")
     rows = []
-    for item in plan_items(predicted_plan(), count):
-        request = item.request(off)
-        prompt, _ = engine.prompt_tokens(engine.with_defaults(request))
+    for suite, key, request, prediction in _requests(plan, count):
+        request = engine.with_defaults(request)
+        prompt, _ = engine.prompt_tokens(request)
         answer = run_request(engine, request).ids
-        rows.append({"suite": item.suite, "key": item.key, "prompt": list(prompt), "answer": list(answer),
-                     "prediction": item.prediction, "max_tokens": item.max_tokens})
-        print(f"{item.suite} {item.key}: {len(prompt)} prompt tokens, {len(answer)} answer tokens", flush=True)
+        rows.append({"suite": suite, "key": key, "prompt": list(prompt), "answer": list(answer),
+                     "prediction": prediction, "max_tokens": request.max_tokens})
+        print(f"{suite} {key}: {len(prompt)} prompt tokens, {len(answer)} answer tokens", flush=True)
     out.write_text(json.dumps(rows))
+
+
+def _proposals(item: Recorded) -> list[tuple[int, int, int]]:
+    """Per answer position i >= 1: (lookup's match length, proposal length, how many of the proposal
+    the answer keeps), as the engine's drafter proposes from the prompt and the answer before i."""
+    lookup = PromptLookupDrafter(2, 16)
+    out = [(0, 0, 0)]
+    for i in range(1, len(item.answer)):
+        p = lookup.propose(item.prompt + item.answer[:i], COPY_K_MAX, None, prompt=len(item.prompt))
+        kept = next((j for j, t in enumerate(p.tokens) if i + j >= len(item.answer) or item.answer[i + j] != t),
+                    len(p.tokens))
+        out.append((p.match_length, len(p.tokens), kept))
+    return out
+
+
+def lookup_ceiling(item: Recorded, costs: Costs) -> float:
+    """The most any lookup policy could reach on this answer: at each position either a plain step or
+    a draft of k of the proposal's tokens, verify(k + 1) single steps for the kept prefix and the
+    target's token after it, chosen knowing the answer (shortest total cost, by dynamic programming)."""
+    proposals, n = _proposals(item), len(item.answer)
+    least = [0.0] * (n + 1)  # least[i]: single steps to emit the answer from position i on
+    for i in range(n - 1, 0, -1):
+        _, available, kept = proposals[i]
+        least[i] = 1.0 + least[i + 1]
+        for k in range(1, available + 1):
+            least[i] = min(least[i], costs.steps(k + 1) + least[min(n, i + min(k, kept) + 1)])
+    return (n - 1) / least[1] if n > 1 else 1.0
+
+
+def fixed_rule(item: Recorded, costs: Costs, *, k: int, min_match: int) -> float:
+    """Lookup drafting k tokens (or the proposal's length) wherever the match has min_match tokens."""
+    proposals, n = _proposals(item), len(item.answer)
+    i, spent = 1, 0.0
+    while i < n:
+        match, available, kept = proposals[i]
+        drafted = min(k, available) if match >= min_match else 0
+        spent += costs.steps(drafted + 1)
+        i += min(drafted, kept) + 1
+    return (n - 1) / spent if spent else 1.0
+
+
+FIXED_RULES = ((4, 4), (4, 8), (16, 8), (16, 16))  # (k, min_match)
+
+
+def ceiling_table(items: Sequence[Recorded], costs: Costs, auto: dict[tuple[str, str], dict[str, float]]) -> list[str]:
+    """Per suite: each answer's ceiling, the fixed rules and auto's replay, and their medians."""
+    lines = []
+    for suite in dict.fromkeys(i.suite for i in items):
+        mine = [i for i in items if i.suite == suite]
+        rows = {"ceiling": [lookup_ceiling(i, costs) for i in mine]}
+        for k, m in FIXED_RULES:
+            rows[f"k={k} at m>={m}"] = [fixed_rule(i, costs, k=k, min_match=m) for i in mine]
+        rows["auto (replay)"] = [auto[suite, "auto"][i.key] for i in mine]
+        lines.append(f"{suite}: " + " ".join(i.key for i in mine))
+        lines += [f"  {name:15} median {statistics.median(v):.3f} | " + " ".join(f"{x:.2f}" for x in v)
+                  for name, v in rows.items()]
+    return lines
 
 
 def main() -> None:
@@ -159,20 +238,29 @@ def main() -> None:
     sub = ap.add_subparsers(dest="verb", required=True)
     rec = sub.add_parser("record", help="run the predicted plan's items greedily and keep the answers")
     rec.add_argument("--out", type=Path, required=True)
+    rec.add_argument("--plan", choices=("predicted", "goals"), default="predicted")
     rep = sub.add_parser("replay", help="replay auto and auto+prediction over recorded answers")
     rep.add_argument("answers", type=Path)
     rep.add_argument("--curve", type=Path, required=True, help="a bench.json or a calibration file")
     rep.add_argument("--seeds", type=int, default=6)
     rep.add_argument("--trace", action="append", default=[], help="print each draft of this item (repeatable)")
+    cei = sub.add_parser("ceiling", help="the most lookup could reach on recorded answers, beside fixed rules and auto")
+    cei.add_argument("answers", type=Path)
+    cei.add_argument("--curve", type=Path, required=True, help="a bench.json or a calibration file")
     args = ap.parse_args()
     if args.verb == "record":
-        record(args.out)
+        record(args.out, args.plan)
         return
     from localspec.engine.runtime import Vocabulary
     from localspec.service import resolve_models
 
     files, _ = resolve_models(need_draft=False)
     items = [Recorded(**row) for row in json.loads(args.answers.read_text())]
+    if args.verb == "ceiling":
+        with Vocabulary(files.target) as vocab:
+            auto = summary(replay(items, load_curve(args.curve), vocab, seed=1))
+        print("\n".join(ceiling_table(items, load_curve(args.curve), auto)))
+        return
     with Vocabulary(files.target) as vocab:
         tables = []
         for seed in range(1, args.seeds + 1):

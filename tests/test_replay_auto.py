@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from localspec.engine.costs import Costs
-from scripts.replay_auto import Recorded, replay, summary
+from scripts.replay_auto import FIXED_RULES, Recorded, ceiling_table, fixed_rule, lookup_ceiling, replay, summary
 
 # A GPU-like curve: 17 rows cost 1.3 single steps, so a copy kept whole pays at once.
 FLAT = Costs(verify=[0.02 * (1 + 0.02 * n) for n in range(17)], draft_step=0.004, draft_row=0.0002, pinned=True)
@@ -48,3 +48,29 @@ def test_a_wrong_prediction_still_replays_the_answer():
     runs = replay([_item(answer, CODE, key="wrong")], FLAT, Bytes(), seed=3)
     for r in runs["predicted", "wrong", "auto+prediction"]:
         assert 0.5 < r.speedup < 20
+
+
+def test_the_ceiling_is_above_every_fixed_rule_and_plain_decoding():
+    """The ceiling knows where each copy ends: no rule that drafts blind can beat it."""
+    edited = CODE.replace("return x * 3", "return x * 30").replace("def f7", "def g7")
+    item = _item(edited, "")
+    bound = lookup_ceiling(item, FLAT)
+    assert bound > 3.0  # most of the answer is a copy of the prompt, and 17 rows cost 1.3 steps
+    for k, m in FIXED_RULES:
+        assert fixed_rule(item, FLAT, k=k, min_match=m) <= bound + 1e-9
+
+
+def test_where_a_pass_of_n_rows_costs_n_steps_the_ceiling_is_plain_decoding():
+    item = _item(CODE, "")
+    assert abs(lookup_ceiling(item, STEEP) - 1.0) < 1e-9
+    assert fixed_rule(item, STEEP, k=16, min_match=16) <= 1.0 + 1e-9
+
+
+def test_items_without_a_prediction_replay_auto_alone_and_the_table_names_each_row():
+    item = Recorded(suite="code", key="0", prompt=list(b"Write a function."), answer=list(CODE.encode()),
+                    prediction="")
+    runs = replay([item], FLAT, Bytes(), seed=1)
+    assert set(runs) == {("code", "0", "auto")}
+    lines = ceiling_table([item], FLAT, summary(runs))
+    assert lines[0] == "code: 0" and lines[1].lstrip().startswith("ceiling")
+    assert any(line.lstrip().startswith("auto (replay)") for line in lines)

@@ -380,6 +380,8 @@ def run(args: argparse.Namespace) -> int:
             checkpoint(runs)
             if plan.ttft:
                 result["ttft"] = runner.second_turn_ttft(engine, tick, plan.ttft_chars)
+            # What passes cost as `auto` learned it over the run (scripts/replay_auto.py --curve).
+            result["costs"] = engine.costs.to_json() if engine.costs else None
         finally:
             engine.close()
         if pool is not None:
