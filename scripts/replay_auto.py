@@ -11,9 +11,10 @@ pinned verify curve says, so two policies differ only by their choices.
     python scripts/replay_auto.py record --plan goals --out goals.json   # the goals plan's prompts (~2 min)
     python scripts/replay_auto.py ceiling goals.json --curve DIR/bench.json
 
-`ceiling`: per answer, the most any lookup policy could reach on the curve if it knew where each copy
-ends (each pass drafts exactly what the answer keeps of the proposal, or nothing), beside fixed rules
-(draft k tokens at matches of m or more) and `auto`'s replay: what a first ask can gain from its prompt.
+`ceiling`: per answer, the most any policy over the engine's lookup proposal could reach on the curve
+if it knew where each copy ends (each pass drafts any prefix of the proposal, or nothing), beside fixed
+rules (draft k tokens at matches of m or more) and `auto`'s replay: what a first ask can gain by copying
+its prompt and its own answer so far (no draft model, no other question's answer).
 
 Per item and position: lookup's proposal and the prediction's (the engine's own PromptLookupDrafter
 and Prediction), the real Controller's choice, the drafted prefix the answer keeps; a pass of n rows
@@ -197,7 +198,7 @@ def lookup_ceiling(item: Recorded, costs: Costs) -> float:
     least = [0.0] * (n + 1)  # least[i]: single steps to emit the answer from position i on
     for i in range(n - 1, 0, -1):
         _, available, kept = proposals[i]
-        least[i] = 1.0 + least[i + 1]
+        least[i] = costs.steps(1) + least[i + 1]
         for k in range(1, available + 1):
             least[i] = min(least[i], costs.steps(k + 1) + least[min(n, i + min(k, kept) + 1)])
     return (n - 1) / least[1] if n > 1 else 1.0
@@ -209,7 +210,7 @@ def fixed_rule(item: Recorded, costs: Costs, *, k: int, min_match: int) -> float
     i, spent = 1, 0.0
     while i < n:
         match, available, kept = proposals[i]
-        drafted = min(k, available) if match >= min_match else 0
+        drafted = min(k, available, item.max_tokens - i - 1) if match >= min_match else 0  # room, as replay_one
         spent += costs.steps(drafted + 1)
         i += min(drafted, kept) + 1
     return (n - 1) / spent if spent else 1.0

@@ -174,6 +174,17 @@ def test_learned_costs_round_trip(tmp_path):
     assert back.verify_cost(12, context=1000) == costs.verify_cost(12, context=1000)
 
 
+def test_a_snapshot_of_the_costs_stays_as_taken_while_passes_teach_the_curve():
+    """bench.json takes the starting calibration before the run and writes it after: its lists once
+    were the live ones, and the file carried the run's end-of-run weights as the calibration's."""
+    costs = Costs(verify=BUSY_BOX, draft_step=0.02, draft_row=0.005, obtained=Obtained.CALIBRATED)
+    start = costs.to_json()
+    taken = json.dumps(start)
+    for rows in (1, 2, 3, 9, 12) * 20:
+        costs.observe_verify(rows, quiet_box(rows), context=1000)
+    assert json.dumps(start) == taken and costs.to_json() != start
+
+
 @pytest.mark.parametrize("content", ["{not json", '{"verify": []}', '{"verify": [0.1, -1], "draft_step": 0, "draft_row": 0}',
                                      json.dumps({"verify": [0.1], "draft_step": 0.0, "draft_row": 0.0, "version": 2,
                                                  "shape": [1.0, "x"], "shape_weight": [1.0]})])

@@ -226,12 +226,14 @@ class Costs:
     # ------------------------------------------------------------------ persistence
 
     def to_json(self) -> dict[str, Any]:
+        """A snapshot: copies of the lists, which learning goes on changing in place (a bench.json's
+        starting calibration once carried the run's end-of-run weights)."""
         return {
             "version": 2, "obtained": str(self.obtained), "created": self.created, "updated": self.updated,
             "passes": self.passes, "calibration_context": self.calibration_context, "about": self.about,
-            "verify": self.verify,
-            "draft_step": self.draft_step, "draft_row": self.draft_row, "shape": self.shape,
-            "shape_weight": self.shape_weight, "level": {str(k): v for k, v in self.level.items()},
+            "verify": list(self.verify),
+            "draft_step": self.draft_step, "draft_row": self.draft_row, "shape": list(self.shape),
+            "shape_weight": list(self.shape_weight), "level": {str(k): v for k, v in self.level.items()},
             "level_weight": {str(k): v for k, v in self.level_weight.items()},
         }
 
