@@ -237,7 +237,7 @@ def ceiling_table(items: Sequence[Recorded], costs: Costs, auto: dict[tuple[str,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="verb", required=True)
-    rec = sub.add_parser("record", help="run the predicted plan's items greedily and keep the answers")
+    rec = sub.add_parser("record", help="run a plan's items greedily (--plan predicted or goals) and keep the answers")
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--plan", choices=("predicted", "goals"), default="predicted")
     rep = sub.add_parser("replay", help="replay auto and auto+prediction over recorded answers")
