@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from localspec.engine.drafters import LookupHistory, PromptLookupDrafter
 
@@ -224,3 +225,88 @@ def test_begins_with_finds_each_kept_sequences_start_also_after_the_oldest_went(
             assert not history.begins_with("local", at + j, np.asarray(other[:3]))
         at += len(s) + 1  # and its separator
     assert at == len(joined)
+
+
+def test_the_odds_of_picking_a_token_again_follow_its_top_two_gap():
+    """Batch shapes move a row's logits: a near-tie goes either way, a clear pick stays."""
+    from localspec.engine.drafters import agreement_odds
+
+    assert agreement_odds(0.0) == 0.5 and agreement_odds(-0.3) == 0.5  # not the argmax: a coin at best
+    assert 0.6 < agreement_odds(0.03) < 0.7 < agreement_odds(0.07) < 0.85
+    assert agreement_odds(0.2) > 0.99 and agreement_odds(float("inf")) == 1.0
+    gaps = [0.0, 0.01, 0.05, 0.1, 0.3, 1.0]
+    assert [agreement_odds(g) for g in gaps] == sorted(agreement_odds(g) for g in gaps)
+
+
+def test_a_history_proposal_carries_the_odds_its_answer_was_picked_with():
+    from localspec.engine.drafters import agreement_odds
+
+    history = LookupHistory(max_tokens=1000)
+    prompt = list(range(100, 120))
+    history.add("local", prompt + [7, 8, 9], end=2, gaps=[1.0, 0.0, 5.0, 3.0])  # the answer's and its end's gaps
+    draft = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "local")
+    assert draft.tokens == (7, 8, 9, 2)
+    assert draft.odds == (agreement_odds(1.0), 0.5, 1.0, 1.0)
+    # The prompt's own copies carry none: the drafter's evidence is all there is.
+    assert PromptLookupDrafter(n_max=16, history=history).propose(prompt + prompt[:16], 4).odds == ()
+    # Without gaps (a sampled answer), an earlier answer's tokens are given.
+    history.add("other", prompt + [7, 8, 9])
+    assert PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "other").odds == (1.0, 1.0, 1.0)
+
+
+def test_history_odds_stay_with_their_tokens_when_old_sequences_go():
+    rng = random.Random(5)
+    history = LookupHistory(max_tokens=120)
+    for n in range(8):
+        prompt = [1000 + 100 * n + i for i in range(20)]
+        answer = [rng.randrange(50) for _ in range(rng.randrange(2, 30))]
+        gaps = [0.0 if t % 2 else 9.0 for t in answer]  # odd tokens were near-ties
+        history.add("s", prompt + answer, gaps=gaps)
+        d = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 64, "s")
+        assert d.tokens == tuple(answer)
+        assert d.odds == tuple(0.5 if t % 2 else 1.0 for t in answer)
+
+
+def test_a_copy_of_an_earlier_answer_stops_before_a_likely_near_tie():
+    """A 48-token copy whose 11th token was picked by a hair: another batch shape may decide it the other
+    way, and every row past it is then lost (a second ask's 48-token copy kept 2, 0.81x `off`). The copy
+    stops before it, so the target's own pick there comes with the pass; a clear copy still runs long."""
+    from localspec.engine.controller import AcceptanceBook, Controller
+
+    book = AcceptanceBook()
+    for _ in range(50):
+        book.for_lookup(16, earlier=True).observe(48, 48)
+    c = Controller(_cpu_costs(), k_max=16, book=book, copy_k_max=48)
+    clear = c.choose(0, 16, 48, 200, explore=False, lookup_earlier=True)
+    assert clear.drafter == "lookup" and clear.k > 16
+    odds = [1.0] * 48
+    odds[10] = 0.5
+    tie = c.choose(0, 16, 48, 200, explore=False, lookup_earlier=True, lookup_odds=odds)
+    assert tie.drafter == "lookup" and tie.k == 10
+    # A token less likely to part is drafted through: stopping would cost more than it is likely to save.
+    odds[10] = 0.9
+    assert c.choose(0, 16, 48, 200, explore=False, lookup_earlier=True, lookup_odds=odds).k > 16
+    # At the very next token, the plain step decides it (or another drafter) and the copy goes on after.
+    odds[0] = 0.6
+    assert c.choose(0, 16, 48, 200, explore=False, lookup_earlier=True, lookup_odds=odds).drafter != "lookup"
+
+
+def test_the_engine_keeps_the_gaps_its_greedy_answers_were_picked_with():
+    """A greedy answer goes to the history with the odds of its tokens being picked again (from the
+    top-two gap of each row); a sampled one's tokens are given (1)."""
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.drafters import agreement_odds
+    from localspec.engine.sampling import SamplingParams
+    from tests.fake_tier import Reply, scripted, scripted_engine
+
+    engine = scripted_engine(script=scripted({"unsure": Reply("Maybe so.", confidence=0.02),
+                                              "sure": Reply("Surely so.", confidence=30.0)}), parallel=1)
+    for prompt, sampling, expected in (("Are you unsure about this one?", SamplingParams(), agreement_odds(0.02)),
+                                       ("Are you sure about this one?", SamplingParams(), 1.0),
+                                       ("Sampled: are you unsure about it?", SamplingParams(temperature=1.0, seed=3), 1.0)):
+        request = engine.with_defaults(GenerationRequest(prompt=prompt, max_tokens=32, sampling=sampling))
+        list(engine.generate(request))
+        tokens, _ = engine.prompt_tokens(request)
+        again = engine.lookup.propose(list(tokens), 64, "local", prompt=len(tokens))
+        assert again.source == "history" and len(again.odds) == len(again.tokens) > 3
+        assert again.odds == pytest.approx([expected] * len(again.tokens), abs=1e-6)

@@ -15,6 +15,7 @@ holds, so catching up after the target accepted or rejected tokens is a prefix c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -50,6 +51,20 @@ class DraftJob:
     q: list[np.ndarray] = field(default_factory=list)
 
 
+# How far a row's logits move with the batch it is read in (scripts/batch_invariance.py), as the spread of
+# a top-two gap: an answer asked again parted only at tokens whose gap was under 0.17, flipping ~50% of
+# the time under 0.03 and ~3% at 0.12-0.2 (docs/auto-mode.md, "After the answers part").
+GAP_SPREAD = 0.08
+
+
+def agreement_odds(gap: float) -> float:
+    """The chance the target picks a greedy answer's token again when the same text is read in other
+    batch shapes, from the top-two logit gap it was picked with: P(gap + noise > 0), noise ~ N(0, spread)."""
+    if not gap < math.inf:
+        return 1.0
+    return 0.5 * (1.0 + math.erf(max(gap, 0.0) / (GAP_SPREAD * math.sqrt(2.0))))
+
+
 class LookupHistory:
     """Finished sequences (prompt + output) a lookup may continue from, kept per scope (an API
     key's owner: what one client asked must not draft, and so time, another's answer).
@@ -67,27 +82,43 @@ class LookupHistory:
         self._sequences: dict[str, list[np.ndarray]] = {}
         self._joined: dict[str, np.ndarray] = {}
         self._starts: dict[str, np.ndarray] = {}  # where each sequence begins in the joined tokens
+        # Per joined token, the chance the target picks it again (`agreement_odds`; 1 where unknown).
+        self._odds: dict[str, list[np.ndarray]] = {}
+        self._joined_odds: dict[str, np.ndarray] = {}
 
-    def add(self, scope: str, tokens: Sequence[int], *, end: int | None = None) -> None:
+    def add(self, scope: str, tokens: Sequence[int], *, end: int | None = None, gaps: Sequence[float] = ()) -> None:
         """A finished sequence; `end`: the end-of-generation token that ended it, kept so that the
-        answer asked again drafts its end too."""
+        answer asked again drafts its end too. `gaps`: the top-two logit gaps the target picked the
+        last len(gaps) tokens with (its greedy answer, end included); the rest (the prompt) is given."""
         if end is not None:
             tokens = [*tokens, end]
         if self.max_tokens <= 0 or len(tokens) < 2:
             return
+        gaps = list(gaps)[-len(tokens):]
+        odds = np.ones(len(tokens))
+        if gaps:
+            odds[len(tokens) - len(gaps):] = [agreement_odds(g) for g in gaps]
         kept = self._sequences.setdefault(scope, [])
+        kept_odds = self._odds.setdefault(scope, [])
         kept.append(np.asarray(tokens[-self.max_tokens:], dtype=np.int64))
+        kept_odds.append(odds[-self.max_tokens:])
         while sum(len(a) for a in kept) > self.max_tokens:
             kept.pop(0)
+            kept_odds.pop(0)
         parts: list[np.ndarray] = []
         for a in kept:  # oldest first, so the latest match of a suffix is the most recent request's
             parts += [a, np.array([self.SEPARATOR], dtype=np.int64)]
         self._joined[scope] = np.concatenate(parts)
+        self._joined_odds[scope] = np.concatenate([x for o in kept_odds for x in (o, np.ones(1))])
         self._starts[scope] = np.cumsum([0] + [len(a) + 1 for a in kept[:-1]])
 
     def tokens(self, scope: str) -> np.ndarray | None:
         """The scope's sequences joined by separators (None if it has none)."""
         return self._joined.get(scope)
+
+    def odds(self, scope: str, start: int, n: int) -> tuple[float, ...]:
+        """`agreement_odds` of the scope's joined tokens start..start+n."""
+        return tuple(float(x) for x in self._joined_odds[scope][start : start + n])
 
     def begins_with(self, scope: str, at: int, prefix: np.ndarray) -> bool:
         """Whether the sequence holding index `at` of the scope's joined tokens begins with `prefix`."""
@@ -99,6 +130,8 @@ class LookupHistory:
         self._sequences.clear()
         self._joined.clear()
         self._starts.clear()
+        self._odds.clear()
+        self._joined_odds.clear()
 
 
 def _suffix_matches(source: np.ndarray, suffix: np.ndarray, n_max: int) -> tuple[int, np.ndarray]:
@@ -215,10 +248,12 @@ class PromptLookupDrafter:
         if k <= 0 or n == 0:
             return Draft(tokens=(), q=None, source=name, match_length=n)
         proposal = source[start : start + k]
-        if source is earlier:  # a copy from an earlier request ends with that request
+        odds: tuple[float, ...] = ()
+        if source is earlier and scope is not None:  # a copy from an earlier request ends with that request
             ends = np.flatnonzero(proposal == LookupHistory.SEPARATOR)
             proposal = proposal[: ends[0]] if ends.size else proposal
-        return Draft(tokens=tuple(int(t) for t in proposal), q=None, source=name, match_length=n)
+            odds = self.history.odds(scope, start, len(proposal))
+        return Draft(tokens=tuple(int(t) for t in proposal), q=None, source=name, match_length=n, odds=odds)
 
     def match_length(self, history: Sequence[int], scope: str | None = None) -> int:
         """Length of the n-gram a proposal would continue (0 = none); the controller's input."""

@@ -471,7 +471,8 @@ class Engine:
         a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), room, context=len(a.tokens),
                                        lookup_earlier=a.lookup_earlier, prediction_available=prediction_cap,
                                        prediction_cap=prediction_cap, prediction_odds=a.prediction_odds(prediction_cap),
-                                       prediction_streak=a.prediction_streak, lookup_repeat=a.lookup_repeat)
+                                       prediction_streak=a.prediction_streak, lookup_repeat=a.lookup_repeat,
+                                       lookup_odds=proposal.odds)
         a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
         return a.choice.drafter, a.choice.k, proposal
 
@@ -522,16 +523,15 @@ class Engine:
         if slot.active is a and self.drafter is not None and a.mode in ("draft", "auto"):
             self.drafter.rollback(slot.seq, a.tokens)
 
-    def _emit(
-        self, slot: Slot, tokens: list[int], origin: Origin, now: float, rows: np.ndarray | None = None
-    ) -> None:
-        """`rows`: the target logits each token was chosen from, for logprobs."""
+    def _emit(self, slot: Slot, tokens: list[int], origin: Origin, now: float, rows: np.ndarray | None = None) -> None:
+        """`rows`: the target logits each token was chosen from, for logprobs and its gap (Active.gaps)."""
         a = slot.current
         for i, token in enumerate(tokens):
             if a.stats.completion_tokens == 0:
                 a.t_first = now
                 a.stats.ttft_ms = (now - a.t_submit) * 1000
             a.t_last = now
+            a.note_gap(rows[i] if rows is not None and i < len(rows) else None, token)
             if self.target.is_eog(token):
                 self._finish(slot, "stop", eog=token)
                 return
@@ -573,7 +573,7 @@ class Engine:
         if a.grammar is not None:
             a.grammar.close()
         if reason in ("stop", "length") and a.handle.lane is not Lane.JUDGE:  # a judge's prompt is not a client's
-            self.lookup.history.add(a.request.history_scope, a.tokens, end=eog)
+            self.lookup.history.add(a.request.history_scope, a.tokens, end=eog, gaps=a.gaps)
         slot.active = None
         self.save_costs(every=calibrate.SAVE_EVERY)
         a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 from collections.abc import Callable
@@ -32,6 +33,12 @@ class Lane(StrEnum):
 
     GENERATION = "generation"
     JUDGE = "judge"
+
+
+def top_gap(row: np.ndarray, token: int) -> float:
+    """How far `token`'s logit is above the best other one (negative: it is not the argmax)."""
+    others = max(row[:token].max(initial=-np.inf), row[token + 1 :].max(initial=-np.inf))
+    return float(row[token] - others)
 
 
 def token_logprob(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
@@ -140,6 +147,9 @@ class Active:
     choice: Choice | None = None  # what auto chose for the step in flight
     proposal: Draft = Draft(())  # auto: the whole lookup proposal it weighed for the step in flight
     prediction: Prediction | None = None  # Predicted Outputs: drafted from while the output follows it
+    # Per emitted token (an end of generation too), the top-two logit gap it was picked with (inf where
+    # not a plain greedy pick): where a copy of this answer, asked again, may part from it.
+    gaps: list[float] = field(default_factory=list)
 
     @property
     def generated(self) -> int:
@@ -170,6 +180,11 @@ class Active:
         if d.source not in ("lookup", "repeat", "history") or verdict.accepted < len(d) or len(proposed) <= len(d):
             return None
         return proposed[len(d)] == verdict.next_token
+
+    def note_gap(self, row: np.ndarray | None, token: int) -> None:
+        """Record the top-two logit gap `token` was picked with from `row` (see `gaps`)."""
+        plain = row is not None and self.request.sampling.greedy and self.grammar is None
+        self.gaps.append(top_gap(row, token) if plain and row is not None else math.inf)
 
     def prediction_odds(self, n: int) -> list[float]:
         """Per next prediction token, the chance the output follows it (`Prediction.follow_odds`)."""

@@ -58,6 +58,9 @@ class Draft:
     q: tuple[np.ndarray, ...] | None = None
     source: str = "none"
     match_length: int = 0  # prompt lookup: length of the n-gram the proposal continues
+    # Per token, the chance the target picks it again beside what the drafter's evidence says: a copy of
+    # an earlier greedy answer through a near-tie that another batch shape may decide the other way.
+    odds: tuple[float, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
