@@ -10,6 +10,7 @@ pinned verify curve says, so two policies differ only by their choices.
     python scripts/replay_auto.py replay answers.json --curve DIR/bench.json [--seeds 6] [--trace KEY]
     python scripts/replay_auto.py record --plan goals --out goals.json   # the goals plan's prompts (~2 min)
     python scripts/replay_auto.py ceiling goals.json --curve DIR/bench.json
+    python scripts/replay_auto.py asks --curve DIR/bench.json [--repeats 3] [--out asks.json]   # (~6 min)
 
 `ceiling`: per answer, the most any policy over the engine's lookup proposal could reach on the curve
 if it knew where each copy ends (each pass drafts any prefix of the proposal, or nothing), beside fixed
@@ -22,6 +23,12 @@ costs verify(n) single steps. The speed-up is the answer's tokens over the steps
 the bench's order with one shared acceptance book and explorer; each seed shuffles the modes per item
 as the bench does, and the summary averages the seeds (the book's path moves single items by a few
 percent). `--curve` takes a bench.json (its learned `costs`) or a calibration file.
+
+`asks`: not a replay but the real engine, `auto` with its costs pinned to the curve, asking the goals
+plan's prompts `--repeats` times in one process as the bench does (the second and third asks copy the
+first's answer), each ask priced on the curve: its plain passes and drafts of k at verify(k + 1) single
+steps. What it adds to the replay: lookup over earlier requests, and answers that part at near-ties in
+the batch shapes `auto` chose. Which way a near-tie goes is chance, so compare whole runs, not prompts.
 
 Not replayed: the draft model (auto on the CPU bench rarely picks it), per-step overhead (Python,
 logits copies), lookup over earlier requests, answers that part from `off`'s at a near-tie. Use it to compare policies; measure speed with `localspec bench`.
@@ -41,6 +48,7 @@ from localspec.engine.config import GenerationRequest
 from localspec.engine.controller import AcceptanceBook, Controller, Explorer
 from localspec.engine.costs import Costs
 from localspec.engine.drafters import PromptLookupDrafter
+from localspec.engine.events import Stats
 from localspec.engine.prediction import Tokenizer, prepare
 
 MODES = ("auto", "auto+prediction")
@@ -177,6 +185,36 @@ def record(out: Path, plan: str = "predicted") -> None:
     out.write_text(json.dumps(rows))
 
 
+def modeled_steps(stats: Stats, costs: Costs) -> float:
+    """A finished request's target passes priced on the curve: plain ones at verify(1), each draft of k
+    tokens at verify(k + 1), in single steps (drafted_by_position[i]: the drafts longer than i)."""
+    longer = [*stats.drafted_by_position, 0]
+    drafts = sum((longer[k - 1] - longer[k]) * costs.steps(k + 1) for k in range(1, len(longer)))
+    return (stats.target_passes - longer[0]) * costs.steps(1) + drafts
+
+
+def asks(curve: Path, repeats: int, out: Path | None) -> None:
+    from localspec.bench.runner import run_request
+    from localspec.service import open_engine
+
+    engine = open_engine(mode="auto")
+    engine.costs = costs = load_curve(curve)
+    rows = []
+    for rep in range(repeats):
+        for suite, key, request, _ in _requests("goals", lambda s: 0):
+            done = run_request(engine, request.model_copy(update={"mode": "auto", "history_scope": "bench:auto"})).done
+            s = done.stats
+            steps = modeled_steps(s, costs)
+            rows.append({"suite": suite, "key": key, "ask": rep + 1, "tokens": s.completion_tokens, "steps": steps,
+                         "drafted": s.drafted, "accepted": s.accepted, "passes": s.target_passes})
+            print(f"{suite} {key} ask {rep + 1}: {s.drafted} drafted, {s.accepted} kept, {s.target_passes} passes, "
+                  f"{s.completion_tokens / steps:.2f}x `off` modeled", flush=True)
+    for name, part in (("every ask", rows), ("asked again", [r for r in rows if r["ask"] > 1])):
+        print(f"{name}: {sum(r['tokens'] for r in part) / sum(r['steps'] for r in part):.3f}x `off` modeled")
+    if out is not None:
+        out.write_text(json.dumps(rows))
+
+
 def _proposals(item: Recorded) -> list[tuple[int, int, int]]:
     """Per answer position i >= 1: (lookup's match length, proposal length, how many of the proposal
     the answer keeps), as the engine's drafter proposes from the prompt and the answer before i."""
@@ -248,7 +286,14 @@ def main() -> None:
     cei = sub.add_parser("ceiling", help="the most lookup could reach on recorded answers, beside fixed rules and auto")
     cei.add_argument("answers", type=Path)
     cei.add_argument("--curve", type=Path, required=True, help="a bench.json or a calibration file")
+    ask = sub.add_parser("asks", help="the goals plan's prompts asked again in one auto engine, priced on a curve")
+    ask.add_argument("--curve", type=Path, required=True, help="a bench.json or a calibration file")
+    ask.add_argument("--repeats", type=int, default=3)
+    ask.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.verb == "asks":
+        asks(args.curve, args.repeats, args.out)
+        return
     if args.verb == "record":
         record(args.out, args.plan)
         return

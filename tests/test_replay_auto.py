@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from localspec.engine.costs import Costs
 from scripts.replay_auto import FIXED_RULES, Recorded, ceiling_table, fixed_rule, lookup_ceiling, replay, summary
 
@@ -74,3 +76,15 @@ def test_items_without_a_prediction_replay_auto_alone_and_the_table_names_each_r
     lines = ceiling_table([item], FLAT, summary(runs))
     assert lines[0] == "code: 0" and lines[1].lstrip().startswith("ceiling")
     assert any(line.lstrip().startswith("auto (replay)") for line in lines)
+
+
+def test_an_ask_is_priced_by_its_passes_on_the_curve():
+    from localspec.engine.events import Stats
+    from scripts.replay_auto import modeled_steps
+
+    costs = Costs(verify=[0.03 * s for s in (1, 1.5, 2, 2.5, 3, 3.5)], draft_step=0.0, draft_row=0.0, pinned=True)
+    s = Stats(target_passes=6)
+    for drafted, kept in ((5, 5), (2, 0), (2, 2)):  # three drafts, then three plain passes
+        s.record_position(drafted, kept)
+    # 3 plain passes at 1 step, two drafts of 2 at verify(3) = 2 steps, one of 5 at verify(6) = 3.5 steps.
+    assert modeled_steps(s, costs) == pytest.approx(3 * 1 + 2 * 2 + 3.5)
