@@ -3,7 +3,8 @@
 Reads 500 tokens of this file as the KV, then the next 48 tokens' logits one row a pass, and again in
 passes of 2, 5, 16 and 48 rows; prints the largest logit difference against the one-row passes and
 how many of the 48 argmaxes differ, with llama.cpp's repacked weights and without, and each one's
-time per pass of 1 and 49 rows.
+time per pass of 1 and 49 rows. Then 64 rows in other plans of passes (8 x 8, 17 x 3 + 13, 63 + 1, ...):
+how many rows' logits differ at all from 16-row passes', which shows the kernels a pass takes by size.
 
     python scripts/batch_invariance.py [--profile default] [--threads 2]
 
@@ -23,16 +24,24 @@ from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
 from localspec.models import ModelManager
 
 SIZES = (2, 5, 16, 48)
+PLANS = {"1 x 64": [1] * 64, "4 x 16": [4] * 16, "8 x 8": [8] * 8, "9 x 7 + 1": [9] * 7 + [1],
+         "17 x 3 + 13": [17] * 3 + [13], "48 + 16": [48, 16], "63 + 1": [63, 1], "64": [64]}
 
 
 def logits_in_passes(rt: ModelRuntime, context: list[int], rows: list[int], size: int) -> np.ndarray:
     """`rows`' logits after `context`, read `size` rows a pass (the KV past the context is cleared first)."""
+    return logits_in_plan(rt, context, rows, [size] * -(-len(rows) // size))
+
+
+def logits_in_plan(rt: ModelRuntime, context: list[int], rows: list[int], plan: list[int]) -> np.ndarray:
+    """`rows`' logits after `context`, read in passes of plan[0], plan[1], ... rows."""
     rt.seq_rm(0, len(context), -1)
-    out = []
-    for s in range(0, len(rows), size):
+    out, s = [], 0
+    for size in plan:
         chunk = rows[s : s + size]
         got = rt.decode([Row(token=t, pos=len(context) + s + i, seq=0, logits=True) for i, t in enumerate(chunk)])
         out.append(np.array(got[: len(chunk)], dtype=np.float64))
+        s += size
     return np.concatenate(out)
 
 
@@ -56,6 +65,9 @@ def main() -> int:
             for size in SIZES:
                 got = logits_in_passes(rt, context, rows, size)
                 by_size[size] = (float(np.abs(got - single).max()), int((got.argmax(1) != single.argmax(1)).sum()))
+            by_16 = logits_in_plan(rt, context, tokens[500:564], [16] * 4)
+            plans = {name: np.abs(logits_in_plan(rt, context, tokens[500:564], plan) - by_16).max(axis=1)
+                     for name, plan in PLANS.items()}
             times: dict[int, list[float]] = {1: [], 49: []}
             for _ in range(5):
                 for n in times:
@@ -71,6 +83,10 @@ def main() -> int:
         for size, (diff, flips) in by_size.items():
             print(f"  {size:2d} rows a pass: largest logit difference {diff:.3g}, argmax differs at {flips} of {len(rows)}")
         print("  ms per pass: " + ", ".join(f"{n} rows {statistics.median(t):.1f}" for n, t in times.items()))
+        for name, diff in plans.items():
+            rows_off = np.flatnonzero(diff > 0)
+            where = f", the first at row {rows_off[0]}" if rows_off.size else ""
+            print(f"  64 rows in passes of {name}: {rows_off.size} rows differ from 16-row passes'{where}")
     return 0
 
 

@@ -468,11 +468,10 @@ class Engine:
         lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
         a.proposal = proposal = self.lookup.propose(a.tokens, min(room, a.controller.copy_k_max),
                                                     a.request.history_scope, prompt=a.n_prompt)
-        a.choice = a.controller.choose(lag, a.lookup_match, len(proposal), room, context=len(a.tokens),
-                                       lookup_earlier=a.lookup_earlier, prediction_available=prediction_cap,
-                                       prediction_cap=prediction_cap, prediction_odds=a.prediction_odds(prediction_cap),
-                                       prediction_streak=a.prediction_streak, lookup_repeat=a.lookup_repeat,
-                                       lookup_odds=proposal.odds)
+        a.choice = a.controller.choose(
+            lag, a.lookup_match, len(proposal), room, context=len(a.tokens), lookup_earlier=a.lookup_earlier,
+            lookup_repeat=a.lookup_repeat, prediction_streak=a.prediction_streak, prediction_available=prediction_cap,
+            prediction_cap=prediction_cap, prediction_odds=a.prediction_odds(prediction_cap), lookup_odds=proposal.odds)
         a.stats.record_choice(a.choice.drafter, explored=a.choice.explored, why_not=a.controller.why_not)
         return a.choice.drafter, a.choice.k, proposal
 
