@@ -186,8 +186,9 @@ def record(out: Path, plan: str = "predicted") -> None:
 
 
 def modeled_steps(stats: Stats, costs: Costs) -> float:
-    """A finished request's target passes priced on the curve: plain ones at verify(1), each draft of k
-    tokens at verify(k + 1), in single steps (drafted_by_position[i]: the drafts longer than i)."""
+    """A finished request's target passes after its first token priced on the curve: plain ones at verify(1),
+    each draft of k tokens at verify(k + 1), in single steps (drafted_by_position[i]: the drafts longer than
+    i). `off` spends one step on each token after the first."""
     longer = [*stats.drafted_by_position, 0]
     drafts = sum((longer[k - 1] - longer[k]) * costs.steps(k + 1) for k in range(1, len(longer)))
     return (stats.target_passes - longer[0]) * costs.steps(1) + drafts
@@ -199,16 +200,17 @@ def asks(curve: Path, repeats: int, out: Path | None) -> None:
 
     engine = open_engine(mode="auto")
     engine.costs = costs = load_curve(curve)
+    engine.cost_file = None  # the pinned curve is not this machine's: never saved over its calibration
     rows = []
     for rep in range(repeats):
         for suite, key, request, _ in _requests("goals", lambda s: 0):
             done = run_request(engine, request.model_copy(update={"mode": "auto", "history_scope": "bench:auto"})).done
             s = done.stats
-            steps = modeled_steps(s, costs)
-            rows.append({"suite": suite, "key": key, "ask": rep + 1, "tokens": s.completion_tokens, "steps": steps,
+            steps = max(modeled_steps(s, costs), 1.0)
+            rows.append({"suite": suite, "key": key, "ask": rep + 1, "tokens": s.completion_tokens - 1, "steps": steps,
                          "drafted": s.drafted, "accepted": s.accepted, "passes": s.target_passes})
             print(f"{suite} {key} ask {rep + 1}: {s.drafted} drafted, {s.accepted} kept, {s.target_passes} passes, "
-                  f"{s.completion_tokens / steps:.2f}x `off` modeled", flush=True)
+                  f"{(s.completion_tokens - 1) / steps:.2f}x `off` modeled", flush=True)
     for name, part in (("every ask", rows), ("asked again", [r for r in rows if r["ask"] > 1])):
         print(f"{name}: {sum(r['tokens'] for r in part) / sum(r['steps'] for r in part):.3f}x `off` modeled")
     if out is not None:

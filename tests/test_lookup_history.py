@@ -247,8 +247,10 @@ def test_a_history_proposal_carries_the_odds_its_answer_was_picked_with():
     draft = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "local")
     assert draft.tokens == (7, 8, 9, 2)
     assert draft.odds == (agreement_odds(1.0), 0.5, 1.0, 1.0)
-    # The prompt's own copies carry none: the drafter's evidence is all there is.
-    assert PromptLookupDrafter(n_max=16, history=history).propose(prompt + prompt[:16], 4).odds == ()
+    # A copy of the sequence's own text carries none, with a history in scope too: its evidence is all there is.
+    own = list(range(500, 520)) * 2
+    d = PromptLookupDrafter(n_max=16, history=history).propose(own[:-4], 4, "local")
+    assert d.tokens == tuple(own[-4:]) and d.source == "lookup" and d.odds == ()
     # Without gaps (a sampled answer), an earlier answer's tokens are given.
     history.add("other", prompt + [7, 8, 9])
     assert PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "other").odds == (1.0, 1.0, 1.0)
@@ -300,13 +302,86 @@ def test_the_engine_keeps_the_gaps_its_greedy_answers_were_picked_with():
     from tests.fake_tier import Reply, scripted, scripted_engine
 
     engine = scripted_engine(script=scripted({"unsure": Reply("Maybe so.", confidence=0.02),
-                                              "sure": Reply("Surely so.", confidence=30.0)}), parallel=1)
+                                              "sure": Reply("Surely so.", confidence=0.1)}), parallel=1)
+    # Sampled at a temperature that still follows the script (gaps of 0.02 / 0.001 = 20 logits).
+    sampled = SamplingParams(temperature=0.001, seed=3)
     for prompt, sampling, expected in (("Are you unsure about this one?", SamplingParams(), agreement_odds(0.02)),
-                                       ("Are you sure about this one?", SamplingParams(), 1.0),
-                                       ("Sampled: are you unsure about it?", SamplingParams(temperature=1.0, seed=3), 1.0)):
+                                       ("Are you sure about this one?", SamplingParams(), agreement_odds(0.1)),
+                                       ("Sampled: are you unsure about it?", sampled, 1.0)):
         request = engine.with_defaults(GenerationRequest(prompt=prompt, max_tokens=32, sampling=sampling))
         list(engine.generate(request))
         tokens, _ = engine.prompt_tokens(request)
         again = engine.lookup.propose(list(tokens), 64, "local", prompt=len(tokens))
         assert again.source == "history" and len(again.odds) == len(again.tokens) > 3
         assert again.odds == pytest.approx([expected] * len(again.tokens), abs=1e-6)
+
+
+def test_the_gaps_stay_with_their_tokens_when_a_stop_string_ends_the_answer():
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.drafters import agreement_odds
+    from tests.fake_tier import Reply, scripted, scripted_engine
+
+    engine = scripted_engine(script=scripted(default=Reply("Maybe so. Or not at all.", confidence=0.05)), parallel=1)
+    request = engine.with_defaults(GenerationRequest(prompt="Tell me whether it is so, please.", max_tokens=64,
+                                                     stop=[" Or"]))
+    list(engine.generate(request))
+    tokens, _ = engine.prompt_tokens(request)
+    again = engine.lookup.propose(list(tokens), 64, "local", prompt=len(tokens))
+    assert engine.target.text(again.tokens).startswith("Maybe so.") and len(again.odds) == len(again.tokens)
+    assert again.odds == pytest.approx([agreement_odds(0.05)] * len(again.tokens), abs=1e-6)
+
+
+def test_a_sequence_longer_than_the_history_keeps_the_odds_of_its_newest_tokens():
+    history = LookupHistory(max_tokens=30)
+    prompt, answer = list(range(100, 120)), list(range(200, 230))
+    history.add("s", prompt + answer, gaps=[0.0 if t % 3 == 0 else 9.0 for t in answer])
+    d = PromptLookupDrafter(n_max=16, history=history).propose(answer[:20], 64, "s")
+    assert d.tokens == tuple(answer[20:])
+    assert d.odds == tuple(0.5 if t % 3 == 0 else 1.0 for t in answer[20:])
+
+
+def test_a_gap_is_taken_from_the_logits_the_pick_was_made_from_penalties_included():
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.events import Stats
+    from localspec.engine.sampling import SamplingParams
+    from localspec.engine.slots import Active, Handle
+    from localspec.engine.verify import PositionRng
+
+    def active(sampling: SamplingParams) -> Active:
+        return Active(handle=Handle(1), request=GenerationRequest(prompt="x", sampling=sampling), tokens=[2],
+                      n_prompt=1, mode="off", k=0, rng=PositionRng(0), stats=Stats(), t_submit=0.0)
+
+    row = np.array([0.0, 5.0, 5.5, 0.0], dtype=np.float32)
+    a = active(SamplingParams(presence_penalty=1.0))  # token 2 is in the history: 5.5 - 1 = 4.5
+    a.note_gap(row, 1)
+    assert a.gaps == [pytest.approx(0.5)]
+    plain = active(SamplingParams())
+    plain.note_gap(row, 2)
+    plain.note_gap(None, 2)
+    assert plain.gaps == [pytest.approx(0.5), float("inf")]
+    sampled = active(SamplingParams(temperature=0.7))
+    sampled.note_gap(row, 2)
+    assert sampled.gaps == [float("inf")]
+
+
+def test_a_plain_step_where_the_earlier_answer_went_on_otherwise_marks_the_answers_parted():
+    """A copy that stops before a near-tie at its first token leaves the plain step to pick it: if the target
+    picks otherwise there, the answers parted as surely as at a rejected copy."""
+    from localspec.engine.controller import REALIGNED_BUCKET, AcceptanceBook, Choice, Controller
+
+    c = Controller(_cpu_costs(), k_max=16, book=AcceptanceBook(), copy_k_max=48)
+    c.observe(Choice("off", 0, 1.0), 0, 0, 16, lookup_earlier=True, ahead=True)
+    assert not c.parted
+    c.observe(Choice("off", 0, 1.0), 0, 0, 16, lookup_earlier=True, ahead=False)
+    assert c.parted and c._bucket(16, True, False) == REALIGNED_BUCKET
+    # The engine's side: a plain step tells whether its pick is the earlier answer's next token.
+    from localspec.engine.config import GenerationRequest
+    from localspec.engine.events import Stats
+    from localspec.engine.slots import Active, Handle
+    from localspec.engine.verify import Draft, PositionRng, Verdict
+
+    a = Active(handle=Handle(1), request=GenerationRequest(prompt="x"), tokens=[2], n_prompt=1, mode="auto", k=8,
+               rng=PositionRng(0), stats=Stats(), t_submit=0.0, proposal=Draft((5, 6), source="history"))
+    assert a.ahead(Draft(()), Verdict(0, 5)) is True and a.ahead(Draft(()), Verdict(0, 7)) is False
+    a.proposal = Draft((5, 6), source="lookup")  # a copy of the prompt: no earlier answer to leave
+    assert a.ahead(Draft(()), Verdict(0, 7)) is None

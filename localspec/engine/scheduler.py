@@ -455,7 +455,7 @@ class Engine:
             drafts[slot.seq] = a.prediction.propose(k)
         elif mode == "lookup":
             lookup = lookup or self.lookup.propose(a.tokens, k, a.request.history_scope)
-            drafts[slot.seq] = replace(lookup, tokens=lookup.tokens[:k])
+            drafts[slot.seq] = replace(lookup, tokens=lookup.tokens[:k], odds=lookup.odds[:k])
         else:
             return DraftJob(slot.seq, list(a.tokens), k, a.request.sampling, a.rng)
         return None

@@ -17,6 +17,7 @@ from localspec.engine.controller import Choice, Controller
 from localspec.engine.events import Done, Event, Stats, TokenLogprob
 from localspec.engine.grammar import Grammar
 from localspec.engine.prediction import Prediction
+from localspec.engine.sampling import penalize
 from localspec.engine.text import StopMatcher, Utf8Stream
 from localspec.engine.verify import Draft, PositionRng, Verdict
 
@@ -175,16 +176,23 @@ class Active:
 
     def ahead(self, d: Draft, verdict: Verdict) -> bool | None:
         """For a lookup draft kept whole: whether the target's next token is the proposal's next one
-        (None: not a lookup draft, not whole, or the proposal ends with it)."""
+        (None: not a lookup draft, not whole, or the proposal ends with it). Also for a plain step beside a
+        copy of an earlier answer that was not drafted (a near-tie first): whether the answers still agree."""
         proposed = self.proposal.tokens
+        if not d.tokens and self.proposal.source == "history" and proposed:
+            return proposed[0] == verdict.next_token
         if d.source not in ("lookup", "repeat", "history") or verdict.accepted < len(d) or len(proposed) <= len(d):
             return None
         return proposed[len(d)] == verdict.next_token
 
     def note_gap(self, row: np.ndarray | None, token: int) -> None:
         """Record the top-two logit gap `token` was picked with from `row` (see `gaps`)."""
-        plain = row is not None and self.request.sampling.greedy and self.grammar is None
-        self.gaps.append(top_gap(row, token) if plain and row is not None else math.inf)
+        params = self.request.sampling
+        if row is None or not params.greedy or self.grammar is not None:
+            self.gaps.append(math.inf)
+            return
+        # The gap the pick was made with: of the penalised logits where the request has penalties.
+        self.gaps.append(top_gap(penalize(row, params, self.tokens) if params.has_penalties else row, token))
 
     def prediction_odds(self, n: int) -> list[float]:
         """Per next prediction token, the chance the output follows it (`Prediction.follow_odds`)."""
