@@ -167,6 +167,22 @@ def test_a_request_asked_again_drafts_its_earlier_answer_from_its_owner_history_
 
 
 @pytest.mark.models
+def test_an_answer_asked_again_equals_the_target_alone_through_near_ties_its_batches_read_otherwise(engine):
+    """Prompts whose answers hold near-ties (PROMPTS[4]'s at token 4): the first answer is the target alone
+    (plain steps); asked again, it is copied in passes of up to 49 rows, whose kernels decide some of those
+    ties the other way (16 in 11 answers of 96 tokens, by up to 0.19 logits, 2026-12-07). Each such row
+    follows the earlier answer's pick (verify.settle_near_ties), so the copy is `off`'s answer token for token."""
+    for i in (4, 5, 7):
+        req = chat(PROMPTS[i], max_tokens=64, mode="off", history_scope=f"test-ties-{i}")
+        first, _, _ = run(engine, req)
+        again, done, _ = run(engine, req.model_copy(update={"mode": "lookup", "k": 48}))
+        print(f"prompt {i}: {done.stats.near_ties_settled} near-ties settled, {done.stats.accepted} of "
+              f"{done.stats.drafted} drafted tokens kept")
+        assert done.stats.drafted >= len(first) - 4, "the earlier answer was not copied: the test lost its power"
+        assert again == first
+
+
+@pytest.mark.models
 def test_a_step_with_more_logits_rows_than_the_context_serves_is_split(draft_path):
     """The runtime splits a batch at n_outputs_max logits rows (slots together may ask for more than
     one verification's worth); the parts give exactly the rows of the same batches decoded by hand."""

@@ -8,7 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from localspec.engine.drafters import LookupHistory, PromptLookupDrafter
+from localspec.engine.drafters import LookupHistory, PromptLookupDrafter, agreement_odds
+from localspec.engine.verify import TIE_MARGIN
 
 
 def test_a_repeated_request_drafts_the_earlier_answer_to_the_end_of_that_request():
@@ -244,16 +245,23 @@ def test_a_history_proposal_carries_the_odds_its_answer_was_picked_with():
     history = LookupHistory(max_tokens=1000)
     prompt = list(range(100, 120))
     history.add("local", prompt + [7, 8, 9], end=2, gaps=[1.0, 0.0, 5.0, 3.0])  # the answer's and its end's gaps
-    draft = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "local")
-    assert draft.tokens == (7, 8, 9, 2)
+    # Another question ending alike (its first token differs): the answer was picked at another context.
+    draft = PromptLookupDrafter(n_max=16, history=history).propose([99, *prompt], 8, "local")
+    assert draft.tokens == (7, 8, 9, 2) and draft.own_picks == 0
     assert draft.odds == (agreement_odds(1.0), 0.5, 1.0, 1.0)
+    # The same question: the answer is the target's own picks at exactly this context, and a verify keeps
+    # them at near-ties within TIE_MARGIN, so even the tie is likely to be copied.
+    again = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "local")
+    assert again.tokens == draft.tokens and again.own_picks == 4
+    assert again.odds == tuple(agreement_odds(g + TIE_MARGIN) for g in (1.0, 0.0, 5.0, 3.0)) and again.odds[1] > 0.99
     # A copy of the sequence's own text carries none, with a history in scope too: its evidence is all there is.
     own = list(range(500, 520)) * 2
     d = PromptLookupDrafter(n_max=16, history=history).propose(own[:-4], 4, "local")
     assert d.tokens == tuple(own[-4:]) and d.source == "lookup" and d.odds == ()
-    # Without gaps (a sampled answer), an earlier answer's tokens are given.
+    # Without gaps (a sampled answer), an earlier answer's tokens are given, but they are not the target's picks.
     history.add("other", prompt + [7, 8, 9])
-    assert PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "other").odds == (1.0, 1.0, 1.0)
+    sampled = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "other")
+    assert sampled.odds == (1.0, 1.0, 1.0) and sampled.own_picks == 0
 
 
 def test_history_odds_stay_with_their_tokens_when_old_sequences_go():
@@ -265,8 +273,10 @@ def test_history_odds_stay_with_their_tokens_when_old_sequences_go():
         gaps = [0.0 if t % 2 else 9.0 for t in answer]  # odd tokens were near-ties
         history.add("s", prompt + answer, gaps=gaps)
         d = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 64, "s")
-        assert d.tokens == tuple(answer)
-        assert d.odds == tuple(0.5 if t % 2 else 1.0 for t in answer)
+        assert d.tokens == tuple(answer) and d.own_picks == len(answer)
+        assert d.odds == tuple(agreement_odds(TIE_MARGIN) if t % 2 else 1.0 for t in answer)
+        start = len(history.tokens("s")) - len(answer) - 1
+        assert history.odds("s", start, len(answer)) == tuple(0.5 if t % 2 else 1.0 for t in answer)
 
 
 def test_a_copy_of_an_earlier_answer_stops_before_a_likely_near_tie():
@@ -313,7 +323,10 @@ def test_the_engine_keeps_the_gaps_its_greedy_answers_were_picked_with():
         tokens, _ = engine.prompt_tokens(request)
         again = engine.lookup.propose(list(tokens), 64, "local", prompt=len(tokens))
         assert again.source == "history" and len(again.odds) == len(again.tokens) > 3
-        assert again.odds == pytest.approx([expected] * len(again.tokens), abs=1e-6)
+        assert again.own_picks == (len(again.tokens) if sampling.greedy else 0)
+        start = len(engine.lookup.history.tokens("local")) - len(again.tokens) - 1  # the latest answer, end included
+        assert engine.lookup.history.odds("local", start, len(again.tokens)) == pytest.approx(
+            [expected] * len(again.tokens), abs=1e-6)
 
 
 def test_the_gaps_stay_with_their_tokens_when_a_stop_string_ends_the_answer():
@@ -328,7 +341,9 @@ def test_the_gaps_stay_with_their_tokens_when_a_stop_string_ends_the_answer():
     tokens, _ = engine.prompt_tokens(request)
     again = engine.lookup.propose(list(tokens), 64, "local", prompt=len(tokens))
     assert engine.target.text(again.tokens).startswith("Maybe so.") and len(again.odds) == len(again.tokens)
-    assert again.odds == pytest.approx([agreement_odds(0.05)] * len(again.tokens), abs=1e-6)
+    start = len(engine.lookup.history.tokens("local")) - len(again.tokens) - 1
+    assert engine.lookup.history.odds("local", start, len(again.tokens)) == pytest.approx(
+        [agreement_odds(0.05)] * len(again.tokens), abs=1e-6)
 
 
 def test_a_sequence_longer_than_the_history_keeps_the_odds_of_its_newest_tokens():

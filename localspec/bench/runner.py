@@ -218,6 +218,7 @@ def run_row(suite: str, prompt: int | str, rep: int, mode: str, done: Done) -> d
         "mean_accepted_length": s.mean_accepted_length, "finish": done.finish_reason,
         # auto's exploration steps, once the engine counts them (Stats.explored).
         "explored": getattr(s, "explored", None),
+        "near_ties_settled": s.near_ties_settled,  # as an earlier answer to the same question settled them
     }
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from localspec.engine.runtime import ModelRuntime, Row
 from localspec.engine.sampling import SamplingParams, distribution, penalize
-from localspec.engine.verify import Draft, PositionRng
+from localspec.engine.verify import TIE_MARGIN, Draft, PositionRng
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -76,15 +76,19 @@ class LookupHistory:
     """
 
     SEPARATOR = -1  # between sequences; never a token id, so no match runs across two of them
+    _END = np.array([SEPARATOR], dtype=np.int64)
+    _NO_GAP = np.array([math.inf])
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
         self._sequences: dict[str, list[np.ndarray]] = {}
+        self._gaps: dict[str, list[np.ndarray]] = {}
+        self._whole: dict[str, list[bool]] = {}  # per sequence: kept from its start (not cut to the bound)
+        # Per scope, its sequences joined by separators, each token's top-two gap (inf: not a greedy
+        # pick of the target, such as the prompt) and where each sequence begins.
         self._joined: dict[str, np.ndarray] = {}
-        self._starts: dict[str, np.ndarray] = {}  # where each sequence begins in the joined tokens
-        # Per joined token, the chance the target picks it again (`agreement_odds`; 1 where unknown).
-        self._odds: dict[str, list[np.ndarray]] = {}
-        self._joined_odds: dict[str, np.ndarray] = {}
+        self._joined_gaps: dict[str, np.ndarray] = {}
+        self._starts: dict[str, np.ndarray] = {}
 
     def add(self, scope: str, tokens: Sequence[int], *, end: int | None = None, gaps: Sequence[float] = ()) -> None:
         """A finished sequence; `end`: the end-of-generation token that ended it, kept so that the
@@ -95,43 +99,64 @@ class LookupHistory:
         if self.max_tokens <= 0 or len(tokens) < 2:
             return
         gaps = list(gaps)[-len(tokens):]
-        odds = np.ones(len(tokens))
+        seq_gaps = np.full(len(tokens), math.inf)
         if gaps:
-            odds[len(tokens) - len(gaps):] = [agreement_odds(g) for g in gaps]
-        kept = self._sequences.setdefault(scope, [])
-        kept_odds = self._odds.setdefault(scope, [])
-        kept.append(np.asarray(tokens[-self.max_tokens:], dtype=np.int64))
-        kept_odds.append(odds[-self.max_tokens:])
-        while sum(len(a) for a in kept) > self.max_tokens:
-            kept.pop(0)
-            kept_odds.pop(0)
-        parts: list[np.ndarray] = []
-        for a in kept:  # oldest first, so the latest match of a suffix is the most recent request's
-            parts += [a, np.array([self.SEPARATOR], dtype=np.int64)]
-        self._joined[scope] = np.concatenate(parts)
-        self._joined_odds[scope] = np.concatenate([x for o in kept_odds for x in (o, np.ones(1))])
-        self._starts[scope] = np.cumsum([0] + [len(a) + 1 for a in kept[:-1]])
+            seq_gaps[len(tokens) - len(gaps):] = gaps
+        seq = np.asarray(tokens[-self.max_tokens:], dtype=np.int64)
+        seq_gaps = seq_gaps[-self.max_tokens:]
+        kept, kept_gaps = self._sequences.setdefault(scope, []), self._gaps.setdefault(scope, [])
+        kept.append(seq)
+        kept_gaps.append(seq_gaps)
+        whole = self._whole.setdefault(scope, [])
+        whole.append(len(seq) == len(tokens))
+        total = sum(len(a) for a in kept)
+        if total > self.max_tokens or scope not in self._joined:
+            while total > self.max_tokens:
+                total -= len(kept.pop(0))
+                kept_gaps.pop(0)
+                whole.pop(0)
+            # Oldest first, so the latest match of a suffix is the most recent request's.
+            self._joined[scope] = np.concatenate([x for a in kept for x in (a, self._END)])
+            self._joined_gaps[scope] = np.concatenate([x for g in kept_gaps for x in (g, self._NO_GAP)])
+            self._starts[scope] = np.cumsum([0] + [len(a) + 1 for a in kept[:-1]])
+        else:  # one more sequence at the end: no need to join the others again
+            before = len(self._joined[scope])
+            self._joined[scope] = np.concatenate((self._joined[scope], seq, self._END))
+            self._joined_gaps[scope] = np.concatenate((self._joined_gaps[scope], seq_gaps, self._NO_GAP))
+            self._starts[scope] = np.append(self._starts[scope], before)
 
     def tokens(self, scope: str) -> np.ndarray | None:
         """The scope's sequences joined by separators (None if it has none)."""
         return self._joined.get(scope)
 
-    def odds(self, scope: str, start: int, n: int) -> tuple[float, ...]:
-        """`agreement_odds` of the scope's joined tokens start..start+n."""
-        return tuple(float(x) for x in self._joined_odds[scope][start : start + n])
+    def odds(self, scope: str, start: int, n: int, *, margin: float = 0.0) -> tuple[float, ...]:
+        """`agreement_odds` of the scope's joined tokens start..start+n, where a near-tie within `margin`
+        is settled in the earlier pick's favour (verify.TIE_MARGIN)."""
+        return tuple(agreement_odds(float(g) + margin) for g in self._joined_gaps[scope][start : start + n])
+
+    def own_picks(self, scope: str, start: int, n: int) -> int:
+        """How many of the joined tokens start..start+n, from the first, are greedy picks of the target."""
+        not_picked = np.flatnonzero(~np.isfinite(self._joined_gaps[scope][start : start + n]))
+        return int(not_picked[0]) if not_picked.size else n
+
+    def _sequence(self, scope: str, at: int) -> int:
+        return int(np.searchsorted(self._starts[scope], at, side="right") - 1)
 
     def begins_with(self, scope: str, at: int, prefix: np.ndarray) -> bool:
         """Whether the sequence holding index `at` of the scope's joined tokens begins with `prefix`."""
-        starts, joined = self._starts[scope], self._joined[scope]
-        first = int(starts[np.searchsorted(starts, at, side="right") - 1])
-        return bool(np.array_equal(joined[first : first + len(prefix)], prefix))
+        first = int(self._starts[scope][self._sequence(scope, at)])
+        return bool(np.array_equal(self._joined[scope][first : first + len(prefix)], prefix))
+
+    def continues(self, scope: str, at: int, prefix: np.ndarray) -> bool:
+        """Whether index `at` of the scope's joined tokens follows exactly `prefix` from its sequence's start
+        (a sequence cut to the bound has lost its start): what comes next there was made at this very context."""
+        i = self._sequence(scope, at)
+        return (self._whole[scope][i] and int(self._starts[scope][i]) + len(prefix) == at
+                and self.begins_with(scope, at, prefix))
 
     def clear(self) -> None:
-        self._sequences.clear()
-        self._joined.clear()
-        self._starts.clear()
-        self._odds.clear()
-        self._joined_odds.clear()
+        for store in (self._sequences, self._gaps, self._whole, self._joined, self._joined_gaps, self._starts):
+            store.clear()
 
 
 def _suffix_matches(source: np.ndarray, suffix: np.ndarray, n_max: int) -> tuple[int, np.ndarray]:
@@ -249,11 +274,19 @@ class PromptLookupDrafter:
             return Draft(tokens=(), q=None, source=name, match_length=n)
         proposal = source[start : start + k]
         odds: tuple[float, ...] = ()
+        own_picks = 0
         if source is earlier and scope is not None:  # a copy from an earlier request ends with that request
             ends = np.flatnonzero(proposal == LookupHistory.SEPARATOR)
             proposal = proposal[: ends[0]] if ends.size else proposal
-            odds = self.history.odds(scope, start, len(proposal))
-        return Draft(tokens=tuple(int(t) for t in proposal), q=None, source=name, match_length=n, odds=odds)
+            # The same question, its answer so far word for word: the earlier answer's next tokens are the
+            # target's own picks at exactly this context, which a verify keeps at near-ties (TIE_MARGIN).
+            if name == "history" and self.history.continues(scope, start, arr):
+                own_picks = self.history.own_picks(scope, start, len(proposal))
+            margin = TIE_MARGIN if own_picks else 0.0
+            odds = self.history.odds(scope, start, own_picks, margin=margin) + self.history.odds(
+                scope, start + own_picks, len(proposal) - own_picks)
+        return Draft(tokens=tuple(int(t) for t in proposal), q=None, source=name, match_length=n, odds=odds,
+                     own_picks=own_picks)
 
     def match_length(self, history: Sequence[int], scope: str | None = None) -> int:
         """Length of the n-gram a proposal would continue (0 = none); the controller's input."""

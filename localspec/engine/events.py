@@ -40,6 +40,8 @@ class Stats:
     prediction_tokens: int = 0
     prediction_drafted: int = 0
     prediction_accepted: int = 0
+    # Greedy tokens the output took from the same question's earlier answer at a near-tie (verify.TIE_MARGIN).
+    near_ties_settled: int = 0
     auto_steps: dict[str, int] = field(default_factory=dict)
     explored: int = 0
     auto_why_not: str = ""

@@ -11,6 +11,7 @@ import numpy as np
 
 from localspec.engine.sampling import distribution, greedy_token, penalize
 from localspec.engine.slots import Active
+from localspec.engine.verify import Draft, settle_near_ties
 
 GRAMMAR_REDRAW = 3  # PositionRng purpose of the redraw after the grammar refused a sample
 
@@ -30,6 +31,22 @@ def target_tokens(a: Active, rows: np.ndarray, drafted: tuple[int, ...]) -> list
     if not params.has_penalties:
         return np.argmax(rows, axis=1).tolist()
     return [greedy_token(row, params, a.tokens + list(drafted[:i])) for i, row in enumerate(rows)]
+
+
+def settled_targets(a: Active, rows: np.ndarray, d: Draft) -> tuple[list[int], int]:
+    """Greedy requests: `target_tokens`, with near-ties settled as the same question's earlier answer settled
+    them where the step copies it at exactly its context (`settle_near_ties`); and how many were."""
+    targets = target_tokens(a, rows, d.tokens)
+    # auto weighed the whole proposal (the bonus row may follow it too); lookup drafted it as it is.
+    earlier = a.proposal if a.proposal.own_picks else d
+    if not earlier.own_picks:
+        return targets, 0
+    params = a.request.sampling
+
+    def scores(i: int) -> np.ndarray:
+        return penalize(rows[i], params, a.tokens + list(d.tokens[:i])) if params.has_penalties else rows[i]
+
+    return settle_near_ties(targets, scores, d.tokens, earlier.tokens[: earlier.own_picks])
 
 
 def pick(a: Active, row: np.ndarray) -> int:

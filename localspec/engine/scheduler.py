@@ -45,7 +45,7 @@ from localspec.engine.loading import check_vocabularies, load_runtimes
 from localspec.engine.offload import OffloadPlanner
 from localspec.engine.runtime import ModelRuntime, Row
 from localspec.engine.prompt import Prompter
-from localspec.engine.picking import grammar_tokens, pick, target_rows, target_tokens
+from localspec.engine.picking import grammar_tokens, pick, settled_targets, target_rows
 from localspec.engine.batch import Batch
 from localspec.engine.slots import Active, EventSink, Handle, Lane, Pending, Slot, speculation, token_logprob
 from localspec.engine.text import StopMatcher
@@ -444,7 +444,7 @@ class Engine:
         if a.prediction is not None:
             a.prediction.follow(a.tokens, start=a.n_prompt)
             pk = min(self.config.prediction_k_max, room, a.prediction.available())
-        mode, lookup = a.mode, None
+        mode, lookup, a.proposal = a.mode, None, Draft(())  # auto's proposal is for this step only
         if mode == "auto" and max(k, pk) > 0:
             mode, k, lookup = self._auto_choice(slot, room, pk)
         elif pk > 0:
@@ -495,7 +495,8 @@ class Engine:
         if a.grammar is not None:
             verdict = verify_greedy(grammar_tokens(a, rows, d.tokens, self.target.is_eog), d)
         elif a.request.sampling.greedy:
-            verdict = verify_greedy(target_tokens(a, rows, d.tokens), d)
+            targets, settled = settled_targets(a, rows, d)
+            verdict, a.stats.near_ties_settled = verify_greedy(targets, d), a.stats.near_ties_settled + settled
         else:
             verdict = verify(target_rows(a, rows, d.tokens), d, a.rng, start_pos=len(a.tokens))
         a.stats.target_passes += 1

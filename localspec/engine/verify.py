@@ -11,14 +11,24 @@ The output then has exactly the target's distribution. Drafters that propose det
 (prompt lookup, greedy draft) have a point-mass q: q(d) = 1. Greedy requests have one-hot p,
 so the same rule reduces to "accept while the target's argmax equals the draft token";
 `verify_greedy` is that case, taking the argmax tokens instead of the one-hot rows.
+
+A greedy argmax at a near-tie depends on the batch its row is read in (llama.cpp takes other kernels
+for 1, 2-7 and 8-63 rows; `scripts/batch_invariance.py`), which is the float difference the lossless
+tests allow. `settle_near_ties` decides such ties one way when there is a way to prefer: the same
+question's earlier greedy answer, at exactly this context.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+# Logits. A token of the target's own earlier greedy answer that a row puts within this of its top
+# was picked over the row's argmax by batch float noise alone: about three spreads of a top-two gap
+# between batch shapes (drafters.GAP_SPREAD, 0.08), half of the bound the lossless tests allow (0.5).
+TIE_MARGIN = 0.25
 
 # Below this mass the residual max(0, p - q) is rounding noise; sample from p instead of dividing
 # by (almost) zero. It only happens when p and q are (almost) equal, where p is the right answer.
@@ -61,6 +71,9 @@ class Draft:
     # Per token, the chance the target picks it again beside what the drafter's evidence says: a copy of
     # an earlier greedy answer through a near-tie that another batch shape may decide the other way.
     odds: tuple[float, ...] = ()
+    # A copy of the same question's earlier greedy answer whose text so far is this sequence's word for
+    # word: how many leading tokens are the target's own picks at exactly this context (settle_near_ties).
+    own_picks: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -110,3 +123,29 @@ def verify_greedy(targets: Sequence[int], draft: Draft) -> Verdict:
             return Verdict(accepted=i, next_token=targets[i])
     k = len(draft.tokens)
     return Verdict(accepted=k, next_token=targets[k])
+
+
+def settle_near_ties(targets: Sequence[int], scores: Callable[[int], np.ndarray], drafted: Sequence[int],
+                     earlier: Sequence[int]) -> tuple[list[int], int]:
+    """Greedy targets per row, with each near-tie decided as the earlier answer decided it; and how many were.
+
+    `earlier[i]` is the target's own pick after the history and earlier[:i] (an answer to the same question
+    whose text so far is this one's), `scores(i)` row i's logits as the pick is made from (penalties in).
+    Row i reads the history and drafted[:i]: where that is earlier[:i] and the row puts earlier[i] within
+    TIE_MARGIN of its argmax, both tokens are the target's greedy pick up to batch float noise, and the
+    row's target becomes earlier[i]. So the answer asked again is made again token for token, instead of
+    parting wherever a batch shape decides a tie the other way. Rows past the first one a verify would stop
+    at (its draft token not the target) are left as they are.
+    """
+    out = list(targets)
+    settled = 0
+    for i in range(min(len(out), len(earlier))):
+        if i > 0 and not (i - 1 < len(drafted) and drafted[i - 1] == earlier[i - 1] == out[i - 1]):
+            break
+        if out[i] != earlier[i]:
+            row = scores(i)
+            if row[earlier[i]] < row[out[i]] - TIE_MARGIN:
+                break  # a real difference: the answers part here, and the rows after read another text
+            out[i] = earlier[i]
+            settled += 1
+    return out, settled
