@@ -199,9 +199,9 @@ def test_auto_tells_the_lookup_where_its_prompt_ends():
     seen: list[tuple[int, int | None]] = []
     propose = engine.lookup.propose
 
-    def spy(history, k, scope=None, *, prompt=None):
+    def spy(history, k, scope=None, *, prompt=None, rule=""):
         seen.append((len(history), prompt))
-        return propose(history, k, scope, prompt=prompt)
+        return propose(history, k, scope, prompt=prompt, rule=rule)
 
     engine.lookup.propose = spy  # type: ignore[method-assign]
     prompt = "Copy this:\n" + copy
@@ -247,13 +247,19 @@ def test_a_history_proposal_carries_the_odds_its_answer_was_picked_with():
     history.add("local", prompt + [7, 8, 9], end=2, gaps=[1.0, 0.0, 5.0, 3.0])  # the answer's and its end's gaps
     # Another question ending alike (its first token differs): the answer was picked at another context.
     draft = PromptLookupDrafter(n_max=16, history=history).propose([99, *prompt], 8, "local")
-    assert draft.tokens == (7, 8, 9, 2) and draft.own_picks == 0
+    assert draft.tokens == (7, 8, 9, 2) and draft.own_picks == ()
     assert draft.odds == (agreement_odds(1.0), 0.5, 1.0, 1.0)
     # The same question: the answer is the target's own picks at exactly this context, and a verify keeps
     # them at near-ties within TIE_MARGIN, so even the tie is likely to be copied.
     again = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "local")
-    assert again.tokens == draft.tokens and again.own_picks == 4
+    assert again.tokens == draft.tokens and again.own_picks == (7, 8, 9, 2)
     assert again.odds == tuple(agreement_odds(g + TIE_MARGIN) for g in (1.0, 0.0, 5.0, 3.0)) and again.odds[1] > 0.99
+    # Cut short, the copy still names the earlier answer's pick one past it: the row after a copy kept whole.
+    assert PromptLookupDrafter(n_max=16, history=history).propose(prompt, 2, "local").own_picks == (7, 8, 9)
+    # Another rule of picking (penalties, or a sampled or grammar request: None) settles nothing with these picks.
+    for rule in ("penalties 1.1 0.0 0.0 64", None):
+        other_rule = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "local", rule=rule)
+        assert other_rule.tokens == draft.tokens and other_rule.own_picks == () and other_rule.odds == draft.odds
     # A copy of the sequence's own text carries none, with a history in scope too: its evidence is all there is.
     own = list(range(500, 520)) * 2
     d = PromptLookupDrafter(n_max=16, history=history).propose(own[:-4], 4, "local")
@@ -261,7 +267,26 @@ def test_a_history_proposal_carries_the_odds_its_answer_was_picked_with():
     # Without gaps (a sampled answer), an earlier answer's tokens are given, but they are not the target's picks.
     history.add("other", prompt + [7, 8, 9])
     sampled = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "other")
-    assert sampled.odds == (1.0, 1.0, 1.0) and sampled.own_picks == 0
+    assert sampled.odds == (1.0, 1.0, 1.0) and sampled.own_picks == ()
+
+
+def test_a_sequence_joined_at_the_end_reads_as_all_of_them_joined_again():
+    """The history joins a new sequence to the others without joining them all again, until one goes."""
+    rng = random.Random(7)
+    history = LookupHistory(max_tokens=300)
+    kept: list[list[int]] = []
+    for _ in range(40):
+        seq = [rng.randrange(100) for _ in range(rng.randrange(2, 60))]
+        history.add("s", seq, gaps=[0.5] * len(seq))
+        kept.append(seq)
+        while sum(map(len, kept)) > 300:
+            kept.pop(0)
+        assert history.tokens("s").tolist() == [t for q in kept for t in (*q, LookupHistory.SEPARATOR)]
+        starts = np.cumsum([0] + [len(q) + 1 for q in kept[:-1]]).tolist()
+        for i, start in enumerate(starts):  # each sequence continues from its own start only
+            assert history.continues("s", start + 1, np.array(kept[i][:1]), "")
+            assert not history.continues("s", start + 1, np.array(kept[i][:1]), None)
+        assert history.odds("s", 0, len(history.tokens("s"))).count(1.0) == len(kept)  # the separators
 
 
 def test_history_odds_stay_with_their_tokens_when_old_sequences_go():
@@ -273,7 +298,7 @@ def test_history_odds_stay_with_their_tokens_when_old_sequences_go():
         gaps = [0.0 if t % 2 else 9.0 for t in answer]  # odd tokens were near-ties
         history.add("s", prompt + answer, gaps=gaps)
         d = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 64, "s")
-        assert d.tokens == tuple(answer) and d.own_picks == len(answer)
+        assert d.tokens == tuple(answer) and d.own_picks == tuple(answer)
         assert d.odds == tuple(agreement_odds(TIE_MARGIN) if t % 2 else 1.0 for t in answer)
         start = len(history.tokens("s")) - len(answer) - 1
         assert history.odds("s", start, len(answer)) == tuple(0.5 if t % 2 else 1.0 for t in answer)
@@ -323,7 +348,7 @@ def test_the_engine_keeps_the_gaps_its_greedy_answers_were_picked_with():
         tokens, _ = engine.prompt_tokens(request)
         again = engine.lookup.propose(list(tokens), 64, "local", prompt=len(tokens))
         assert again.source == "history" and len(again.odds) == len(again.tokens) > 3
-        assert again.own_picks == (len(again.tokens) if sampling.greedy else 0)
+        assert again.own_picks == (again.tokens if sampling.greedy else ())
         start = len(engine.lookup.history.tokens("local")) - len(again.tokens) - 1  # the latest answer, end included
         assert engine.lookup.history.odds("local", start, len(again.tokens)) == pytest.approx(
             [expected] * len(again.tokens), abs=1e-6)

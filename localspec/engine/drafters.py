@@ -83,17 +83,20 @@ class LookupHistory:
         self.max_tokens = max_tokens
         self._sequences: dict[str, list[np.ndarray]] = {}
         self._gaps: dict[str, list[np.ndarray]] = {}
-        self._whole: dict[str, list[bool]] = {}  # per sequence: kept from its start (not cut to the bound)
+        # Per sequence, how its greedy picks were made (`pick_rule`); None where its start was cut to the bound.
+        self._rules: dict[str, list[str | None]] = {}
         # Per scope, its sequences joined by separators, each token's top-two gap (inf: not a greedy
         # pick of the target, such as the prompt) and where each sequence begins.
         self._joined: dict[str, np.ndarray] = {}
         self._joined_gaps: dict[str, np.ndarray] = {}
         self._starts: dict[str, np.ndarray] = {}
 
-    def add(self, scope: str, tokens: Sequence[int], *, end: int | None = None, gaps: Sequence[float] = ()) -> None:
+    def add(self, scope: str, tokens: Sequence[int], *, end: int | None = None, gaps: Sequence[float] = (),
+            rule: str | None = "") -> None:
         """A finished sequence; `end`: the end-of-generation token that ended it, kept so that the
         answer asked again drafts its end too. `gaps`: the top-two logit gaps the target picked the
-        last len(gaps) tokens with (its greedy answer, end included); the rest (the prompt) is given."""
+        last len(gaps) tokens with (its greedy answer, end included); the rest (the prompt) is given.
+        `rule`: how those picks were made (`pick_rule`; None: not by a rule a later request can share)."""
         if end is not None:
             tokens = [*tokens, end]
         if self.max_tokens <= 0 or len(tokens) < 2:
@@ -107,14 +110,14 @@ class LookupHistory:
         kept, kept_gaps = self._sequences.setdefault(scope, []), self._gaps.setdefault(scope, [])
         kept.append(seq)
         kept_gaps.append(seq_gaps)
-        whole = self._whole.setdefault(scope, [])
-        whole.append(len(seq) == len(tokens))
+        rules = self._rules.setdefault(scope, [])
+        rules.append(rule if len(seq) == len(tokens) else None)
         total = sum(len(a) for a in kept)
         if total > self.max_tokens or scope not in self._joined:
             while total > self.max_tokens:
                 total -= len(kept.pop(0))
                 kept_gaps.pop(0)
-                whole.pop(0)
+                rules.pop(0)
             # Oldest first, so the latest match of a suffix is the most recent request's.
             self._joined[scope] = np.concatenate([x for a in kept for x in (a, self._END)])
             self._joined_gaps[scope] = np.concatenate([x for g in kept_gaps for x in (g, self._NO_GAP)])
@@ -134,10 +137,11 @@ class LookupHistory:
         is settled in the earlier pick's favour (verify.TIE_MARGIN)."""
         return tuple(agreement_odds(float(g) + margin) for g in self._joined_gaps[scope][start : start + n])
 
-    def own_picks(self, scope: str, start: int, n: int) -> int:
-        """How many of the joined tokens start..start+n, from the first, are greedy picks of the target."""
+    def own_picks(self, scope: str, start: int, n: int) -> tuple[int, ...]:
+        """The joined tokens start..start+n, up to the first that is not a greedy pick of the target."""
         not_picked = np.flatnonzero(~np.isfinite(self._joined_gaps[scope][start : start + n]))
-        return int(not_picked[0]) if not_picked.size else n
+        picks = self._joined[scope][start : start + (int(not_picked[0]) if not_picked.size else n)]
+        return tuple(int(t) for t in picks)
 
     def _sequence(self, scope: str, at: int) -> int:
         return int(np.searchsorted(self._starts[scope], at, side="right") - 1)
@@ -147,15 +151,16 @@ class LookupHistory:
         first = int(self._starts[scope][self._sequence(scope, at)])
         return bool(np.array_equal(self._joined[scope][first : first + len(prefix)], prefix))
 
-    def continues(self, scope: str, at: int, prefix: np.ndarray) -> bool:
+    def continues(self, scope: str, at: int, prefix: np.ndarray, rule: str | None) -> bool:
         """Whether index `at` of the scope's joined tokens follows exactly `prefix` from its sequence's start
-        (a sequence cut to the bound has lost its start): what comes next there was made at this very context."""
+        (a sequence cut to the bound has lost its start), picked by `rule`: what comes next there is what
+        this request's own rule picked at this very context."""
         i = self._sequence(scope, at)
-        return (self._whole[scope][i] and int(self._starts[scope][i]) + len(prefix) == at
+        return (rule is not None and self._rules[scope][i] == rule and int(self._starts[scope][i]) + len(prefix) == at
                 and self.begins_with(scope, at, prefix))
 
     def clear(self) -> None:
-        for store in (self._sequences, self._gaps, self._whole, self._joined, self._joined_gaps, self._starts):
+        for store in (self._sequences, self._gaps, self._rules, self._joined, self._joined_gaps, self._starts):
             store.clear()
 
 
@@ -244,11 +249,14 @@ class PromptLookupDrafter:
         best = max(range(len(after)), key=lambda i: (contexts[i], i))  # ties: the latest
         return contexts[best], int(after[best])
 
-    def propose(self, history: Sequence[int], k: int, scope: str | None = None, *, prompt: int | None = None) -> Draft:
+    def propose(self, history: Sequence[int], k: int, scope: str | None = None, *, prompt: int | None = None,
+                rule: str | None = "") -> Draft:
         """Up to k tokens after the most recent earlier match of the longest suffix n-gram (`scope`:
         whose finished requests may be copied too, see `LookupHistory`; None: none). `prompt`: how
         many of history's tokens are the prompt (None: all of them), which an earlier request must
         share to be this one asked again, and where a match in the answer so far is named "repeat".
+        `rule`: how this request picks its tokens (`pick_rule`), which an earlier answer's picks must share
+        to settle this one's near-ties (`Draft.own_picks`).
 
         Sources: "lookup" (the prompt, or another question's answer), "repeat" (the answer's own earlier
         text: it runs on far less than a copy of the input), "history" (this question's earlier answer)."""
@@ -274,17 +282,18 @@ class PromptLookupDrafter:
             return Draft(tokens=(), q=None, source=name, match_length=n)
         proposal = source[start : start + k]
         odds: tuple[float, ...] = ()
-        own_picks = 0
+        own_picks: tuple[int, ...] = ()
         if source is earlier and scope is not None:  # a copy from an earlier request ends with that request
             ends = np.flatnonzero(proposal == LookupHistory.SEPARATOR)
             proposal = proposal[: ends[0]] if ends.size else proposal
-            # The same question, its answer so far word for word: the earlier answer's next tokens are the
-            # target's own picks at exactly this context, which a verify keeps at near-ties (TIE_MARGIN).
-            if name == "history" and self.history.continues(scope, start, arr):
-                own_picks = self.history.own_picks(scope, start, len(proposal))
-            margin = TIE_MARGIN if own_picks else 0.0
-            odds = self.history.odds(scope, start, own_picks, margin=margin) + self.history.odds(
-                scope, start + own_picks, len(proposal) - own_picks)
+            # The same question, its answer so far word for word, picked by the same rule: the earlier answer's
+            # next tokens are the target's own picks at exactly this context, which a verify keeps at near-ties
+            # (TIE_MARGIN). One past the proposal too, for the row after a copy kept whole.
+            if name == "history" and self.history.continues(scope, start, arr, rule):
+                own_picks = self.history.own_picks(scope, start, len(proposal) + 1)
+            sure = min(len(own_picks), len(proposal))
+            odds = self.history.odds(scope, start, sure, margin=TIE_MARGIN) + self.history.odds(
+                scope, start + sure, len(proposal) - sure)
         return Draft(tokens=tuple(int(t) for t in proposal), q=None, source=name, match_length=n, odds=odds,
                      own_picks=own_picks)
 

@@ -37,16 +37,16 @@ def settled_targets(a: Active, rows: np.ndarray, d: Draft) -> tuple[list[int], i
     """Greedy requests: `target_tokens`, with near-ties settled as the same question's earlier answer settled
     them where the step copies it at exactly its context (`settle_near_ties`); and how many were."""
     targets = target_tokens(a, rows, d.tokens)
-    # auto weighed the whole proposal (the bonus row may follow it too); lookup drafted it as it is.
-    earlier = a.proposal if a.proposal.own_picks else d
-    if not earlier.own_picks:
+    # auto weighed the lookup proposal beside whatever it drafted; lookup drafted (a cut of) it.
+    earlier = a.proposal.own_picks or d.own_picks
+    if not earlier:
         return targets, 0
     params = a.request.sampling
 
     def scores(i: int) -> np.ndarray:
         return penalize(rows[i], params, a.tokens + list(d.tokens[:i])) if params.has_penalties else rows[i]
 
-    return settle_near_ties(targets, scores, d.tokens, earlier.tokens[: earlier.own_picks])
+    return settle_near_ties(targets, scores, d.tokens, earlier)
 
 
 def pick(a: Active, row: np.ndarray) -> int:

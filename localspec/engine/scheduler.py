@@ -454,7 +454,7 @@ class Engine:
         elif mode == "prediction" and a.prediction is not None:
             drafts[slot.seq] = a.prediction.propose(k)
         elif mode == "lookup":
-            lookup = lookup or self.lookup.propose(a.tokens, k, a.request.history_scope)
+            lookup = lookup or self.lookup.propose(a.tokens, k, a.request.history_scope, rule=a.pick_rule)
             drafts[slot.seq] = replace(lookup, tokens=lookup.tokens[:k], odds=lookup.odds[:k])
         else:
             return DraftJob(slot.seq, list(a.tokens), k, a.request.sampling, a.rng)
@@ -467,7 +467,7 @@ class Engine:
             raise RuntimeError("mode auto without its controller")
         lag = self.drafter.lag(slot.seq, a.tokens) if self.drafter else 0
         a.proposal = proposal = self.lookup.propose(a.tokens, min(room, a.controller.copy_k_max),
-                                                    a.request.history_scope, prompt=a.n_prompt)
+                                                    a.request.history_scope, prompt=a.n_prompt, rule=a.pick_rule)
         a.choice = a.controller.choose(
             lag, a.lookup_match, len(proposal), room, context=len(a.tokens), lookup_earlier=a.lookup_earlier,
             lookup_repeat=a.lookup_repeat, prediction_streak=a.prediction_streak, prediction_available=prediction_cap,
@@ -573,7 +573,7 @@ class Engine:
         if a.grammar is not None:
             a.grammar.close()
         if reason in ("stop", "length") and a.handle.lane is not Lane.JUDGE:  # a judge's prompt is not a client's
-            self.lookup.history.add(a.request.history_scope, a.tokens, end=eog, gaps=a.gaps)
+            self.lookup.history.add(a.request.history_scope, a.tokens, end=eog, gaps=a.gaps, rule=a.pick_rule)
         slot.active = None
         self.save_costs(every=calibrate.SAVE_EVERY)
         a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error))

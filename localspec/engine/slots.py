@@ -185,6 +185,18 @@ class Active:
             return None
         return proposed[len(d)] == verdict.next_token
 
+    @property
+    def pick_rule(self) -> str | None:
+        """How this request picks its tokens, as far as another's greedy picks can stand for its own (the
+        lookup history's `rule`); None: sampled or under a grammar, whose picks settle no near-tie."""
+        params = self.request.sampling
+        if not params.greedy or self.grammar is not None:
+            return None
+        if not params.has_penalties:
+            return ""
+        return (f"penalties {params.repeat_penalty} {params.frequency_penalty} {params.presence_penalty} "
+                f"{params.penalty_last_n}")
+
     def note_gap(self, row: np.ndarray | None, token: int) -> None:
         """Record the top-two logit gap `token` was picked with from `row` (see `gaps`)."""
         params = self.request.sampling

@@ -72,8 +72,9 @@ class Draft:
     # an earlier greedy answer through a near-tie that another batch shape may decide the other way.
     odds: tuple[float, ...] = ()
     # A copy of the same question's earlier greedy answer whose text so far is this sequence's word for
-    # word: how many leading tokens are the target's own picks at exactly this context (settle_near_ties).
-    own_picks: int = 0
+    # word: its next tokens that are the target's own picks at exactly this context, up to one past `tokens`
+    # (settle_near_ties).
+    own_picks: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -144,7 +145,7 @@ def settle_near_ties(targets: Sequence[int], scores: Callable[[int], np.ndarray]
             break
         if out[i] != earlier[i]:
             row = scores(i)
-            if row[earlier[i]] < row[out[i]] - TIE_MARGIN:
+            if not row[earlier[i]] >= row[out[i]] - TIE_MARGIN:  # (a NaN too)
                 break  # a real difference: the answers part here, and the rows after read another text
             out[i] = earlier[i]
             settled += 1
