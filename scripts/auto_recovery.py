@@ -5,7 +5,10 @@ Each pair runs two processes, alternately: one starts from the busy-box curve qu
 that process on this box as it is. Each answers the same rename edit twice (256 tokens, greedy).
 The goal: the planted process's second answer runs at >= 0.9x the clean one's (median of pairs).
 
-    python scripts/auto_recovery.py [--pairs 3] [--max-tokens 256] [--out docs/auto-recovery.json]
+    python scripts/auto_recovery.py [--pairs 3] [--max-tokens 256] [--noisy] [--out recovery.json]
+
+`--noisy`: the bench's CPU hog runs beside every pair (one core at 100% for the first 60 s, then 50%),
+so the clean processes calibrate, and both answer, on a busy box.
 
 Needs the default profile's models. Prints one JSON line per process, then the summary.
 """
@@ -13,6 +16,7 @@ Needs the default profile's models. Prints one JSON line per process, then the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -107,12 +111,35 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--noisy", action="store_true", help="run the bench's CPU hog beside the processes")
     ap.add_argument("--child", choices=["busy-box", "clean"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child, args.max_tokens, args.threads)
         return 0
+    from localspec.bench.hog import CpuHog, HogSchedule
+
     runs: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        hog = stack.enter_context(CpuHog(HogSchedule())) if args.noisy else None
+        pairs(args, runs)
+        usage = hog.stop() if hog is not None else None
+    ratios = []
+    for pair in range(args.pairs):
+        by = {r["start"]: r for r in runs if r["pair"] == pair}
+        ratios.append(by["busy-box"]["answers"][1]["tokens_per_second"] / by["clean"]["answers"][1]["tokens_per_second"])
+    summary = {"second_answer_ratio_busy_box_to_clean": [round(r, 3) for r in ratios],
+               "median": round(statistics.median(ratios), 3), "goal": ">= 0.9",
+               "noisy": {**HogSchedule().to_json(), "usage": usage.to_json() if usage else None} if args.noisy else None,
+               "runs": runs}
+    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}))
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+def pairs(args: argparse.Namespace, runs: list[dict]) -> None:
+    """The processes, pair by pair, each pair's two in alternating order; appends each one's line to `runs`."""
     for pair in range(args.pairs):
         order = ["busy-box", "clean"] if pair % 2 == 0 else ["clean", "busy-box"]
         for start in order:
@@ -126,16 +153,6 @@ def main() -> int:
             line["pair"] = pair
             print(json.dumps(line), flush=True)
             runs.append(line)
-    ratios = []
-    for pair in range(args.pairs):
-        by = {r["start"]: r for r in runs if r["pair"] == pair}
-        ratios.append(by["busy-box"]["answers"][1]["tokens_per_second"] / by["clean"]["answers"][1]["tokens_per_second"])
-    summary = {"second_answer_ratio_busy_box_to_clean": [round(r, 3) for r in ratios],
-               "median": round(statistics.median(ratios), 3), "goal": ">= 0.9", "runs": runs}
-    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}))
-    if args.out:
-        args.out.write_text(json.dumps(summary, indent=1) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
