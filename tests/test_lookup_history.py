@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from localspec.engine.drafters import LookupHistory, PromptLookupDrafter, agreement_odds
-from localspec.engine.verify import TIE_MARGIN
+from localspec.engine.verify import GREEDY, TIE_MARGIN, PickRule
 
 
 def test_a_repeated_request_drafts_the_earlier_answer_to_the_end_of_that_request():
@@ -199,7 +199,7 @@ def test_auto_tells_the_lookup_where_its_prompt_ends():
     seen: list[tuple[int, int | None]] = []
     propose = engine.lookup.propose
 
-    def spy(history, k, scope=None, *, prompt=None, rule=""):
+    def spy(history, k, scope=None, *, prompt=None, rule=GREEDY):
         seen.append((len(history), prompt))
         return propose(history, k, scope, prompt=prompt, rule=rule)
 
@@ -257,7 +257,7 @@ def test_a_history_proposal_carries_the_odds_its_answer_was_picked_with():
     # Cut short, the copy still names the earlier answer's pick one past it: the row after a copy kept whole.
     assert PromptLookupDrafter(n_max=16, history=history).propose(prompt, 2, "local").own_picks == (7, 8, 9)
     # Another rule of picking (penalties, or a sampled or grammar request: None) settles nothing with these picks.
-    for rule in ("penalties 1.1 0.0 0.0 64", None):
+    for rule in (PickRule(repeat_penalty=1.1, penalty_last_n=64), None):
         other_rule = PromptLookupDrafter(n_max=16, history=history).propose(prompt, 8, "local", rule=rule)
         assert other_rule.tokens == draft.tokens and other_rule.own_picks == () and other_rule.odds == draft.odds
     # A copy of the sequence's own text carries none, with a history in scope too: its evidence is all there is.
@@ -284,7 +284,7 @@ def test_a_sequence_joined_at_the_end_reads_as_all_of_them_joined_again():
         assert history.tokens("s").tolist() == [t for q in kept for t in (*q, LookupHistory.SEPARATOR)]
         starts = np.cumsum([0] + [len(q) + 1 for q in kept[:-1]]).tolist()
         for i, start in enumerate(starts):  # each sequence continues from its own start only
-            assert history.continues("s", start + 1, np.array(kept[i][:1]), "")
+            assert history.continues("s", start + 1, np.array(kept[i][:1]), GREEDY)
             assert not history.continues("s", start + 1, np.array(kept[i][:1]), None)
         assert history.odds("s", 0, len(history.tokens("s"))).count(1.0) == len(kept)  # the separators
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from localspec.engine.runtime import ModelRuntime, Row
 from localspec.engine.sampling import SamplingParams, distribution, penalize
-from localspec.engine.verify import TIE_MARGIN, Draft, PositionRng
+from localspec.engine.verify import GREEDY, TIE_MARGIN, Draft, PickRule, PositionRng
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -84,7 +84,7 @@ class LookupHistory:
         self._sequences: dict[str, list[np.ndarray]] = {}
         self._gaps: dict[str, list[np.ndarray]] = {}
         # Per sequence, how its greedy picks were made (`pick_rule`); None where its start was cut to the bound.
-        self._rules: dict[str, list[str | None]] = {}
+        self._rules: dict[str, list[PickRule | None]] = {}
         # Per scope, its sequences joined by separators, each token's top-two gap (inf: not a greedy
         # pick of the target, such as the prompt) and where each sequence begins.
         self._joined: dict[str, np.ndarray] = {}
@@ -92,7 +92,7 @@ class LookupHistory:
         self._starts: dict[str, np.ndarray] = {}
 
     def add(self, scope: str, tokens: Sequence[int], *, end: int | None = None, gaps: Sequence[float] = (),
-            rule: str | None = "") -> None:
+            rule: PickRule | None = GREEDY) -> None:
         """A finished sequence; `end`: the end-of-generation token that ended it, kept so that the
         answer asked again drafts its end too. `gaps`: the top-two logit gaps the target picked the
         last len(gaps) tokens with (its greedy answer, end included); the rest (the prompt) is given.
@@ -151,7 +151,7 @@ class LookupHistory:
         first = int(self._starts[scope][self._sequence(scope, at)])
         return bool(np.array_equal(self._joined[scope][first : first + len(prefix)], prefix))
 
-    def continues(self, scope: str, at: int, prefix: np.ndarray, rule: str | None) -> bool:
+    def continues(self, scope: str, at: int, prefix: np.ndarray, rule: PickRule | None) -> bool:
         """Whether index `at` of the scope's joined tokens follows exactly `prefix` from its sequence's start
         (a sequence cut to the bound has lost its start), picked by `rule`: what comes next there is what
         this request's own rule picked at this very context."""
@@ -250,7 +250,7 @@ class PromptLookupDrafter:
         return contexts[best], int(after[best])
 
     def propose(self, history: Sequence[int], k: int, scope: str | None = None, *, prompt: int | None = None,
-                rule: str | None = "") -> Draft:
+                rule: PickRule | None = GREEDY) -> Draft:
         """Up to k tokens after the most recent earlier match of the longest suffix n-gram (`scope`:
         whose finished requests may be copied too, see `LookupHistory`; None: none). `prompt`: how
         many of history's tokens are the prompt (None: all of them), which an earlier request must

@@ -8,8 +8,7 @@
 3. build the batch: each decoding slot's [last token, d1..dk] rows, then prompt chunks within a
    per-step budget, so a long prompt neither stalls other streams nor blocks cancellation;
 4. decode: one target `llama_decode` for the whole batch;
-5. accept: `verify()` per slot on its own logits, its tokens to its sink, and a KV rollback of
-   what was rejected.
+5. accept: `verify()` per slot on its own logits, its tokens to its sink, a KV rollback of what was rejected.
 
 Each slot keeps the list of tokens its target KV cache holds: the whole of the KV bookkeeping. A
 rollback truncates it (and `llama_memory_seq_rm`s the cells); a new request reuses the longest
@@ -496,7 +495,8 @@ class Engine:
             verdict = verify_greedy(grammar_tokens(a, rows, d.tokens, self.target.is_eog), d)
         elif a.request.sampling.greedy:
             targets, settled = settled_targets(a, rows, d)
-            verdict, a.stats.near_ties_settled = verify_greedy(targets, d), a.stats.near_ties_settled + settled
+            verdict = verify_greedy(targets, d)
+            a.stats.near_ties_settled += settled
         else:
             verdict = verify(target_rows(a, rows, d.tokens), d, a.rng, start_pos=len(a.tokens))
         a.stats.target_passes += 1

@@ -19,7 +19,7 @@ from localspec.engine.grammar import Grammar
 from localspec.engine.prediction import Prediction
 from localspec.engine.sampling import penalize
 from localspec.engine.text import StopMatcher, Utf8Stream
-from localspec.engine.verify import Draft, PositionRng, Verdict
+from localspec.engine.verify import GREEDY, Draft, PickRule, PositionRng, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -186,16 +186,16 @@ class Active:
         return proposed[len(d)] == verdict.next_token
 
     @property
-    def pick_rule(self) -> str | None:
+    def pick_rule(self) -> PickRule | None:
         """How this request picks its tokens, as far as another's greedy picks can stand for its own (the
         lookup history's `rule`); None: sampled or under a grammar, whose picks settle no near-tie."""
         params = self.request.sampling
         if not params.greedy or self.grammar is not None:
             return None
         if not params.has_penalties:
-            return ""
-        return (f"penalties {params.repeat_penalty} {params.frequency_penalty} {params.presence_penalty} "
-                f"{params.penalty_last_n}")
+            return GREEDY
+        return PickRule(repeat_penalty=params.repeat_penalty, frequency_penalty=params.frequency_penalty,
+                        presence_penalty=params.presence_penalty, penalty_last_n=params.penalty_last_n)
 
     def note_gap(self, row: np.ndarray | None, token: int) -> None:
         """Record the top-two logit gap `token` was picked with from `row` (see `gaps`)."""

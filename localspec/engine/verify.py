@@ -61,6 +61,20 @@ class PositionRng:
 
 
 @dataclass(frozen=True)
+class PickRule:
+    """How a greedy request picks its tokens from a row: the penalties that move its argmax (none by default).
+    Another request's picks stand for this one's only under the same rule (settle_near_ties)."""
+
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 0
+
+
+GREEDY = PickRule()
+
+
+@dataclass(frozen=True)
 class Draft:
     """Proposed tokens; `q[i]` is the drafter's distribution for tokens[i], or None for a point mass."""
 
