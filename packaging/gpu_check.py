@@ -37,8 +37,12 @@ sys.path.insert(0, str(HERE))
 import synth_gguf  # noqa: E402  (next to this file, in the repo and in the bundle)
 
 CONTEXT = 48  # history before the measured batch, as in localspec.engine.calibrate
-LONG_CONTEXT = 1024  # a second point, to show how attention over a longer history adds cost
+LONG_CONTEXT = 2048  # a second point (~2k tokens), to show how attention over a longer history adds cost
+SWEEP_N_CTX = LONG_CONTEXT + 256  # room for the long context and the largest batch after it
 PROFILE_K_MAX = 8  # EngineConfig.auto_k_max's default: the longest draft auto considers
+FLIP_SIZES = (2, 5, 9, 16)  # verify passes of these many rows, read against one row a pass
+FLIP_CONTEXT, FLIP_ROWS = 256, 64
+SECOND_TARGET = "qwen2.5-coder-1.5b"  # measured last, if time allows
 
 
 # ---------------------------------------------------------------- acceptance profiles
@@ -172,10 +176,11 @@ ENGINE_PROMPT = "".join(f"def f{i}(x):\n    return x * {i} + f{i - 1}(x)\n\n" fo
 
 
 def drive_engine(models: dict, costs, *, n_gpu_layers: int, threads: int | None, max_tokens: int,
-                 write=lambda result: None) -> dict:
-    """One greedy request per ENGINE_MODES through a real `Engine` on the synthetic models; `write`
-    hears the result after each mode. `prediction` is mode `lookup` with `off`'s answer as the
-    prediction (a prediction takes precedence there); `auto` runs on `costs` (no calibration)."""
+                 write=lambda result: None, modes: tuple[str, ...] = ENGINE_MODES) -> dict:
+    """One greedy request per mode (ENGINE_MODES, `off` first) through a real `Engine` on the
+    synthetic models; `write` hears the result after each mode. `prediction` is mode `lookup` with
+    `off`'s answer as the prediction (a prediction takes precedence there); `auto` runs on `costs`
+    (no calibration)."""
     from localspec.engine.config import EngineConfig, GenerationRequest
     from localspec.engine.events import collect
     from localspec.engine.scheduler import Engine
@@ -191,7 +196,7 @@ def drive_engine(models: dict, costs, *, n_gpu_layers: int, threads: int | None,
     result: dict = {"max_tokens": max_tokens, "runs": {}}
     reference: tuple[list[int], str] | None = None
     try:
-        for mode in ENGINE_MODES:
+        for mode in modes:
             request = GenerationRequest(prompt=ENGINE_PROMPT, max_tokens=max_tokens,
                                         mode="lookup" if mode == "prediction" else mode,
                                         prediction=(reference[1] or None) if mode == "prediction" and reference else None)
@@ -254,75 +259,131 @@ def _sweep(rt, rows_max: int, context: int, repeats: int, seq: int = 0) -> list[
     return [statistics.median(times[n]) for n in sizes]
 
 
+def batch_flips(rt, tokens: list[int], *, context: int = FLIP_CONTEXT, rows: int = FLIP_ROWS,
+                sizes: tuple[int, ...] = FLIP_SIZES) -> dict:
+    """How often a verify pass's size changes a row's argmax on this backend, and by how much.
+
+    Reads `rows` tokens after the first `context` of `tokens` one row a pass (as plain decoding
+    does), then in passes of each size (as a verify does). A flip is a row whose argmax differs; its
+    gap is how far the one-row pass put the batched pass's pick below its own. Flips within
+    verify.TIE_MARGIN are the near-ties an answer asked again settles (the lossless tests allow 0.5).
+    `one_row_lead_under` counts rows whose top two are closer than each bound: how many rows are
+    near-ties at all (random weights' flat logits give many: an upper bound for real weights)."""
+    import numpy as np
+
+    from localspec.engine.runtime import Row
+    from localspec.engine.verify import TIE_MARGIN
+
+    ctx, read_rows = tokens[:context], tokens[context : context + rows]
+    rt.seq_rm(0, 0, -1)
+    for start in range(0, len(ctx), 256):
+        rt.decode([Row(t, start + i, 0) for i, t in enumerate(ctx[start : start + 256])])
+
+    def read(size: int):
+        rt.seq_rm(0, len(ctx), -1)
+        out = []
+        for s in range(0, len(read_rows), size):
+            chunk = read_rows[s : s + size]
+            got = rt.decode([Row(t, len(ctx) + s + i, 0, logits=True) for i, t in enumerate(chunk)])
+            out.append(np.array(got[: len(chunk)], dtype=np.float32))
+        return np.concatenate(out)
+
+    one = read(1)
+    best = one.argmax(axis=1)
+    top_two = np.partition(one, -2, axis=1)[:, -2:]
+    lead = top_two[:, 1] - top_two[:, 0]
+    result: dict = {"context": len(ctx), "rows": len(read_rows), "tie_margin": TIE_MARGIN,
+                    "one_row_lead_under": {str(b): int((lead < b).sum()) for b in (0.01, 0.05, 0.1, TIE_MARGIN, 0.5)},
+                    "by_rows": {}}
+    for size in sizes:
+        other = read(size)
+        picked = other.argmax(axis=1)
+        gaps = sorted(round(float(one[i, best[i]] - one[i, picked[i]]), 4) for i in np.flatnonzero(picked != best))
+        result["by_rows"][str(size)] = {"flips": len(gaps), "within_margin": sum(g <= TIE_MARGIN for g in gaps),
+                                        "gaps": gaps, "max_abs_logit_diff": round(float(np.abs(other - one).max()), 4)}
+    rt.seq_rm(0, 0, -1)
+    return result
+
+
 def _gpu_names() -> list[str]:
+    """name, memory, compute capability and driver of each GPU, as nvidia-smi says."""
     try:
         import subprocess
 
-        res = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        res = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,compute_cap,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
         return [line.strip() for line in res.stdout.splitlines() if line.strip()] if res.returncode == 0 else []
     except (OSError, subprocess.SubprocessError):
         return []
 
 
+def _swept_costs(verify: list[float], draft_rows: list[float]):
+    """The controller's costs from a full sweep: verify[n-1] for n rows; the draft's step and the
+    per-row slope of a catch-up batch (as calibrate.measure derives them from 1 and 16 rows)."""
+    from localspec.engine.controller import Costs
+
+    return Costs(verify=verify, draft_step=draft_rows[0],
+                 draft_row=max((draft_rows[-1] - draft_rows[0]) / max(len(draft_rows) - 1, 1), 0.0))
+
+
 def run(args: argparse.Namespace) -> dict:
+    """Measure in the issue's order, writing the JSON after each step so that a timeout still
+    returns what was done: verify 1..16 rows at context 48 and ~2k plus the draft step; the engine's
+    own calibration; the predictions; the engine in each mode (`off`, the prediction at 100%
+    acceptance, lookup, draft, auto) with greedy equality against `off`; how often batch size
+    flips an argmax; then the 1.5B target's shape."""
     import llama_cpp
 
     from localspec.engine import calibrate
-    from localspec.engine.controller import Costs
     from localspec.engine.runtime import ModelRuntime, RuntimeConfig
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    work: Path = args.work
     t_start = time.perf_counter()
     names = ("small-target", "small-draft") if args.small else ("qwen2.5-coder-7b", "qwen2.5-coder-0.5b")
-    models = {}
-    for role, name in zip(("target", "draft"), names, strict=True):
-        info = synth_gguf.write_random_gguf(work / f"{name}-{args.recipe}.gguf", synth_gguf.SHAPES[name],
-                                            args.vocab, args.recipe)
-        print(f"wrote {role} {info['path']}: {info['bytes'] / 2**20:.0f} MiB in {info['seconds']} s {info['types']}",
-              flush=True)
-        models[role] = info
+    models = {role: _synth(args, name, role) for role, name in zip(("target", "draft"), names, strict=True)}
     offload = bool(llama_cpp.llama_supports_gpu_offload())
-    cfg = RuntimeConfig(n_ctx=2048, n_batch=512, n_ubatch=512, n_outputs_max=64, n_threads=args.threads,
+    cfg = RuntimeConfig(n_ctx=SWEEP_N_CTX, n_batch=512, n_ubatch=512, n_outputs_max=64, n_threads=args.threads,
                         n_gpu_layers=args.n_gpu_layers, flash_attn="auto")
     t0 = time.perf_counter()
     target = ModelRuntime(models["target"]["path"], cfg)
     draft = ModelRuntime(models["draft"]["path"], cfg)
     load_s = time.perf_counter() - t0
     print(f"loaded both in {load_s:.1f} s; GPU offload supported: {offload}", flush=True)
-
-    t0 = time.perf_counter()
-    engine_costs = calibrate.measure(target, draft, args.k_max)  # what `auto` itself measures at start-up
-    calib_s = time.perf_counter() - t0
-    rows = args.k_max + 1
-    verify = _sweep(target, rows, CONTEXT, args.repeats)
-    draft_rows = _sweep(draft, 16, CONTEXT, args.repeats)
-    verify_long = _sweep(target, rows, LONG_CONTEXT, args.repeats) if not args.quick else []
-    draft_long = _sweep(draft, 2, LONG_CONTEXT, args.repeats) if not args.quick else []
-    target.close()
-    draft.close()
-    # The controller's costs from the full sweep: verify[n-1] for n rows; the draft's step and
-    # the per-row slope of a catch-up batch (as calibrate.measure derives them from 1 and 16 rows).
-    swept = Costs(verify=verify, draft_step=draft_rows[0], draft_row=max((draft_rows[15] - draft_rows[0]) / 15, 0.0))
-
-    calibration = {
+    calibration: dict = {
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                    "gpus": _gpu_names(), "gpu_offload": offload, "n_gpu_layers": args.n_gpu_layers,
-                    "threads": args.threads,
+                    "gpus": _gpu_names(), "nvcc": os.environ.get("LOCALSPEC_NVCC_VERSION"),
+                    "gpu_offload": offload, "n_gpu_layers": args.n_gpu_layers, "threads": args.threads,
                     "llama_cpp_python": llama_cpp.__version__,
                     "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()},
         "models": models,
         "load_seconds": round(load_s, 2),
-        "engine_calibration": {"seconds": round(calib_s, 2), "k_max": args.k_max, **engine_costs.to_json()},
-        "sweep": {"context": CONTEXT, "repeats": args.repeats, "verify_by_rows": verify,
-                  "draft_by_rows": draft_rows,
-                  "catch_up_by_tokens": [swept.catch_up(n) for n in range(1, 17)]},
-        "sweep_long_context": {"context": LONG_CONTEXT, "verify_by_rows": verify_long, "draft_by_rows": draft_long},
-        "verify_ratio_to_one_row": [round(v / verify[0], 3) for v in verify],
     }
-    (out / "calibration.json").write_text(json.dumps(calibration, indent=1))
+
+    def save(name: str, obj: dict) -> None:
+        (out / name).write_text(json.dumps(obj, indent=1))
+
+    rows = args.k_max + 1
+    verify = _sweep(target, rows, CONTEXT, args.repeats)
+    draft_rows = _sweep(draft, 16, CONTEXT, args.repeats)
+    swept = _swept_costs(verify, draft_rows)
+    calibration["sweep"] = {"context": CONTEXT, "repeats": args.repeats, "verify_by_rows": verify,
+                            "draft_by_rows": draft_rows, "catch_up_by_tokens": [swept.catch_up(n) for n in range(1, 17)]}
+    calibration["verify_ratio_to_one_row"] = [round(v / verify[0], 3) for v in verify]
+    calibration["sweep_long_context"] = {"context": LONG_CONTEXT, "verify_by_rows": [], "draft_by_rows": []}
+    save("calibration.json", calibration)
+    print(f"swept at context {CONTEXT} ({time.perf_counter() - t_start:.0f} s)", flush=True)
+    if not args.quick:
+        calibration["sweep_long_context"] = {"context": LONG_CONTEXT,
+                                             "verify_by_rows": _sweep(target, rows, LONG_CONTEXT, args.repeats),
+                                             "draft_by_rows": _sweep(draft, 2, LONG_CONTEXT, args.repeats)}
+        save("calibration.json", calibration)
+    t0 = time.perf_counter()
+    engine_costs = calibrate.measure(target, draft, args.k_max)  # what `auto` itself measures at start-up
+    calibration["engine_calibration"] = {"seconds": round(time.perf_counter() - t0, 2), "k_max": args.k_max,
+                                         **engine_costs.to_json()}
+    save("calibration.json", calibration)
+    draft.close()
 
     bench = json.loads(args.bench.read_text()) if args.bench and args.bench.is_file() else {}
     profiles = profiles_from_bench(bench)
@@ -336,17 +397,63 @@ def run(args: argparse.Namespace) -> dict:
     predicted = json.loads(args.predicted_bench.read_text()) if args.predicted_bench and args.predicted_bench.is_file() else {}
     preds["predicted_outputs"] = {"bench": {"path": str(args.predicted_bench), "started": predicted.get("started")},
                                   "sweep": prediction_estimates(predicted, swept)}
-    (out / "predictions.json").write_text(json.dumps(preds, indent=1))
+    save("predictions.json", preds)
+    engine: dict = {}
     if args.engine_tokens > 0:
         def write(result: dict) -> None:
-            (out / "engine.json").write_text(json.dumps(result, indent=1))
+            engine.update(result)
+            save("engine.json", engine)
 
-        preds["engine"] = drive_engine(models, swept, n_gpu_layers=args.n_gpu_layers, threads=args.threads,
-                                       max_tokens=args.engine_tokens, write=write)
+        drive_engine(models, swept, n_gpu_layers=args.n_gpu_layers, threads=args.threads,
+                     max_tokens=args.engine_tokens, write=write)
+    engine["batch_flips"] = batch_flips(target, target.tokenize(ENGINE_PROMPT * 2))
+    save("engine.json", engine)
+    target.close()
+    if not args.no_second_target:
+        engine["second_target"] = {}
+        second_target(args, engine["second_target"], swept_draft=draft_rows, draft=models["draft"], cfg=cfg,
+                      write=lambda: save("engine.json", engine))
+    preds["engine"] = engine
     summary = render_summary(calibration, preds, time.perf_counter() - t_start)
     (out / "summary.txt").write_text(summary)
     print(summary, flush=True)
     return preds
+
+
+def _synth(args: argparse.Namespace, name: str, role: str) -> dict:
+    info = synth_gguf.write_random_gguf(args.work / f"{name}-{args.recipe}.gguf", synth_gguf.SHAPES[name],
+                                        args.vocab, args.recipe)
+    print(f"wrote {role} {info['path']}: {info['bytes'] / 2**20:.0f} MiB in {info['seconds']} s {info['types']}",
+          flush=True)
+    return info
+
+
+def second_target(args: argparse.Namespace, result: dict, *, swept_draft: list[float], draft: dict, cfg,
+                  write) -> None:
+    """The 1.5B target's shape with the same draft, into `result`: its verify sweep at both contexts,
+    then `off` and `off`'s answer as the prediction through the engine. `write` is called after each part."""
+    from localspec.engine.runtime import ModelRuntime
+
+    model = _synth(args, "small-second" if args.small else SECOND_TARGET, "target")
+    result["model"] = model
+    rt = ModelRuntime(model["path"], cfg)
+    try:
+        result["verify_by_rows"] = _sweep(rt, args.k_max + 1, CONTEXT, args.repeats)
+        write()
+        result["verify_by_rows_long_context"] = [] if args.quick else _sweep(rt, args.k_max + 1, LONG_CONTEXT,
+                                                                              args.repeats)
+    finally:
+        rt.close()
+    write()
+    costs = _swept_costs(result["verify_by_rows"], swept_draft)
+
+    def on_mode(engine: dict) -> None:
+        result["engine"] = engine
+        write()
+
+    if args.engine_tokens > 0:
+        drive_engine({"target": model, "draft": draft}, costs, n_gpu_layers=args.n_gpu_layers, threads=args.threads,
+                     max_tokens=args.engine_tokens, modes=("off", "prediction"), write=on_mode)
 
 
 def predict_all(costs, profiles: list[dict]) -> list[dict]:
@@ -391,19 +498,43 @@ def render_summary(cal: dict, preds: dict, seconds: float) -> str:
                      f"ceiling {c['speedup']:.2f}x at k={c['k']}" if c else f"{e['suite']:10} {e['recosted_speedup']:.2f}x")
     if not preds.get("predicted_outputs", {}).get("sweep"):
         lines.append("(none: no predicted bench JSON given)")
-    runs = preds.get("engine", {}).get("runs", {})
-    if runs:
+    engine = preds.get("engine", {})
+    if engine.get("runs"):
         lines.append("")
         lines.append("the engine end to end (greedy; tokens/s after the first token; kept/drafted; same answer as off)")
-        for mode, r in runs.items():
-            if "tokens" not in r:
-                lines.append(f"{mode:10} failed: {r['error']}")
-                continue
-            diff = r.get("first_difference", "-")
-            same = "-" if mode == "off" or diff == "-" else "yes" if diff is None else f"from {diff}"
-            lines.append(f"{mode:10} {r['tokens_per_s'] or 0:8.1f} tok/s  {r['accepted']}/{r['drafted']}  {same}"
-                         + (f"  error: {r['error']}" if r["error"] else ""))
+        lines.extend(_engine_lines(engine["runs"]))
+    flips = engine.get("batch_flips")
+    if flips:
+        lines.append("")
+        lead = flips["one_row_lead_under"]
+        lines.append(f"batch size and the argmax: {flips['rows']} rows after {flips['context']} tokens, one row a pass "
+                     f"against passes of n rows; top two closer than 0.1 / {flips['tie_margin']} in "
+                     f"{lead['0.1']} / {lead[str(flips['tie_margin'])]} rows")
+        for size, f in flips["by_rows"].items():
+            lines.append(f"  {size:>2} rows: {f['flips']} flips ({f['within_margin']} within the margin), gaps "
+                         f"{' '.join(str(g) for g in f['gaps'][:8]) or '-'}; largest logit difference {f['max_abs_logit_diff']}")
+    second = engine.get("second_target")
+    if second and second.get("verify_by_rows"):
+        lines.append("")
+        v = second["verify_by_rows"]
+        lines.append(f"{second['model']['shape']}: verify ms by rows 1..{len(v)}: {ms(v)}")
+        if second.get("verify_by_rows_long_context"):
+            lines.append(f"  at context {LONG_CONTEXT}: {ms(second['verify_by_rows_long_context'])}")
+        lines.extend(_engine_lines(second.get("engine", {}).get("runs", {})))
     return "\n".join(lines) + "\n"
+
+
+def _engine_lines(runs: dict) -> list[str]:
+    lines = []
+    for mode, r in runs.items():
+        if "tokens" not in r:
+            lines.append(f"{mode:10} failed: {r['error']}")
+            continue
+        diff = r.get("first_difference", "-")
+        same = "-" if mode == "off" or diff == "-" else "yes" if diff is None else f"from {diff}"
+        lines.append(f"{mode:10} {r['tokens_per_s'] or 0:8.1f} tok/s  {r['accepted']}/{r['drafted']}  {same}"
+                     + (f"  error: {r['error']}" if r["error"] else ""))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -420,7 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-gpu-layers", type=int, default=-1)
     ap.add_argument("--k-max", type=int, default=15, help="verify batches up to k_max+1 rows (default 16)")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="skip the long-context sweep")
+    ap.add_argument("--quick", action="store_true", help="skip the long-context sweeps")
+    ap.add_argument("--no-second-target", action="store_true", help="skip the 1.5B target's shape at the end")
     ap.add_argument("--engine-tokens", type=int, default=128,
                     help="tokens per request when driving the engine in each mode (0: skip)")
     args = ap.parse_args(argv)

@@ -78,6 +78,7 @@ SHAPES = {
     # draft's 192-wide rows are not a multiple of 256, so the Q5_0/Q8_0 fallbacks are exercised.
     "small-target": ModelShape("small-target", 151936, 256, 4, 4, 2, 768, n_ctx_train=4096),
     "small-draft": ModelShape("small-draft", 151936, 192, 2, 3, 1, 512, n_ctx_train=4096),
+    "small-second": ModelShape("small-second", 151936, 128, 2, 2, 1, 384, n_ctx_train=4096),  # the 1.5B's stand-in
 }
 
 # Per type: (offset, value) of each fp16 scale in a block. The other bytes are random quants;

@@ -191,6 +191,31 @@ def test_gpu_check_dry_run_with_an_h200_builds_cuda_for_sm90_only(tmp_path):
     assert "backend: cpu (--cpu given)" in cpu.stdout and "-DGGML_CUDA" not in cpu.stdout
 
 
+def test_gpu_check_takes_cublas_from_the_pip_wheel_when_the_toolkit_has_none(tmp_path):
+    # A toolkit assembled from pip wheels (nvcc + cudart, as on the borrowed box) has no cublas_v2.h:
+    # CMake's FindCUDAToolkit then finds no CUDA::cublas and the configure fails. PyTorch's
+    # nvidia-cublas wheel has it, under versioned names only, so the check names it to CMake.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    (bin_dir / "nvcc").chmod(0o755)
+    wheel = tmp_path / "site" / "nvidia" / "cu13"
+    (wheel / "include").mkdir(parents=True)
+    (wheel / "lib").mkdir()
+    for f in ("include/cublas_v2.h", "lib/libcublas.so.13", "lib/libcublasLt.so.13"):
+        (wheel / f).write_text("")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": sys.executable, "CUDA_HOME": str(tmp_path / "none")}
+    found = _dry_run("--arch", "90", str(tmp_path / "out"), env={**env, "PYTHONPATH": str(tmp_path / "site")})
+    assert found.returncode == 0, found.stderr
+    assert "backend: cuda (--arch 90 given)" in found.stdout
+    assert f"cuBLAS: the pip wheel at {wheel}" in found.stdout
+    assert (f"-DCMAKE_CUDA_FLAGS=-I{wheel}/include -DCUDA_cublas_LIBRARY={wheel}/lib/libcublas.so.13 "
+            f"-DCUDA_cublasLt_LIBRARY={wheel}/lib/libcublasLt.so.13") in found.stdout
+    missing = _dry_run("--arch", "90", str(tmp_path / "out"), env={**env, "PYTHONPATH": str(tmp_path / "empty")})
+    assert "cuBLAS: not found" in missing.stdout and "-DCUDA_cublas_LIBRARY" not in missing.stdout
+    assert _dry_run("--arch", "9.0", str(tmp_path / "out"), env=env).returncode == 2  # no dot
+
+
 def test_gpu_check_rejects_bad_arguments(tmp_path):
     assert _dry_run().returncode == 2  # no output directory
     bad = _dry_run("--frobnicate", str(tmp_path))
@@ -285,6 +310,41 @@ def test_predicted_outputs_are_estimated_from_the_cpu_runs_passes_on_the_measure
     assert on_flat["covered"] == pytest.approx((80 / 101 + 40 / 101) / 2, abs=1e-3)
     assert on_flat["ceiling"]["speedup"] > on_steep["ceiling"]["speedup"]
     assert gpu_check.prediction_estimates({}, flat) == []
+
+
+class FlipRuntime:
+    """Five-token logits that lead by known gaps; passes of more rows read two rows the other way:
+    position 257 (lead 0.1) in any multi-row pass, position 260 (lead 0.5) in passes of 5+ rows."""
+
+    def __init__(self) -> None:
+        self.removed: list[tuple[int, int, int]] = []
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        self.removed.append((seq, p0, p1))
+
+    def decode(self, rows):
+        import numpy as np
+
+        out = []
+        for r in rows:
+            lead = {257: 0.1, 260: 0.5}.get(r.pos, 1.0)
+            logits = np.array([2.0, 2.0 - lead, 0.0, 0.0, 0.0])
+            if (r.pos == 257 and len(rows) > 1) or (r.pos == 260 and len(rows) >= 5):
+                logits[1] = 2.0 + 0.01
+            if r.logits:
+                out.append(logits)
+        return np.array(out)
+
+
+def test_batch_flips_counts_argmax_changes_by_pass_size_with_their_gaps():
+    rt = FlipRuntime()
+    result = gpu_check.batch_flips(rt, list(range(300)), context=256, rows=8, sizes=(2, 5))
+    assert result["context"] == 256 and result["rows"] == 8
+    two, five = result["by_rows"]["2"], result["by_rows"]["5"]
+    assert two == {"flips": 1, "within_margin": 1, "gaps": [0.1], "max_abs_logit_diff": pytest.approx(0.11)}
+    assert five["flips"] == 2 and five["within_margin"] == 1 and five["gaps"] == [0.1, 0.5]
+    assert result["one_row_lead_under"] == {"0.01": 0, "0.05": 0, "0.1": 0, "0.25": 1, "0.5": 1}
+    assert rt.removed[-1] == (0, 0, -1)  # leaves the sequence empty for whatever runs next
 
 
 @pytest.fixture(scope="module")
@@ -390,3 +450,42 @@ def test_standalone_app_generates_on_the_cpu(target_path):
     record = json.loads(out.stdout.strip().splitlines()[-1])
     assert record["finish_reason"] in ("length", "stop") and record["text"].strip()
     assert record["stats"]["completion_tokens"] >= 1
+
+
+def _check_args(out: Path, work: Path, vocab: Path) -> list[str]:
+    from tests.common import TEST_THREADS
+
+    return ["--small", "--quick", "--out", str(out), "--work", str(work), "--vocab", str(vocab),
+            "--bench", str(REPO / "docs" / "bench" / "quick.json"),
+            "--predicted-bench", str(REPO / "docs" / "bench" / "predicted.json"),
+            "--threads", str(TEST_THREADS), "--repeats", "1", "--engine-tokens", "16"]
+
+
+def test_the_gpu_check_runs_every_step_on_the_small_shapes(tmp_path, draft_path):
+    assert gpu_check.main(_check_args(tmp_path / "out", tmp_path / "work", draft_path)) == 0
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["calibration.json", "engine.json", "predictions.json", "summary.txt"]
+    cal = json.loads((out / "calibration.json").read_text())
+    assert len(cal["sweep"]["verify_by_rows"]) == 16 and cal["engine_calibration"]["k_max"] == 15
+    engine = json.loads((out / "engine.json").read_text())
+    assert list(engine["runs"]) == list(gpu_check.ENGINE_MODES)
+    assert set(engine["batch_flips"]["by_rows"]) == {str(n) for n in gpu_check.FLIP_SIZES}
+    second = engine["second_target"]
+    assert second["model"]["shape"] == "small-second" and len(second["verify_by_rows"]) == 16
+    assert list(second["engine"]["runs"]) == ["off", "prediction"]
+    assert second["engine"]["runs"]["prediction"]["first_difference"] is None  # off's answer, kept whole
+    summary = (out / "summary.txt").read_text()
+    assert "batch size and the argmax" in summary and "small-second: verify ms" in summary
+
+
+def test_the_gpu_check_keeps_the_steps_done_when_a_later_one_fails(tmp_path, draft_path, monkeypatch):
+    from localspec.engine import calibrate
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the engine's calibration broke")
+
+    monkeypatch.setattr(calibrate, "measure", broken)
+    with pytest.raises(RuntimeError, match="calibration broke"):
+        gpu_check.main(_check_args(tmp_path / "out", tmp_path / "work", draft_path))
+    cal = json.loads((tmp_path / "out" / "calibration.json").read_text())
+    assert len(cal["sweep"]["verify_by_rows"]) == 16 and "engine_calibration" not in cal
