@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
@@ -218,6 +219,22 @@ def test_the_load_probe_accepts_real_templates_once_per_text(monkeypatch):
 
     monkeypatch.setattr(chat_module.subprocess, "run", no_second_run)
     assert probe_template(LLAMA_STYLE, "<s>", "</s>").ok
+
+
+def test_the_probe_finds_jinja2_where_this_process_did_even_when_only_pythonpath_has_it(tmp_path):
+    """The probe runs isolated (-I drops PYTHONPATH). With the deps installed only on PYTHONPATH (as
+    in the GPU bundle, `pip install --target`), it failed to import jinja2 and refused every template."""
+    import jinja2
+
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    deps = str(Path(jinja2.__file__).resolve().parents[1])  # this venv's site-packages
+    code = ("import sys; from localspec.engine.chat import probe_template; "
+            f"v = probe_template({LLAMA_STYLE!r}, '<s>', '</s>'); print(v.ok, v.reason)")
+    out = subprocess.run([str(bare / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{deps}"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("True"), out.stdout
 
 
 def test_the_standalone_app_probes_templates_with_its_own_executable(monkeypatch):

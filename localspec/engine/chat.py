@@ -142,7 +142,22 @@ def probe_command() -> list[str]:
     if getattr(sys, "frozen", False):
         return [sys.executable, "--template-probe"]
     # -I: an isolated interpreter (no PYTHONPATH, no user site, no script directory on the path).
-    return [sys.executable, "-I", str(Path(template_sandbox.__file__)), "--probe"]
+    # It is told where this process found jinja2 and markupsafe: they may be on the PYTHONPATH that
+    # -I drops (deps installed with `pip --target`), and a probe that cannot import them refused
+    # every template.
+    return [sys.executable, "-I", "-c", _PROBE_BOOT, str(Path(template_sandbox.__file__)), *_dependency_dirs()]
+
+
+# argv: -c, the sandbox's path, then the directories to search first.
+_PROBE_BOOT = ("import runpy, sys; path = sys.argv[1]; sys.path[:0] = sys.argv[2:]; "
+               "sys.argv = [path, '--probe']; runpy.run_path(path, run_name='__main__')")
+
+
+def _dependency_dirs() -> list[str]:
+    import jinja2
+    import markupsafe
+
+    return list(dict.fromkeys(str(Path(m.__file__).resolve().parent.parent) for m in (jinja2, markupsafe)))
 
 
 def _run_probe(template: str, bos: str, eos: str) -> TemplateVerdict:
