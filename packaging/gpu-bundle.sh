@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Write the offline GPU cost-check bundle (< 60 MiB), run here (needs PyPI for the downloads):
-#   packaging/gpu-bundle.sh [OUT_DIR]      (default /tmp/localspec-gpu-bundle -> OUT_DIR/localspec-gpu-check.tar.gz
+#   packaging/gpu-bundle.sh [--prebuilt] [OUT_DIR]
+#                                          (default /tmp/localspec-gpu-bundle -> OUT_DIR/localspec-gpu-check.tar.gz
 #                                           and OUT_DIR/MANIFEST.txt, the bundle's file list)
+#   --prebuilt  carry llama.cpp compiled here for CUDA sm_$PREBUILT_ARCH (default 90: H100/H200) instead of
+#               its source: no build on the GPU box. Needs nvcc here (the same major version as there);
+#               cuBLAS's headers come from the nvidia-cublas wheel (downloaded). The first such bundle
+#               compiles for ~25 minutes on 2 cores; the libraries are cached in $PREBUILT_CACHE
+#               (default ~/.cache/localspec/gpu-prebuilt). CPU code is baseline x86-64 (--portable).
 #   BENCH_JSON=path/bench.json ...         acceptance profiles (default docs/bench/quick.json)
 #   PREDICTED_BENCH_JSON=path/bench.json   Predicted Outputs' acceptance (default docs/bench/predicted.json)
 # Contents: a trimmed llama.cpp source from the llama-cpp-python sdist (CPU + CUDA backends, the
@@ -11,7 +17,8 @@
 # JSON, and gpu-check.sh at the top. On the GPU box: tar xzf ...; bash gpu-check.sh OUT_DIR
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${1:-/tmp/localspec-gpu-bundle}
+PREBUILT=0 OUT=/tmp/localspec-gpu-bundle
+for a in "$@"; do case "$a" in --prebuilt) PREBUILT=1 ;; -*) echo "error: unknown option $a" >&2; exit 2 ;; *) OUT=$a ;; esac; done
 PY=${PYTHON:-$REPO/.venv/bin/python}
 VERSION=0.3.36
 LIMIT=$((60 * 1024 * 1024))
@@ -64,6 +71,34 @@ predicted=${PREDICTED_BENCH_JSON:-$REPO/docs/bench/predicted.json}
 if [ -f "$predicted" ]; then cp "$predicted" "$stage/bench-predicted.json"; echo "using $predicted"
 else echo "no predicted bench JSON at $predicted: no Predicted Outputs estimate"; fi
 
+if [ "$PREBUILT" = 1 ]; then
+  arch=${PREBUILT_ARCH:-90}
+  nvcc_release=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\),.*/\1/p') ||
+    { echo "error: --prebuilt needs nvcc here" >&2; exit 1; }
+  [ -n "$nvcc_release" ] || { echo "error: --prebuilt needs nvcc here (CUDA's bin directory on PATH)" >&2; exit 1; }
+  cache=${PREBUILT_CACHE:-$HOME/.cache/localspec/gpu-prebuilt}/llama-cpp-python-$VERSION-sm$arch-cuda$nvcc_release
+  if [ ! -f "$cache/BUILD_INFO" ]; then
+    echo "== compile llama.cpp for CUDA sm_$arch with nvcc $nvcc_release (once; cached in $cache)"
+    "$PY" -m pip download --quiet --no-deps --only-binary :all: --platform manylinux_2_27_x86_64 \
+      --platform manylinux2014_x86_64 --python-version 3.12 -d "$work/cublas" "nvidia-cublas==$nvcc_release.*"
+    (cd "$work/cublas" && "$PY" -m zipfile -e nvidia_cublas-*.whl pip)
+    PYTHONPATH=$work/cublas/pip PYTHON=$PY WORK=$work/prebuild BUILD_LIMIT_S=${PREBUILD_LIMIT_S:-7200} BUDGET_S=7300 \
+      bash "$stage/gpu-check.sh" --arch "$arch" --portable --build-only "$work/prebuild-out" ||
+      { tail -40 "$work/prebuild-out/build.log" >&2; exit 1; }
+    mkdir -p "$cache.tmp"
+    cp -a "$work"/prebuild/build/bin/lib*.so* "$cache.tmp/"
+    { echo "llama-cpp-python $VERSION compiled for CUDA sm_$arch (SASS only) with nvcc $nvcc_release, baseline x86-64 CPU code, on $(hostname) $(date -u +%F)"
+      echo "arch=$arch"; echo "cuda_major=${nvcc_release%%.*}"; } >"$cache.tmp/BUILD_INFO"
+    rm -rf "$cache" && mv "$cache.tmp" "$cache"
+  fi
+  echo "== prebuilt libraries from $cache; the llama.cpp source stays out"
+  mkdir -p "$stage/prebuilt"
+  cp -a "$cache"/. "$stage/prebuilt/"
+  rm -f "$stage"/llama-cpp-python/llama_cpp/lib/lib*.so*
+  mv "$stage/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf" "$stage/"
+  rm -rf "$stage/llama-cpp-python/vendor"
+fi
+
 (cd "$stage" && find . -type f -printf '%s\t%P\n' | sort -k2) >"$stage/MANIFEST.txt"
 cp "$stage/MANIFEST.txt" "$OUT/MANIFEST.txt"
 tarball=$OUT/localspec-gpu-check.tar.gz
@@ -71,3 +106,6 @@ tar czf "$tarball" -C "$stage" .
 size=$(stat -c %s "$tarball")
 echo "wrote $tarball: $((size / 1024 / 1024)) MiB ($size bytes), $(wc -l <"$OUT/MANIFEST.txt") files"
 if [ "$size" -ge "$LIMIT" ]; then echo "error: bundle is over 60 MiB" >&2; exit 1; fi
+# The device tool carries at most 64 MiB per call: the repository's tracked files and the bundle.
+repo=$(cd "$REPO" && git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+echo "a device call carrying it with the repository's tracked files ($((repo / 1024 / 1024)) MiB): $(((size + repo) / 1024 / 1024)) MiB of 64"

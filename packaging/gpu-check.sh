@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
 # GPU cost check, run unattended from an unpacked gpu-bundle (offline; < 9 minutes).
-#   bash gpu-check.sh [--cpu] [--small] [--dry-run] [--no-fa] [--q8] [--jobs N] [--arch N] [--build-only] [OUT_DIR]
-# OUT_DIR (or $OUT) receives everything: build.log, calibration.json, predictions.json, summary.txt,
-# check.log. Builds llama.cpp from the bundled source with cmake (no pip build backend needed):
-# CUDA for the local GPU's architecture only (nvidia-smi compute_cap, e.g. 90 on an H200), or
-# the CPU with --cpu / when no NVIDIA GPU is found. The built libraries are copied into the
-# bundled llama_cpp/lib (and LLAMA_CPP_LIB_PATH points there), so the bundled pure-Python
+#   bash gpu-check.sh [--cpu] [--small] [--dry-run] [--no-fa] [--q8] [--jobs N] [--arch N] [--portable]
+#                     [--from-source] [--build-only] [OUT_DIR]
+# OUT_DIR (or $OUT) receives everything: environment.txt, build.log, check.log, calibration.json,
+# predictions.json, engine.json, summary.txt. The llama.cpp libraries: a bundle made with
+# `gpu-bundle.sh --prebuilt` carries them compiled for CUDA sm_90 (prebuilt/); they are used when
+# they load and see the GPU, else (or with --from-source, or --cpu) llama.cpp is built from the
+# bundled source with cmake: CUDA for the local GPU's architecture only (nvidia-smi compute_cap,
+# e.g. 90 on an H200), or the CPU with --cpu / when no NVIDIA GPU is found. The libraries go into
+# the bundled llama_cpp/lib (LLAMA_CPP_LIB_PATH points there), so the bundled pure-Python
 # llama-cpp-python loads them. Then gpu_check.py synthesises random-weight models of the
-# Qwen2.5-Coder-7B/0.5B shapes (--small: tiny ones), calibrates and predicts auto's speedup.
+# Qwen2.5-Coder-7B/0.5B shapes (--small: tiny ones) and measures (packaging/README.md).
 #   --cpu      CPU build even when a GPU is present      --small   tiny model shapes (rehearsal)
 #   --dry-run  print the plan and commands, run nothing  --no-fa   skip the CUDA FlashAttention kernels (faster build)
 #   --q8       Q8_0 weights instead of the Q4_K_M mix    --jobs N  build parallelism (default: all cores)
 #   --arch N   CUDA for compute capability N without asking nvidia-smi (a compile rehearsal on a box with nvcc)
-#   --build-only  stop after the build (build.log ends with the build's CPU time and its slowest steps)
+#   --portable baseline x86-64 CPU code (GGML_NATIVE=OFF), for libraries built here and run elsewhere
+#   --from-source  build even when prebuilt libraries are bundled
+#   --build-only   stop after the build (build.log ends with the build's CPU time and its slowest steps)
 # Env: PYTHON (default python3), WORK (build + models, default /tmp/localspec-gpu-check),
 #      BUDGET_S (whole-run limit, default 530), BUILD_LIMIT_S (default 400), NICE (e.g. 19 on a shared box).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-CPU=0 SMALL=0 DRY=0 FA=1 BUILD_ONLY=0 FORCE_ARCH="" RECIPE=q4_k_m JOBS=$(nproc 2>/dev/null || echo 4) OUTDIR=${OUT:-}
+CPU=0 SMALL=0 DRY=0 FA=1 BUILD_ONLY=0 FORCE_ARCH="" NATIVE=ON FROM_SOURCE=0 RECIPE=q4_k_m
+JOBS=$(nproc 2>/dev/null || echo 4) OUTDIR=${OUT:-}
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) CPU=1 ;;
@@ -28,8 +34,10 @@ while [ $# -gt 0 ]; do
     --jobs) shift; JOBS=${1:?--jobs needs a number} ;;
     --jobs=*) JOBS=${1#--jobs=} ;;
     --arch) shift; FORCE_ARCH=${1:?--arch needs a compute capability, e.g. 90} ;;
+    --portable) NATIVE=OFF ;;
+    --from-source) FROM_SOURCE=1 ;;
     --build-only) BUILD_ONLY=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     -*) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) OUTDIR=$1 ;;
   esac
@@ -38,19 +46,23 @@ done
 if [ -z "$OUTDIR" ]; then echo "error: give the output directory as an argument or \$OUT" >&2; exit 2; fi
 case "$JOBS" in ''|*[!0-9]*) echo "error: --jobs takes a number" >&2; exit 2 ;; esac
 case "$FORCE_ARCH" in *[!0-9]*) echo "error: --arch takes a compute capability without the dot, e.g. 90" >&2; exit 2 ;; esac
+[ "$BUILD_ONLY" = 1 ] && FROM_SOURCE=1
 PY=${PYTHON:-python3}
 WORK=${WORK:-/tmp/localspec-gpu-check}
 BUDGET_S=${BUDGET_S:-530}
 BUILD_LIMIT_S=${BUILD_LIMIT_S:-400}
 SRC=$HERE/llama-cpp-python
 LLAMA_SRC=$SRC/vendor/llama.cpp
+VOCAB=$HERE/ggml-vocab-qwen2.gguf
+[ -f "$VOCAB" ] || VOCAB=$LLAMA_SRC/models/ggml-vocab-qwen2.gguf
+PREBUILT=$HERE/prebuilt
 BUILD=$WORK/build
 START=$(date +%s)
 NICE_CMD=()
 [ -n "${NICE:-}" ] && NICE_CMD=(nice -n "$NICE")
 
 # ---------------------------------------------------------------- backend
-ARCH="" NVCC="" REASON=""
+ARCH="" NVCC="" REASON="" GPU_SEEN=0
 if [ "$CPU" = 1 ]; then
   BACKEND=cpu REASON="--cpu given"
 else
@@ -58,6 +70,7 @@ else
     cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' .')
     case "$cap" in ''|*[!0-9]*) cap="" ;; esac
     ARCH=$cap
+    [ -n "$cap" ] && GPU_SEEN=1
   fi
   REASON="nvidia-smi reports compute capability $ARCH"
   [ -n "$FORCE_ARCH" ] && ARCH=$FORCE_ARCH REASON="--arch $FORCE_ARCH given"
@@ -66,32 +79,45 @@ else
     for c in "$(command -v nvcc 2>/dev/null)" "${CUDA_HOME:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
       if [ -n "$c" ] && [ -x "$c" ]; then NVCC=$c; break; fi
     done
-    if [ -z "$NVCC" ] && [ "$DRY" = 0 ]; then
-      echo "error: an NVIDIA GPU is present but nvcc was not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)" >&2
-      echo "  fix: put CUDA's bin directory on PATH, or run with --cpu" >&2
-      exit 1
-    fi
-    NVCC=${NVCC:-nvcc}
   else
     BACKEND=cpu REASON="no NVIDIA GPU found (nvidia-smi missing or reports none)"
   fi
 fi
+# Prebuilt CUDA libraries, if the bundle has them for this architecture; the source stays the fallback.
+USE_PREBUILT=0 PREBUILT_INFO=""
+if [ "$BACKEND" = cuda ] && [ "$FROM_SOURCE" = 0 ] && [ -f "$PREBUILT/BUILD_INFO" ]; then
+  PREBUILT_INFO=$(head -n1 "$PREBUILT/BUILD_INFO")
+  if grep -qx "arch=$ARCH" "$PREBUILT/BUILD_INFO"; then USE_PREBUILT=1
+  else PREBUILT_INFO="$PREBUILT_INFO (not for compute capability $ARCH: building)"; fi
+fi
+HAVE_SOURCE=0; [ -f "$LLAMA_SRC/CMakeLists.txt" ] && HAVE_SOURCE=1
+if [ "$BACKEND" = cuda ] && [ -z "$NVCC" ] && [ "$USE_PREBUILT" = 0 ] && [ "$DRY" = 0 ]; then
+  echo "error: an NVIDIA GPU is present but nvcc was not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)" >&2
+  echo "  fix: put CUDA's bin directory on PATH, bundle prebuilt libraries (gpu-bundle.sh --prebuilt), or run with --cpu" >&2
+  exit 1
+fi
 
-CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON
+CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON "-DGGML_NATIVE=$NATIVE"
   -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
 command -v ninja >/dev/null 2>&1 && CMAKE_ARGS=(-G Ninja "${CMAKE_ARGS[@]}")
-# cuBLAS and the driver library. A toolkit assembled from pip wheels (nvcc + cudart, as on the
-# borrowed box and here) has neither in its own tree: then cuBLAS comes from the nvidia-cublas wheel
-# that PyTorch installs (site-packages/nvidia/cu13/{include,lib}), named to CMake outright (its
-# libraries carry only versioned names), and libcuda from the driver (ldconfig) or, failing that,
-# the build skips the one feature that links it (VMM memory pools).
-CUBLAS_NOTE="" CUBLAS_LIB_DIR="" CUBLAS_MISSING=0
+# cuBLAS, cudart and the driver library. A toolkit assembled from pip wheels (nvcc + cudart, as on
+# the borrowed box and here) has no cuBLAS in its own tree: then cuBLAS comes from the nvidia-cublas
+# wheel that PyTorch installs (site-packages/nvidia/cu13/{include,lib}), named to CMake outright
+# (its libraries carry only versioned names), and libcuda from the driver (ldconfig) or, failing
+# that, the build skips the one feature that links it (VMM memory pools). CUDA_LIB_PATH is where
+# the libraries are found at run time (prebuilt ones were linked on another box).
+CUBLAS_NOTE="" CUDA_LIB_PATH="" CUBLAS_MISSING=0
 cuda_libs() {
-  local top major found inc lib lt drv
-  top=$("$NVCC" -v --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n1)
-  major=$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\..*/\1/p' | head -n1)
+  local top="" major found inc lib lt drv
+  if [ -n "$NVCC" ]; then
+    top=$("$NVCC" -v --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n1)
+    major=$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\..*/\1/p' | head -n1)
+  else
+    major=$(sed -n 's/^cuda_major=//p' "$PREBUILT/BUILD_INFO" 2>/dev/null)
+  fi
   for d in "${CUDA_HOME:-/nonexistent}" "${top:-/nonexistent}" /usr/local/cuda; do
+    for l in "$d/lib64" "$d/lib" "$d/targets/x86_64-linux/lib"; do [ -d "$l" ] && CUDA_LIB_PATH+=${CUDA_LIB_PATH:+:}$l; done
     for i in "$d/include" "$d/targets/x86_64-linux/include"; do
       if [ -f "$i/cublas_v2.h" ]; then CUBLAS_NOTE="cuBLAS: the toolkit's ($i)"; break 2; fi
     done
@@ -114,7 +140,7 @@ PYEOF
     if [ -n "$found" ]; then
       read -r inc lib lt <<<"$found"
       CMAKE_ARGS+=("-DCMAKE_CUDA_FLAGS=-I$inc/include" "-DCUDA_cublas_LIBRARY=$lib" "-DCUDA_cublasLt_LIBRARY=$lt")
-      CUBLAS_LIB_DIR=$(dirname "$lib")
+      CUDA_LIB_PATH=$(dirname "$lib")${CUDA_LIB_PATH:+:$CUDA_LIB_PATH}
       CUBLAS_NOTE="cuBLAS: the pip wheel at $inc"
     else
       CUBLAS_MISSING=1
@@ -133,18 +159,26 @@ PYEOF
   fi
 }
 if [ "$BACKEND" = cuda ]; then
-  CMAKE_ARGS+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" "-DCMAKE_CUDA_COMPILER=$NVCC" -DGGML_CUDA_NCCL=OFF)
+  # SASS for this architecture only (-real: no PTX beside it, a smaller library); FlashAttention's
+  # vector kernels for the f16 KV cache the engine uses only (llama.cpp's default also builds q4_0,
+  # q8_0 and bf16 KV), to shorten the build.
+  CMAKE_ARGS+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH-real" "-DCMAKE_CUDA_COMPILER=${NVCC:-nvcc}"
+    -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA_QUANTS=f16-f16)
   [ "$FA" = 0 ] && CMAKE_ARGS+=(-DGGML_CUDA_FA=OFF)
   cuda_libs
 fi
 SHAPES="Qwen2.5-Coder-7B + 0.5B shapes"; [ "$SMALL" = 1 ] && SHAPES="small rehearsal shapes"
-CHECK_ARGS=(--out "$OUTDIR" --work "$WORK/models" --vocab "$LLAMA_SRC/models/ggml-vocab-qwen2.gguf"
+CHECK_ARGS=(--out "$OUTDIR" --work "$WORK/models" --vocab "$VOCAB"
   --bench "$HERE/bench.json" --predicted-bench "$HERE/bench-predicted.json" --recipe "$RECIPE")
 [ "$SMALL" = 1 ] && CHECK_ARGS+=(--small)
 [ "$BACKEND" = cpu ] && CHECK_ARGS+=(--threads "$JOBS")
 
 echo "backend: $BACKEND ($REASON); models: $SHAPES, $RECIPE; jobs: $JOBS"
 [ -n "$CUBLAS_NOTE" ] && echo "$CUBLAS_NOTE"
+[ -n "$PREBUILT_INFO" ] && echo "prebuilt: $PREBUILT_INFO"
+if [ "$USE_PREBUILT" = 1 ]; then
+  echo "+ cp $PREBUILT/lib*.so* $SRC/llama_cpp/lib/   (if they load and see the GPU; else the build below)"
+fi
 echo "+ cmake -S $LLAMA_SRC -B $BUILD ${CMAKE_ARGS[*]}"
 echo "+ cmake --build $BUILD --target llama -j $JOBS"
 echo "+ cp $BUILD/bin/lib*.so* $SRC/llama_cpp/lib/"
@@ -156,10 +190,12 @@ mkdir -p "$OUTDIR" "$WORK" || exit 1
 exec > >(tee -a "$OUTDIR/check.log") 2>&1
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 fail() { echo "error: $*" >&2; echo "FAILED: $*" >>"$OUTDIR/summary.txt"; exit 1; }
-[ -f "$LLAMA_SRC/CMakeLists.txt" ] || fail "no llama.cpp source at $LLAMA_SRC (run from an unpacked gpu bundle)"
+[ "$USE_PREBUILT" = 1 ] || [ "$HAVE_SOURCE" = 1 ] ||
+  fail "no llama.cpp source at $LLAMA_SRC and no prebuilt libraries for this backend (run from an unpacked gpu bundle)"
 [ "$CUBLAS_MISSING" = 0 ] || fail "$CUBLAS_NOTE; fix: pip install nvidia-cublas for $PY (PyTorch's CUDA wheels bring it), set CUDA_HOME to a full toolkit, or run with --cpu"
 "$PY" -c 'import numpy' 2>/dev/null || fail "$PY has no numpy"
 { date; uname -a; "$PY" --version; cmake --version | head -1; [ -n "$NVCC" ] && "$NVCC" --version | tail -2
+  [ -n "$PREBUILT_INFO" ] && echo "prebuilt: $PREBUILT_INFO"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --format=csv; } \
   >"$OUTDIR/environment.txt" 2>&1
 
@@ -171,34 +207,55 @@ if [ ${#need[@]} -gt 0 ]; then
   "$PY" -m pip install --quiet --no-index --find-links "$HERE/wheels" --target "$WORK/pylib" "${need[@]}" \
     || fail "could not install ${need[*]} from $HERE/wheels"
 fi
-
-echo "== build llama.cpp ($BACKEND), log: $OUTDIR/build.log"
-t=$(date +%s)
-# A build dir configured from another unpacked bundle (or for another backend) is not reusable.
-if [ -f "$BUILD/CMakeCache.txt" ] && { ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$LLAMA_SRC" "$BUILD/CMakeCache.txt" ||
-     [ "$(grep -c '^GGML_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt")" != "$([ "$BACKEND" = cuda ] && echo 1 || echo 0)" ]; }; then
-  rm -rf "$BUILD"
-fi
-{ "${NICE_CMD[@]}" cmake -S "$LLAMA_SRC" -B "$BUILD" "${CMAKE_ARGS[@]}" &&
-  timeout "$BUILD_LIMIT_S" "${NICE_CMD[@]}" cmake --build "$BUILD" --target llama -j "$JOBS"; } >"$OUTDIR/build.log" 2>&1
-rc=$?
-echo "build: exit $rc in $(( $(date +%s) - t )) s"
-# What the build cost, for sizing the next one: compile seconds summed over steps, and the slowest.
-if [ -f "$BUILD/.ninja_log" ]; then
-  awk -F'\t' 'NR > 1 { s = ($2 - $1) / 1000; total += s; n++; print s "\t" $4 } END { printf "%.0f\tTOTAL (%d steps)\n", total, n }' \
-    "$BUILD/.ninja_log" | sort -rn | head -n 13 | sed 's/^/ninja_log: /' >>"$OUTDIR/build.log"
-fi
-[ $rc = 0 ] || { tail -30 "$OUTDIR/build.log"; fail "llama.cpp build failed or passed ${BUILD_LIMIT_S}s (exit $rc; see build.log)"; }
+export LLAMA_CPP_LIB_PATH=$SRC/llama_cpp/lib
+[ -n "$CUDA_LIB_PATH" ] && export LD_LIBRARY_PATH=$CUDA_LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONPATH=$WORK/pylib:$SRC:$HERE:$HERE/localspec-src${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$SRC/llama_cpp/lib"
-cp -a "$BUILD"/bin/lib*.so* "$SRC/llama_cpp/lib/" || fail "no libraries in $BUILD/bin"
-ls "$SRC/llama_cpp/lib" >>"$OUTDIR/build.log"
-[ "$BUILD_ONLY" = 1 ] && { echo "built in $(( $(date +%s) - START )) s (--build-only)"; exit 0; }
+
+if [ "$USE_PREBUILT" = 1 ]; then
+  echo "== prebuilt libraries: $PREBUILT_INFO"
+  cp -a "$PREBUILT"/lib*.so* "$SRC/llama_cpp/lib/" || fail "could not copy $PREBUILT"
+  # They must load here and, where nvidia-smi saw a GPU, offload to it.
+  why=$("$PY" -c 'import sys, llama_cpp; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() or sys.argv[1] == "0" else 3)' \
+        "$GPU_SEEN" 2>&1 | tail -n 2)
+  rc=$?
+  if [ $rc = 0 ]; then
+    echo "the prebuilt libraries load$([ "$GPU_SEEN" = 1 ] && echo " and offload to the GPU")" | tee -a "$OUTDIR/build.log"
+  else
+    [ -z "$why" ] && why="they load but see no GPU"
+    echo "the prebuilt libraries failed here: $why" | tee -a "$OUTDIR/build.log"
+    [ "$HAVE_SOURCE" = 1 ] && [ -n "$NVCC" ] ||
+      fail "the prebuilt libraries failed here ($why); fix: carry a source bundle (gpu-bundle.sh without --prebuilt) and run again"
+    rm -f "$SRC"/llama_cpp/lib/lib*.so*
+    USE_PREBUILT=0
+  fi
+fi
+
+if [ "$USE_PREBUILT" = 0 ]; then
+  echo "== build llama.cpp ($BACKEND), log: $OUTDIR/build.log"
+  t=$(date +%s)
+  # A build dir configured from another unpacked bundle (or for another backend) is not reusable.
+  if [ -f "$BUILD/CMakeCache.txt" ] && { ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$LLAMA_SRC" "$BUILD/CMakeCache.txt" ||
+       [ "$(grep -c '^GGML_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt")" != "$([ "$BACKEND" = cuda ] && echo 1 || echo 0)" ]; }; then
+    rm -rf "$BUILD"
+  fi
+  { "${NICE_CMD[@]}" cmake -S "$LLAMA_SRC" -B "$BUILD" "${CMAKE_ARGS[@]}" &&
+    timeout "$BUILD_LIMIT_S" "${NICE_CMD[@]}" cmake --build "$BUILD" --target llama -j "$JOBS"; } >>"$OUTDIR/build.log" 2>&1
+  rc=$?
+  echo "build: exit $rc in $(( $(date +%s) - t )) s"
+  # What the build cost, for sizing the next one: compile seconds summed over steps, and the slowest.
+  if [ -f "$BUILD/.ninja_log" ]; then
+    awk -F'\t' 'NR > 1 { s = ($2 - $1) / 1000; total += s; n++; print s "\t" $4 } END { printf "%.0f\tTOTAL (%d steps)\n", total, n }' \
+      "$BUILD/.ninja_log" | sort -rn | head -n 13 | sed 's/^/ninja_log: /' >>"$OUTDIR/build.log"
+  fi
+  [ $rc = 0 ] || { tail -30 "$OUTDIR/build.log"; fail "llama.cpp build failed or passed ${BUILD_LIMIT_S}s (exit $rc; see build.log)"; }
+  cp -a "$BUILD"/bin/lib*.so* "$SRC/llama_cpp/lib/" || fail "no libraries in $BUILD/bin"
+  ls "$SRC/llama_cpp/lib" >>"$OUTDIR/build.log"
+  [ "$BUILD_ONLY" = 1 ] && { echo "built in $(( $(date +%s) - START )) s (--build-only)"; exit 0; }
+fi
 
 echo "== synthesise, calibrate, predict ($(left) s left)"
-export LLAMA_CPP_LIB_PATH=$SRC/llama_cpp/lib
 [ -n "$NVCC" ] && export LOCALSPEC_NVCC_VERSION="$("$NVCC" --version 2>/dev/null | tail -n1)"
-[ -n "$CUBLAS_LIB_DIR" ] && export LD_LIBRARY_PATH=$CUBLAS_LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$WORK/pylib:$SRC:$HERE:$HERE/localspec-src${PYTHONPATH:+:$PYTHONPATH}
 [ "$(left)" -gt 20 ] || fail "no time left for the measurement"
 timeout "$(left)" "${NICE_CMD[@]}" "$PY" "$HERE/localspec-src/packaging/gpu_check.py" "${CHECK_ARGS[@]}"
 rc=$?

@@ -184,8 +184,9 @@ def test_gpu_check_dry_run_with_an_h200_builds_cuda_for_sm90_only(tmp_path):
     out = _dry_run("--no-fa", "--jobs", "16", str(tmp_path / "out"), env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert "backend: cuda (nvidia-smi reports compute capability 90)" in out.stdout
-    assert "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90" in out.stdout
+    assert "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real" in out.stdout  # SASS only: no PTX beside it
     assert f"-DCMAKE_CUDA_COMPILER={bin_dir / 'nvcc'}" in out.stdout and "-DGGML_CUDA_FA=OFF" in out.stdout
+    assert "-DGGML_CUDA_FA_QUANTS=f16-f16" in out.stdout  # the engine's f16 KV cache: one vector-kernel set
     assert "-j 16" in out.stdout and "--small" not in out.stdout
     cpu = _dry_run("--cpu", str(tmp_path / "out"), env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
     assert "backend: cpu (--cpu given)" in cpu.stdout and "-DGGML_CUDA" not in cpu.stdout
@@ -214,6 +215,29 @@ def test_gpu_check_takes_cublas_from_the_pip_wheel_when_the_toolkit_has_none(tmp
     missing = _dry_run("--arch", "90", str(tmp_path / "out"), env={**env, "PYTHONPATH": str(tmp_path / "empty")})
     assert "cuBLAS: not found" in missing.stdout and "-DCUDA_cublas_LIBRARY" not in missing.stdout
     assert _dry_run("--arch", "9.0", str(tmp_path / "out"), env=env).returncode == 2  # no dot
+
+
+def test_the_device_command_unpacks_the_bundle_once_and_runs_the_check_into_out(tmp_path):
+    # A stand-in bundle whose gpu-check.sh reports what it was given.
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (stage / "gpu-check.sh").write_text('echo "check $* budget=$BUDGET_S build=$BUILD_LIMIT_S work=$WORK"\n')
+    bundle = tmp_path / "repo" / ".gpu" / "localspec-gpu-check.tar.gz"
+    bundle.parent.mkdir(parents=True)
+    subprocess.run(["tar", "czf", str(bundle), "-C", str(stage), "."], check=True)
+    env = {**os.environ, "UNPACK": str(tmp_path / "unpacked"), "OUT": str(tmp_path / "out"), "WORK": "/w"}
+    env.pop("BUDGET_S", None)
+    run = lambda *a: subprocess.run(["bash", str(REPO / "packaging" / "gpu-device-run.sh"), *a],  # noqa: E731
+                                    cwd=tmp_path / "repo", env=env, capture_output=True, text=True, timeout=60)
+    first = run("--small")
+    assert first.returncode == 0, first.stderr
+    assert "unpacked .gpu/localspec-gpu-check.tar.gz" in first.stdout
+    assert f"check --small {tmp_path / 'out'} budget=330 build=240 work=/w" in first.stdout
+    second = run()
+    assert "reusing" in second.stdout and "unpacked .gpu" not in second.stdout  # a rerun keeps the build's sources
+    bundle.unlink()
+    missing = run()
+    assert missing.returncode == 2 and "fix: run packaging/gpu-bundle.sh .gpu" in missing.stderr
 
 
 def test_gpu_check_rejects_bad_arguments(tmp_path):
