@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command for a borrowed GPU box (issue #30), run from the repository root there:
 #   bash packaging/gpu-device-run.sh [OUT_DIR]        (OUT_DIR defaults to $OUT)
-# Before, here: packaging/gpu-bundle.sh .gpu   (writes .gpu/localspec-gpu-check.tar.gz; .gpu/ is
+# Before, here: packaging/gpu-bundle.sh [--prebuilt] .gpu   (writes .gpu/localspec-gpu-check.tar.gz; .gpu/ is
 # git-ignored, so the device call names it in `carry`). There it unpacks the bundle once, at a fixed
 # path, and runs gpu-check.sh into OUT_DIR, so that a second call on the same warm machine finds the
 # build done (or half done: ninja carries on) and spends its time measuring. Seven files come back

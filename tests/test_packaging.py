@@ -240,6 +240,56 @@ def test_the_device_command_unpacks_the_bundle_once_and_runs_the_check_into_out(
     assert missing.returncode == 2 and "fix: run packaging/gpu-bundle.sh .gpu" in missing.stderr
 
 
+def _prebuilt_bundle(tmp_path: Path, *, offloads: bool) -> tuple[Path, dict]:
+    """An unpacked --prebuilt bundle in miniature: gpu-check.sh, prebuilt/ for sm_90, a llama_cpp that
+    says whether it offloads, a gpu_check.py that reports how it was run; a box whose nvidia-smi
+    says 9.0, with no nvcc, and PyTorch's cuBLAS wheel on the path."""
+    bundle = tmp_path / "bundle"
+    (bundle / "prebuilt").mkdir(parents=True)
+    (bundle / "gpu-check.sh").write_text(GPU_CHECK.read_text())
+    (bundle / "prebuilt" / "BUILD_INFO").write_text("llama-cpp-python 0.3.36 for sm_90\narch=90\ncuda_major=13\n")
+    (bundle / "prebuilt" / "libllama.so").write_text("")
+    pkg = bundle / "llama-cpp-python" / "llama_cpp"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"def llama_supports_gpu_offload():\n    return {offloads}\n")
+    check = bundle / "localspec-src" / "packaging" / "gpu_check.py"
+    check.parent.mkdir(parents=True)
+    check.write_text("import os, sys; print('measuring', ' '.join(sys.argv[1:3]), os.environ['LD_LIBRARY_PATH'])\n")
+    (bundle / "ggml-vocab-qwen2.gguf").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 9.0\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    wheel = tmp_path / "site" / "nvidia" / "cu13"
+    for f in ("include/cublas_v2.h", "lib/libcublas.so.13", "lib/libcublasLt.so.13"):
+        (wheel / f).parent.mkdir(parents=True, exist_ok=True)
+        (wheel / f).write_text("")
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path / "site"),
+           "WORK": str(tmp_path / "work"), "CUDA_HOME": str(tmp_path / "none")}
+    return bundle, env
+
+
+def test_prebuilt_libraries_are_used_when_they_offload_with_no_nvcc_and_no_source(tmp_path):
+    bundle, env = _prebuilt_bundle(tmp_path, offloads=True)
+    out = subprocess.run(["bash", str(bundle / "gpu-check.sh"), str(tmp_path / "out")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "prebuilt: llama-cpp-python 0.3.36 for sm_90" in out.stdout
+    assert "the prebuilt libraries load and offload to the GPU" in out.stdout and "== build" not in out.stdout
+    assert (bundle / "llama-cpp-python" / "llama_cpp" / "lib" / "libllama.so").exists()
+    assert f"measuring --out {tmp_path / 'out'} {tmp_path / 'site' / 'nvidia' / 'cu13' / 'lib'}" in out.stdout
+
+
+def test_prebuilt_libraries_that_do_not_offload_stop_the_check_with_the_fix_when_nothing_can_build(tmp_path):
+    bundle, env = _prebuilt_bundle(tmp_path, offloads=False)
+    out = subprocess.run(["bash", str(bundle / "gpu-check.sh"), str(tmp_path / "out")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1  # (the run's stderr goes to check.log and stdout, with the rest)
+    assert "the prebuilt libraries failed here (they load but see no GPU)" in out.stdout
+    assert "fix: carry a source bundle" in out.stdout and "measuring" not in out.stdout
+    assert "FAILED: the prebuilt libraries failed here" in (tmp_path / "out" / "summary.txt").read_text()
+
+
 def test_gpu_check_rejects_bad_arguments(tmp_path):
     assert _dry_run().returncode == 2  # no output directory
     bad = _dry_run("--frobnicate", str(tmp_path))
