@@ -200,6 +200,7 @@ fail() { echo "error: $*" >&2; echo "FAILED: $*" >>"$OUTDIR/summary.txt"; exit 1
   >"$OUTDIR/environment.txt" 2>&1
 
 echo "== python deps (offline, from the bundled wheels, into $WORK/pylib)"
+export PYTHONPATH=$WORK/pylib:$SRC:$HERE:$HERE/localspec-src${PYTHONPATH:+:$PYTHONPATH}  # a rerun finds them there
 need=()
 "$PY" -c 'import pydantic, sys; sys.exit(int(pydantic.VERSION.split(".")[0]) < 2)' 2>/dev/null || need+=(pydantic)
 for m in diskcache jinja2 typing_extensions; do "$PY" -c "import $m" 2>/dev/null || need+=("${m//_/-}"); done
@@ -208,8 +209,8 @@ if [ ${#need[@]} -gt 0 ]; then
     || fail "could not install ${need[*]} from $HERE/wheels"
 fi
 export LLAMA_CPP_LIB_PATH=$SRC/llama_cpp/lib
-[ -n "$CUDA_LIB_PATH" ] && export LD_LIBRARY_PATH=$CUDA_LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$WORK/pylib:$SRC:$HERE:$HERE/localspec-src${PYTHONPATH:+:$PYTHONPATH}
+# The libraries' own directory first: prebuilt ones were linked with RUNPATHs of a build dir elsewhere.
+export LD_LIBRARY_PATH=$LLAMA_CPP_LIB_PATH${CUDA_LIB_PATH:+:$CUDA_LIB_PATH}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$SRC/llama_cpp/lib"
 
 if [ "$USE_PREBUILT" = 1 ]; then
@@ -217,7 +218,7 @@ if [ "$USE_PREBUILT" = 1 ]; then
   cp -a "$PREBUILT"/lib*.so* "$SRC/llama_cpp/lib/" || fail "could not copy $PREBUILT"
   # They must load here and, where nvidia-smi saw a GPU, offload to it.
   why=$("$PY" -c 'import sys, llama_cpp; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() or sys.argv[1] == "0" else 3)' \
-        "$GPU_SEEN" 2>&1 | tail -n 2)
+        "$GPU_SEEN" 2>&1 | tail -n 1)
   rc=$?
   if [ $rc = 0 ]; then
     echo "the prebuilt libraries load$([ "$GPU_SEEN" = 1 ] && echo " and offload to the GPU")" | tee -a "$OUTDIR/build.log"

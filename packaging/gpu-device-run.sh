@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one command for a borrowed GPU box (issue #30), run from the repository root there:
-#   bash packaging/gpu-device-run.sh [OUT_DIR]        (OUT_DIR defaults to $OUT)
+#   OUT=DIR bash packaging/gpu-device-run.sh [gpu-check.sh options]    ($OUT: the device tool sets it)
 # Before, here: packaging/gpu-bundle.sh [--prebuilt] .gpu   (writes .gpu/localspec-gpu-check.tar.gz; .gpu/ is
 # git-ignored, so the device call names it in `carry`). There it unpacks the bundle once, at a fixed
 # path, and runs gpu-check.sh into OUT_DIR, so that a second call on the same warm machine finds the
@@ -13,9 +13,8 @@
 set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu/localspec-gpu-check.tar.gz}
 UNPACK=${UNPACK:-/tmp/localspec-gpu}
-args=() OUTDIR=${OUT:-}
-for a in "$@"; do case "$a" in -*) args+=("$a") ;; *) OUTDIR=$a ;; esac; done
-if [ -z "$OUTDIR" ]; then echo "error: give the output directory as an argument or \$OUT" >&2; exit 2; fi
+OUTDIR=${OUT:-}
+if [ -z "$OUTDIR" ]; then echo "error: set \$OUT to the output directory" >&2; exit 2; fi
 if [ ! -f "$BUNDLE" ]; then
   echo "error: no bundle at $BUNDLE; fix: run packaging/gpu-bundle.sh .gpu here and carry .gpu" >&2
   exit 2
@@ -31,4 +30,4 @@ else
 fi
 export WORK=${WORK:-/tmp/localspec-gpu-work} PYTHON=${PYTHON:-python3}
 export BUDGET_S=${BUDGET_S:-330} BUILD_LIMIT_S=${BUILD_LIMIT_S:-240} PYTHONUNBUFFERED=1
-exec bash "$UNPACK/gpu-check.sh" "${args[@]}" "$OUTDIR"
+exec bash "$UNPACK/gpu-check.sh" "$@" "$OUTDIR"

@@ -229,10 +229,10 @@ def test_the_device_command_unpacks_the_bundle_once_and_runs_the_check_into_out(
     env.pop("BUDGET_S", None)
     run = lambda *a: subprocess.run(["bash", str(REPO / "packaging" / "gpu-device-run.sh"), *a],  # noqa: E731
                                     cwd=tmp_path / "repo", env=env, capture_output=True, text=True, timeout=60)
-    first = run("--small")
+    first = run("--arch", "90", "--small")
     assert first.returncode == 0, first.stderr
     assert "unpacked .gpu/localspec-gpu-check.tar.gz" in first.stdout
-    assert f"check --small {tmp_path / 'out'} budget=330 build=240 work=/w" in first.stdout
+    assert f"check --arch 90 --small {tmp_path / 'out'} budget=330 build=240 work=/w" in first.stdout
     second = run()
     assert "reusing" in second.stdout and "unpacked .gpu" not in second.stdout  # a rerun keeps the build's sources
     bundle.unlink()
@@ -277,7 +277,9 @@ def test_prebuilt_libraries_are_used_when_they_offload_with_no_nvcc_and_no_sourc
     assert "prebuilt: llama-cpp-python 0.3.36 for sm_90" in out.stdout
     assert "the prebuilt libraries load and offload to the GPU" in out.stdout and "== build" not in out.stdout
     assert (bundle / "llama-cpp-python" / "llama_cpp" / "lib" / "libllama.so").exists()
-    assert f"measuring --out {tmp_path / 'out'} {tmp_path / 'site' / 'nvidia' / 'cu13' / 'lib'}" in out.stdout
+    # The libraries' own directory first (their RUNPATHs name the build dir they were linked in), then cuBLAS's.
+    lib_dirs = f"{bundle / 'llama-cpp-python' / 'llama_cpp' / 'lib'}:{tmp_path / 'site' / 'nvidia' / 'cu13' / 'lib'}"
+    assert f"measuring --out {tmp_path / 'out'} {lib_dirs}" in out.stdout
 
 
 def test_prebuilt_libraries_that_do_not_offload_stop_the_check_with_the_fix_when_nothing_can_build(tmp_path):
