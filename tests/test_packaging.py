@@ -157,6 +157,7 @@ def _load(name: str):
 
 synth_gguf = _load("synth_gguf")
 gpu_check = _load("gpu_check")
+gpu_collect = _load("gpu_collect")
 
 
 def _dry_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -290,6 +291,25 @@ def test_prebuilt_libraries_that_do_not_offload_stop_the_check_with_the_fix_when
     assert "the prebuilt libraries failed here (they load but see no GPU)" in out.stdout
     assert "fix: carry a source bundle" in out.stdout and "measuring" not in out.stdout
     assert "FAILED: the prebuilt libraries failed here" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+def test_a_cut_run_is_collected_with_the_steps_it_got_to(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    # Cut after the short-context sweep: the long one was still empty when calibration.json was written.
+    (out / "calibration.json").write_text(json.dumps({"sweep": {"verify_by_rows": [0.01]},
+                                                      "sweep_long_context": {"verify_by_rows": []}}))
+    (out / "environment.txt").write_text("NVIDIA H200, 143771 MiB, 9.0, 580.159.03\n")
+    dest = tmp_path / "docs" / "gpu" / "h200.json"
+    assert gpu_collect.main([str(out), str(dest)]) == 0
+    got = json.loads(dest.read_text())
+    assert got["steps_present"] == ["sweep"]  # the long sweep's placeholder, still empty, is not a step done
+    assert got["environment"] == ["NVIDIA H200, 143771 MiB, 9.0, 580.159.03"] and "engine" not in got
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert gpu_collect.main([str(empty), str(tmp_path / "x.json")]) == 1 and not (tmp_path / "x.json").exists()
+    assert gpu_collect.main([str(tmp_path / "nowhere"), str(tmp_path / "x.json")]) == 2
+    assert "fix: give the folder" in capsys.readouterr().err
 
 
 def test_gpu_check_rejects_bad_arguments(tmp_path):
