@@ -3,11 +3,13 @@
 #   packaging/gpu-bundle.sh [--prebuilt] [OUT_DIR]
 #                                          (default /tmp/localspec-gpu-bundle -> OUT_DIR/localspec-gpu-check.tar.gz
 #                                           and OUT_DIR/MANIFEST.txt, the bundle's file list)
-#   --prebuilt  carry llama.cpp compiled here for CUDA sm_$PREBUILT_ARCH (default 90: H100/H200) instead of
-#               its source: no build on the GPU box. Needs nvcc here (the same major version as there);
-#               cuBLAS's headers come from the nvidia-cublas wheel (downloaded). The first such bundle
-#               compiles for ~25 minutes on 2 cores; the libraries are cached in $PREBUILT_CACHE
-#               (default ~/.cache/localspec/gpu-prebuilt). CPU code is baseline x86-64 (--portable).
+#   --prebuilt  carry llama.cpp compiled here for CUDA sm_$PREBUILT_ARCH (default 90: H100/H200) beside its
+#               source: no build on the GPU box unless they fail there. Needs nvcc here (the same major
+#               version as there); cuBLAS's headers come from the nvidia-cublas wheel (downloaded). The
+#               first such bundle compiles for ~18 minutes on 2 cores (an interrupted one resumes); the
+#               libraries are cached in $PREBUILT_CACHE (default ~/.cache/localspec/gpu-prebuilt), keyed by
+#               the llama-cpp-python and nvcc versions and the build's flags (gpu-check.sh --portable:
+#               no -march=native, RUNPATH $ORIGIN).
 #   BENCH_JSON=path/bench.json ...         acceptance profiles (default docs/bench/quick.json)
 #   PREDICTED_BENCH_JSON=path/bench.json   Predicted Outputs' acceptance (default docs/bench/predicted.json)
 # Contents: a trimmed llama.cpp source from the llama-cpp-python sdist (CPU + CUDA backends, the
@@ -76,27 +78,33 @@ if [ "$PREBUILT" = 1 ]; then
   nvcc_release=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\),.*/\1/p') ||
     { echo "error: --prebuilt needs nvcc here" >&2; exit 1; }
   [ -n "$nvcc_release" ] || { echo "error: --prebuilt needs nvcc here (CUDA's bin directory on PATH)" >&2; exit 1; }
-  cache=${PREBUILT_CACHE:-$HOME/.cache/localspec/gpu-prebuilt}/llama-cpp-python-$VERSION-sm$arch-cuda$nvcc_release
+  # The build's flags (paths left out) are part of the key: new flags in gpu-check.sh mean a new build.
+  flags=$(PYTHONPATH='' bash "$stage/gpu-check.sh" --dry-run --arch "$arch" --portable /nonexistent |
+          sed -n 's/^+ cmake -S [^ ]* -B [^ ]* //p' | tr ' ' '\n' | grep -v / | sort | tr '\n' ' ')
+  key=$(printf %s "$flags" | sha256sum | cut -c1-8)
+  cache=${PREBUILT_CACHE:-$HOME/.cache/localspec/gpu-prebuilt}/llama-cpp-python-$VERSION-sm$arch-cuda$nvcc_release-$key
   if [ ! -f "$cache/BUILD_INFO" ]; then
     echo "== compile llama.cpp for CUDA sm_$arch with nvcc $nvcc_release (once; cached in $cache)"
     "$PY" -m pip download --quiet --no-deps --only-binary :all: --platform manylinux_2_27_x86_64 \
       --platform manylinux2014_x86_64 --python-version 3.12 -d "$work/cublas" "nvidia-cublas==$nvcc_release.*"
     (cd "$work/cublas" && "$PY" -m zipfile -e nvidia_cublas-*.whl pip)
-    PYTHONPATH=$work/cublas/pip PYTHON=$PY WORK=$work/prebuild BUILD_LIMIT_S=${PREBUILD_LIMIT_S:-7200} BUDGET_S=7300 \
-      bash "$stage/gpu-check.sh" --arch "$arch" --portable --build-only "$work/prebuild-out" ||
+    # The sources and the build dir outlive this script at a fixed path (an interrupted compile
+    # resumes: ninja keys on the paths and times) and go once the libraries are cached.
+    mkdir -p "$cache.work"
+    [ -d "$cache.work/bundle" ] || cp -a "$stage" "$cache.work/bundle"
+    PYTHONPATH=$work/cublas/pip PYTHON=$PY WORK=$cache.work BUILD_LIMIT_S=${PREBUILD_LIMIT_S:-7200} BUDGET_S=7300 \
+      bash "$cache.work/bundle/gpu-check.sh" --arch "$arch" --portable --build-only "$work/prebuild-out" ||
       { tail -40 "$work/prebuild-out/build.log" >&2; exit 1; }
-    mkdir -p "$cache.tmp"
-    cp -a "$work"/prebuild/build/bin/lib*.so* "$cache.tmp/"
-    { echo "llama-cpp-python $VERSION compiled for CUDA sm_$arch (SASS only) with nvcc $nvcc_release, baseline x86-64 CPU code, on $(hostname) $(date -u +%F)"
-      echo "arch=$arch"; echo "cuda_major=${nvcc_release%%.*}"; } >"$cache.tmp/BUILD_INFO"
-    rm -rf "$cache" && mv "$cache.tmp" "$cache"
+    rm -rf "$cache.tmp" && mkdir -p "$cache.tmp"
+    cp -a "$cache".work/build/bin/lib*.so* "$cache.tmp/"
+    { echo "llama-cpp-python $VERSION compiled for CUDA sm_$arch (SASS only) with nvcc $nvcc_release, no -march=native, on $(hostname) $(date -u +%F)"
+      echo "arch=$arch"; echo "cuda_major=${nvcc_release%%.*}"; echo "flags=$flags"; } >"$cache.tmp/BUILD_INFO"
+    rm -rf "$cache" && mv "$cache.tmp" "$cache" && rm -rf "$cache.work"
   fi
-  echo "== prebuilt libraries from $cache; the llama.cpp source stays out"
+  echo "== prebuilt libraries from $cache (the source stays, for a build there if they fail)"
   mkdir -p "$stage/prebuilt"
   cp -a "$cache"/. "$stage/prebuilt/"
   rm -f "$stage"/llama-cpp-python/llama_cpp/lib/lib*.so*
-  mv "$stage/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf" "$stage/"
-  rm -rf "$stage/llama-cpp-python/vendor"
 fi
 
 (cd "$stage" && find . -type f -printf '%s\t%P\n' | sort -k2) >"$stage/MANIFEST.txt"
@@ -106,6 +114,12 @@ tar czf "$tarball" -C "$stage" .
 size=$(stat -c %s "$tarball")
 echo "wrote $tarball: $((size / 1024 / 1024)) MiB ($size bytes), $(wc -l <"$OUT/MANIFEST.txt") files"
 if [ "$size" -ge "$LIMIT" ]; then echo "error: bundle is over 60 MiB" >&2; exit 1; fi
-# The device tool carries at most 64 MiB per call: the repository's tracked files and the bundle.
-repo=$(cd "$REPO" && git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
-echo "a device call carrying it with the repository's tracked files ($((repo / 1024 / 1024)) MiB): $(((size + repo) / 1024 / 1024)) MiB of 64"
+# The device tool carries at most 64 MiB per call: the repository's files that git does not ignore,
+# and the bundle.
+repo=$(cd "$REPO" && git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null |
+       awk '{s += $1} END {print s + 0}') || true
+echo "a device call carrying it with the repository ($((repo / 1024 / 1024)) MiB): $(((size + repo) / 1024 / 1024)) MiB of 64"
+if [ $((size + repo)) -ge $((64 * 1024 * 1024)) ]; then
+  echo "error: over the device tool's 64 MiB; fix: the source bundle (without --prebuilt), or fewer files in the repository" >&2
+  exit 1
+fi

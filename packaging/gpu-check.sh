@@ -15,11 +15,13 @@
 #   --dry-run  print the plan and commands, run nothing  --no-fa   skip the CUDA FlashAttention kernels (faster build)
 #   --q8       Q8_0 weights instead of the Q4_K_M mix    --jobs N  build parallelism (default: all cores)
 #   --arch N   CUDA for compute capability N without asking nvidia-smi (a compile rehearsal on a box with nvcc)
-#   --portable baseline x86-64 CPU code (GGML_NATIVE=OFF), for libraries built here and run elsewhere
+#   --portable no -march=native (GGML_NATIVE=OFF: AVX2/FMA/F16C) and RUNPATH $ORIGIN, for libraries built here
+#              and run elsewhere
 #   --from-source  build even when prebuilt libraries are bundled
 #   --build-only   stop after the build (build.log ends with the build's CPU time and its slowest steps)
 # Env: PYTHON (default python3), WORK (build + models, default /tmp/localspec-gpu-check),
-#      BUDGET_S (whole-run limit, default 530), BUILD_LIMIT_S (default 400), NICE (e.g. 19 on a shared box).
+#      BUDGET_S (whole-run limit, default 530), BUILD_LIMIT_S (default 400), NICE (e.g. 19 on a shared box),
+#      CUDA_DEFAULT (where a toolkit is looked for after PATH and CUDA_HOME, default /usr/local/cuda).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CPU=0 SMALL=0 DRY=0 FA=1 BUILD_ONLY=0 FORCE_ARCH="" NATIVE=ON FROM_SOURCE=0 RECIPE=q4_k_m
@@ -48,6 +50,7 @@ case "$JOBS" in ''|*[!0-9]*) echo "error: --jobs takes a number" >&2; exit 2 ;; 
 case "$FORCE_ARCH" in *[!0-9]*) echo "error: --arch takes a compute capability without the dot, e.g. 90" >&2; exit 2 ;; esac
 [ "$BUILD_ONLY" = 1 ] && FROM_SOURCE=1
 PY=${PYTHON:-python3}
+CUDA_DEFAULT=${CUDA_DEFAULT:-/usr/local/cuda}
 WORK=${WORK:-/tmp/localspec-gpu-check}
 BUDGET_S=${BUDGET_S:-530}
 BUILD_LIMIT_S=${BUILD_LIMIT_S:-400}
@@ -76,7 +79,7 @@ else
   [ -n "$FORCE_ARCH" ] && ARCH=$FORCE_ARCH REASON="--arch $FORCE_ARCH given"
   if [ -n "$ARCH" ]; then
     BACKEND=cuda
-    for c in "$(command -v nvcc 2>/dev/null)" "${CUDA_HOME:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
+    for c in "$(command -v nvcc 2>/dev/null)" "${CUDA_HOME:-/nonexistent}/bin/nvcc" "$CUDA_DEFAULT/bin/nvcc"; do
       if [ -n "$c" ] && [ -x "$c" ]; then NVCC=$c; break; fi
     done
   else
@@ -92,7 +95,7 @@ if [ "$BACKEND" = cuda ] && [ "$FROM_SOURCE" = 0 ] && [ -f "$PREBUILT/BUILD_INFO
 fi
 HAVE_SOURCE=0; [ -f "$LLAMA_SRC/CMakeLists.txt" ] && HAVE_SOURCE=1
 if [ "$BACKEND" = cuda ] && [ -z "$NVCC" ] && [ "$USE_PREBUILT" = 0 ] && [ "$DRY" = 0 ]; then
-  echo "error: an NVIDIA GPU is present but nvcc was not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)" >&2
+  echo "error: an NVIDIA GPU is present but nvcc was not found (PATH, \$CUDA_HOME/bin, $CUDA_DEFAULT/bin)" >&2
   echo "  fix: put CUDA's bin directory on PATH, bundle prebuilt libraries (gpu-bundle.sh --prebuilt), or run with --cpu" >&2
   exit 1
 fi
@@ -101,6 +104,8 @@ CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON "-DGGML_NATIVE=$NA
   -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
 command -v ninja >/dev/null 2>&1 && CMAKE_ARGS=(-G Ninja "${CMAKE_ARGS[@]}")
+# Libraries that travel find each other beside themselves, not in this box's build dir.
+[ "$NATIVE" = OFF ] && CMAKE_ARGS+=(-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN')
 # cuBLAS, cudart and the driver library. A toolkit assembled from pip wheels (nvcc + cudart, as on
 # the borrowed box and here) has no cuBLAS in its own tree: then cuBLAS comes from the nvidia-cublas
 # wheel that PyTorch installs (site-packages/nvidia/cu13/{include,lib}), named to CMake outright
@@ -116,10 +121,14 @@ cuda_libs() {
   else
     major=$(sed -n 's/^cuda_major=//p' "$PREBUILT/BUILD_INFO" 2>/dev/null)
   fi
-  for d in "${CUDA_HOME:-/nonexistent}" "${top:-/nonexistent}" /usr/local/cuda; do
+  for d in "${CUDA_HOME:-/nonexistent}" "${top:-/nonexistent}" "$CUDA_DEFAULT"; do
     for l in "$d/lib64" "$d/lib" "$d/targets/x86_64-linux/lib"; do [ -d "$l" ] && CUDA_LIB_PATH+=${CUDA_LIB_PATH:+:}$l; done
+    # CMake finds a toolkit's cuBLAS by its header and its unversioned library, both in the tree.
     for i in "$d/include" "$d/targets/x86_64-linux/include"; do
-      if [ -f "$i/cublas_v2.h" ]; then CUBLAS_NOTE="cuBLAS: the toolkit's ($i)"; break 2; fi
+      if [ -f "$i/cublas_v2.h" ] && ls "$d"/lib64/libcublas.so "$d"/lib/libcublas.so \
+           "$d"/targets/x86_64-linux/lib/libcublas.so >/dev/null 2>&1; then
+        CUBLAS_NOTE="cuBLAS: the toolkit's ($i)"; break 2
+      fi
     done
   done
   if [ -z "$CUBLAS_NOTE" ]; then
@@ -132,16 +141,17 @@ for pattern in roots:
     for root in sorted(glob.glob(pattern)):
         libs = sorted(glob.glob(os.path.join(root, "lib", "libcublas.so*")))
         lts = sorted(glob.glob(os.path.join(root, "lib", "libcublasLt.so*")))
-        if os.path.isfile(os.path.join(root, "include", "cublas_v2.h")) and libs and lts:
-            print(root, libs[0], lts[0])
+        if libs and lts:  # the header as well, for a build; prebuilt libraries need only these
+            print(root, libs[0], lts[0], int(os.path.isfile(os.path.join(root, "include", "cublas_v2.h"))))
             sys.exit(0)
 PYEOF
 )
     if [ -n "$found" ]; then
-      read -r inc lib lt <<<"$found"
+      read -r inc lib lt header <<<"$found"
       CMAKE_ARGS+=("-DCMAKE_CUDA_FLAGS=-I$inc/include" "-DCUDA_cublas_LIBRARY=$lib" "-DCUDA_cublasLt_LIBRARY=$lt")
       CUDA_LIB_PATH=$(dirname "$lib")${CUDA_LIB_PATH:+:$CUDA_LIB_PATH}
       CUBLAS_NOTE="cuBLAS: the pip wheel at $inc"
+      [ "$header" = 1 ] || { [ "$USE_PREBUILT" = 1 ] || CUBLAS_MISSING=1; CUBLAS_NOTE+=" (its libraries only: no cublas_v2.h to build with)"; }
     else
       CUBLAS_MISSING=1
       CUBLAS_NOTE="cuBLAS: not found (no cublas_v2.h in the toolkit, no nvidia-cublas wheel on $PY's path)"
@@ -188,6 +198,9 @@ echo "+ LLAMA_CPP_LIB_PATH=$SRC/llama_cpp/lib PYTHONPATH=$WORK/pylib:$SRC:$HERE:
 # ---------------------------------------------------------------- run
 mkdir -p "$OUTDIR" "$WORK" || exit 1
 exec > >(tee -a "$OUTDIR/check.log") 2>&1
+TEE_PID=$!
+# The device tool ends what a command leaves running: let tee write its last lines first.
+trap 'exec >&- 2>&-; wait "$TEE_PID" 2>/dev/null' EXIT
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 fail() { echo "error: $*" >&2; echo "FAILED: $*" >>"$OUTDIR/summary.txt"; exit 1; }
 [ "$USE_PREBUILT" = 1 ] || [ "$HAVE_SOURCE" = 1 ] ||
@@ -217,13 +230,13 @@ if [ "$USE_PREBUILT" = 1 ]; then
   echo "== prebuilt libraries: $PREBUILT_INFO"
   cp -a "$PREBUILT"/lib*.so* "$SRC/llama_cpp/lib/" || fail "could not copy $PREBUILT"
   # They must load here and, where nvidia-smi saw a GPU, offload to it.
-  why=$("$PY" -c 'import sys, llama_cpp; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() or sys.argv[1] == "0" else 3)' \
+  why=$(timeout 90 "$PY" -c 'import sys, llama_cpp; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() or sys.argv[1] == "0" else 3)' \
         "$GPU_SEEN" 2>&1 | tail -n 1)
   rc=$?
   if [ $rc = 0 ]; then
     echo "the prebuilt libraries load$([ "$GPU_SEEN" = 1 ] && echo " and offload to the GPU")" | tee -a "$OUTDIR/build.log"
   else
-    [ -z "$why" ] && why="they load but see no GPU"
+    [ -z "$why" ] && why=$([ $rc = 124 ] && echo "loading them took over 90 s" || echo "they load but see no GPU")
     echo "the prebuilt libraries failed here: $why" | tee -a "$OUTDIR/build.log"
     [ "$HAVE_SOURCE" = 1 ] && [ -n "$NVCC" ] ||
       fail "the prebuilt libraries failed here ($why); fix: carry a source bundle (gpu-bundle.sh without --prebuilt) and run again"
@@ -258,7 +271,8 @@ fi
 echo "== synthesise, calibrate, predict ($(left) s left)"
 [ -n "$NVCC" ] && export LOCALSPEC_NVCC_VERSION="$("$NVCC" --version 2>/dev/null | tail -n1)"
 [ "$(left)" -gt 20 ] || fail "no time left for the measurement"
-timeout "$(left)" "${NICE_CMD[@]}" "$PY" "$HERE/localspec-src/packaging/gpu_check.py" "${CHECK_ARGS[@]}"
+timeout "$(left)" "${NICE_CMD[@]}" "$PY" "$HERE/localspec-src/packaging/gpu_check.py" "${CHECK_ARGS[@]}" \
+  --deadline-s "$(( $(left) - 5 ))"
 rc=$?
 [ $rc = 0 ] || fail "gpu_check.py exited with $rc (124: ran past the ${BUDGET_S}s budget)"
 rm -rf "$WORK/models"   # GBs of random weights

@@ -43,6 +43,7 @@ PROFILE_K_MAX = 8  # EngineConfig.auto_k_max's default: the longest draft auto c
 FLIP_SIZES = (2, 5, 9, 16)  # verify passes of these many rows, read against one row a pass
 FLIP_CONTEXT, FLIP_ROWS = 256, 64
 SECOND_TARGET = "qwen2.5-coder-1.5b"  # measured last, if time allows
+SECOND_TARGET_NEEDS_S = 60  # writing, loading and sweeping the 1.5B, and two requests (a GPU takes ~20 s)
 
 
 # ---------------------------------------------------------------- acceptance profiles
@@ -360,8 +361,11 @@ def run(args: argparse.Namespace) -> dict:
         "load_seconds": round(load_s, 2),
     }
 
-    def save(name: str, obj: dict) -> None:
-        (out / name).write_text(json.dumps(obj, indent=1))
+    def save(name: str, obj: dict | str) -> None:
+        # Whole or not at all: the check may be killed at its budget in the middle of a write.
+        tmp = out / f"{name}.tmp"
+        tmp.write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=1))
+        os.replace(tmp, out / name)
 
     rows = args.k_max + 1
     verify = _sweep(target, rows, CONTEXT, args.repeats)
@@ -398,26 +402,51 @@ def run(args: argparse.Namespace) -> dict:
     preds["predicted_outputs"] = {"bench": {"path": str(args.predicted_bench), "started": predicted.get("started")},
                                   "sweep": prediction_estimates(predicted, swept)}
     save("predictions.json", preds)
+    # From here each step is on its own: one that raises is recorded, and the next still runs.
     engine: dict = {}
+    preds["engine"] = engine
     if args.engine_tokens > 0:
         def write(result: dict) -> None:
             engine.update(result)
             save("engine.json", engine)
 
-        drive_engine(models, swept, n_gpu_layers=args.n_gpu_layers, threads=args.threads,
-                     max_tokens=args.engine_tokens, write=write)
-    engine["batch_flips"] = batch_flips(target, target.tokenize(ENGINE_PROMPT * 2))
+        engine.update(_guarded("the engine", lambda: drive_engine(
+            models, swept, n_gpu_layers=args.n_gpu_layers, threads=args.threads, max_tokens=args.engine_tokens,
+            write=write)))
+    engine["batch_flips"] = _guarded("batch flips", lambda: batch_flips(target, target.tokenize(ENGINE_PROMPT * 2)))
     save("engine.json", engine)
     target.close()
-    if not args.no_second_target:
-        engine["second_target"] = {}
-        second_target(args, engine["second_target"], swept_draft=draft_rows, draft=models["draft"], cfg=cfg,
-                      write=lambda: save("engine.json", engine))
-    preds["engine"] = engine
-    summary = render_summary(calibration, preds, time.perf_counter() - t_start)
-    (out / "summary.txt").write_text(summary)
-    print(summary, flush=True)
+
+    def summarise() -> None:
+        summary = render_summary(calibration, preds, time.perf_counter() - t_start)
+        save("summary.txt", summary)
+        print(summary, flush=True)
+
+    summarise()  # now, in case the last step runs past the budget
+    left = args.deadline_s - (time.perf_counter() - t_start)
+    if args.no_second_target:
+        return preds
+    needs = 0 if args.small else SECOND_TARGET_NEEDS_S
+    if left < needs or left <= 0:
+        engine["second_target"] = {"skipped": f"{max(left, 0):.0f} s left of the budget, under {needs} s"}
+    else:
+        second: dict = {}
+        engine["second_target"] = second
+        second.update(_guarded("the second target", lambda: second_target(
+            args, second, swept_draft=draft_rows, draft=models["draft"], cfg=cfg,
+            write=lambda: save("engine.json", engine))))
+    save("engine.json", engine)
+    summarise()
     return preds
+
+
+def _guarded(what: str, step) -> dict:
+    """step(), or {"error": ...} if it raised: one step's failure is a finding, not the end of the check."""
+    try:
+        return step()
+    except Exception as exc:  # noqa: BLE001
+        print(f"{what} failed: {type(exc).__name__}: {exc}", flush=True)
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _synth(args: argparse.Namespace, name: str, role: str) -> dict:
@@ -429,7 +458,7 @@ def _synth(args: argparse.Namespace, name: str, role: str) -> dict:
 
 
 def second_target(args: argparse.Namespace, result: dict, *, swept_draft: list[float], draft: dict, cfg,
-                  write) -> None:
+                  write) -> dict:
     """The 1.5B target's shape with the same draft, into `result`: its verify sweep at both contexts,
     then `off` and `off`'s answer as the prediction through the engine. `write` is called after each part."""
     from localspec.engine.runtime import ModelRuntime
@@ -454,6 +483,7 @@ def second_target(args: argparse.Namespace, result: dict, *, swept_draft: list[f
     if args.engine_tokens > 0:
         drive_engine({"target": model, "draft": draft}, costs, n_gpu_layers=args.n_gpu_layers, threads=args.threads,
                      max_tokens=args.engine_tokens, modes=("off", "prediction"), write=on_mode)
+    return result
 
 
 def predict_all(costs, profiles: list[dict]) -> list[dict]:
@@ -499,12 +529,16 @@ def render_summary(cal: dict, preds: dict, seconds: float) -> str:
     if not preds.get("predicted_outputs", {}).get("sweep"):
         lines.append("(none: no predicted bench JSON given)")
     engine = preds.get("engine", {})
+    for what, part in (("the engine", engine), ("batch flips", engine.get("batch_flips") or {}),
+                       ("the second target", engine.get("second_target") or {})):
+        if part.get("error") or part.get("skipped"):
+            lines.append(f"{what}: {'failed: ' + part['error'] if part.get('error') else 'skipped: ' + part['skipped']}")
     if engine.get("runs"):
         lines.append("")
         lines.append("the engine end to end (greedy; tokens/s after the first token; kept/drafted; same answer as off)")
         lines.extend(_engine_lines(engine["runs"]))
     flips = engine.get("batch_flips")
-    if flips:
+    if flips and "by_rows" in flips:
         lines.append("")
         lead = flips["one_row_lead_under"]
         lines.append(f"batch size and the argmax: {flips['rows']} rows after {flips['context']} tokens, one row a pass "
@@ -553,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="skip the long-context sweeps")
     ap.add_argument("--no-second-target", action="store_true", help="skip the 1.5B target's shape at the end")
+    ap.add_argument("--deadline-s", type=float, default=float("inf"),
+                    help="seconds this run may take (gpu-check.sh passes what is left of its budget): the "
+                         "1.5B target is skipped when too little is left for it")
     ap.add_argument("--engine-tokens", type=int, default=128,
                     help="tokens per request when driving the engine in each mode (0: skip)")
     args = ap.parse_args(argv)

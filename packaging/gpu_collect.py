@@ -20,7 +20,7 @@ STEPS = {  # the value each step fills (file, key, inner key), in the order the 
     "sweep": ("calibration", "sweep", "verify_by_rows"),
     "sweep_long_context": ("calibration", "sweep_long_context", "verify_by_rows"),  # written empty before it runs
     "engine_calibration": ("calibration", "engine_calibration", "verify"),
-    "predictions": ("predictions", "costs", "sweep"),
+    "predictions": ("predictions", "costs", None),
     "engine": ("engine", "runs", None),
     "batch_flips": ("engine", "batch_flips", "by_rows"),
     "second_target": ("engine", "second_target", "verify_by_rows"),
@@ -32,7 +32,10 @@ def collect(out_dir: Path) -> dict:
     for part in PARTS:
         path = out_dir / f"{part}.json"
         if path.is_file():
-            result[part] = json.loads(path.read_text())
+            try:
+                result[part] = json.loads(path.read_text())
+            except ValueError as exc:  # cut off mid-write by an older check: keep the rest
+                result.setdefault("unreadable", {})[path.name] = str(exc)
     for text in TEXTS:
         path = out_dir / f"{text}.txt"
         if path.is_file():

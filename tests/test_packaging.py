@@ -206,7 +206,8 @@ def test_gpu_check_takes_cublas_from_the_pip_wheel_when_the_toolkit_has_none(tmp
     (wheel / "lib").mkdir()
     for f in ("include/cublas_v2.h", "lib/libcublas.so.13", "lib/libcublasLt.so.13"):
         (wheel / f).write_text("")
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": sys.executable, "CUDA_HOME": str(tmp_path / "none")}
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": sys.executable, "CUDA_HOME": str(tmp_path / "none"),
+           "CUDA_DEFAULT": str(tmp_path / "none")}
     found = _dry_run("--arch", "90", str(tmp_path / "out"), env={**env, "PYTHONPATH": str(tmp_path / "site")})
     assert found.returncode == 0, found.stderr
     assert "backend: cuda (--arch 90 given)" in found.stdout
@@ -266,7 +267,7 @@ def _prebuilt_bundle(tmp_path: Path, *, offloads: bool) -> tuple[Path, dict]:
         (wheel / f).parent.mkdir(parents=True, exist_ok=True)
         (wheel / f).write_text("")
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path / "site"),
-           "WORK": str(tmp_path / "work"), "CUDA_HOME": str(tmp_path / "none")}
+           "WORK": str(tmp_path / "work"), "CUDA_HOME": str(tmp_path / "none"), "CUDA_DEFAULT": str(tmp_path / "none")}
     return bundle, env
 
 
@@ -277,6 +278,7 @@ def test_prebuilt_libraries_are_used_when_they_offload_with_no_nvcc_and_no_sourc
     assert out.returncode == 0, out.stdout + out.stderr
     assert "prebuilt: llama-cpp-python 0.3.36 for sm_90" in out.stdout
     assert "the prebuilt libraries load and offload to the GPU" in out.stdout and "== build" not in out.stdout
+    assert "Cuda compilation tools" not in (tmp_path / "out" / "environment.txt").read_text()  # no nvcc was there
     assert (bundle / "llama-cpp-python" / "llama_cpp" / "lib" / "libllama.so").exists()
     # The libraries' own directory first (their RUNPATHs name the build dir they were linked in), then cuBLAS's.
     lib_dirs = f"{bundle / 'llama-cpp-python' / 'llama_cpp' / 'lib'}:{tmp_path / 'site' / 'nvidia' / 'cu13' / 'lib'}"
@@ -572,6 +574,21 @@ def test_the_gpu_check_runs_every_step_on_the_small_shapes(tmp_path, draft_path)
     assert second["engine"]["runs"]["prediction"]["first_difference"] is None  # off's answer, kept whole
     summary = (out / "summary.txt").read_text()
     assert "batch size and the argmax" in summary and "small-second: verify ms" in summary
+
+
+def test_a_step_that_raises_is_recorded_and_the_second_target_waits_for_time(tmp_path, draft_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no luck")
+
+    monkeypatch.setattr(gpu_check, "batch_flips", broken)
+    assert gpu_check.main([*_check_args(tmp_path / "out", tmp_path / "work", draft_path), "--deadline-s", "0"]) == 0
+    engine = json.loads((tmp_path / "out" / "engine.json").read_text())
+    assert engine["batch_flips"] == {"error": "RuntimeError: no luck"}
+    assert list(engine["runs"]) == list(gpu_check.ENGINE_MODES)  # the steps around it ran
+    assert engine["second_target"]["skipped"].startswith("0 s left of the budget")
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "batch flips: failed: RuntimeError: no luck" in summary and "the second target: skipped" in summary
+    assert not list((tmp_path / "out").glob("*.tmp"))  # every write was whole
 
 
 def test_the_gpu_check_keeps_the_steps_done_when_a_later_one_fails(tmp_path, draft_path, monkeypatch):

@@ -148,8 +148,9 @@ def probe_command() -> list[str]:
     return [sys.executable, "-I", "-c", _PROBE_BOOT, str(Path(template_sandbox.__file__)), *_dependency_dirs()]
 
 
-# argv: -c, the sandbox's path, then the directories to search first.
-_PROBE_BOOT = ("import runpy, sys; path = sys.argv[1]; sys.path[:0] = sys.argv[2:]; "
+# argv: -c, the sandbox's path, then directories to search after the interpreter's own (appended, so
+# nothing there shadows the standard library).
+_PROBE_BOOT = ("import runpy, sys; path = sys.argv[1]; sys.path += [d for d in sys.argv[2:] if d not in sys.path]; "
                "sys.argv = [path, '--probe']; runpy.run_path(path, run_name='__main__')")
 
 
@@ -157,7 +158,8 @@ def _dependency_dirs() -> list[str]:
     import jinja2
     import markupsafe
 
-    return list(dict.fromkeys(str(Path(m.__file__).resolve().parent.parent) for m in (jinja2, markupsafe)))
+    return list(dict.fromkeys(str(Path(m.__file__).resolve().parent.parent) for m in (jinja2, markupsafe)
+                              if m.__file__))
 
 
 def _run_probe(template: str, bos: str, eos: str) -> TemplateVerdict:
