@@ -230,6 +230,15 @@ def drive_engine(models: dict, costs, *, n_gpu_layers: int, threads: int | None,
 # ---------------------------------------------------------------- measuring
 
 
+def _prefill(rt, tokens: list[int], seq: int = 0) -> None:
+    """Sequence `seq` holds exactly `tokens`, read 256 a pass (within n_batch)."""
+    from localspec.engine.runtime import Row
+
+    rt.seq_rm(seq, 0, -1)
+    for start in range(0, len(tokens), 256):
+        rt.decode([Row(t, start + i, seq) for i, t in enumerate(tokens[start : start + 256])])
+
+
 def _sweep(rt, rows_max: int, context: int, repeats: int, seq: int = 0) -> list[float]:
     """Median seconds of a decode of n rows (all with logits) after `context` tokens, n = 1..rows_max.
 
@@ -238,9 +247,7 @@ def _sweep(rt, rows_max: int, context: int, repeats: int, seq: int = 0) -> list[
     """
     from localspec.engine.runtime import Row
 
-    rt.seq_rm(seq, 0, -1)
-    for start in range(0, context, 256):
-        rt.decode([Row((i * 7919) % rt.n_vocab, i, seq) for i in range(start, min(context, start + 256))])
+    _prefill(rt, [(i * 7919) % rt.n_vocab for i in range(context)], seq)
 
     def once(n: int) -> float:
         t0 = time.perf_counter()
@@ -272,24 +279,12 @@ def batch_flips(rt, tokens: list[int], *, context: int = FLIP_CONTEXT, rows: int
     near-ties at all (random weights' flat logits give many: an upper bound for real weights)."""
     import numpy as np
 
-    from localspec.engine.runtime import Row
+    from localspec.engine.calibrate import logits_in_passes
     from localspec.engine.verify import TIE_MARGIN
 
     ctx, read_rows = tokens[:context], tokens[context : context + rows]
-    rt.seq_rm(0, 0, -1)
-    for start in range(0, len(ctx), 256):
-        rt.decode([Row(t, start + i, 0) for i, t in enumerate(ctx[start : start + 256])])
-
-    def read(size: int):
-        rt.seq_rm(0, len(ctx), -1)
-        out = []
-        for s in range(0, len(read_rows), size):
-            chunk = read_rows[s : s + size]
-            got = rt.decode([Row(t, len(ctx) + s + i, 0, logits=True) for i, t in enumerate(chunk)])
-            out.append(np.array(got[: len(chunk)], dtype=np.float32))
-        return np.concatenate(out)
-
-    one = read(1)
+    _prefill(rt, ctx)
+    one = logits_in_passes(rt, ctx, read_rows, 1)
     best = one.argmax(axis=1)
     top_two = np.partition(one, -2, axis=1)[:, -2:]
     lead = top_two[:, 1] - top_two[:, 0]
@@ -297,7 +292,7 @@ def batch_flips(rt, tokens: list[int], *, context: int = FLIP_CONTEXT, rows: int
                     "one_row_lead_under": {str(b): int((lead < b).sum()) for b in (0.01, 0.05, 0.1, TIE_MARGIN, 0.5)},
                     "by_rows": {}}
     for size in sizes:
-        other = read(size)
+        other = logits_in_passes(rt, ctx, read_rows, size)
         picked = other.argmax(axis=1)
         gaps = sorted(round(float(one[i, best[i]] - one[i, picked[i]]), 4) for i in np.flatnonzero(picked != best))
         result["by_rows"][str(size)] = {"flips": len(gaps), "within_margin": sum(g <= TIE_MARGIN for g in gaps),

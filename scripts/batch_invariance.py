@@ -20,29 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from localspec.engine.calibrate import logits_in_passes, logits_in_plan
 from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
 from localspec.models import ModelManager
 
 SIZES = (2, 5, 16, 48)
 PLANS = {"1 x 64": [1] * 64, "4 x 16": [4] * 16, "8 x 8": [8] * 8, "9 x 7 + 1": [9] * 7 + [1],
          "17 x 3 + 13": [17] * 3 + [13], "48 + 16": [48, 16], "63 + 1": [63, 1], "64": [64]}
-
-
-def logits_in_passes(rt: ModelRuntime, context: list[int], rows: list[int], size: int) -> np.ndarray:
-    """`rows`' logits after `context`, read `size` rows a pass (the KV past the context is cleared first)."""
-    return logits_in_plan(rt, context, rows, [size] * -(-len(rows) // size))
-
-
-def logits_in_plan(rt: ModelRuntime, context: list[int], rows: list[int], plan: list[int]) -> np.ndarray:
-    """`rows`' logits after `context`, read in passes of plan[0], plan[1], ... rows."""
-    rt.seq_rm(0, len(context), -1)
-    out, s = [], 0
-    for size in plan:
-        chunk = rows[s : s + size]
-        got = rt.decode([Row(token=t, pos=len(context) + s + i, seq=0, logits=True) for i, t in enumerate(chunk)])
-        out.append(np.array(got[: len(chunk)], dtype=np.float64))
-        s += size
-    return np.concatenate(out)
 
 
 def main() -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 
 from localspec.engine import costs
 from localspec.engine.costs import Costs, Obtained
@@ -52,6 +53,25 @@ def _batch(rt: ModelRuntime, seq: int, rows: int) -> Callable[[], None]:
         rt.seq_rm(seq, _CONTEXT_TOKENS, -1)
 
     return once
+
+
+def logits_in_passes(rt: ModelRuntime, context: list[int], rows: list[int], size: int) -> np.ndarray:
+    """`rows`' logits after `context` (already in sequence 0), read `size` rows a pass: how a row's
+    logits depend on the batch it is read in (scripts/batch_invariance.py, packaging/gpu_check.py)."""
+    return logits_in_plan(rt, context, rows, [size] * -(-len(rows) // size))
+
+
+def logits_in_plan(rt: ModelRuntime, context: list[int], rows: list[int], plan: list[int]) -> np.ndarray:
+    """`rows`' logits after `context`, read in passes of plan[0], plan[1], ... rows (the KV past the
+    context is cleared first)."""
+    rt.seq_rm(0, len(context), -1)
+    out, s = [], 0
+    for size in plan:
+        chunk = rows[s : s + size]
+        got = rt.decode([Row(token=t, pos=len(context) + s + i, seq=0, logits=True) for i, t in enumerate(chunk)])
+        out.append(np.array(got[: len(chunk)], dtype=np.float64))
+        s += size
+    return np.concatenate(out)
 
 
 def _interpolate(points: dict[int, float], n_max: int) -> list[float]:
