@@ -4,13 +4,17 @@
 
 OUT_DIR is what the device tool brought back from gpu-device-run.sh: calibration.json,
 predictions.json, engine.json (each present as far as the run got), environment.txt and
-summary.txt. The JSON says which steps are present, so a cut run is not mistaken for a whole one.
+summary.txt. The JSON says which steps are present, so a cut run is not mistaken for a whole one,
+and which GPU ran it (nvidia-smi's line in environment.txt): a file named for one GPU (h200-...)
+is refused when another ran it, since the device tool's first call gets an H100 unless the call
+names nvidia-h200.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -40,8 +44,36 @@ def collect(out_dir: Path) -> dict:
         path = out_dir / f"{text}.txt"
         if path.is_file():
             result[text] = path.read_text().splitlines()
+    result["gpu"] = gpu_seen(result.get("environment", []))
     result["steps_present"] = [step for step, where in STEPS.items() if _filled(result, *where)]
     return result
+
+
+# nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --format=csv, one row:
+# "NVIDIA H200, 143771 MiB, 9.0, 580.159.03" (the header row has no digits in its third field).
+_SMI_ROW = re.compile(r"^(?P<name>[^,]+), (?P<memory>\d+ MiB), (?P<compute_cap>\d+\.\d+), (?P<driver>[\d.]+)$")
+
+
+def gpu_seen(environment: list[str]) -> dict[str, str] | None:
+    """The first GPU nvidia-smi listed in environment.txt, or None (a CPU run, or no nvidia-smi)."""
+    for line in environment:
+        match = _SMI_ROW.match(line.strip())
+        if match:
+            return match.groupdict()
+    return None
+
+
+def name_mismatch(dest: Path, gpu: dict[str, str] | None) -> str | None:
+    """Why `dest` (docs/gpu/<gpu>-<date>.json) misnames the run, or None when its GPU tag matches."""
+    tag = re.match(r"^([a-z]+\d+)-", dest.name)
+    if not tag:
+        return None  # a name without a GPU tag claims nothing
+    if gpu is None:
+        return f"{dest.name} is named for {tag[1].upper()} but environment.txt shows no GPU"
+    seen = re.sub(r"[^a-z0-9]", "", gpu["name"].lower())
+    if tag[1] not in seen:
+        return f"{dest.name} is named for {tag[1].upper()} but the run came from {gpu['name']}"
+    return None
 
 
 def _filled(result: dict, part: str, key: str, inner: str | None) -> bool:
@@ -62,9 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     if not result["steps_present"]:
         print(f"error: {args.out_dir} holds no measured step (see its summary.txt or check.log)", file=sys.stderr)
         return 1
+    wrong = name_mismatch(args.dest, result["gpu"])
+    if wrong:
+        print(f"error: {wrong}; fix: name the file for the GPU that ran it (e.g. docs/gpu/h100-<date>.json)",
+              file=sys.stderr)
+        return 1
     args.dest.parent.mkdir(parents=True, exist_ok=True)
     args.dest.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.dest}: {', '.join(result['steps_present'])}")
+    gpu = result["gpu"]["name"] if result["gpu"] else "no GPU"
+    print(f"wrote {args.dest} ({gpu}): {', '.join(result['steps_present'])}")
     return 0
 
 

@@ -302,7 +302,7 @@ def test_a_cut_run_is_collected_with_the_steps_it_got_to(tmp_path, capsys):
     (out / "calibration.json").write_text(json.dumps({"sweep": {"verify_by_rows": [0.01]},
                                                       "sweep_long_context": {"verify_by_rows": []}}))
     (out / "environment.txt").write_text("NVIDIA H200, 143771 MiB, 9.0, 580.159.03\n")
-    dest = tmp_path / "docs" / "gpu" / "h200.json"
+    dest = tmp_path / "docs" / "gpu" / "h200-2026-12-07.json"
     assert gpu_collect.main([str(out), str(dest)]) == 0
     got = json.loads(dest.read_text())
     assert got["steps_present"] == ["sweep"]  # the long sweep's placeholder, still empty, is not a step done
@@ -312,6 +312,28 @@ def test_a_cut_run_is_collected_with_the_steps_it_got_to(tmp_path, capsys):
     assert gpu_collect.main([str(empty), str(tmp_path / "x.json")]) == 1 and not (tmp_path / "x.json").exists()
     assert gpu_collect.main([str(tmp_path / "nowhere"), str(tmp_path / "x.json")]) == 2
     assert "fix: give the folder" in capsys.readouterr().err
+
+
+def test_the_collected_run_names_its_gpu_and_a_file_named_for_another_is_refused(tmp_path, capsys):
+    # The device tool's first call gets an H100 unless it names nvidia-h200: an H100's run must not
+    # land as docs/gpu/h200-*.json, the file issue #30 asks for.
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "calibration.json").write_text(json.dumps({"sweep": {"verify_by_rows": [0.01]}}))
+    (out / "environment.txt").write_text("Mon Dec  7 09:00:00 UTC 2026\nname, memory.total [MiB], compute_cap, "
+                                         "driver_version\nNVIDIA H100 80GB HBM3, 81559 MiB, 9.0, 580.159.04\n")
+    h200 = tmp_path / "docs" / "gpu" / "h200-2026-12-07.json"
+    assert gpu_collect.main([str(out), str(h200)]) == 1 and not h200.exists()
+    err = capsys.readouterr().err
+    assert "is named for H200 but the run came from NVIDIA H100 80GB HBM3" in err and "fix: name the file" in err
+    h100 = tmp_path / "docs" / "gpu" / "h100-2026-12-07.json"
+    assert gpu_collect.main([str(out), str(h100)]) == 0
+    assert json.loads(h100.read_text())["gpu"] == {"name": "NVIDIA H100 80GB HBM3", "memory": "81559 MiB",
+                                                    "compute_cap": "9.0", "driver": "580.159.04"}
+    # A CPU rehearsal (no nvidia-smi line) cannot pass for a GPU's run either.
+    (out / "environment.txt").write_text("Linux box 6.1 x86_64\nPython 3.12.1\n")
+    assert gpu_collect.main([str(out), str(h200)]) == 1 and "shows no GPU" in capsys.readouterr().err
+    assert gpu_collect.main([str(out), str(tmp_path / "rehearsal.json")]) == 0
 
 
 def test_gpu_check_rejects_bad_arguments(tmp_path):
