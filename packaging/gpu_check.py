@@ -3,7 +3,10 @@
 Runs on the borrowed GPU box (offline) after gpu-check.sh built llama.cpp; rehearsed on the CPU
 with --small. Steps:
   1. write random-weight GGUF models with the exact shapes of Qwen2.5-Coder-7B and 0.5B
-     (synth_gguf.py; --small: tiny shapes);
+     (synth_gguf.py; --small: tiny shapes), their embedding and output rows a word chain: after a
+     plain word the greedy next token is its successor by a wide margin (no near-ties to part the
+     answers), the answer repeats every CHAIN_CYCLE words (something for prompt lookup), and the
+     draft follows DRAFT_AGREES of the target's successors (its acceptance); --flat: all random;
   2. load them with every layer offloaded (n_gpu_layers=-1; ignored by a CPU build) and run the
      engine's own calibration (localspec.engine.calibrate.measure), plus a full sweep of target
      verify batches 1..16 rows and draft batches 1..16 rows (the catch-up);
@@ -44,6 +47,8 @@ FLIP_SIZES = (2, 5, 9, 16)  # verify passes of these many rows, read against one
 FLIP_CONTEXT, FLIP_ROWS = 256, 64
 SECOND_TARGET = "qwen2.5-coder-1.5b"  # measured last, if time allows
 SECOND_TARGET_NEEDS_S = 60  # writing, loading and sweeping the 1.5B, and two requests (a GPU takes ~20 s)
+CHAIN_CYCLE = 48  # words before an answer repeats
+DRAFT_AGREES = 0.7  # the fraction of the target's successors the draft follows
 
 
 # ---------------------------------------------------------------- acceptance profiles
@@ -187,7 +192,7 @@ def drive_engine(models: dict, costs, *, n_gpu_layers: int, threads: int | None,
     from localspec.engine.scheduler import Engine
 
     # No lookup history: a request asked again would copy the earlier answer, not test its drafter.
-    # draft_p_min 0: a random-weight draft is never confident, and would otherwise never draft.
+    # draft_p_min 0: a flat random-weight draft (--flat) is never confident, and would otherwise never draft.
     config = EngineConfig(n_ctx=2048, parallel=1, mode="off", n_gpu_layers=n_gpu_layers, n_threads=threads,
                           pinned_prefix_cells=0, lookup_history_tokens=0, draft_p_min=0.0)
     engine = Engine.load(models["target"]["path"], models["draft"]["path"], config)
@@ -276,7 +281,7 @@ def batch_flips(rt, tokens: list[int], *, context: int = FLIP_CONTEXT, rows: int
     gap is how far the one-row pass put the batched pass's pick below its own. Flips within
     verify.TIE_MARGIN are the near-ties an answer asked again settles (the lossless tests allow 0.5).
     `one_row_lead_under` counts rows whose top two are closer than each bound: how many rows are
-    near-ties at all (random weights' flat logits give many: an upper bound for real weights)."""
+    near-ties at all (flat logits give many, far more than a real model's: an upper bound for it)."""
     import numpy as np
 
     from localspec.engine.calibrate import logits_in_passes
@@ -337,7 +342,8 @@ def run(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     names = ("small-target", "small-draft") if args.small else ("qwen2.5-coder-7b", "qwen2.5-coder-0.5b")
-    models = {role: _synth(args, name, role) for role, name in zip(("target", "draft"), names, strict=True)}
+    chain = None if args.flat else word_chain(args.vocab)
+    models = {role: _synth(args, name, role, chain) for role, name in zip(("target", "draft"), names, strict=True)}
     offload = bool(llama_cpp.llama_supports_gpu_offload())
     cfg = RuntimeConfig(n_ctx=SWEEP_N_CTX, n_batch=512, n_ubatch=512, n_outputs_max=64, n_threads=args.threads,
                         n_gpu_layers=args.n_gpu_layers, flash_attn="auto")
@@ -353,6 +359,9 @@ def run(args: argparse.Namespace) -> dict:
                     "llama_cpp_python": llama_cpp.__version__,
                     "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()},
         "models": models,
+        "word_chain": None if chain is None else {
+            "words": int((chain["target"] >= 0).sum()), "cycle": CHAIN_CYCLE, "draft_agrees": DRAFT_AGREES,
+            "note": "after a word, the target's greedy next token is its successor by a wide margin (synth_gguf.py)"},
         "load_seconds": round(load_s, 2),
     }
 
@@ -408,7 +417,10 @@ def run(args: argparse.Namespace) -> dict:
         engine.update(_guarded("the engine", lambda: drive_engine(
             models, swept, n_gpu_layers=args.n_gpu_layers, threads=args.threads, max_tokens=args.engine_tokens,
             write=write)))
-    engine["batch_flips"] = _guarded("batch flips", lambda: batch_flips(target, target.tokenize(ENGINE_PROMPT * 2)))
+    # Rows after words are decided by wide margins (the chain): read the rows after other tokens,
+    # whose logits are flat over the words' rows at a real model's spread (std ~2): near-ties.
+    flip_tokens = [t for t in target.tokenize(ENGINE_PROMPT * 2) if chain is None or chain["target"][t] < 0]
+    engine["batch_flips"] = _guarded("batch flips", lambda: batch_flips(target, flip_tokens))
     save("engine.json", engine)
     target.close()
 
@@ -428,7 +440,7 @@ def run(args: argparse.Namespace) -> dict:
         second: dict = {}
         engine["second_target"] = second
         second.update(_guarded("the second target", lambda: second_target(
-            args, second, swept_draft=draft_rows, draft=models["draft"], cfg=cfg,
+            args, second, swept_draft=draft_rows, draft=models["draft"], cfg=cfg, chain=chain,
             write=lambda: save("engine.json", engine))))
     save("engine.json", engine)
     summarise()
@@ -444,21 +456,29 @@ def _guarded(what: str, step) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _synth(args: argparse.Namespace, name: str, role: str) -> dict:
+def word_chain(vocab: Path) -> dict:
+    """The target's and the draft's successor arrays (synth_gguf.successors) over the vocab's plain words."""
+    tokens: list[str] = synth_gguf.read_kv(vocab)["tokenizer.ggml.tokens"][2]  # type: ignore[assignment]
+    n_vocab = max(shape.n_vocab for shape in synth_gguf.SHAPES.values())
+    target = synth_gguf.successors(synth_gguf.word_ids(tokens), n_vocab, cycle=CHAIN_CYCLE)
+    return {"target": target, "draft": synth_gguf.disagree(target, 1 - DRAFT_AGREES)}
+
+
+def _synth(args: argparse.Namespace, name: str, role: str, chain: dict | None) -> dict:
     info = synth_gguf.write_random_gguf(args.work / f"{name}-{args.recipe}.gguf", synth_gguf.SHAPES[name],
-                                        args.vocab, args.recipe)
+                                        args.vocab, args.recipe, successor=None if chain is None else chain[role])
     print(f"wrote {role} {info['path']}: {info['bytes'] / 2**20:.0f} MiB in {info['seconds']} s {info['types']}",
           flush=True)
     return info
 
 
 def second_target(args: argparse.Namespace, result: dict, *, swept_draft: list[float], draft: dict, cfg,
-                  write) -> dict:
+                  chain: dict | None, write) -> dict:
     """The 1.5B target's shape with the same draft, into `result`: its verify sweep at both contexts,
     then `off` and `off`'s answer as the prediction through the engine. `write` is called after each part."""
     from localspec.engine.runtime import ModelRuntime
 
-    model = _synth(args, "small-second" if args.small else SECOND_TARGET, "target")
+    model = _synth(args, "small-second" if args.small else SECOND_TARGET, "target", chain)
     result["model"] = model
     rt = ModelRuntime(model["path"], cfg)
     try:
@@ -493,6 +513,8 @@ def render_summary(cal: dict, preds: dict, seconds: float) -> str:
         f"localspec GPU cost check ({seconds:.0f} s): target {cal['models']['target']['shape']}, "
         f"draft {cal['models']['draft']['shape']} ({cal['models']['target']['recipe']})",
         f"GPUs: {', '.join(m['gpus']) or 'none'}; GPU offload: {m['gpu_offload']}; llama-cpp-python {m['llama_cpp_python']}",
+        (f"weights: a word chain of {chain['words']} words in cycles of {chain['cycle']}, the draft following "
+         f"{chain['draft_agrees']:.0%} of it" if (chain := cal.get("word_chain")) else "weights: all random (flat logits)"),
         f"target verify, ms by rows 1..{len(sw['verify_by_rows'])} (context {sw['context']}): {ms(sw['verify_by_rows'])}",
         f"  ratio to 1 row: {' '.join(str(r) for r in cal['verify_ratio_to_one_row'])}",
         f"draft, ms by rows 1..16 (a catch-up of n tokens is one n-row batch): {ms(sw['draft_by_rows'])}",
@@ -576,6 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predicted-bench", type=Path, help="a `localspec bench --plan predicted` JSON")
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU rehearsal)")
     ap.add_argument("--recipe", choices=("q4_k_m", "q8_0"), default="q4_k_m")
+    ap.add_argument("--flat", action="store_true",
+                    help="all-random weights (flat logits), without the word chain that makes greedy answers decisive")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--n-gpu-layers", type=int, default=-1)
     ap.add_argument("--k-max", type=int, default=15, help="verify batches up to k_max+1 rows (default 16)")

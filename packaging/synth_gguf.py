@@ -13,6 +13,18 @@ matrices, Q6_K for the output and for attn_v/ffn_down in the "more bits" layers,
 The tokenizer comes from a vocab-only GGUF (llama.cpp's models/ggml-vocab-qwen2.gguf), padded
 with [PADn] tokens to the model's embedding rows, as the HF converter does.
 
+Random weights alone give flat logits: top two within a float rounding of each other, so a verify
+pass's size flips the argmax, answers part after a few tokens, and a prediction of the model's
+own answer is not kept whole. With a word chain (`successors`), the embedding and output matrices
+are written as sign patterns instead, so that the greedy next token after a word on the chain is
+its successor by a wide margin: token t's embedding row is a random +-EMBED_AMP sign vector and the
+output row of successor(t) is the same signs, so their dot product (~n_embd) stands many standard
+deviations above every other row's (~sqrt(n_embd)), whatever the random layers add. The chain runs
+through plain words (" word": one token that tokenizes back to itself) in cycles, so text repeats
+(prompt lookup finds it) and a prediction round-trips; a draft written with `disagree` follows a
+chosen fraction of the same successors (its acceptance). The cost is unchanged: same types, shapes
+and bytes.
+
 Usage: python synth_gguf.py OUT.gguf --shape qwen2.5-coder-7b --vocab ggml-vocab-qwen2.gguf
 """
 
@@ -149,7 +161,125 @@ def random_blocks(kind: int, shape: tuple[int, ...], rng: np.random.Generator) -
     raw = np.frombuffer(rng.bytes(n_blocks * size), dtype=np.uint8).reshape(n_blocks, size).copy()
     for offset, value in _SCALES[kind]:
         raw[:, offset : offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+    if kind == Q.Q4_K:
+        # Each sub-block's min equal to its scale (the 6-bit pairs packed alike), so with dmin = 7.5 d
+        # every 32 weights average zero: random pairs would give each a constant offset, and 28
+        # layers of such offsets add up to one direction that outweighs the embedding.
+        raw[:, 8:12] = raw[:, 4:8]  # j < 4: scale and min in the low 6 bits of bytes 4+j and 8+j
+        raw[:, 12:16] = (raw[:, 12:16] & 0x0F) * 0x11  # j >= 4: low nibble scale, high nibble min
     return raw.reshape(_byte_shape(shape, kind))
+
+
+# ---------------------------------------------------------------- the word chain
+
+EMBED_AMP = 8.0  # embedding entries +-8: well above what 28 random layers add to the residual
+OUTPUT_LOGIT_SCALE = 2.0  # output rows +-2/sqrt(n_embd): a non-successor's logit has std ~2
+
+
+def word_ids(tokens: list[str]) -> np.ndarray:
+    """Ids of plain words: a space then 3+ lowercase ASCII letters ("Ġword" in byte-level BPE)."""
+    import re
+
+    word = re.compile(r"^\u0120[a-z]{3,}$")
+    return np.array([i for i, t in enumerate(tokens) if word.match(t)], dtype=np.int64)
+
+
+def successors(ids: np.ndarray, n_vocab: int, *, cycle: int, seed: int = 0) -> np.ndarray:
+    """successor[t] for every token: the next word on the chain for t in `ids`, -1 for the rest.
+
+    The shuffled ids are cut into cycles of `cycle` words (the last one takes the remainder), so
+    the successor is a permutation of `ids` and an answer repeats after `cycle` tokens."""
+    if len(ids) < 2 * cycle:
+        raise ValueError(f"{len(ids)} words cannot make cycles of {cycle}")
+    order = np.random.default_rng(seed).permutation(ids)
+    succ = np.full(n_vocab, -1, dtype=np.int64)
+    starts = list(range(0, len(order) - len(order) % cycle, cycle))
+    for a, b in zip(starts, [*starts[1:], len(order)], strict=True):
+        ring = order[a:b]
+        succ[ring] = np.roll(ring, -1)
+    return succ
+
+
+def disagree(succ: np.ndarray, fraction: float, *, seed: int = 1) -> np.ndarray:
+    """A copy of `succ` whose successors differ for `fraction` of the chain's words (rotated among
+    those words, so it stays a permutation): a draft that agrees with the target on the rest."""
+    out = succ.copy()
+    on_chain = np.flatnonzero(succ >= 0)
+    picked = np.random.default_rng(seed).choice(on_chain, size=int(round(fraction * len(on_chain))), replace=False)
+    if len(picked) > 1:
+        out[picked] = np.roll(succ[picked], 1)
+    return out
+
+
+def sign_blocks(kind: int, signs: np.ndarray, amplitude: np.ndarray | float) -> np.ndarray:
+    """Rows of +-amplitude (per row; 0 gives a zero row) encoded exactly in ggml type `kind`.
+
+    signs: bool (rows, cols), True for +. Each type's layout is ggml's (dequantize_row_*):
+    Q8_0  d, int8 q[32]                      w = d*q,           q = +-127
+    Q5_0  d, qh (bit i: weight i's 5th bit), qs[16] (weights j, j+16)   w = d*(q-16), q = 31 | 1
+    Q4_K  d, dmin, 12 bytes of 6-bit scale/min pairs (all 1), qs[128]: per 64 weights, 32 bytes
+          holding weights l (low nibble) and l+32 (high)   w = d*q - dmin, q = 15 | 0, dmin = 7.5 d
+    Q6_K  ql[128], qh[64], int8 scales[16] (all 1), d: per 128 weights, ql[l] = weights l | l+64,
+          ql[l+32] = l+32 | l+96, qh[l] = the top 2 bits of l, l+32, l+64, l+96   w = d*(q-32), q = 63 | 1
+    """
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    rows, cols = signs.shape
+    nb = cols // block
+    s = signs.reshape(rows, nb, block)
+    amp = np.broadcast_to(np.asarray(amplitude, dtype=np.float32).reshape(-1, 1), (rows, nb))
+    out = np.zeros((rows, nb, size), dtype=np.uint8)
+
+    def f16(values: np.ndarray) -> np.ndarray:
+        return values.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+
+    if kind == Q.Q8_0:
+        out[..., 0:2] = f16(amp / 127)
+        out[..., 2:] = np.where(s, 127, -127).astype(np.int8).view(np.uint8)
+    elif kind == Q.Q5_0:
+        q = np.where(s, 31, 1).astype(np.uint8)
+        out[..., 0:2] = f16(amp / 15)
+        bits = (q >> 4).astype(np.uint32) << np.arange(32, dtype=np.uint32)
+        out[..., 2:6] = np.bitwise_or.reduce(bits, axis=-1).astype("<u4").view(np.uint8).reshape(rows, nb, 4)
+        out[..., 6:] = (q[..., :16] & 0xF) | ((q[..., 16:] & 0xF) << 4)
+    elif kind == Q.Q4_K:
+        q = np.where(s, 15, 0).astype(np.uint8).reshape(rows, nb, 4, 2, 32)  # 4 x (low 32, high 32)
+        out[..., 0:2] = f16(amp * 2 / 15)
+        out[..., 2:4] = f16(amp)
+        out[..., 4:12] = 1
+        out[..., 12:16] = 0x11
+        out[..., 16:] = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(rows, nb, 128)
+    elif kind == Q.Q6_K:
+        q = np.where(s, 63, 1).astype(np.uint8).reshape(rows, nb, 2, 4, 32)  # 2 halves x 4 quarters
+        low, high = q & 0xF, q >> 4
+        ql = np.concatenate([low[..., 0, :] | (low[..., 2, :] << 4), low[..., 1, :] | (low[..., 3, :] << 4)], axis=-1)
+        qh = high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4) | (high[..., 3, :] << 6)
+        out[..., 0:128] = ql.reshape(rows, nb, 128)
+        out[..., 128:192] = qh.reshape(rows, nb, 64)
+        out[..., 192:208] = 1
+        out[..., 208:210] = f16(amp / 31)
+    else:
+        raise ValueError(f"no sign encoding for {Q(kind).name}")
+    return out.reshape(rows, nb * size)
+
+
+def chain_matrices(kind_embd: int, kind_out: int, shape: ModelShape, succ: np.ndarray,
+                   rng: np.random.Generator, rows_per_chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """token_embd and output as encoded bytes: random signs for every token's embedding; output
+    row successor(t) = t's signs for t on the chain, zero rows for tokens no word leads to."""
+    n, e = shape.n_vocab, shape.n_embd
+    packed = np.frombuffer(rng.bytes(n * e // 8), dtype=np.uint8).reshape(n, e // 8)
+    out_packed = np.zeros_like(packed)
+    on_chain = np.flatnonzero(succ[:n] >= 0)
+    out_packed[succ[on_chain]] = packed[on_chain]
+    out_amp = np.zeros(n, dtype=np.float32)
+    out_amp[succ[on_chain]] = OUTPUT_LOGIT_SCALE / np.sqrt(e)
+    embd = np.empty(_byte_shape((n, e), kind_embd), dtype=np.uint8)
+    output = np.empty(_byte_shape((n, e), kind_out), dtype=np.uint8)
+    for a in range(0, n, rows_per_chunk):
+        b = min(a + rows_per_chunk, n)
+        embd[a:b] = sign_blocks(kind_embd, np.unpackbits(packed[a:b], axis=1).astype(bool), EMBED_AMP)
+        output[a:b] = sign_blocks(kind_out, np.unpackbits(out_packed[a:b], axis=1).astype(bool), out_amp[a:b])
+    return embd, output
 
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -225,11 +355,21 @@ def tokenizer_fields(vocab_path: Path, n_vocab: int) -> list[tuple[str, object, 
     return out
 
 
-def write_random_gguf(path: Path, shape: ModelShape, vocab_path: Path, recipe: str = "q4_k_m", seed: int = 0) -> dict:
-    """Write the model; return a summary (bytes, seconds, type counts). One tensor in memory at a time."""
+def write_random_gguf(path: Path, shape: ModelShape, vocab_path: Path, recipe: str = "q4_k_m", seed: int = 0,
+                      *, successor: np.ndarray | None = None) -> dict:
+    """Write the model; return a summary (bytes, seconds, type counts). One tensor in memory at a
+    time, but for the embedding and output matrices of a word chain (`successor`, see the module
+    docstring), made together."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     plan = tensor_plan(shape, recipe)
+    kinds = {name: kind for name, _, kind in plan}
+    chained: dict[str, np.ndarray] = {}
+    if successor is not None:
+        if len(successor) < shape.n_vocab:
+            raise ValueError(f"a successor for {len(successor)} tokens, the model has {shape.n_vocab}")
+        chained["token_embd.weight"], chained["output.weight"] = chain_matrices(
+            kinds["token_embd.weight"], kinds["output.weight"], shape, successor, rng)
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_name(f"random {shape.name} ({recipe}) for cost checks")
@@ -259,17 +399,19 @@ def write_random_gguf(path: Path, shape: ModelShape, vocab_path: Path, recipe: s
     made: dict[tuple, np.ndarray] = {}
     counts: dict[str, int] = {}
     for name, shp, kind in plan:
+        data: np.ndarray
         if kind == Q.F32:
             data = np.ones(shp, np.float32) if name.endswith("norm.weight") else np.zeros(shp, np.float32)
+        elif name in chained:
+            data = chained.pop(name)
         else:
-            data = made.get((shp, kind))
-            if data is None:
-                data = made.setdefault((shp, kind), random_blocks(kind, shp, rng))
+            data = made[(shp, kind)] if (shp, kind) in made else made.setdefault((shp, kind), random_blocks(kind, shp, rng))
         w.write_tensor_data(data)
         counts[Q(kind).name] = counts.get(Q(kind).name, 0) + 1
     w.close()
     return {"path": str(path), "shape": shape.name, "recipe": recipe, "n_params": shape.n_params(),
-            "bytes": path.stat().st_size, "seconds": round(time.perf_counter() - t0, 2), "types": counts}
+            "bytes": path.stat().st_size, "seconds": round(time.perf_counter() - t0, 2), "types": counts,
+            "word_chain": successor is not None}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -380,6 +380,45 @@ def test_random_blocks_dequantize_to_small_finite_weights(kind):
     w = gguf.quants.dequantize(raw, q)
     assert w.shape == (8, 512) and np.isfinite(w).all()
     assert 0.005 < float(w.std()) < 0.05 and abs(float(w.mean())) < 0.01
+    # Every 32 weights average zero (as 32 independent draws do): no sub-block carries a constant
+    # offset, which 28 identical layers would add up to one direction outweighing the embedding.
+    sub_means = w.reshape(8, -1, 32).mean(axis=2)
+    assert float(sub_means.std()) < 1.5 * float(w.std()) / 32**0.5
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
+def test_sign_rows_encode_exactly_in_each_type(kind):
+    # The word chain's rows are +-amplitude sign patterns written straight into ggml's block layouts:
+    # gguf-py's own dequantizer must read back the same signs and (to fp16) amplitudes, zero rows too.
+    import gguf
+    import numpy as np
+
+    q = gguf.GGMLQuantizationType[kind]
+    signs = np.random.default_rng(0).random((4, 512)) < 0.5
+    amplitude = np.array([8.0, 0.05, 0.0, 1.0], dtype=np.float32)
+    w = gguf.quants.dequantize(synth_gguf.sign_blocks(q, signs, amplitude), q)
+    np.testing.assert_allclose(w, np.where(signs, 1.0, -1.0) * amplitude[:, None], rtol=2e-3, atol=0)
+
+
+def test_the_word_chain_is_a_permutation_of_plain_words_in_cycles_and_the_draft_follows_part_of_it():
+    import numpy as np
+
+    tokens = ["Ġthe", "!", "Ġa", "ing", *[f"Ġw{c}{d}" for c in "abcdefghij" for d in "klmnopqrst"], "ĠCap", "<|im_end|>"]
+    ids = synth_gguf.word_ids(tokens)
+    assert [tokens[i] for i in ids[:2]] == ["Ġthe", "Ġwak"] and len(ids) == 101  # " a", "ĠCap", specials: off
+    succ = synth_gguf.successors(ids, len(tokens) + 5, cycle=10)
+    on = np.flatnonzero(succ >= 0)
+    assert list(on) == list(ids) and sorted(succ[on]) == sorted(ids)  # every word leads to one word, each once
+    t, seen = int(ids[0]), []
+    while t not in seen:
+        seen.append(t)
+        t = int(succ[t])
+    assert len(seen) in (10, 11)  # a cycle of 10 (the last one takes the remainder, 101 = 9 x 10 + 11)
+    draft = synth_gguf.disagree(succ, 0.3)
+    assert sorted(draft[on]) == sorted(ids) and (draft < 0).sum() == (succ < 0).sum()
+    assert int((draft[on] != succ[on]).sum()) == 30
+    with pytest.raises(ValueError, match="cannot make cycles"):
+        synth_gguf.successors(ids[:15], 200, cycle=10)
 
 
 def test_conditional_rates_from_bench_counts():
@@ -468,16 +507,22 @@ def test_batch_flips_counts_argmax_changes_by_pass_size_with_their_gaps():
 
 
 @pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory, draft_path):
-    """The --small rehearsal models, tokenizer taken from the real draft model's file."""
+def word_chain(draft_path):
+    return gpu_check.word_chain(draft_path)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory, draft_path, word_chain):
+    """The --small rehearsal models with the word chain, tokenizer taken from the real draft model's file."""
     d = tmp_path_factory.mktemp("synth")
     out = {}
-    for name in ("small-target", "small-draft"):
-        out[name] = synth_gguf.write_random_gguf(d / f"{name}.gguf", synth_gguf.SHAPES[name], draft_path)
+    for name, role in (("small-target", "target"), ("small-draft", "draft")):
+        out[name] = synth_gguf.write_random_gguf(d / f"{name}.gguf", synth_gguf.SHAPES[name], draft_path,
+                                                 successor=word_chain[role])
     return out
 
 
-def test_synthetic_models_load_in_llama_cpp_and_calibrate(tiny_models, draft_path):
+def test_synthetic_models_load_in_llama_cpp_and_calibrate(tiny_models, draft_path, word_chain):
     from localspec.engine import calibrate
     from localspec.engine.runtime import ModelRuntime, Row, RuntimeConfig
     from tests.common import TEST_THREADS
@@ -495,6 +540,15 @@ def test_synthetic_models_load_in_llama_cpp_and_calibrate(tiny_models, draft_pat
         logits = target.decode([Row(t, i, 0, logits=True) for i, t in enumerate(ids)])
         assert logits.shape == (len(ids), 151936) and np.isfinite(logits).all()
         target.seq_rm(0, 0, -1)
+        # After a word, llama.cpp's greedy pick is its successor on the chain, far ahead of the rest.
+        succ = word_chain["target"]
+        words = target.tokenize(" hello world example")
+        assert all(succ[t] >= 0 for t in words)
+        logits = target.decode([Row(t, i, 0, logits=True) for i, t in enumerate(words)])
+        assert [int(row.argmax()) for row in logits] == [int(succ[t]) for t in words]
+        top_two = np.sort(logits, axis=1)[:, -2:]
+        assert (top_two[:, 1] - top_two[:, 0]).min() > 5  # a margin no batch size's rounding can cross
+        target.seq_rm(0, 0, -1)
         costs = calibrate.measure(target, draft, k_max=3, rounds=2)
         assert len(costs.verify) == 4 and all(c > 0 for c in costs.verify) and costs.draft_step > 0
     finally:
@@ -509,15 +563,20 @@ def test_the_gpu_check_drives_the_engine_in_every_mode_and_writes_after_each(tin
     models = {"target": tiny_models["small-target"], "draft": tiny_models["small-draft"]}
     flat = Costs(verify=[0.010 + 0.0002 * n for n in range(17)], draft_step=0.002, draft_row=0.0001, pinned=True)
     written: list[list[str]] = []
-    result = gpu_check.drive_engine(models, flat, n_gpu_layers=0, threads=TEST_THREADS, max_tokens=24,
+    result = gpu_check.drive_engine(models, flat, n_gpu_layers=0, threads=TEST_THREADS, max_tokens=72,
                                     write=lambda r: written.append(list(r["runs"])))
     assert written[0] == ["off"] and written[-1] == list(gpu_check.ENGINE_MODES)  # one write per mode, in order
     runs = result["runs"]
     assert all(r["error"] is None and r["tokens"] > 0 for r in runs.values())
     assert "first_difference" not in runs["off"] and all("first_difference" in runs[m] for m in gpu_check.ENGINE_MODES[1:])
-    # off's own answer as the prediction: drafted from until the answers part (random weights, flat logits)
-    assert runs["prediction"]["prediction_accepted"] > 0
-    assert runs["draft"]["drafted"] > 0  # a random-weight draft model drafts too (draft_p_min 0)
+    # The word chain decides every greedy step by a wide margin: each mode gives off's answer, token
+    # for token, and off's answer as the prediction is kept whole (100% acceptance).
+    assert all(runs[m]["first_difference"] is None for m in gpu_check.ENGINE_MODES[1:])
+    prediction = runs["prediction"]
+    assert prediction["accepted"] == prediction["drafted"] == prediction["prediction_accepted"] >= 60
+    draft = runs["draft"]  # the draft follows 70% of the successors: some of its tokens kept, not all
+    assert 0.2 < draft["accepted"] / draft["drafted"] < 0.9
+    assert runs["lookup"]["accepted"] > 0  # the answer repeats after CHAIN_CYCLE words, and lookup finds it
     calibration = {"machine": {"gpus": [], "gpu_offload": False, "llama_cpp_python": "x"},
                    "models": {"target": {"shape": "t", "recipe": "r"}, "draft": {"shape": "d"}},
                    "sweep": {"verify_by_rows": [0.01], "context": 48, "draft_by_rows": [0.001]},
@@ -587,6 +646,7 @@ def test_the_gpu_check_runs_every_step_on_the_small_shapes(tmp_path, draft_path)
     assert sorted(p.name for p in out.iterdir()) == ["calibration.json", "engine.json", "predictions.json", "summary.txt"]
     cal = json.loads((out / "calibration.json").read_text())
     assert len(cal["sweep"]["verify_by_rows"]) == 16 and cal["engine_calibration"]["k_max"] == 15
+    assert cal["word_chain"]["cycle"] == gpu_check.CHAIN_CYCLE and cal["word_chain"]["words"] > 20000
     engine = json.loads((out / "engine.json").read_text())
     assert list(engine["runs"]) == list(gpu_check.ENGINE_MODES)
     assert set(engine["batch_flips"]["by_rows"]) == {str(n) for n in gpu_check.FLIP_SIZES}
@@ -596,6 +656,7 @@ def test_the_gpu_check_runs_every_step_on_the_small_shapes(tmp_path, draft_path)
     assert second["engine"]["runs"]["prediction"]["first_difference"] is None  # off's answer, kept whole
     summary = (out / "summary.txt").read_text()
     assert "batch size and the argmax" in summary and "small-second: verify ms" in summary
+    assert "weights: a word chain of" in summary
 
 
 def test_a_step_that_raises_is_recorded_and_the_second_target_waits_for_time(tmp_path, draft_path, monkeypatch):
@@ -603,7 +664,9 @@ def test_a_step_that_raises_is_recorded_and_the_second_target_waits_for_time(tmp
         raise RuntimeError("no luck")
 
     monkeypatch.setattr(gpu_check, "batch_flips", broken)
-    assert gpu_check.main([*_check_args(tmp_path / "out", tmp_path / "work", draft_path), "--deadline-s", "0"]) == 0
+    args = [*_check_args(tmp_path / "out", tmp_path / "work", draft_path), "--deadline-s", "0", "--flat"]
+    assert gpu_check.main(args) == 0
+    assert json.loads((tmp_path / "out" / "calibration.json").read_text())["word_chain"] is None  # --flat: all random
     engine = json.loads((tmp_path / "out" / "engine.json").read_text())
     assert engine["batch_flips"] == {"error": "RuntimeError: no luck"}
     assert list(engine["runs"]) == list(gpu_check.ENGINE_MODES)  # the steps around it ran
