@@ -64,15 +64,18 @@ def gpu_seen(environment: list[str]) -> dict[str, str] | None:
 
 
 def name_mismatch(dest: Path, gpu: dict[str, str] | None) -> str | None:
-    """Why `dest` (docs/gpu/<gpu>-<date>.json) misnames the run, or None when its GPU tag matches."""
-    tag = re.match(r"^([a-z]+\d+)-", dest.name)
-    if not tag:
-        return None  # a name without a GPU tag claims nothing
+    """Why `dest` (docs/gpu/<gpu>-<date>.json) misnames the run, or None when it names no GPU or the
+    one nvidia-smi named. A GPU model in a file name is a word of letters then digits (h200, A100),
+    and must be a whole word of the GPU's name ("NVIDIA H100 80GB HBM3"): h20 is not an H200."""
+    tags = [word for word in re.split(r"[-_.\s]+", dest.stem.lower()) if re.fullmatch(r"[a-z]+\d+[a-z]*", word)]
+    if not tags:
+        return None  # a name without a GPU model claims nothing
     if gpu is None:
-        return f"{dest.name} is named for {tag[1].upper()} but environment.txt shows no GPU"
-    seen = re.sub(r"[^a-z0-9]", "", gpu["name"].lower())
-    if tag[1] not in seen:
-        return f"{dest.name} is named for {tag[1].upper()} but the run came from {gpu['name']}"
+        return f"{dest.name} is named for {tags[0].upper()} but environment.txt shows no GPU"
+    words = set(gpu["name"].lower().split())
+    wrong = [tag for tag in tags if tag not in words]
+    if wrong:
+        return f"{dest.name} is named for {wrong[0].upper()} but the run came from {gpu['name']}"
     return None
 
 
