@@ -158,6 +158,7 @@ def _load(name: str):
 synth_gguf = _load("synth_gguf")
 gpu_check = _load("gpu_check")
 gpu_collect = _load("gpu_collect")
+gpu_report = _load("gpu_report")
 
 
 def _dry_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -338,6 +339,80 @@ def test_the_collected_run_names_its_gpu_and_a_file_named_for_another_is_refused
     (out / "environment.txt").write_text("Linux box 6.1 x86_64\nPython 3.12.1\n")
     assert gpu_collect.main([str(out), str(h200)]) == 1 and "shows no GPU" in capsys.readouterr().err
     assert gpu_collect.main([str(out), str(tmp_path / "rehearsal.json")]) == 0
+
+
+# A CPU rehearsal of the device command (packaging/README.md, at 0616147), collected by gpu_collect.py.
+GPU_REHEARSAL = REPO / "tests" / "data" / "gpu-rehearsal-2026-12-07.json"
+
+
+def _as_if_on_a_gpu(tmp_path: Path) -> Path:
+    """The rehearsal relabelled as an H200's run (nvidia-smi's row, offload on), to drive the GPU path."""
+    run = json.loads(GPU_REHEARSAL.read_text())
+    run["gpu"] = {"name": "NVIDIA H200", "memory": "143771 MiB", "compute_cap": "9.0", "driver": "580.159.03"}
+    run["calibration"]["machine"]["gpu_offload"] = True
+    run["environment"] += ["Cuda compilation tools, release 13.0, V13.0.88", "NVIDIA H200, 143771 MiB, 9.0, 580.159.03"]
+    path = tmp_path / "docs" / "gpu" / "h200-2026-12-09.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(run))
+    return path
+
+
+def test_a_cpu_rehearsal_is_reported_as_one_and_never_quoted_in_the_readme(tmp_path, capsys):
+    run = tmp_path / GPU_REHEARSAL.name
+    run.write_text(GPU_REHEARSAL.read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text("## Performance\n<!-- bench-summary:start -->\nx\n<!-- bench-summary:end -->\n")
+    assert gpu_report.main([str(run), "--readme", str(readme)]) == 1
+    assert "is not a GPU measurement (no GPU seen)" in capsys.readouterr().err
+    assert "gpu-summary" not in readme.read_text()
+    assert gpu_report.main([str(run), "--out", str(tmp_path / "report.md")]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "**Not a GPU measurement**: no GPU was seen" in report and "## Measured on the GPU" not in report
+    assert "on no GPU (a CPU rehearsal)" in report and "2026-12-07" in report
+
+
+def test_a_gpu_run_gives_a_report_that_keeps_measured_and_predicted_apart_and_the_readme_lines(tmp_path):
+    run = _as_if_on_a_gpu(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text((REPO / "README.md").read_text())
+    assert gpu_report.main([str(run), "--readme", str(readme)]) == 0
+    report = (run.parent / "README.md").read_text()
+    measured, predicted = report.split("## Predicted, not measured")
+    assert "## Measured on the GPU" in measured and "NVIDIA H200 (driver 580.159.03; nvcc 13.0, V13.0.88)" in measured
+    assert "| 9 | 10.1 | 2.77 | 15.0 | 3.41 | 5.9 |" in measured  # verify ms, ratio, at 2k context, draft
+    assert "| `prediction` | 833.4 | 3.50 | 119/119 | yes |" in measured  # the engine at 100% acceptance
+    assert "| 16 | 0 | 0 | - | 0.0056 |" in measured and "Not a GPU measurement" not in report
+    assert "| editing | lookup | lookup k=8: 1.41x | - |" in predicted and "| predicted | 3.40x | 84% |" in predicted
+    text = readme.read_text()
+    block = text.split(gpu_report.README_START)[1].split(gpu_report.README_END)[0]
+    assert text.index(gpu_report.README_START) > text.index(gpu_report.README_AFTER)  # after the bench summary
+    assert "Measured on an NVIDIA H200 on 2026-12-07" in block and "a verify of 9 rows costs 2.77 single steps" in block
+    assert "`prediction` 3.50x" in block and "every mode gave `off`'s answer" in block
+    assert "predicted from the CPU bench's acceptance, `auto`'s speed-up: all 1.17x, chat 1.00x" in block
+    # A later run replaces the lines rather than adding a second block.
+    assert gpu_report.main([str(run), "--readme", str(readme)]) == 0
+    assert readme.read_text() == text and text.count(gpu_report.README_START) == 1
+
+
+def test_a_cut_run_and_bad_input_are_reported_not_crashed_on(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    full = json.loads(GPU_REHEARSAL.read_text())
+    (out / "calibration.json").write_text(json.dumps({**full["calibration"], "engine_calibration": {},
+                                                      "sweep_long_context": {"context": 2048, "verify_by_rows": []}}))
+    dest = tmp_path / "cut-2026-12-07.json"
+    assert gpu_collect.main([str(out), str(dest)]) == 0
+    assert gpu_report.main([str(dest)]) == 0
+    report = (tmp_path / "README.md").read_text()
+    assert "Steps measured: sweep; not reached: sweep_long_context, engine_calibration, predictions" in report
+    assert "| 9 | 10.1 | 2.77 | - | - | 5.9 |" in report and "No acceptance profile" in report
+    assert "Not measured: the run stopped before it." in report
+    (tmp_path / "junk.json").write_text("{not json")
+    assert gpu_report.main([str(tmp_path / "junk.json")]) == 2
+    assert "fix: give the JSON gpu_collect.py wrote" in capsys.readouterr().err
+    (tmp_path / "other.json").write_text("[1, 2]")
+    assert gpu_report.main([str(tmp_path / "other.json")]) == 2
+    assert "fix: run packaging/gpu_collect.py first" in capsys.readouterr().err
 
 
 def test_gpu_check_rejects_bad_arguments(tmp_path):
