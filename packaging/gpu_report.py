@@ -224,7 +224,7 @@ def readme_lines(run: dict, source: Path) -> list[str]:
     f = facts(run, source)
     verify = run.get("calibration", {}).get("sweep", {}).get("verify_by_rows", [])
     rows = min(9, len(verify))
-    lines = [f"Measured on an {f.gpu} on {f.date} with random-weight models of the `{f.target}`/`{f.draft}` shapes "
+    lines = [f"Measured on one {f.gpu} on {f.date} with random-weight models of the `{f.target}`/`{f.draft}` shapes "
              f"([docs/gpu/](docs/gpu/README.md), `{source.name}`):"]
     if verify:
         lines.append(f"- a verify of {rows} rows costs {_fmt(_ratio(verify, rows))} single steps; one step "

@@ -386,7 +386,7 @@ def test_a_gpu_run_gives_a_report_that_keeps_measured_and_predicted_apart_and_th
     text = readme.read_text()
     block = text.split(gpu_report.README_START)[1].split(gpu_report.README_END)[0]
     assert text.index(gpu_report.README_START) > text.index(gpu_report.README_AFTER)  # after the bench summary
-    assert "Measured on an NVIDIA H200 on 2026-12-07" in block and "a verify of 9 rows costs 2.77 single steps" in block
+    assert "Measured on one NVIDIA H200 on 2026-12-07" in block and "a verify of 9 rows costs 2.77 single steps" in block
     assert "`prediction` 3.50x" in block and "every mode gave `off`'s answer" in block
     assert "predicted from the CPU bench's acceptance, `auto`'s speed-up: all 1.17x, chat 1.00x" in block
     # A later run replaces the lines rather than adding a second block.
