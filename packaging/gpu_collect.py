@@ -3,8 +3,8 @@
     python packaging/gpu_collect.py OUT_DIR docs/gpu/h200-2026-12-07.json
 
 OUT_DIR is what the device tool brought back from gpu-device-run.sh: calibration.json,
-predictions.json, engine.json (each present as far as the run got), environment.txt and
-summary.txt. The JSON says which steps are present, so a cut run is not mistaken for a whole one,
+predictions.json, engine.json (each present as far as the run got), environment.txt,
+summary.txt and build.log (read only for how the libraries came: prebuilt or built there). The JSON says which steps are present, so a cut run is not mistaken for a whole one,
 and which GPU ran it (nvidia-smi's line in environment.txt): a file named for one GPU (h200-...)
 is refused when another ran it, since the device tool's first call gets an H100 unless the call
 names nvidia-h200.
@@ -45,6 +45,8 @@ def collect(out_dir: Path) -> dict:
         if path.is_file():
             result[text] = path.read_text().splitlines()
     result["gpu"] = gpu_seen(result.get("environment", []))
+    build_log = out_dir / "build.log"
+    result["libraries"] = libraries_used(build_log.read_text(errors="replace")) if build_log.is_file() else None
     result["steps_present"] = [step for step, where in STEPS.items() if _filled(result, *where)]
     return result
 
@@ -61,6 +63,20 @@ def gpu_seen(environment: list[str]) -> dict[str, str] | None:
         if match:
             return match.groupdict()
     return None
+
+
+_NINJA_TOTAL = re.compile(r"^ninja_log: (?P<seconds>\d+)\tTOTAL \((?P<steps>\d+) steps\)$")
+
+
+def libraries_used(build_log: str) -> str | None:
+    """How the run got llama.cpp's libraries, from build.log: the prebuilt ones (gpu-check.sh says
+    whether they loaded and offloaded, or why not) and/or a build there (ninja's compile seconds)."""
+    lines = build_log.splitlines()
+    parts = [line for line in lines if line.startswith("the prebuilt libraries")]
+    totals = [m for line in lines if (m := _NINJA_TOTAL.match(line))]
+    if totals:
+        parts.append(f"built there: {totals[-1]['seconds']} compile-seconds over {totals[-1]['steps']} steps")
+    return "; ".join(parts) or None
 
 
 def name_mismatch(dest: Path, gpu: dict[str, str] | None) -> str | None:

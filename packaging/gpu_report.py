@@ -36,6 +36,7 @@ class RunFacts:
     driver: str | None
     nvcc: str | None
     prebuilt: str | None
+    libraries: str | None  # prebuilt and offloaded, or built there (gpu_collect.libraries_used)
     llama_cpp_python: str
     target: str
     draft: str
@@ -56,6 +57,7 @@ def facts(run: dict, source: Path) -> RunFacts:
         date=_run_date(env, source), driver=gpu.get("driver"),
         nvcc=next((line.split("release", 1)[1].strip(" ,") for line in env if "compilation tools, release" in line), None),
         prebuilt=next((line.removeprefix("prebuilt: ") for line in env if line.startswith("prebuilt: ")), None),
+        libraries=run.get("libraries"),
         llama_cpp_python=cal.get("machine", {}).get("llama_cpp_python", "?"),
         target=models.get("target", {}).get("shape", "?"), draft=models.get("draft", {}).get("shape", "?"),
         recipe=models.get("target", {}).get("recipe", "?"))
@@ -187,7 +189,7 @@ def render_report(run: dict, source: Path) -> str:
     cal = run.get("calibration", {})
     engine = run.get("engine", {})
     missing = [step for step in ALL_STEPS if step not in run.get("steps_present", [])]
-    where = (f"{f.gpu} (driver {f.driver}; nvcc {f.nvcc or 'none: prebuilt libraries'})" if f.gpu
+    where = (f"{f.gpu} (driver {f.driver}; nvcc there: {f.nvcc or 'none'})" if f.gpu
              else "no GPU (a CPU rehearsal)")
     lines = [
         "# GPU runs",
@@ -196,7 +198,8 @@ def render_report(run: dict, source: Path) -> str:
         "[packaging/README.md](../../packaging/README.md#gpu-cost-check-offline-gpu-box-nvidia-h200).",
         "",
         f"Latest: [{source.name}]({source.name}), {f.date}, on {where}; llama-cpp-python {f.llama_cpp_python}"
-        + (f", prebuilt libraries: {f.prebuilt}" if f.prebuilt else "") + ".",
+        + (f"; the bundle's prebuilt libraries: {f.prebuilt}" if f.prebuilt else "")
+        + (f"; {f.libraries}" if f.libraries else "") + ".",
         f"Models: random weights of the `{f.target}` (target) and `{f.draft}` (draft) shapes, {f.recipe}, with a word "
         "chain so that greedy answers are decided by wide margins (packaging/synth_gguf.py).",
         "Steps measured: " + (", ".join(run.get("steps_present", [])) or "none")

@@ -341,6 +341,20 @@ def test_the_collected_run_names_its_gpu_and_a_file_named_for_another_is_refused
     assert gpu_collect.main([str(out), str(tmp_path / "rehearsal.json")]) == 0
 
 
+def test_the_collected_run_says_how_its_libraries_came_prebuilt_or_built_there(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "calibration.json").write_text(json.dumps({"sweep": {"verify_by_rows": [0.01]}}))
+    (out / "build.log").write_text("the prebuilt libraries failed here: they load but see no GPU\n[1/229] nvcc ...\n"
+                                   "ninja_log: 2709\tTOTAL (229 steps)\nninja_log: 48.1\tggml/src/ggml-cuda/mmq.cu.o\n")
+    assert gpu_collect.collect(out)["libraries"] == ("the prebuilt libraries failed here: they load but see no GPU; "
+                                                     "built there: 2709 compile-seconds over 229 steps")
+    (out / "build.log").write_text("the prebuilt libraries load and offload to the GPU\n")
+    assert gpu_collect.collect(out)["libraries"] == "the prebuilt libraries load and offload to the GPU"
+    (out / "build.log").unlink()
+    assert gpu_collect.collect(out)["libraries"] is None
+
+
 # A CPU rehearsal of the device command (packaging/README.md, at 0616147), collected by gpu_collect.py.
 GPU_REHEARSAL = REPO / "tests" / "data" / "gpu-rehearsal-2026-12-07.json"
 
@@ -350,6 +364,7 @@ def _as_if_on_a_gpu(tmp_path: Path) -> Path:
     run = json.loads(GPU_REHEARSAL.read_text())
     run["gpu"] = {"name": "NVIDIA H200", "memory": "143771 MiB", "compute_cap": "9.0", "driver": "580.159.03"}
     run["calibration"]["machine"]["gpu_offload"] = True
+    run["libraries"] = "the prebuilt libraries load and offload to the GPU"
     run["environment"] += ["Cuda compilation tools, release 13.0, V13.0.88", "NVIDIA H200, 143771 MiB, 9.0, 580.159.03"]
     path = tmp_path / "docs" / "gpu" / "h200-2026-12-09.json"
     path.parent.mkdir(parents=True)
@@ -378,7 +393,8 @@ def test_a_gpu_run_gives_a_report_that_keeps_measured_and_predicted_apart_and_th
     assert gpu_report.main([str(run), "--readme", str(readme)]) == 0
     report = (run.parent / "README.md").read_text()
     measured, predicted = report.split("## Predicted, not measured")
-    assert "## Measured on the GPU" in measured and "NVIDIA H200 (driver 580.159.03; nvcc 13.0, V13.0.88)" in measured
+    assert "## Measured on the GPU" in measured and "NVIDIA H200 (driver 580.159.03; nvcc there: 13.0, V13.0.88)" in measured
+    assert "; the prebuilt libraries load and offload to the GPU." in measured
     assert "| 9 | 10.1 | 2.77 | 15.0 | 3.41 | 5.9 |" in measured  # verify ms, ratio, at 2k context, draft
     assert "| `prediction` | 833.4 | 3.50 | 119/119 | yes |" in measured  # the engine at 100% acceptance
     assert "| 16 | 0 | 0 | - | 0.0056 |" in measured and "Not a GPU measurement" not in report
