@@ -575,15 +575,20 @@ def render_summary(cal: dict, preds: dict, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def same_as_off(mode: str, run: dict) -> str:
+    """Whether a mode's answer was `off`'s: "yes", "from <token index>", or "-" (`off` itself, or
+    `off` failed and there was nothing to compare with)."""
+    diff = run.get("first_difference", "-")
+    return "-" if mode == "off" or diff == "-" else "yes" if diff is None else f"from {diff}"
+
+
 def _engine_lines(runs: dict) -> list[str]:
     lines = []
     for mode, r in runs.items():
         if "tokens" not in r:
             lines.append(f"{mode:10} failed: {r['error']}")
             continue
-        diff = r.get("first_difference", "-")
-        same = "-" if mode == "off" or diff == "-" else "yes" if diff is None else f"from {diff}"
-        lines.append(f"{mode:10} {r['tokens_per_s'] or 0:8.1f} tok/s  {r['accepted']}/{r['drafted']}  {same}"
+        lines.append(f"{mode:10} {r['tokens_per_s'] or 0:8.1f} tok/s  {r['accepted']}/{r['drafted']}  {same_as_off(mode, r)}"
                      + (f"  error: {r['error']}" if r["error"] else ""))
     return lines
 

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check import LONG_CONTEXT, same_as_off  # noqa: E402  (next to this file)
+
 README_START = "<!-- gpu-summary:start -->"
 README_END = "<!-- gpu-summary:end -->"
 README_AFTER = "<!-- bench-summary:end -->"  # where the lines go the first time
@@ -31,7 +35,8 @@ class RunFacts:
     """What ran: the header of the report and of the README's lines."""
 
     gpu: str | None  # nvidia-smi's name, None for a CPU rehearsal
-    offloaded: bool
+    offloaded: bool  # the libraries offload and the check asked for layers on the GPU
+    word_chain: bool
     date: str
     driver: str | None
     nvcc: str | None
@@ -47,18 +52,26 @@ class RunFacts:
         return self.gpu is not None and self.offloaded
 
 
+def _part(run: dict, name: str) -> dict:
+    """One part of the run, {} when it is missing or null (a run cut short)."""
+    value = run.get(name)
+    return value if isinstance(value, dict) else {}
+
+
 def facts(run: dict, source: Path) -> RunFacts:
-    env = run.get("environment", [])
-    cal = run.get("calibration", {})
-    models = cal.get("models", {})
-    gpu = run.get("gpu") or {}
+    env = run.get("environment") or []
+    cal = _part(run, "calibration")
+    machine = _part(cal, "machine")
+    models = _part(cal, "models")
+    gpu = _part(run, "gpu")
     return RunFacts(
-        gpu=gpu.get("name"), offloaded=bool(cal.get("machine", {}).get("gpu_offload")),
+        gpu=gpu.get("name"), offloaded=bool(machine.get("gpu_offload")) and machine.get("n_gpu_layers", -1) != 0,
+        word_chain=bool(cal.get("word_chain")),
         date=_run_date(env, source), driver=gpu.get("driver"),
         nvcc=next((line.split("release", 1)[1].strip(" ,") for line in env if "compilation tools, release" in line), None),
         prebuilt=next((line.removeprefix("prebuilt: ") for line in env if line.startswith("prebuilt: ")), None),
         libraries=run.get("libraries"),
-        llama_cpp_python=cal.get("machine", {}).get("llama_cpp_python", "?"),
+        llama_cpp_python=machine.get("llama_cpp_python", "?"),
         target=models.get("target", {}).get("shape", "?"), draft=models.get("draft", {}).get("shape", "?"),
         recipe=models.get("target", {}).get("recipe", "?"))
 
@@ -89,24 +102,24 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def cost_section(cal: dict) -> list[str]:
-    sweep = cal.get("sweep", {})
-    verify = sweep.get("verify_by_rows", [])
+    sweep = _part(cal, "sweep")
+    verify = sweep.get("verify_by_rows") or []
     if not verify:
         return ["No cost was measured (the run stopped before its first sweep)."]
-    long_ctx = cal.get("sweep_long_context", {})
-    long_verify = long_ctx.get("verify_by_rows", [])
-    draft = sweep.get("draft_by_rows", [])
+    long_ctx = _part(cal, "sweep_long_context")
+    long_verify = long_ctx.get("verify_by_rows") or []
+    draft = sweep.get("draft_by_rows") or []
     rows = []
     for n in range(1, len(verify) + 1):
-        row = [str(n), _ms(verify[n - 1]), f"{_ratio(verify, n):.2f}"]
-        row += [_ms(long_verify[n - 1]), f"{_ratio(long_verify, n):.2f}"] if n <= len(long_verify) else ["-", "-"]
+        row = [str(n), _ms(verify[n - 1]), _fmt(_ratio(verify, n))]
+        row += [_ms(long_verify[n - 1]), _fmt(_ratio(long_verify, n))] if n <= len(long_verify) else ["-", "-"]
         row.append(_ms(draft[n - 1]) if n <= len(draft) else "-")
         rows.append(row)
     lines = _table(["rows", f"target verify ms (context {sweep.get('context', '?')})", "x 1 row",
                     f"at context {long_ctx.get('context', '?')}", "x 1 row", "draft ms (a catch-up of n rows)"], rows)
     if long_ctx.get("draft_by_rows"):
         lines.append(f"\nThe draft's step at context {long_ctx.get('context', '?')}: {_ms(long_ctx['draft_by_rows'][0])} ms.")
-    engine_cal = cal.get("engine_calibration") or {}
+    engine_cal = _part(cal, "engine_calibration")
     if engine_cal.get("verify"):
         lines.append(f"The engine's own calibration ({engine_cal.get('seconds', '?')} s) measured verify "
                      f"{' '.join(_ms(v) for v in engine_cal['verify'])} ms by rows, a draft step of "
@@ -115,23 +128,41 @@ def cost_section(cal: dict) -> list[str]:
 
 
 def engine_section(runs: dict) -> list[str]:
-    off = runs.get("off", {}).get("tokens_per_s") or 0
+    off = _part(runs, "off").get("tokens_per_s")
     rows = []
     for mode, r in runs.items():
+        r = r if isinstance(r, dict) else {}
         if "tokens" not in r:
-            rows.append([f"`{mode}`", "failed", "-", "-", str(r.get("error"))])
+            rows.append([f"`{mode}`", "-", "-", "-", f"failed: {r.get('error')}"])
             continue
-        speed = r.get("tokens_per_s") or 0
-        diff = r.get("first_difference", "-")
-        same = "-" if mode == "off" else "yes" if diff is None else f"no, from token {diff}"
-        rows.append([f"`{mode}`", f"{speed:.1f}", f"{speed / off:.2f}" if off else "-",
-                     f"{r['accepted']}/{r['drafted']}", same + (f" (error: {r['error']})" if r.get("error") else "")])
+        speed = r.get("tokens_per_s")
+        same = {"yes": "yes", "-": "-"}.get(verdict := same_as_off(mode, r), f"no, {verdict}")
+        rows.append([f"`{mode}`", f"{speed:.1f}" if speed else "-", f"{speed / off:.2f}" if speed and off else "-",
+                     f"{r.get('accepted')}/{r.get('drafted')}",
+                     same + (f" (error: {r['error']})" if r.get("error") else "")])
     return _table(["mode", "tokens/s", "x off", "kept/drafted", "same answer as `off`"], rows)
+
+
+def _not_measured(part: dict) -> str:
+    if part.get("error"):
+        return f"Not measured: failed: {part['error']}."
+    if part.get("skipped"):
+        return f"Not measured: skipped: {part['skipped']}."
+    return "Not measured: the run stopped before it."
+
+
+def _failure(part: dict) -> list[str]:
+    """A part that measured something and then failed (or skipped the rest) says so."""
+    if part.get("error"):
+        return [f"Then it failed: {part['error']}."]
+    if part.get("skipped"):
+        return [f"The rest was skipped: {part['skipped']}."]
+    return []
 
 
 def flips_section(flips: dict) -> list[str]:
     if "by_rows" not in flips:
-        return [f"Not measured: {flips.get('error') or flips.get('skipped') or 'the run stopped before it'}."]
+        return [_not_measured(flips)]
     lead = flips["one_row_lead_under"]
     margin = flips["tie_margin"]
     lines = [f"{flips['rows']} rows after {flips['context']} tokens, each read one row a pass and in passes of n rows; "
@@ -146,14 +177,14 @@ def flips_section(flips: dict) -> list[str]:
 
 def second_target_section(second: dict) -> list[str]:
     if not second.get("verify_by_rows"):
-        return [f"Not measured: {second.get('error') or second.get('skipped') or 'the run stopped before it'}."]
+        return [_not_measured(second)]
     verify = second["verify_by_rows"]
     lines = [f"`{second['model']['shape']}` ({second['model']['recipe']}): verify ms by rows 1..{len(verify)}: "
              f"{' '.join(_ms(v) for v in verify)} (9 rows: {_fmt(_ratio(verify, 9))}x one row)."]
     if second.get("verify_by_rows_long_context"):
-        lines.append(f"At context 2048: {' '.join(_ms(v) for v in second['verify_by_rows_long_context'])}.")
-    runs = second.get("engine", {}).get("runs", {})
-    return lines + ([""] + engine_section(runs) if runs else [])
+        lines.append(f"At context {LONG_CONTEXT}: {' '.join(_ms(v) for v in second['verify_by_rows_long_context'])}.")
+    runs = _part(_part(second, "engine"), "runs")
+    return lines + ([""] + engine_section(runs) if runs else []) + _failure(second)
 
 
 def _fmt(value: float | None) -> str:
@@ -161,11 +192,12 @@ def _fmt(value: float | None) -> str:
 
 
 def predicted_section(preds: dict) -> list[str]:
-    note = preds.get("note", "")
-    bench = preds.get("bench", {})
-    lines = [f"Acceptance from the CPU bench (`{bench.get('command', '?')}`, {bench.get('started', '?')}); costs from the "
-             f"sweep above. {note}", ""]
-    sweep = preds.get("costs", {}).get("sweep", [])
+    if not preds:
+        return ["Nothing predicted: the run stopped before the predictions."]
+    bench = _part(preds, "bench")
+    lines = [(f"Acceptance from the CPU bench (`{bench.get('command', '?')}`, {bench.get('started', '?')}); costs from "
+              f"the sweep above. {preds.get('note', '')}") if bench else "No bench JSON was given: no acceptance profile.", ""]
+    sweep = _part(preds, "costs").get("sweep") or []
     if sweep:
         rows = []
         for p in sweep:
@@ -173,24 +205,28 @@ def predicted_section(preds: dict) -> list[str]:
                      for lag in ("lag0", "lag1")]
             rows.append([p["suite"], p["mode"], *cells, " ".join(f"{s:.2f}" for s in p["speedup_by_k"])])
         lines += _table(["suite", "CPU bench mode", "auto's choice (lag 0)", "lag 1", "speed-up by k=1..8"], rows)
-    else:
-        lines.append("No acceptance profile (the run stopped before the predictions, or had no bench JSON).")
-    outputs = preds.get("predicted_outputs", {}).get("sweep", [])
+    elif bench:
+        lines.append("No acceptance profile in the bench JSON.")
+    outputs = _part(preds, "predicted_outputs").get("sweep") or []
     if outputs:
         lines += ["", "Predicted Outputs, the CPU bench's passes re-costed:", ""]
         lines += _table(["suite", "re-costed speed-up", "drafted tokens kept", "best k (ceiling)"],
-                        [[e["suite"], f"{e['recosted_speedup']:.2f}x", f"{e['covered']:.0%}",
+                        [[e["suite"], f"{e['recosted_speedup']:.2f}x",
+                          f"{e['covered']:.0%}" if e.get("covered") is not None else "-",
                           f"{c['speedup']:.2f}x at k={c['k']}" if (c := e.get("ceiling")) else "-"] for e in outputs])
     return lines
 
 
 def render_report(run: dict, source: Path) -> str:
     f = facts(run, source)
-    cal = run.get("calibration", {})
-    engine = run.get("engine", {})
-    missing = [step for step in ALL_STEPS if step not in run.get("steps_present", [])]
-    where = (f"{f.gpu} (driver {f.driver}; nvcc there: {f.nvcc or 'none'})" if f.gpu
-             else "no GPU (a CPU rehearsal)")
+    cal = _part(run, "calibration")
+    engine = _part(run, "engine")
+    reached = run.get("steps_present") or []
+    missing = [step for step in ALL_STEPS if step not in reached]
+    unreadable = _part(run, "unreadable")
+    where = f"{f.gpu} (driver {f.driver}; nvcc there: {f.nvcc or 'none'})" if f.gpu else "no GPU (a CPU rehearsal)"
+    weights = ("with a word chain so that greedy answers are decided by wide margins (packaging/synth_gguf.py)"
+               if f.word_chain else "all random (`--flat`: flat logits, answers part on near-ties)")
     lines = [
         "# GPU runs",
         "",
@@ -200,65 +236,73 @@ def render_report(run: dict, source: Path) -> str:
         f"Latest: [{source.name}]({source.name}), {f.date}, on {where}; llama-cpp-python {f.llama_cpp_python}"
         + (f"; the bundle's prebuilt libraries: {f.prebuilt}" if f.prebuilt else "")
         + (f"; {f.libraries}" if f.libraries else "") + ".",
-        f"Models: random weights of the `{f.target}` (target) and `{f.draft}` (draft) shapes, {f.recipe}, with a word "
-        "chain so that greedy answers are decided by wide margins (packaging/synth_gguf.py).",
-        "Steps measured: " + (", ".join(run.get("steps_present", [])) or "none")
+        f"Models: random weights of the `{f.target}` (target) and `{f.draft}` (draft) shapes, {f.recipe}, {weights}.",
+        "Steps reached: " + (", ".join(reached) or "none")
         + (f"; not reached: {', '.join(missing)}" if missing else "; all of them") + ".",
     ]
+    if unreadable:
+        lines.append("Unreadable (cut off mid-write): " + "; ".join(f"{k}: {v}" for k, v in unreadable.items()) + ".")
     if not f.on_gpu:
         lines += ["", "**Not a GPU measurement**: " + ("no GPU was seen" if f.gpu is None else
                   "the libraries did not offload to the GPU") + ". Every figure below is from the CPU."]
     lines += ["", "## Measured" + (" on the GPU" if f.on_gpu else ""), "", "### Verify and draft costs", ""]
     lines += cost_section(cal)
-    if engine.get("runs"):
-        lines += ["", f"### The engine end to end (greedy, {engine.get('max_tokens', '?')} tokens, one request per mode)", "",
-                  "`prediction` sends `off`'s own answer back as the prediction: every drafted token is kept, so its "
+    lines += ["", f"### The engine end to end (greedy, {engine.get('max_tokens', '?')} tokens, one request per mode)", ""]
+    runs = _part(engine, "runs")
+    if runs:
+        lines += ["`prediction` sends `off`'s own answer back as the prediction: every drafted token is kept, so its "
                   "row is the engine at 100% acceptance on these kernels.", ""]
-        lines += engine_section(engine["runs"])
-    lines += ["", "### Batch size and the argmax", ""] + flips_section(engine.get("batch_flips") or {})
-    lines += ["", "### The 1.5B target's shape", ""] + second_target_section(engine.get("second_target") or {})
+        lines += engine_section(runs) + _failure(engine)
+    else:
+        lines.append(_not_measured(engine))
+    lines += ["", "### Batch size and the argmax", ""] + flips_section(_part(engine, "batch_flips"))
+    lines += ["", "### The 1.5B target's shape", ""] + second_target_section(_part(engine, "second_target"))
     lines += ["", "## Predicted, not measured: the CPU bench's acceptance on these costs", ""]
-    lines += predicted_section(run.get("predictions", {}))
+    lines += predicted_section(_part(run, "predictions"))
     return "\n".join(lines) + "\n"
 
 
 def readme_lines(run: dict, source: Path) -> list[str]:
-    """The README's few lines on the GPU: measured figures first, then what is predicted."""
+    """The README's few lines on the GPU: what was measured, then (marked) what is predicted."""
     f = facts(run, source)
-    verify = run.get("calibration", {}).get("sweep", {}).get("verify_by_rows", [])
+    verify = _part(_part(run, "calibration"), "sweep").get("verify_by_rows") or []
     rows = min(9, len(verify))
-    lines = [f"Measured on one {f.gpu} on {f.date} with random-weight models of the `{f.target}`/`{f.draft}` shapes "
+    lines = [f"On one {f.gpu}, {f.date}, with random-weight models of the `{f.target}`/`{f.draft}` shapes "
              f"([docs/gpu/](docs/gpu/README.md), `{source.name}`):"]
     if verify:
-        lines.append(f"- a verify of {rows} rows costs {_fmt(_ratio(verify, rows))} single steps; one step "
+        lines.append(f"- measured: a verify of {rows} rows costs {_fmt(_ratio(verify, rows))} single steps; one step "
                      f"{_ms(verify[0])} ms")
-    runs = run.get("engine", {}).get("runs", {})
-    off = runs.get("off", {}).get("tokens_per_s")
+    runs = _part(_part(run, "engine"), "runs")
+    off = _part(runs, "off").get("tokens_per_s")
     if off:
-        others = [f"`{mode}` {r['tokens_per_s'] / off:.2f}x" for mode, r in runs.items()
-                  if mode != "off" and r.get("tokens_per_s")]
-        same = all(r.get("first_difference", 0) is None for mode, r in runs.items() if mode != "off")
-        lines.append(f"- `off` {off:.1f} tokens/s; {', '.join(others)} (`prediction` at 100% acceptance)"
+        others = [f"`{mode}` " + (f"{r['tokens_per_s'] / off:.2f}x" if r.get("tokens_per_s") else "failed")
+                  for mode, r in runs.items() if mode != "off"]
+        same = all(same_as_off(mode, r) == "yes" for mode, r in runs.items() if mode != "off")
+        lines.append(f"- measured: `off` {off:.1f} tokens/s; {', '.join(others)} (`prediction` at 100% acceptance)"
                      + ("; every mode gave `off`'s answer" if same else "; a mode failed or parted from `off`'s answer"))
-    sweep = run.get("predictions", {}).get("costs", {}).get("sweep", [])
     best: dict[str, float] = {}
-    for p in sweep:
+    for p in _part(_part(run, "predictions"), "costs").get("sweep") or []:
         if p.get("lag0"):
             best[p["suite"]] = max(best.get(p["suite"], 0.0), p["lag0"]["speedup"])
     if best:
-        lines.append("- predicted from the CPU bench's acceptance, `auto`'s speed-up: "
-                     + ", ".join(f"{suite} {s:.2f}x" for suite, s in best.items()))
+        lines.append("- predicted from the CPU bench's acceptance on these costs, `auto`'s best speed-up per suite "
+                     "(lag 0): " + ", ".join(f"{suite} {s:.2f}x" for suite, s in best.items()))
     return lines
 
 
 def update_readme(text: str, lines: list[str]) -> str:
-    """The README with its GPU lines replaced, or put after the bench summary the first time."""
+    """The README with its GPU lines replaced, or put after the bench summary the first time. Markers
+    that are not one pair in order are refused: replacing between them could eat other text."""
     block = "\n".join([README_START, *lines, README_END])
-    if README_START in text and README_END in text:
+    starts, ends = text.count(README_START), text.count(README_END)
+    if starts == ends == 1 and text.index(README_START) < text.index(README_END):
         head, rest = text.split(README_START, 1)
         return head + block + rest.split(README_END, 1)[1]
-    if README_AFTER not in text:
-        raise ValueError(f"the README has neither {README_START} nor {README_AFTER} to put the GPU lines after")
+    if starts or ends:
+        raise ValueError(f"the README has {starts} {README_START} and {ends} {README_END} (one of each, in that "
+                         "order, or neither)")
+    if text.count(README_AFTER) != 1:
+        raise ValueError(f"the README has no single {README_AFTER} to put the GPU lines after")
     head, rest = text.split(README_AFTER, 1)
     return head + README_AFTER + "\n\n" + block + rest
 
@@ -280,19 +324,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.run} is not a collected run (no steps_present); fix: run packaging/gpu_collect.py first",
               file=sys.stderr)
         return 2
-    f = facts(run, args.run)
+    try:
+        f = facts(run, args.run)
+        report = render_report(run, args.run)
+        lines = readme_lines(run, args.run) if args.readme else []
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        print(f"error: {args.run} is malformed ({type(exc).__name__}: {exc}); fix: collect it again with "
+              "packaging/gpu_collect.py", file=sys.stderr)
+        return 2
     if args.readme and not f.on_gpu:
         print(f"error: {args.run.name} is not a GPU measurement ({'no GPU seen' if f.gpu is None else 'no offload'}); "
               "fix: quote only a run whose libraries offloaded to a GPU", file=sys.stderr)
         return 1
     out = args.out or args.run.parent / "README.md"
-    out.write_text(render_report(run, args.run))
+    out.write_text(report)
     print(f"wrote {out}")
     if args.readme:
         try:
-            args.readme.write_text(update_readme(args.readme.read_text(), readme_lines(run, args.run)))
+            args.readme.write_text(update_readme(args.readme.read_text(), lines))
         except (OSError, ValueError) as exc:
-            print(f"error: {exc}; fix: add {README_START} and {README_END} where the lines belong", file=sys.stderr)
+            print(f"error: {exc}; fix: leave one {README_START} ... {README_END} pair where the lines belong",
+                  file=sys.stderr)
             return 1
         print(f"updated {args.readme}")
     return 0

@@ -402,9 +402,9 @@ def test_a_gpu_run_gives_a_report_that_keeps_measured_and_predicted_apart_and_th
     text = readme.read_text()
     block = text.split(gpu_report.README_START)[1].split(gpu_report.README_END)[0]
     assert text.index(gpu_report.README_START) > text.index(gpu_report.README_AFTER)  # after the bench summary
-    assert "Measured on one NVIDIA H200 on 2026-12-07" in block and "a verify of 9 rows costs 2.77 single steps" in block
+    assert "On one NVIDIA H200, 2026-12-07," in block and "- measured: a verify of 9 rows costs 2.77 single steps" in block
     assert "`prediction` 3.50x" in block and "every mode gave `off`'s answer" in block
-    assert "predicted from the CPU bench's acceptance, `auto`'s speed-up: all 1.17x, chat 1.00x" in block
+    assert "- predicted from the CPU bench's acceptance on these costs, `auto`'s best speed-up per suite (lag 0): all 1.17x" in block
     # A later run replaces the lines rather than adding a second block.
     assert gpu_report.main([str(run), "--readme", str(readme)]) == 0
     assert readme.read_text() == text and text.count(gpu_report.README_START) == 1
@@ -420,8 +420,8 @@ def test_a_cut_run_and_bad_input_are_reported_not_crashed_on(tmp_path, capsys):
     assert gpu_collect.main([str(out), str(dest)]) == 0
     assert gpu_report.main([str(dest)]) == 0
     report = (tmp_path / "README.md").read_text()
-    assert "Steps measured: sweep; not reached: sweep_long_context, engine_calibration, predictions" in report
-    assert "| 9 | 10.1 | 2.77 | - | - | 5.9 |" in report and "No acceptance profile" in report
+    assert "Steps reached: sweep; not reached: sweep_long_context, engine_calibration, predictions" in report
+    assert "| 9 | 10.1 | 2.77 | - | - | 5.9 |" in report and "Nothing predicted: the run stopped before" in report
     assert "Not measured: the run stopped before it." in report
     (tmp_path / "junk.json").write_text("{not json")
     assert gpu_report.main([str(tmp_path / "junk.json")]) == 2
@@ -429,6 +429,59 @@ def test_a_cut_run_and_bad_input_are_reported_not_crashed_on(tmp_path, capsys):
     (tmp_path / "other.json").write_text("[1, 2]")
     assert gpu_report.main([str(tmp_path / "other.json")]) == 2
     assert "fix: run packaging/gpu_collect.py first" in capsys.readouterr().err
+
+
+def test_what_failed_in_a_run_is_reported_and_a_malformed_run_is_refused_in_one_line(tmp_path, capsys):
+    run = json.loads(_as_if_on_a_gpu(tmp_path).read_text())
+    runs = run["engine"]["runs"]
+    runs["off"] = {"finish": "error", "error": "RuntimeError: out of memory"}  # off failed: nothing to compare with
+    for mode in ("prediction", "lookup", "draft", "auto"):
+        runs[mode].pop("first_difference")
+    runs["draft"]["tokens_per_s"] = None
+    run["engine"]["second_target"]["error"] = "RuntimeError: load failed"  # after its sweep
+    run["engine"]["batch_flips"] = {"skipped": "no time left"}
+    run["predictions"]["predicted_outputs"]["sweep"][0].update(covered=None, ceiling=None)
+    del run["predictions"]["bench"]
+    run["unreadable"] = {"engine.json": "Expecting value: line 1 column 1 (char 0)"}
+    path = tmp_path / "h200-failed.json"
+    path.write_text(json.dumps(run))
+    assert gpu_report.main([str(path), "--out", str(tmp_path / "r.md")]) == 0
+    report = (tmp_path / "r.md").read_text()
+    assert "| `off` | - | - | - | failed: RuntimeError: out of memory |" in report
+    assert "| `lookup` | 440.3 | - | 69/69 | - |" in report and "| `draft` | - | - | 85/241 | - |" in report
+    assert "Then it failed: RuntimeError: load failed." in report
+    assert "Not measured: skipped: no time left." in report and "| editing | 1.46x | - | - |" in report
+    assert "No bench JSON was given: no acceptance profile." in report
+    assert "Unreadable (cut off mid-write): engine.json: Expecting value" in report
+    run["engine"] = {"error": "RuntimeError: no CUDA device"}  # the engine never started
+    run["calibration"]["word_chain"] = None  # a --flat run
+    path.write_text(json.dumps(run))
+    assert gpu_report.main([str(path), "--out", str(tmp_path / "r.md")]) == 0
+    report = (tmp_path / "r.md").read_text()
+    assert "Not measured: failed: RuntimeError: no CUDA device." in report and "all random (`--flat`" in report
+    # Null parts read as missing; a part of the wrong shape is one line naming the file and the fix.
+    path.write_text(json.dumps({**run, "engine": None, "predictions": None}))
+    assert gpu_report.main([str(path), "--out", str(tmp_path / "r.md")]) == 0
+    assert "Nothing predicted: the run stopped before the predictions." in (tmp_path / "r.md").read_text()
+    path.write_text(json.dumps({**run, "predictions": {"costs": {"sweep": [{"suite": "code"}]}}}))
+    assert gpu_report.main([str(path), "--out", str(tmp_path / "r.md")]) == 2
+    err = capsys.readouterr().err
+    assert "is malformed (KeyError: 'mode'); fix: collect it again with packaging/gpu_collect.py" in err
+
+
+@pytest.mark.parametrize("markers", [
+    "<!-- gpu-summary:end -->\nkeep\n<!-- gpu-summary:start -->\n",  # out of order
+    "<!-- gpu-summary:start -->\nkeep\n",  # a start without its end: replacing would eat to the next end
+    "<!-- gpu-summary:start -->\na\n<!-- gpu-summary:end -->\n<!-- gpu-summary:start -->\nb\n<!-- gpu-summary:end -->\n",
+])
+def test_readme_markers_that_are_not_one_ordered_pair_are_refused_and_the_readme_is_kept(tmp_path, capsys, markers):
+    run = _as_if_on_a_gpu(tmp_path)
+    readme = tmp_path / "README.md"
+    text = f"## Performance\n<!-- bench-summary:start -->\nx\n<!-- bench-summary:end -->\n{markers}## Documentation\n"
+    readme.write_text(text)
+    assert gpu_report.main([str(run), "--readme", str(readme)]) == 1
+    assert readme.read_text() == text
+    assert "(one of each, in that order, or neither); fix: leave one" in capsys.readouterr().err
 
 
 def test_gpu_check_rejects_bad_arguments(tmp_path):
