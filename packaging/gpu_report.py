@@ -143,21 +143,21 @@ def engine_section(runs: dict) -> list[str]:
     return _table(["mode", "tokens/s", "x off", "kept/drafted", "same answer as `off`"], rows)
 
 
-def _not_measured(part: dict) -> str:
+def _stop_reason(part: dict) -> str | None:
+    """Why gpu_check.py stopped a part (its `error` or `skipped`), or None."""
     if part.get("error"):
-        return f"Not measured: failed: {part['error']}."
-    if part.get("skipped"):
-        return f"Not measured: skipped: {part['skipped']}."
-    return "Not measured: the run stopped before it."
+        return f"failed: {part['error']}"
+    return f"skipped: {part['skipped']}" if part.get("skipped") else None
+
+
+def _not_measured(part: dict) -> str:
+    return f"Not measured: {_stop_reason(part) or 'the run stopped before it'}."
 
 
 def _failure(part: dict) -> list[str]:
-    """A part that measured something and then failed (or skipped the rest) says so."""
-    if part.get("error"):
-        return [f"Then it failed: {part['error']}."]
-    if part.get("skipped"):
-        return [f"The rest was skipped: {part['skipped']}."]
-    return []
+    """A part that measured something and then stopped says why."""
+    reason = _stop_reason(part)
+    return [f"Then it {reason}."] if reason else []
 
 
 def flips_section(flips: dict) -> list[str]:
@@ -179,7 +179,8 @@ def second_target_section(second: dict) -> list[str]:
     if not second.get("verify_by_rows"):
         return [_not_measured(second)]
     verify = second["verify_by_rows"]
-    lines = [f"`{second['model']['shape']}` ({second['model']['recipe']}): verify ms by rows 1..{len(verify)}: "
+    model = _part(second, "model")
+    lines = [f"`{model.get('shape', '?')}` ({model.get('recipe', '?')}): verify ms by rows 1..{len(verify)}: "
              f"{' '.join(_ms(v) for v in verify)} (9 rows: {_fmt(_ratio(verify, 9))}x one row)."]
     if second.get("verify_by_rows_long_context"):
         lines.append(f"At context {LONG_CONTEXT}: {' '.join(_ms(v) for v in second['verify_by_rows_long_context'])}.")
