@@ -7,8 +7,9 @@ with --small. Steps:
      plain word the greedy next token is its successor by a wide margin (no near-ties to part the
      answers), the answer repeats every CHAIN_CYCLE words (something for prompt lookup), and the
      draft follows DRAFT_AGREES of the target's successors (its acceptance); --flat: all random;
-  2. load them with every layer offloaded (n_gpu_layers=-1; ignored by a CPU build) and run the
-     engine's own calibration (localspec.engine.calibrate.measure), plus a full sweep of target
+  2. plan the product's own GPU split for them on free VRAM (engine.offload, as `serve` loads),
+     load them with every layer offloaded (n_gpu_layers=-1; ignored by a CPU build), and hold the
+     plan against the VRAM the load took; then run the engine's own calibration (localspec.engine.calibrate.measure), plus a full sweep of target
      verify batches 1..16 rows and draft batches 1..16 rows (the catch-up);
   3. feed those costs and the per-position acceptance measured with the real pair on the CPU
      (a localspec bench JSON) to the `auto` controller, and record the k it chooses and the
@@ -232,6 +233,70 @@ def drive_engine(models: dict, costs, *, n_gpu_layers: int, threads: int | None,
     return result
 
 
+# ---------------------------------------------------------------- the product's own GPU split
+
+
+def offload_plan(paths: dict[str, str], cfg, *, offload_supported: bool, probe) -> dict:
+    """The split the product itself makes for these models (engine.offload: `serve`, the app and
+    `generate` load with n_gpu_layers -1 through it), planned on free VRAM read by `probe` before
+    the check loads them; the check's own load leaves -1 to llama.cpp, as a GPU this size fits all."""
+    from localspec.engine.loading import offloaded
+    from localspec.engine.offload import VramBudget
+    from localspec.models.fit import model_layers
+
+    if not offload_supported:
+        return {"skipped": "this llama.cpp build cannot offload (a CPU build): nothing to plan"}
+    free, how = probe()
+    if free is None:
+        return {"skipped": "free VRAM could not be read (no NVML, no nvidia-smi): the product leaves -1 to llama.cpp"}
+    budget = VramBudget(free, model_layers)  # the target plans first, the draft gets what is left
+    plans: dict[str, dict | None] = {}
+    for role, path in paths.items():
+        _, plan = offloaded(path, cfg, budget)
+        plans[role] = None if plan is None else {
+            "n_gpu_layers": plan.n_gpu_layers, "offloaded": plan.offloaded, "n_layers": plan.n_layers,
+            "gpu_bytes": plan.gpu_bytes, "total_bytes": plan.total_bytes, "message": plan.message}
+    return {"probe": how, "free_before": free, "plans": plans,
+            "planned_bytes": sum(p["gpu_bytes"] for p in plans.values() if p)}
+
+
+def offload_used(plan: dict, *, probe, n_gpu_layers: int) -> dict:
+    """`plan` with what the load took: free VRAM read again once both models are loaded. The plan
+    is held against it only where it put every layer on the GPU, as the check's load did: a plan
+    under what was used would let a GPU with less room take a split that fails to load."""
+    from localspec.engine.offload import ALL_LAYERS
+
+    if "free_before" not in plan:
+        return plan
+    free, _ = probe()
+    if free is None:
+        return {**plan, "error": "free VRAM could not be read after the load"}
+    used = plan["free_before"] - free
+    whole = n_gpu_layers == ALL_LAYERS and all(p and p["n_gpu_layers"] == ALL_LAYERS for p in plan["plans"].values())
+    return {**plan, "free_after_load": free, "used_by_load": used,
+            "planned_over_used": round(plan["planned_bytes"] / used, 3) if whole and used > 0 else None}
+
+
+def offload_line(offload: dict) -> str:
+    """One line on the product's split against what the load used (summary.txt and the report)."""
+    if "plans" not in offload:
+        reason = offload.get("error") or offload.get("skipped") or "not planned"
+        return f"the product's GPU split: {'failed: ' if offload.get('error') else ''}{reason}"
+    from localspec.engine.offload import VRAM_SPARE
+
+    gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
+    plans = "; ".join(f"{role}: {p['message'] if p else 'no plan (its header cannot tell its layers)'}"
+                      for role, p in offload["plans"].items())
+    line = f"the product's GPU split (free VRAM by {offload['probe']}): {plans}; planned {gib(offload['planned_bytes'])}"
+    if "used_by_load" in offload:
+        line += f", the load took {gib(offload['used_by_load'])}"
+        if (ratio := offload.get("planned_over_used")) is not None:
+            line += f" (planned / used {ratio:.2f}" + (
+                "" if ratio >= 1 else f": within the {VRAM_SPARE:.0%} of free VRAM the plan keeps spare" if ratio >= 1 - VRAM_SPARE
+                else f": short by more than the {VRAM_SPARE:.0%} kept spare, so a GPU with only the planned room fails to load it") + ")"
+    return line + (f"; then {offload['error']}" if offload.get("error") else "")
+
+
 # ---------------------------------------------------------------- measuring
 
 
@@ -337,6 +402,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from localspec.engine import calibrate
     from localspec.engine.runtime import ModelRuntime, RuntimeConfig
+    from localspec.models.fit import free_vram
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -347,10 +413,15 @@ def run(args: argparse.Namespace) -> dict:
     offload = bool(llama_cpp.llama_supports_gpu_offload())
     cfg = RuntimeConfig(n_ctx=SWEEP_N_CTX, n_batch=512, n_ubatch=512, n_outputs_max=64, n_threads=args.threads,
                         n_gpu_layers=args.n_gpu_layers, flash_attn="auto")
+    paths = {role: m["path"] for role, m in models.items()}
+    read_vram = lambda: free_vram(max_age_s=0)  # noqa: E731  (fresh readings either side of the load)
+    planned = _guarded("the offload plan", lambda: offload_plan(paths, cfg, offload_supported=offload, probe=read_vram))
     t0 = time.perf_counter()
     target = ModelRuntime(models["target"]["path"], cfg)
     draft = ModelRuntime(models["draft"]["path"], cfg)
     load_s = time.perf_counter() - t0
+    offload_record = _guarded("the offload plan", lambda: offload_used(planned, probe=read_vram,
+                                                                        n_gpu_layers=args.n_gpu_layers))
     print(f"loaded both in {load_s:.1f} s; GPU offload supported: {offload}", flush=True)
     calibration: dict = {
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
@@ -363,6 +434,7 @@ def run(args: argparse.Namespace) -> dict:
             "words": int((chain["target"] >= 0).sum()), "cycle": CHAIN_CYCLE, "draft_agrees": DRAFT_AGREES,
             "note": "after a word, the target's greedy next token is its successor by a wide margin (synth_gguf.py)"},
         "load_seconds": round(load_s, 2),
+        "offload": offload_record,
     }
 
     def save(name: str, obj: dict | str) -> None:
@@ -513,6 +585,7 @@ def render_summary(cal: dict, preds: dict, seconds: float) -> str:
         f"localspec GPU cost check ({seconds:.0f} s): target {cal['models']['target']['shape']}, "
         f"draft {cal['models']['draft']['shape']} ({cal['models']['target']['recipe']})",
         f"GPUs: {', '.join(m['gpus']) or 'none'}; GPU offload: {m['gpu_offload']}; llama-cpp-python {m['llama_cpp_python']}",
+        offload_line(cal.get("offload") or {}),
         (f"weights: a word chain of {chain['words']} words in cycles of {chain['cycle']}, the draft following "
          f"{chain['draft_agrees']:.0%} of it" if (chain := cal.get("word_chain")) else "weights: all random (flat logits)"),
         f"target verify, ms by rows 1..{len(sw['verify_by_rows'])} (context {sw['context']}): {ms(sw['verify_by_rows'])}",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_check import LONG_CONTEXT, same_as_off  # noqa: E402  (next to this file)
+from gpu_check import LONG_CONTEXT, offload_line, same_as_off  # noqa: E402  (next to this file)
 
 README_START = "<!-- gpu-summary:start -->"
 README_END = "<!-- gpu-summary:end -->"
@@ -125,6 +125,14 @@ def cost_section(cal: dict) -> list[str]:
                      f"{' '.join(_ms(v) for v in engine_cal['verify'])} ms by rows, a draft step of "
                      f"{_ms(engine_cal['draft_step'])} ms and a catch-up row of {_ms(engine_cal['draft_row'])} ms.")
     return lines
+
+
+def offload_section(offload: dict) -> str:
+    """engine.offload's plan for these models on the free VRAM read before the load, and what the load took."""
+    if not offload:
+        return "Not measured: a run from before the check planned the split."
+    line = offload_line(offload)
+    return line[0].upper() + line[1:] + "."
 
 
 def engine_section(runs: dict) -> list[str]:
@@ -248,6 +256,7 @@ def render_report(run: dict, source: Path) -> str:
                   "the libraries did not offload to the GPU") + ". Every figure below is from the CPU."]
     lines += ["", "## Measured" + (" on the GPU" if f.on_gpu else ""), "", "### Verify and draft costs", ""]
     lines += cost_section(cal)
+    lines += ["", "### The product's GPU split", "", offload_section(_part(cal, "offload"))]
     lines += ["", f"### The engine end to end (greedy, {engine.get('max_tokens', '?')} tokens, one request per mode)", ""]
     runs = _part(engine, "runs")
     if runs:

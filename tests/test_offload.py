@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -136,6 +138,25 @@ def test_no_planner_without_a_gpu():
     assert vram_planner(offload_supported=True, probe=lambda: (None, "none")) is None
     planner = vram_planner(offload_supported=True, probe=lambda: (8 * GiB, "nvml"))
     assert isinstance(planner, VramBudget) and planner.left == 8 * GiB
+
+
+def test_a_fresh_reading_of_free_vram_is_taken_when_asked(monkeypatch):
+    from localspec.models import fit
+
+    calls: list[list[str]] = []
+
+    def smi(cmd, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"{1000 + len(calls)}\n", stderr="")
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: nvidia-smi answers
+    monkeypatch.setattr(fit.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(fit.subprocess, "run", smi)
+    monkeypatch.setattr(fit, "_GPU_CACHE", None)
+    assert fit.free_vram() == (1001 * MiB, "nvidia-smi")
+    assert fit.free_vram() == (1001 * MiB, "nvidia-smi")  # within the TTL: the same reading
+    # Around a load being measured, a reading from before it is of no use.
+    assert fit.free_vram(max_age_s=0) == (1002 * MiB, "nvidia-smi") and len(calls) == 2
 
 
 # ---------------------------------------------------------------- wiring into loading

@@ -366,6 +366,12 @@ def _as_if_on_a_gpu(tmp_path: Path) -> Path:
     run["calibration"]["machine"]["gpu_offload"] = True
     run["libraries"] = "the prebuilt libraries load and offload to the GPU"
     run["environment"] += ["Cuda compilation tools, release 13.0, V13.0.88", "NVIDIA H200, 143771 MiB, 9.0, 580.159.03"]
+    plans = {role: {"n_gpu_layers": -1, "offloaded": n, "n_layers": n, "gpu_bytes": size, "total_bytes": size,
+                    "message": f"offloading all {n} layers ({size / 2**30:.1f} GiB): free VRAM 139.5 GiB"}
+             for role, n, size in (("target", 4, 700 * 2**20), ("draft", 2, 500 * 2**20))}
+    run["calibration"]["offload"] = {"probe": "nvidia-smi", "free_before": 149_789_933_568, "plans": plans,
+                                     "planned_bytes": 1200 * 2**20, "free_after_load": 149_789_933_568 - 1500 * 2**20,
+                                     "used_by_load": 1500 * 2**20, "planned_over_used": 0.8}
     path = tmp_path / "docs" / "gpu" / "h200-2026-12-09.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(run))
@@ -384,6 +390,7 @@ def test_a_cpu_rehearsal_is_reported_as_one_and_never_quoted_in_the_readme(tmp_p
     report = (tmp_path / "report.md").read_text()
     assert "**Not a GPU measurement**: no GPU was seen" in report and "## Measured on the GPU" not in report
     assert "on no GPU (a CPU rehearsal)" in report and "2026-12-07" in report
+    assert "Not measured: a run from before the check planned the split." in report  # the fixture predates it
 
 
 def test_a_gpu_run_gives_a_report_that_keeps_measured_and_predicted_apart_and_the_readme_lines(tmp_path):
@@ -395,6 +402,10 @@ def test_a_gpu_run_gives_a_report_that_keeps_measured_and_predicted_apart_and_th
     measured, predicted = report.split("## Predicted, not measured")
     assert "## Measured on the GPU" in measured and "NVIDIA H200 (driver 580.159.03; nvcc there: 13.0, V13.0.88)" in measured
     assert "; the prebuilt libraries load and offload to the GPU." in measured
+    assert ("The product's GPU split (free VRAM by nvidia-smi): target: offloading all 4 layers (0.7 GiB): free VRAM "
+            "139.5 GiB; draft: offloading all 2 layers (0.5 GiB): free VRAM 139.5 GiB; planned 1.17 GiB, the load took "
+            "1.46 GiB (planned / used 0.80: short by more than the 5% kept spare, so a GPU with only the planned room "
+            "fails to load it).") in measured
     assert "| 9 | 10.1 | 2.77 | 15.0 | 3.41 | 5.9 |" in measured  # verify ms, ratio, at 2k context, draft
     assert "| `prediction` | 833.4 | 3.50 | 119/119 | yes |" in measured  # the engine at 100% acceptance
     assert "| 16 | 0 | 0 | - | 0.0056 |" in measured and "Not a GPU measurement" not in report
@@ -706,6 +717,49 @@ def test_synthetic_models_load_in_llama_cpp_and_calibrate(tiny_models, draft_pat
         draft.close()
 
 
+def test_the_products_gpu_split_is_planned_on_free_vram_and_held_against_what_the_load_took(tiny_models):
+    from localspec.engine.runtime import RuntimeConfig
+
+    paths = {"target": tiny_models["small-target"]["path"], "draft": tiny_models["small-draft"]["path"]}
+    cfg = RuntimeConfig(n_ctx=gpu_check.SWEEP_N_CTX)
+    GiB = 2**30
+    plan = gpu_check.offload_plan(paths, cfg, offload_supported=True, probe=lambda: (139 * GiB, "nvidia-smi"))
+    assert plan["probe"] == "nvidia-smi" and plan["free_before"] == 139 * GiB
+    assert [p["n_gpu_layers"] for p in plan["plans"].values()] == [-1, -1]  # an H200 holds both whole
+    planned = plan["planned_bytes"]
+    assert planned == sum(p["gpu_bytes"] for p in plan["plans"].values()) > 0
+    # The load took twice what was planned: the plan is short, and the line says so.
+    short = gpu_check.offload_used(plan, probe=lambda: (139 * GiB - 2 * planned, "nvidia-smi"), n_gpu_layers=-1)
+    assert short["used_by_load"] == 2 * planned and short["planned_over_used"] == 0.5
+    assert "short by more than the 5% kept spare" in gpu_check.offload_line(short)
+    near = gpu_check.offload_used(plan, probe=lambda: (139 * GiB - int(planned / 0.97), "nvidia-smi"), n_gpu_layers=-1)
+    assert "(planned / used 0.97: within the 5% of free VRAM the plan keeps spare)" in gpu_check.offload_line(near)
+    roomy = gpu_check.offload_used(plan, probe=lambda: (139 * GiB - planned // 2, "nvidia-smi"), n_gpu_layers=-1)
+    assert roomy["planned_over_used"] == 2.0 and "short" not in gpu_check.offload_line(roomy)
+    # A load that did not put every layer on the GPU is not held against a whole plan.
+    assert gpu_check.offload_used(plan, probe=lambda: (GiB, "nvidia-smi"), n_gpu_layers=0)["planned_over_used"] is None
+    assert "could not be read after" in gpu_check.offload_line(
+        gpu_check.offload_used(plan, probe=lambda: (None, "none"), n_gpu_layers=-1))
+    # Little free VRAM: the target gets the last layers that fit, the draft what is left (none here).
+    from localspec.engine.offload import VRAM_SPARE
+    from localspec.models.fit import model_layers
+
+    layers = model_layers(paths["target"])
+    kv = layers.kv_bytes_per_cell * cfg.n_ctx
+    tight_free = int((layers.compute_bytes + 1.5 * (layers.layer_bytes[-1] + kv)) / (1 - VRAM_SPARE))  # 1.5 layers' room
+    tight = gpu_check.offload_plan(paths, cfg, offload_supported=True, probe=lambda: (tight_free, "nvml"))
+    target = tight["plans"]["target"]
+    assert target["offloaded"] == target["n_gpu_layers"] == 1 < target["n_layers"]
+    assert tight["plans"]["draft"]["offloaded"] == 0
+    assert f"{target['offloaded']} of {target['n_layers']} layers" in gpu_check.offload_line(tight)
+    assert gpu_check.offload_used(tight, probe=lambda: (0, "nvml"), n_gpu_layers=-1)["planned_over_used"] is None
+    # Nothing to plan: a CPU build, or no way to read free VRAM.
+    assert "CPU build" in gpu_check.offload_plan(paths, cfg, offload_supported=False, probe=lambda: (GiB, "nvml"))["skipped"]
+    unread = gpu_check.offload_plan(paths, cfg, offload_supported=True, probe=lambda: (None, "none"))
+    assert gpu_check.offload_used(unread, probe=lambda: (GiB, "nvml"), n_gpu_layers=-1) == unread
+    assert "no NVML, no nvidia-smi" in gpu_check.offload_line(unread)
+
+
 def test_the_gpu_check_drives_the_engine_in_every_mode_and_writes_after_each(tiny_models):
     from localspec.engine.controller import Costs
     from tests.common import TEST_THREADS
@@ -797,6 +851,7 @@ def test_the_gpu_check_runs_every_step_on_the_small_shapes(tmp_path, draft_path)
     cal = json.loads((out / "calibration.json").read_text())
     assert len(cal["sweep"]["verify_by_rows"]) == 16 and cal["engine_calibration"]["k_max"] == 15
     assert cal["word_chain"]["cycle"] == gpu_check.CHAIN_CYCLE and cal["word_chain"]["words"] > 20000
+    assert cal["offload"]["skipped"].startswith("this llama.cpp build cannot offload")  # this box's CPU build
     engine = json.loads((out / "engine.json").read_text())
     assert list(engine["runs"]) == list(gpu_check.ENGINE_MODES)
     assert set(engine["batch_flips"]["by_rows"]) == {str(n) for n in gpu_check.FLIP_SIZES}
@@ -807,6 +862,7 @@ def test_the_gpu_check_runs_every_step_on_the_small_shapes(tmp_path, draft_path)
     summary = (out / "summary.txt").read_text()
     assert "batch size and the argmax" in summary and "small-second: verify ms" in summary
     assert "weights: a word chain of" in summary
+    assert "the product's GPU split: this llama.cpp build cannot offload" in summary
 
 
 def test_a_step_that_raises_is_recorded_and_the_second_target_waits_for_time(tmp_path, draft_path, monkeypatch):

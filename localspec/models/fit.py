@@ -58,11 +58,12 @@ def free_ram() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def free_vram() -> tuple[int | None, str]:
-    """Free memory of the first GPU: NVML when installed, else nvidia-smi, else unknown."""
+def free_vram(*, max_age_s: float = _GPU_TTL) -> tuple[int | None, str]:
+    """Free memory of the first GPU: NVML when installed, else nvidia-smi, else unknown. A reading
+    up to `max_age_s` old is reused (0: read it now, as around a load that is being measured)."""
     global _GPU_CACHE
     now = time.monotonic()
-    if _GPU_CACHE and now - _GPU_CACHE[0] < _GPU_TTL:
+    if _GPU_CACHE and now - _GPU_CACHE[0] < max_age_s:
         return _GPU_CACHE[1], _GPU_CACHE[2]
     value: int | None = None
     probe = "none"
