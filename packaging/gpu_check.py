@@ -245,7 +245,7 @@ def offload_plan(paths: dict[str, str], cfg, *, offload_supported: bool, probe) 
     from localspec.models.fit import model_layers
 
     if not offload_supported:
-        return {"skipped": "this llama.cpp build cannot offload (a CPU build): nothing to plan"}
+        return {"skipped": "llama.cpp offloads to no GPU here (a CPU build, or no GPU it can use): nothing to plan"}
     free, how = probe()
     if free is None:
         return {"skipped": "free VRAM could not be read (no NVML, no nvidia-smi): the product leaves -1 to llama.cpp"}

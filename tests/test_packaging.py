@@ -754,7 +754,7 @@ def test_the_products_gpu_split_is_planned_on_free_vram_and_held_against_what_th
     assert f"{target['offloaded']} of {target['n_layers']} layers" in gpu_check.offload_line(tight)
     assert gpu_check.offload_used(tight, probe=lambda: (0, "nvml"), n_gpu_layers=-1)["planned_over_used"] is None
     # Nothing to plan: a CPU build, or no way to read free VRAM.
-    assert "CPU build" in gpu_check.offload_plan(paths, cfg, offload_supported=False, probe=lambda: (GiB, "nvml"))["skipped"]
+    assert "a CPU build" in gpu_check.offload_plan(paths, cfg, offload_supported=False, probe=lambda: (GiB, "nvml"))["skipped"]
     unread = gpu_check.offload_plan(paths, cfg, offload_supported=True, probe=lambda: (None, "none"))
     assert gpu_check.offload_used(unread, probe=lambda: (GiB, "nvml"), n_gpu_layers=-1) == unread
     assert "no NVML, no nvidia-smi" in gpu_check.offload_line(unread)
@@ -851,7 +851,7 @@ def test_the_gpu_check_runs_every_step_on_the_small_shapes(tmp_path, draft_path)
     cal = json.loads((out / "calibration.json").read_text())
     assert len(cal["sweep"]["verify_by_rows"]) == 16 and cal["engine_calibration"]["k_max"] == 15
     assert cal["word_chain"]["cycle"] == gpu_check.CHAIN_CYCLE and cal["word_chain"]["words"] > 20000
-    assert cal["offload"]["skipped"].startswith("this llama.cpp build cannot offload")  # this box's CPU build
+    assert cal["offload"]["skipped"].startswith("llama.cpp offloads to no GPU here")  # this box's CPU build
     engine = json.loads((out / "engine.json").read_text())
     assert list(engine["runs"]) == list(gpu_check.ENGINE_MODES)
     assert set(engine["batch_flips"]["by_rows"]) == {str(n) for n in gpu_check.FLIP_SIZES}
@@ -862,7 +862,7 @@ def test_the_gpu_check_runs_every_step_on_the_small_shapes(tmp_path, draft_path)
     summary = (out / "summary.txt").read_text()
     assert "batch size and the argmax" in summary and "small-second: verify ms" in summary
     assert "weights: a word chain of" in summary
-    assert "the product's GPU split: this llama.cpp build cannot offload" in summary
+    assert "the product's GPU split: llama.cpp offloads to no GPU here" in summary
 
 
 def test_a_step_that_raises_is_recorded_and_the_second_target_waits_for_time(tmp_path, draft_path, monkeypatch):
