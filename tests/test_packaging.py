@@ -503,6 +503,15 @@ def test_gpu_check_rejects_bad_arguments(tmp_path):
     assert "backend:" in _dry_run(env={"OUT": str(tmp_path / "o"), "PATH": "/usr/bin:/bin"}).stdout  # $OUT works
 
 
+def test_bundle_script_without_a_python_says_so_in_one_line_before_downloading(tmp_path):
+    missing = tmp_path / "no-venv" / "python"
+    r = subprocess.run(["bash", str(REPO / "packaging" / "gpu-bundle.sh"), str(tmp_path / "out")],
+                       env={**os.environ, "PYTHON": str(missing)}, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"error: no Python at {missing}; fix: make the README's venv in {REPO}, or set PYTHON to one "
+                        "with localspec's deps\n")
+
+
 def test_bundle_script_keeps_what_the_check_needs():
     text = (REPO / "packaging" / "gpu-bundle.sh").read_text()
     assert "LIMIT=$((60 * 1024 * 1024))" in text and "MANIFEST.txt" in text
