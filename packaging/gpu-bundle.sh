@@ -60,10 +60,13 @@ cp "$REPO/packaging/gpu-check.sh" "$stage/gpu-check.sh"
 echo "== wheels the engine imports that a PyTorch box may lack (pinned; py3.10-3.13, manylinux x86_64)"
 "$PY" -m pip download --quiet --no-deps -d "$stage/wheels" "diskcache==$(ver diskcache)" \
   "typing-extensions==$(ver typing-extensions)" "annotated-types==$(ver annotated-types)" \
-  "typing-inspection==$(ver typing-inspection)" "pydantic==$(ver pydantic)" "jinja2==$(ver jinja2)"
+  "typing-inspection==$(ver typing-inspection)" "pydantic==$(ver pydantic)" "jinja2==$(ver jinja2)" \
+  "platformdirs==$(ver platformdirs)"
+# pyyaml for gguf-py (gguf.metadata imports yaml), which localspec.models reads headers with.
 for v in 3.10 3.11 3.12 3.13; do
   "$PY" -m pip download --quiet --no-deps --only-binary :all: --platform manylinux2014_x86_64 \
-    --python-version "$v" -d "$stage/wheels" "pydantic-core==$(ver pydantic-core)" "markupsafe==$(ver markupsafe)"
+    --python-version "$v" -d "$stage/wheels" "pydantic-core==$(ver pydantic-core)" "markupsafe==$(ver markupsafe)" \
+    "pyyaml==$(ver pyyaml)"
 done
 
 echo "== acceptance profiles"

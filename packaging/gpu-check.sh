@@ -216,7 +216,10 @@ echo "== python deps (offline, from the bundled wheels, into $WORK/pylib)"
 export PYTHONPATH=$WORK/pylib:$SRC:$HERE:$HERE/localspec-src${PYTHONPATH:+:$PYTHONPATH}  # a rerun finds them there
 need=()
 "$PY" -c 'import pydantic, sys; sys.exit(int(pydantic.VERSION.split(".")[0]) < 2)' 2>/dev/null || need+=(pydantic)
-for m in diskcache jinja2 typing_extensions; do "$PY" -c "import $m" 2>/dev/null || need+=("${m//_/-}"); done
+# module:package; platformdirs and yaml for localspec.models (the offload plan reads model headers).
+for m in diskcache:diskcache jinja2:jinja2 typing_extensions:typing-extensions platformdirs:platformdirs yaml:pyyaml; do
+  "$PY" -c "import ${m%%:*}" 2>/dev/null || need+=("${m#*:}")
+done
 if [ ${#need[@]} -gt 0 ]; then
   "$PY" -m pip install --quiet --no-index --find-links "$HERE/wheels" --target "$WORK/pylib" "${need[@]}" \
     || fail "could not install ${need[*]} from $HERE/wheels"

@@ -277,6 +277,14 @@ def offload_used(plan: dict, *, probe, n_gpu_layers: int) -> dict:
             "planned_over_used": round(plan["planned_bytes"] / used, 3) if whole and used > 0 else None}
 
 
+def read_vram() -> tuple[int | None, str]:
+    """Free VRAM as the product reads it, read now (either side of the load; imported here, so that a
+    module missing on the box costs this step only)."""
+    from localspec.models.fit import free_vram
+
+    return free_vram(max_age_s=0)
+
+
 def offload_line(offload: dict) -> str:
     """One line on the product's split against what the load used (summary.txt and the report)."""
     if "plans" not in offload:
@@ -402,7 +410,6 @@ def run(args: argparse.Namespace) -> dict:
 
     from localspec.engine import calibrate
     from localspec.engine.runtime import ModelRuntime, RuntimeConfig
-    from localspec.models.fit import free_vram
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -414,7 +421,6 @@ def run(args: argparse.Namespace) -> dict:
     cfg = RuntimeConfig(n_ctx=SWEEP_N_CTX, n_batch=512, n_ubatch=512, n_outputs_max=64, n_threads=args.threads,
                         n_gpu_layers=args.n_gpu_layers, flash_attn="auto")
     paths = {role: m["path"] for role, m in models.items()}
-    read_vram = lambda: free_vram(max_age_s=0)  # noqa: E731  (fresh readings either side of the load)
     planned = _guarded("the offload plan", lambda: offload_plan(paths, cfg, offload_supported=offload, probe=read_vram))
     t0 = time.perf_counter()
     target = ModelRuntime(models["target"]["path"], cfg)

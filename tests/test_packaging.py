@@ -874,6 +874,42 @@ def test_the_gpu_check_runs_every_step_on_the_small_shapes(tmp_path, draft_path)
     assert "the product's GPU split: llama.cpp offloads to no GPU here" in summary
 
 
+# What the GPU box has beside the standard library: numpy (its own) and what the bundle brings, the
+# llama-cpp-python, gguf-py and localspec sources and gpu-bundle.sh's wheels (pydantic's own deps too).
+BUNDLED_MODULES = ("numpy", "llama_cpp", "gguf", "localspec", "gpu_check", "synth_gguf", "pydantic", "pydantic_core",
+                   "annotated_types", "typing_inspection", "typing_extensions", "diskcache", "jinja2", "markupsafe",
+                   "platformdirs", "yaml", "_yaml")
+ONLY_BUNDLED = """
+import importlib.abc, importlib.machinery, sys, sysconfig
+allowed = set(sys.argv[1].split(",")) | set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+stdlib = [sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"] + "/lib-dynload"]
+class OnlyBundled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in allowed or importlib.machinery.PathFinder.find_spec(top, stdlib) is not None:
+            return None  # the bundle's, or the interpreter's own (private ones included)
+        raise ModuleNotFoundError(f"No module named {top!r} (the GPU bundle has no such module)", name=top)
+sys.meta_path.insert(0, OnlyBundled())
+sys.path.insert(0, sys.argv[2])
+import gpu_check
+sys.exit(gpu_check.main(sys.argv[3:]))
+"""
+
+
+def test_the_gpu_check_needs_nothing_the_bundle_does_not_bring(tmp_path, draft_path):
+    # On the device a module the bundle lacks stops the run in its first second (platformdirs and
+    # yaml did, through localspec.models, when the check first planned the product's GPU split).
+    bundle = (REPO / "packaging" / "gpu-bundle.sh").read_text()
+    for wheel in ("platformdirs==", "pyyaml==", "pydantic==", "pydantic-core==", "jinja2==", "markupsafe==",
+                  "diskcache==", "typing-extensions==", "annotated-types==", "typing-inspection=="):
+        assert f'"{wheel}$(ver ' in bundle, wheel
+    args = _check_args(tmp_path / "out", tmp_path / "work", draft_path)
+    r = subprocess.run([sys.executable, "-c", ONLY_BUNDLED, ",".join(BUNDLED_MODULES), str(REPO / "packaging"), *args],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "failed" not in (tmp_path / "out" / "summary.txt").read_text()  # no step was lost to a missing module
+
+
 def test_a_step_that_raises_is_recorded_and_the_second_target_waits_for_time(tmp_path, draft_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no luck")
