@@ -22,7 +22,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 PREBUILT=0 OUT=/tmp/localspec-gpu-bundle
 for a in "$@"; do case "$a" in --prebuilt) PREBUILT=1 ;; -*) echo "error: unknown option $a" >&2; exit 2 ;; *) OUT=$a ;; esac; done
 PY=${PYTHON:-$REPO/.venv/bin/python}
-[ -x "$PY" ] || { echo "error: no Python at $PY; fix: make the README's venv in $REPO, or set PYTHON to one with localspec's deps" >&2; exit 2; }
+command -v "$PY" >/dev/null || { echo "error: no Python at $PY; fix: make the README's venv in $REPO, or set PYTHON to one with localspec's deps" >&2; exit 2; }
 VERSION=0.3.36
 LIMIT=$((60 * 1024 * 1024))
 work=$(mktemp -d)

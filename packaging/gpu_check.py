@@ -9,8 +9,9 @@ with --small. Steps:
      draft follows DRAFT_AGREES of the target's successors (its acceptance); --flat: all random;
   2. plan the product's own GPU split for them on free VRAM (engine.offload, as `serve` loads),
      load them with every layer offloaded (n_gpu_layers=-1; ignored by a CPU build), and hold the
-     plan against the VRAM the load took; then run the engine's own calibration (localspec.engine.calibrate.measure), plus a full sweep of target
-     verify batches 1..16 rows and draft batches 1..16 rows (the catch-up);
+     plan against the VRAM the load took; then run the engine's own calibration
+     (localspec.engine.calibrate.measure), plus a full sweep of target verify batches 1..16 rows
+     and draft batches 1..16 rows (the catch-up);
   3. feed those costs and the per-position acceptance measured with the real pair on the CPU
      (a localspec bench JSON) to the `auto` controller, and record the k it chooses and the
      speedup it predicts over plain decoding;
@@ -241,14 +242,17 @@ def offload_plan(paths: dict[str, str], cfg, *, offload_supported: bool, probe) 
     `generate` load with n_gpu_layers -1 through it), planned on free VRAM read by `probe` before
     the check loads them; the check's own load leaves -1 to llama.cpp, as a GPU this size fits all."""
     from localspec.engine.loading import offloaded
-    from localspec.engine.offload import VramBudget
+    from localspec.engine.offload import ALL_LAYERS, VramBudget
     from localspec.models.fit import model_layers
 
     if not offload_supported:
         return {"skipped": "llama.cpp offloads to no GPU here (a CPU build, or no GPU it can use): nothing to plan"}
+    if cfg.n_gpu_layers != ALL_LAYERS:
+        return {"skipped": f"--n-gpu-layers {cfg.n_gpu_layers}: the product plans only for -1 (a count given is kept)"}
     free, how = probe()
     if free is None:
-        return {"skipped": "free VRAM could not be read (no NVML, no nvidia-smi): the product leaves -1 to llama.cpp"}
+        return {"skipped": "free VRAM could not be read (no NVML; nvidia-smi absent or no number from it): "
+                           "the product leaves -1 to llama.cpp"}
     budget = VramBudget(free, model_layers)  # the target plans first, the draft gets what is left
     plans: dict[str, dict | None] = {}
     for role, path in paths.items():
@@ -256,25 +260,28 @@ def offload_plan(paths: dict[str, str], cfg, *, offload_supported: bool, probe) 
         plans[role] = None if plan is None else {
             "n_gpu_layers": plan.n_gpu_layers, "offloaded": plan.offloaded, "n_layers": plan.n_layers,
             "gpu_bytes": plan.gpu_bytes, "total_bytes": plan.total_bytes, "message": plan.message}
-    return {"probe": how, "free_before": free, "plans": plans,
+    return {"probe": how, "free_before": free, "plans": plans, "used": {},
             "planned_bytes": sum(p["gpu_bytes"] for p in plans.values() if p)}
 
 
-def offload_used(plan: dict, *, probe, n_gpu_layers: int) -> dict:
-    """`plan` with what the load took: free VRAM read again once both models are loaded. The plan
-    is held against it only where it put every layer on the GPU, as the check's load did: a plan
-    under what was used would let a GPU with less room take a split that fails to load."""
+def offload_used(plan: dict, *, probe, n_gpu_layers: int, when: str) -> dict:
+    """`plan` with free VRAM read again `when` ("load": both models loaded, the CUDA context with
+    them; "sweeps": after the sweeps and the engine's calibration, with what decoding adds: cuBLAS's
+    workspace, ggml's pool, CUDA graphs). The plan is held against the most used, and only where it put every layer
+    on the GPU, as the check's load did. The planner takes any GPU with free VRAM >= planned /
+    (1 - VRAM_SPARE), so under that ratio a GPU it says just fits runs out of memory."""
     from localspec.engine.offload import ALL_LAYERS
 
     if "free_before" not in plan:
         return plan
-    free, _ = probe()
+    free, how = probe()
     if free is None:
-        return {**plan, "error": "free VRAM could not be read after the load"}
-    used = plan["free_before"] - free
+        return {**plan, "error": f"free VRAM could not be read after the {when}"}
+    used = {**plan["used"], when: plan["free_before"] - free}
+    most = max(used.values())
     whole = n_gpu_layers == ALL_LAYERS and all(p and p["n_gpu_layers"] == ALL_LAYERS for p in plan["plans"].values())
-    return {**plan, "free_after_load": free, "used_by_load": used,
-            "planned_over_used": round(plan["planned_bytes"] / used, 3) if whole and used > 0 else None}
+    return {**plan, "used": used, "probe_after": how,
+            "planned_over_used": round(plan["planned_bytes"] / most, 3) if whole and most > 0 else None}
 
 
 def read_vram() -> tuple[int | None, str]:
@@ -296,12 +303,17 @@ def offload_line(offload: dict) -> str:
     plans = "; ".join(f"{role}: {p['message'] if p else 'no plan (its header cannot tell its layers)'}"
                       for role, p in offload["plans"].items())
     line = f"the product's GPU split (free VRAM by {offload['probe']}): {plans}; planned {gib(offload['planned_bytes'])}"
-    if "used_by_load" in offload:
-        line += f", the load took {gib(offload['used_by_load'])}"
-        if (ratio := offload.get("planned_over_used")) is not None:
-            line += f" (planned / used {ratio:.2f}" + (
-                "" if ratio >= 1 else f": within the {VRAM_SPARE:.0%} of free VRAM the plan keeps spare" if ratio >= 1 - VRAM_SPARE
-                else f": short by more than the {VRAM_SPARE:.0%} kept spare, so a GPU with only the planned room fails to load it") + ")"
+    used = offload.get("used") or {}
+    if used:
+        line += "; used " + ", ".join(f"{gib(n)} after the {when}" for when, n in used.items())
+        if max(used.values()) <= 0:
+            line += " (no more than before: another program freed memory meanwhile, so no comparison)"
+        elif (ratio := offload.get("planned_over_used")) is not None:
+            line += f" (planned / most used {ratio:.3f}" + (
+                "" if ratio >= 1 else f": within the {VRAM_SPARE:.0%} of free VRAM the plan keeps spare"
+                if ratio >= 1 - VRAM_SPARE else
+                f": short by more than the {VRAM_SPARE:.0%} kept spare, so a GPU the planner says just fits "
+                "runs out of memory") + ")"
     return line + (f"; then {offload['error']}" if offload.get("error") else "")
 
 
@@ -427,8 +439,9 @@ def run(args: argparse.Namespace) -> dict:
     draft = ModelRuntime(models["draft"]["path"], cfg)
     load_s = time.perf_counter() - t0
     offload_record = _guarded("the offload plan", lambda: offload_used(planned, probe=read_vram,
-                                                                        n_gpu_layers=args.n_gpu_layers))
+                                                                        n_gpu_layers=args.n_gpu_layers, when="load"))
     print(f"loaded both in {load_s:.1f} s; GPU offload supported: {offload}", flush=True)
+    print(offload_line(offload_record), flush=True)  # in check.log, should a sweep crash the process
     calibration: dict = {
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                     "gpus": _gpu_names(), "nvcc": os.environ.get("LOCALSPEC_NVCC_VERSION"),
@@ -449,6 +462,8 @@ def run(args: argparse.Namespace) -> dict:
         tmp.write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=1))
         os.replace(tmp, out / name)
 
+    save("calibration.json", calibration)  # the machine, the models and the split, before the first pass
+
     rows = args.k_max + 1
     verify = _sweep(target, rows, CONTEXT, args.repeats)
     draft_rows = _sweep(draft, 16, CONTEXT, args.repeats)
@@ -468,6 +483,8 @@ def run(args: argparse.Namespace) -> dict:
     engine_costs = calibrate.measure(target, draft, args.k_max)  # what `auto` itself measures at start-up
     calibration["engine_calibration"] = {"seconds": round(time.perf_counter() - t0, 2), "k_max": args.k_max,
                                          **engine_costs.to_json()}
+    calibration["offload"] = {**offload_record, **_guarded("the offload plan", lambda: offload_used(  # an error keeps the load's
+        offload_record, probe=read_vram, n_gpu_layers=args.n_gpu_layers, when="sweeps"))}
     save("calibration.json", calibration)
     draft.close()
 
