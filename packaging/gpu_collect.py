@@ -21,6 +21,7 @@ from pathlib import Path
 PARTS = ("calibration", "predictions", "engine")
 TEXTS = ("environment", "summary")
 STEPS = {  # the value each step fills (file, key, inner key), in the order the check measures
+    "offload_plan": ("calibration", "offload", "plans"),  # the product's split, planned and loaded (a GPU only)
     "sweep": ("calibration", "sweep", "verify_by_rows"),
     "sweep_long_context": ("calibration", "sweep_long_context", "verify_by_rows"),  # written empty before it runs
     "engine_calibration": ("calibration", "engine_calibration", "verify"),

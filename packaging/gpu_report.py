@@ -26,7 +26,7 @@ from gpu_check import LONG_CONTEXT, offload_line, same_as_off  # noqa: E402  (ne
 README_START = "<!-- gpu-summary:start -->"
 README_END = "<!-- gpu-summary:end -->"
 README_AFTER = "<!-- bench-summary:end -->"  # where the lines go the first time
-ALL_STEPS = ("sweep", "sweep_long_context", "engine_calibration", "predictions", "engine", "batch_flips",
+ALL_STEPS = ("offload_plan", "sweep", "sweep_long_context", "engine_calibration", "predictions", "engine", "batch_flips",
              "second_target")
 
 
@@ -345,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.readme and not f.on_gpu:
         print(f"error: {args.run.name} is not a GPU measurement ({'no GPU seen' if f.gpu is None else 'no offload'}); "
               "fix: quote only a run whose libraries offloaded to a GPU", file=sys.stderr)
+        return 1
+    if args.readme and "sweep" not in run["steps_present"]:
+        print(f"error: {args.run.name} stopped before its first sweep: no cost to quote; fix: write the report "
+              "without --readme, fix what stopped it (check.log) and run the check again", file=sys.stderr)
         return 1
     out = args.out or args.run.parent / "README.md"
     out.write_text(report)

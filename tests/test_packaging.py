@@ -421,6 +421,28 @@ def test_a_gpu_run_gives_a_report_that_keeps_measured_and_predicted_apart_and_th
     assert readme.read_text() == text and text.count(gpu_report.README_START) == 1
 
 
+def test_a_gpu_run_that_crashed_in_its_first_sweep_keeps_its_split_but_is_not_quoted(tmp_path, capsys):
+    run = json.loads(_as_if_on_a_gpu(tmp_path).read_text())
+    out = tmp_path / "out"
+    out.mkdir()
+    # What calibration.json holds before the first pass: the machine, the models and the split.
+    early = {k: run["calibration"][k] for k in ("machine", "models", "word_chain", "load_seconds", "offload")}
+    (out / "calibration.json").write_text(json.dumps(early))
+    (out / "environment.txt").write_text("\n".join(run["environment"]) + "\n")
+    dest = tmp_path / "docs" / "gpu" / "h200-2026-12-10.json"
+    assert gpu_collect.main([str(out), str(dest)]) == 0
+    assert json.loads(dest.read_text())["steps_present"] == ["offload_plan"]
+    readme = tmp_path / "README.md"
+    readme.write_text((REPO / "README.md").read_text())
+    assert gpu_report.main([str(dest), "--readme", str(readme)]) == 1
+    assert "stopped before its first sweep: no cost to quote; fix:" in capsys.readouterr().err
+    assert readme.read_text() == (REPO / "README.md").read_text()
+    assert gpu_report.main([str(dest)]) == 0
+    report = (dest.parent / "README.md").read_text()
+    assert "Steps reached: offload_plan; not reached: sweep," in report and "No cost was measured" in report
+    assert "The product's GPU split (free VRAM by nvidia-smi): target: offloading all 4 layers" in report
+
+
 def test_a_cut_run_and_bad_input_are_reported_not_crashed_on(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
@@ -431,7 +453,7 @@ def test_a_cut_run_and_bad_input_are_reported_not_crashed_on(tmp_path, capsys):
     assert gpu_collect.main([str(out), str(dest)]) == 0
     assert gpu_report.main([str(dest)]) == 0
     report = (tmp_path / "README.md").read_text()
-    assert "Steps reached: sweep; not reached: sweep_long_context, engine_calibration, predictions" in report
+    assert "Steps reached: sweep; not reached: offload_plan, sweep_long_context, engine_calibration, predictions" in report
     assert "| 9 | 10.1 | 2.77 | - | - | 5.9 |" in report and "Nothing predicted: the run stopped before" in report
     assert "Not measured: the run stopped before it." in report
     (tmp_path / "junk.json").write_text("{not json")
