@@ -22,12 +22,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import LONG_CONTEXT, offload_line, same_as_off  # noqa: E402  (next to this file)
+from gpu_collect import STEPS  # noqa: E402
 
 README_START = "<!-- gpu-summary:start -->"
 README_END = "<!-- gpu-summary:end -->"
 README_AFTER = "<!-- bench-summary:end -->"  # where the lines go the first time
-ALL_STEPS = ("offload_plan", "sweep", "sweep_long_context", "engine_calibration", "predictions", "engine", "batch_flips",
-             "second_target")
+ALL_STEPS = tuple(STEPS)  # what gpu_collect looks for, in the order the check measures
 
 
 @dataclass(frozen=True, kw_only=True)
