@@ -103,9 +103,11 @@ def replay_one(item: Recorded, controller: Controller, costs: Costs, tokenizer: 
         else:
             draft = ()
         kept = next((j for j, t in enumerate(draft) if i + j >= len(out) or out[i + j] != t), len(draft))
-        # As Active.ahead: a lookup copy kept whole learns whether the target's next token is the copy's next.
-        ahead = (proposal.tokens[kept] == out[i + kept] if choice.drafter == "lookup" and kept == len(draft)
-                 and kept < len(proposal) and i + kept < len(out) else None)
+        # As Active.ahead: a copy or prediction kept whole learns whether the target's next token is its next.
+        source = (proposal.tokens if choice.drafter == "lookup" else
+                  predicted.propose(choice.k + 1).tokens if choice.drafter == "prediction" and predicted else ())
+        ahead = (source[kept] == out[i + kept] if draft and kept == len(draft) and kept < len(source)
+                 and i + kept < len(out) else None)
         controller.observe(choice, len(draft), kept, proposal.match_length, lookup_repeat=proposal.source == "repeat",
                            ahead=ahead)
         steps = costs.steps(len(draft) + 1)

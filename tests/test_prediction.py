@@ -286,6 +286,34 @@ def test_a_prediction_whose_first_draft_fails_at_the_edit_keeps_drafting():
     assert ctl.choose(0, 0, 0, 64, **ASK).drafter == "prediction"
 
 
+def _rename_drafts(ctl: Controller, *, ahead: bool, copied: int = 48) -> list[int]:
+    """The rename above, drafted on: the first draft parts at its fourth token (the renamed word), then
+    the output follows the prediction for `copied` tokens. Each prediction draft's k (0: plain step);
+    `ahead`: a draft kept whole also hears whether the target's next token was the prediction's (the
+    verify's bonus token, as Active.ahead gives it)."""
+    ks, done, first = [], 0, True
+    while done < copied:
+        choice = ctl.choose(0, 0, 0, 64, **ASK)
+        k = choice.k if choice.drafter == "prediction" else 0
+        kept = min(k, 3) if first else min(k, copied - done)
+        ctl.observe(choice, k, kept, ahead=(not first) if ahead and k and kept == k else None)
+        ks.append(k)
+        done, first = done + kept + 1, first and not k
+    return ks
+
+
+def test_a_prediction_kept_whole_learns_the_position_past_it_from_the_bonus_token():
+    """One rejection at the edit (position 4 of the first draft) stayed the request's evidence at position 4:
+    on this CPU's curve every later draft stopped at 3, kept whole, and none reached position 4 to learn
+    that the output copies on. The bonus token past a whole draft says what drafting one more would have."""
+    costs = Costs(verify=[0.035 * s for s in CPU_SHAPE], draft_step=0.01, draft_row=0.005, pinned=True)
+    stuck = _rename_drafts(Controller(costs, k_max=8, has_draft_model=False, book=AcceptanceBook()), ahead=False)
+    assert stuck[0] > 3 and max(stuck[1:]) <= 3, stuck  # the trap, as it was
+    grown = _rename_drafts(Controller(costs, k_max=8, has_draft_model=False, book=AcceptanceBook()), ahead=True)
+    assert grown[0] > 3 and max(grown[1:]) > 8, grown
+    assert len(grown) < len(stuck)  # fewer, longer passes
+
+
 def test_a_stopped_prediction_counts_only_the_tokens_followed_since_it_stopped():
     ctl = cpu_controller()
     draft_steps(ctl, kept=0, steps=10, streak=40)  # the streak was 40 when it stopped (a prefix kept it going)
@@ -404,6 +432,24 @@ def test_auto_hears_how_long_the_output_has_followed_the_prediction(monkeypatch)
     monkeypatch.setattr(Controller, "choose", recording)
     run(engine_for("auto"), prediction=EDITED)
     assert max(streaks) >= PREDICTION_RESUME and streaks == sorted(streaks)  # one run, followed throughout
+
+
+def test_a_prediction_kept_whole_tells_the_controller_whether_the_output_went_on_following_it(monkeypatch):
+    """Active.ahead for a prediction: after a draft kept whole, the verify's bonus token is compared with the
+    prediction's next token (the cursor still where the draft started), as for a lookup copy."""
+    seen: list[tuple[int, int, bool | None]] = []
+    observe = Controller.observe
+
+    def spy(self, choice, drafted, accepted, *args, ahead=None, **kwargs):
+        if choice.drafter == "prediction":
+            seen.append((drafted, accepted, ahead))
+        return observe(self, choice, drafted, accepted, *args, ahead=ahead, **kwargs)
+
+    monkeypatch.setattr(Controller, "observe", spy)
+    done = run(engine_for("auto"), prediction=EDITED)[1]
+    assert done.text == EDITED
+    assert any(a is True for d, k, a in seen if k == d), seen  # the output followed on past a whole draft
+    assert all(a is None for d, k, a in seen if k < d), seen  # a rejected draft already shows where it ended
 
 
 def test_a_sampled_request_with_a_prediction_keeps_the_answer():

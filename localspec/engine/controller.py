@@ -510,8 +510,8 @@ class Controller:
 
     def observe(self, choice: Choice, drafted: int, accepted: int, lookup_match: int = 0, *,
                 lookup_earlier: bool = False, lookup_repeat: bool = False, ahead: bool | None = None) -> None:
-        """A verify's outcome. `ahead`, for a copy kept whole: whether the target's bonus token is the
-        copy's next token, which is what drafting one more would have shown (None: unknown, or not whole).
+        """A verify's outcome. `ahead`, for a copy or a prediction kept whole: whether the target's bonus token
+        is its next token, which is what drafting one more would have shown (None: unknown, or not whole).
         Without it a request's one rejection at a position stays its evidence there for good: the k that
         stops before it is never passed again (a first ask copying its prompt drafted 2 tokens at 16-token
         matches 50 times in a row, each kept whole, after one 14-token copy kept 2)."""
@@ -525,7 +525,7 @@ class Controller:
         elif choice.drafter == "lookup" and drafted:
             bucket = self._bucket(lookup_match, lookup_earlier, lookup_repeat)
             whole = accepted >= drafted
-            seen, kept = (drafted + 1, accepted + int(ahead)) if whole and ahead is not None else (drafted, accepted)
+            seen, kept = _past_whole(drafted, accepted, ahead)
             self.book.entry(bucket).observe(seen, kept)
             self._own(bucket, seen, kept)
             cap = self.copy_cap(bucket)
@@ -535,7 +535,9 @@ class Controller:
         elif not drafted and lookup_earlier and ahead is False:  # a plain step where the copy would have gone on
             self.parted = True
         elif choice.drafter == "prediction" and drafted:
-            self.prediction.observe(drafted, accepted)
+            # As a copy's: a rename's first draft fails at the edit (position 4, say); without the bonus
+            # token every later draft stopped at 3 tokens and no draft reached position 4 to learn otherwise.
+            self.prediction.observe(*_past_whole(drafted, accepted, ahead))
             net = self.prediction_net + accepted + 1 - self.costs.steps(drafted + 1)
             self.prediction_net = min(net, PREDICTION_CREDIT)
             if net < -PREDICTION_STOP_LOSS:
@@ -547,6 +549,14 @@ class Controller:
 
     def _own(self, entry: str | int, drafted: int, accepted: int) -> None:
         self.own.setdefault(entry, Acceptance(decay=self.book.decay)).observe(drafted, accepted)
+
+
+def _past_whole(drafted: int, accepted: int, ahead: bool | None) -> tuple[int, int]:
+    """(positions seen, positions kept) of a verify: a draft kept whole whose next token is known (`ahead`)
+    saw one position more, kept if the target's bonus token is that token."""
+    if accepted >= drafted and ahead is not None:
+        return drafted + 1, accepted + int(ahead)
+    return drafted, accepted
 
 
 def _why_not(options: list[_Option], costs: Costs, context: int | None) -> str:

@@ -175,9 +175,16 @@ class Active:
         return self.proposal.source == "repeat"
 
     def ahead(self, d: Draft, verdict: Verdict) -> bool | None:
-        """For a lookup draft kept whole: whether the target's next token is the proposal's next one
-        (None: not a lookup draft, not whole, or the proposal ends with it). Also for a plain step beside a
-        copy of an earlier answer that was not drafted (a near-tie first): whether the answers still agree."""
+        """For a lookup or prediction draft kept whole: whether the target's next token is the proposal's
+        (the prediction's) next one (None: another draft, not whole, or the proposal ends with it). Also for
+        a plain step beside a copy of an earlier answer that was not drafted (a near-tie first): whether the
+        answers still agree."""
+        if d.source == "prediction":
+            # The prediction's cursor is where this draft started until the next step follows the output.
+            after = self.prediction.propose(len(d) + 1).tokens if self.prediction is not None else ()
+            if verdict.accepted < len(d) or len(after) <= len(d) or after[: len(d)] != d.tokens:
+                return None
+            return after[len(d)] == verdict.next_token
         proposed = self.proposal.tokens
         if not d.tokens and self.proposal.source == "history" and proposed:
             return proposed[0] == verdict.next_token
