@@ -58,6 +58,15 @@ PREDICTION_CREDIT = PREDICTION_STOP_LOSS
 # a row since it stopped (two whole drafts' worth): the edit is over and the answer copies again.
 PREDICTION_RESUME = 32
 _STOPPING = -1  # prediction_stopped_at until the next choice reads the streak
+# Only a plain step measures the level (a single-row pass, the unit of every belief) alone: a drafting pass
+# times the level and the shape together, and where every pass drafts, one takes the other's error. From a
+# calibration that put a single step at 5x its time, 2-row passes taught the shape 1.1 steps (the truth
+# 1.55) and the level 1.4x its truth, and `auto` drafted 1 token every pass at 30% acceptance, 0.85x `off`.
+# So a plain step is taken once LEVEL_CHECK passes ran without one, and after LEVEL_RECHECK while the last
+# one disagreed with the level by more than LEVEL_TOLERANCE (log): one plain step moves it a few percent.
+LEVEL_CHECK = 64
+LEVEL_RECHECK = 8
+LEVEL_TOLERANCE = 0.2
 EXPLORE_BUDGET = 0.01  # the most of its time `auto` spends on choices it believes do not pay
 EXPLORE_CREDIT_S = 30.0  # credit saved up covers at most this many seconds of steps
 
@@ -335,6 +344,7 @@ class Controller:
         # The explored step awaiting its outcome: (its believed cost, the best option's rate, the
         # believed loss it spent).
         self._exploring: tuple[float, float, float] | None = None
+        self._level_checked = costs.passes  # the learned passes when this request last took a plain step for the level
 
     @property
     def draft(self) -> Acceptance:
@@ -425,6 +435,10 @@ class Controller:
         best = max(options, key=lambda o: o.choice.expected_rate)
         if not explore:
             return best.choice
+        if best.choice.drafter != "off" and self._level_check_due():
+            self._level_checked = self.costs.passes
+            self.why_not = f"a plain step measures the single-step cost (no pass was plain for {self.costs.plain_ago})"
+            return options[0].choice
         self.explorer.earn(best.cost)
         # Plain decoding is never explored: every plain step measures it, so there is nothing to learn,
         # and "exploring" it where a draft is best only stopped the draft (trace of a 347-token edit:
@@ -462,6 +476,13 @@ class Controller:
             self._exploring = (hopeful.cost, best.choice.expected_rate, loss)
             return Choice(hopeful.choice.drafter, hopeful.choice.k, hopeful.choice.expected_rate, explored=True)
         return best.choice
+
+    def _level_check_due(self) -> bool:
+        """Whether this step is plain to measure the level (see LEVEL_CHECK). Once per so many passes per
+        request: beside other requests' rows a plain step is no single-row pass, and must not stop drafting."""
+        c = self.costs
+        every = LEVEL_RECHECK if abs(c.plain_error) > LEVEL_TOLERANCE else LEVEL_CHECK
+        return not c.pinned and c.plain_ago >= every and c.passes - self._level_checked >= every
 
     def _resume(self, streak: int) -> bool:
         """Whether a stopped prediction drafts again: the output has followed it PREDICTION_RESUME tokens

@@ -105,6 +105,10 @@ class Costs:
     shape_weight: list[float] = field(default_factory=list)
     level: dict[int, float] = field(default_factory=dict)
     level_weight: dict[int, float] = field(default_factory=dict)
+    # Passes since the last single-row one, and that one's log residual against the level: only a plain
+    # step measures the level alone (see Controller's LEVEL_CHECK). Not persisted.
+    plain_ago: int = 0
+    plain_error: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.verify or any(not (v > 0 and math.isfinite(v)) for v in self.verify):
@@ -133,18 +137,21 @@ class Costs:
     def shape_at(self, rows: int) -> float:
         if rows <= len(self.shape):
             return self.shape[rows - 1]
-        # Past the learned range, the slope of the curve's upper half goes on, between a quarter of
+        # Past the learned range, the slope of the curve's top third goes on, between a quarter of
         # its mean slope and the mean slope. The mean alone over-prices a concave curve: a CPU's per-row
         # cost falls as batched kernels take over (9 rows 7.3 steps, 49 rows 20-23 here; the mean slope
-        # of 1..9 says 39), and a draft believed too dear is never tried, so never corrected. The floor:
-        # a flat stretch the isotonic fit pooled must not make every longer draft look free. A belief
-        # too low is tried and corrected by the pass that tries it.
+        # of 1..9 says 39), and a draft believed too dear is never tried, so never corrected. The top
+        # third, not half: a busy box's curve held to n rows for n (`_fit`) climbs one step a row below
+        # its top, and its upper half's slope said 37 steps for 49 rows. The floor: a flat stretch the
+        # isotonic fit pooled must not make every longer draft look free. A belief too low is tried and
+        # corrected by the pass that tries it.
         last, n = self.shape[-1], len(self.shape)
         if n == 1:
             return float(rows)
         mean = (last - 1.0) / (n - 1)
-        upper = (last - self.shape[n // 2 - 1]) / (n - n // 2)
-        return last + (rows - n) * min(mean, max(upper, mean / 4))
+        top = max(n // 3, 1)
+        upper = (last - self.shape[n - 1 - top]) / top
+        return min(last + (rows - n) * min(mean, max(upper, mean / 4)), float(rows))
 
     def verify_cost(self, rows: int, context: int | None = None) -> float:
         ctx = self.calibration_context if context is None else context
@@ -178,7 +185,9 @@ class Costs:
             self.level[b], self.level_weight[b] = self.level_at(ctx), 0.0
         if rows == 1:
             self._move_level(b, e, 1.0)
+            self.plain_ago, self.plain_error = 0, e
         else:
+            self.plain_ago += 1
             self._grow_shape(rows)
             i = rows - 1
             shape_rate = _rate(self.shape_weight[i], SHAPE_MIN_RATE)
@@ -192,8 +201,12 @@ class Costs:
         self.updated = time.time()
 
     def _fit(self) -> None:
-        """Non-decreasing in n, with shape[1] pinned at 1 (it is the unit)."""
-        self.shape = isotonic(self.shape, [1e12, *self.shape_weight[1:]])
+        """Non-decreasing in n, with shape[1] pinned at 1 (it is the unit), and at most n: a pass of n rows
+        costs no more than n passes of one (it could be run as those). A calibration taken beside six busy
+        processes read 2 rows as 4.2 single steps and 17 as 19, and `auto` drafted nothing; a belief
+        too high is never tried, so never corrected, while one too low is corrected by the pass that tries it."""
+        fitted = isotonic(self.shape, [1e12, *self.shape_weight[1:]])
+        self.shape = [min(v, float(n)) for n, v in enumerate(fitted, start=1)]
         self.shape[0] = 1.0
 
     def _pull_neighbours(self, i: int, e: float, rate: float) -> None:
