@@ -151,17 +151,17 @@ def test_estimates_stay_monotone_in_rows():
         assert all(a <= b + 1e-12 for a, b in zip(curve, curve[1:], strict=False)), curve
 
 
-def test_no_belief_prices_n_rows_above_n_single_steps():
-    """A pass of n rows could run as n passes of one: a curve that says more is load, not the machine, and a
-    belief too high is never tried, so never corrected (beside six busy processes `auto` drafted nothing)."""
+def test_no_starting_belief_prices_n_rows_above_n_single_steps():
+    """A pass of n rows could run as n passes of one: a starting curve that says more is load, not the machine,
+    and a belief too high is never tried, so never corrected (beside six busy processes `auto` drafted nothing).
+    What real passes teach may say more (this CPU: 6 rows at 6.3 steps, a kernel switch)."""
     costs = Costs(verify=SIX_BUSY, draft_step=0.02, draft_row=0.005)
     assert [round(costs.shape_at(n), 6) for n in range(1, 9)] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert all(costs.shape_at(n) <= n for n in range(1, 80))
-    rng = random.Random(5)
-    for _ in range(300):  # loud passes: many rows at 3x, single rows at a third
-        rows = rng.randint(1, 20)
-        costs.observe_verify(rows, quiet_box(rows) * (3.0 if rows > 1 else 0.3))
-        assert all(costs.steps(n) <= n + 1e-9 for n in range(1, 40))
+    for _ in range(40):  # a 6-row pass at 7 single steps, taught
+        costs.observe_verify(1, 0.1, context=48)
+        costs.observe_verify(6, 0.7, context=48)
+    assert costs.steps(6, 48) > 6.1 and costs.steps(5, 48) <= 5 and costs.steps(7, 48) >= costs.steps(6, 48)
 
 
 def test_a_calibration_beside_six_busy_processes_heals_within_the_first_request():
@@ -173,6 +173,16 @@ def test_a_calibration_beside_six_busy_processes_heals_within_the_first_request(
     assert busy.tokens_per_s[1] >= 0.95 * clean.tokens_per_s[1], (busy.tokens_per_s, clean.tokens_per_s)
 
 
+def test_a_curve_saved_before_the_bound_holds_to_it_once_loaded(tmp_path):
+    costs = Costs(verify=QUIET, draft_step=0.02, draft_row=0.005)
+    data = costs.to_json()
+    data["shape"] = [1.0, 4.17, 8.36, 8.36, 8.36, 10.04, 12.21, 14.37, 16.53]  # as an older version saved it
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(data))
+    loaded = load(path)
+    assert loaded is not None and [loaded.shape_at(n) for n in (2, 3, 9)] == [2.0, 3.0, 9.0]
+
+
 @pytest.mark.parametrize("seed", [1, 4])
 def test_a_request_that_always_drafts_still_measures_a_plain_step(seed):
     """Only a single-row pass measures the level alone. From SIX_BUSY's level (5x the truth), every pass drafted
@@ -180,26 +190,49 @@ def test_a_request_that_always_drafts_still_measures_a_plain_step(seed):
     learned at 1.1 steps (the truth 1.55), 0.79-0.88x `off` on every request. A plain step now and then heals it."""
     run = simulate(SIX_BUSY, accept=0.3, seed=seed)
     assert min(run.tokens_per_s[1:]) >= 0.97 * OFF_RATE, run.tokens_per_s
-    assert run.costs.shape_at(2) == pytest.approx(quiet_box(2) / quiet_box(1), rel=0.2)
+    assert run.costs.shape_at(2) > 1.2  # the truth 1.55; without the plain steps 1.1
 
 
-def test_a_plain_step_for_the_level_is_taken_once_per_check_not_every_step():
-    """Beside other requests' rows a plain step is no single-row pass: the check must not stop drafting."""
+def _copying(controller: Controller, costs: Costs, steps: int, *, sequences: int = 1, slow_plain: float = 1.0) -> list[int]:
+    """`steps` of a request whose copies are all kept, each pass timed on the quiet box (plain steps
+    `slow_plain` times that) beside `sequences` - 1 other sequences: the k of each choice."""
+    for _ in range(20):
+        controller.book.entry(16).observe(8, 8)
+    chosen = []
+    for _ in range(steps):
+        choice = controller.choose(0, 20, 16, 300, context=300)
+        chosen.append(choice.k)
+        rows = choice.k + sequences
+        seconds = quiet_box(rows) * (slow_plain if rows == 1 else 1.0)
+        costs.observe_verify(rows, seconds, context=300, sequences=sequences)
+        controller.observe(choice, choice.k, choice.k, lookup_match=20)
+    return chosen
+
+
+def test_a_request_alone_takes_a_plain_step_once_per_check_and_sooner_while_the_level_disagrees():
+    from localspec.engine.controller import LEVEL_CHECK, LEVEL_RECHECK
+
+    costs = Costs(verify=QUIET, draft_step=0.02, draft_row=0.005)
+    controller = Controller(costs, k_max=8, has_draft_model=False, book=AcceptanceBook())
+    chosen = _copying(controller, costs, 3 * LEVEL_CHECK + 3)
+    plain = [i for i, k in enumerate(chosen) if k == 0]
+    assert len(plain) == 3 and all(b - a == LEVEL_CHECK + 1 for a, b in zip(plain, plain[1:], strict=False)), plain
+    assert "measures the single-step cost" in controller.why_not
+    # A plain step 1.5x what the level says (load came): the next comes after LEVEL_RECHECK passes.
+    costs = Costs(verify=QUIET, draft_step=0.02, draft_row=0.005)
+    controller = Controller(costs, k_max=8, has_draft_model=False, book=AcceptanceBook())
+    chosen = _copying(controller, costs, LEVEL_CHECK + 2 * LEVEL_RECHECK + 3, slow_plain=1.5)
+    plain = [i for i, k in enumerate(chosen) if k == 0]
+    assert plain[:3] == [LEVEL_CHECK, LEVEL_CHECK + LEVEL_RECHECK + 1, LEVEL_CHECK + 2 * LEVEL_RECHECK + 2], plain
+
+
+def test_beside_other_sequences_no_plain_step_is_taken_for_the_level():
+    """Beside other requests' rows a plain step is no single-row pass: it would measure nothing and stop drafting."""
     from localspec.engine.controller import LEVEL_CHECK
 
     costs = Costs(verify=QUIET, draft_step=0.02, draft_row=0.005)
     controller = Controller(costs, k_max=8, has_draft_model=False, book=AcceptanceBook())
-    for _ in range(20):
-        controller.lookup.setdefault(16, controller.book.entry(16)).observe(8, 8)
-    chosen = []
-    for _ in range(3 * LEVEL_CHECK):
-        choice = controller.choose(0, 20, 16, 300, context=300)
-        chosen.append(choice.k)
-        costs.observe_verify(choice.k + 2, quiet_box(choice.k + 2), context=300)  # always another request's row
-        controller.observe(choice, choice.k, choice.k, lookup_match=20)
-    plain = [i for i, k in enumerate(chosen) if k == 0]
-    assert 2 <= len(plain) <= 3 and all(b - a >= LEVEL_CHECK for a, b in zip(plain, plain[1:], strict=False)), plain
-    assert "measures the single-step cost" in controller.why_not
+    assert 0 not in _copying(controller, costs, 4 * LEVEL_CHECK, sequences=2)
 
 
 def test_isotonic_pools_a_dip_by_weight():

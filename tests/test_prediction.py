@@ -296,7 +296,8 @@ def _rename_drafts(ctl: Controller, *, ahead: bool, copied: int = 48) -> list[in
         choice = ctl.choose(0, 0, 0, 64, **ASK)
         k = choice.k if choice.drafter == "prediction" else 0
         kept = min(k, 3) if first else min(k, copied - done)
-        ctl.observe(choice, k, kept, ahead=(not first) if ahead and k and kept == k else None)
+        # Past a whole draft the output goes on following, except at the edit (position 4 of the first).
+        ctl.observe(choice, k, kept, ahead=(not first or k < 3) if ahead and k and kept == k else None)
         ks.append(k)
         done, first = done + kept + 1, first and not k
     return ks
@@ -449,7 +450,24 @@ def test_a_prediction_kept_whole_tells_the_controller_whether_the_output_went_on
     done = run(engine_for("auto"), prediction=EDITED)[1]
     assert done.text == EDITED
     assert any(a is True for d, k, a in seen if k == d), seen  # the output followed on past a whole draft
-    assert all(a is None for d, k, a in seen if k < d), seen  # a rejected draft already shows where it ended
+
+
+def test_the_bonus_token_past_a_whole_prediction_draft_is_compared_with_the_predictions_next_token():
+    from localspec.engine.events import Stats
+    from localspec.engine.slots import Active, Handle
+    from localspec.engine.verify import Draft, PositionRng, Verdict
+
+    prediction = byte_prediction("abcdef")
+    a = Active(handle=Handle(1), request=GenerationRequest(prompt="x"), tokens=[1], n_prompt=1, mode="auto", k=8,
+               rng=PositionRng(0), stats=Stats(), t_submit=0.0, prediction=prediction)
+    d = prediction.propose(3)
+    assert d.tokens == tuple(b"abc")
+    assert a.ahead(d, Verdict(3, ord("d"))) is True  # the output goes on following it
+    assert a.ahead(d, Verdict(3, ord("X"))) is False  # the edit is right after the draft
+    assert a.ahead(d, Verdict(2, ord("X"))) is None  # rejected: the draft shows where it ended
+    whole = prediction.propose(6)
+    assert a.ahead(whole, Verdict(6, ord("\n"))) is None  # nothing predicted past it
+    assert a.ahead(Draft(tuple(b"abd"), source="prediction"), Verdict(3, ord("d"))) is None  # not from the cursor
 
 
 def test_a_sampled_request_with_a_prediction_keeps_the_answer():

@@ -18,7 +18,8 @@ with each rate 1 / (evidence + 1), floored: the first real passes at a row count
 starting curve worth PRIOR_WEIGHT passes, and later ones move it by a few percent. The clip bounds
 what one pass can do: a pass that waited on another process moves an estimate by at most
 rate × CLIP. After each update a weighted isotonic fit keeps the shape non-decreasing in n (a GPU's
-flat curve with kernel bumps is valid; a curve where 9 rows cost less than 5 is not).
+flat curve with kernel bumps is valid; a curve where 9 rows cost less than 5 is not), and where no pass
+taught it, at most n for n rows (see `_fit`).
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ class Costs:
     shape_weight: list[float] = field(default_factory=list)
     level: dict[int, float] = field(default_factory=dict)
     level_weight: dict[int, float] = field(default_factory=dict)
-    # Passes since the last single-row one, and that one's log residual against the level: only a plain
-    # step measures the level alone (see Controller's LEVEL_CHECK). Not persisted.
+    # One sequence's multi-row passes since the last single-row pass, and that one's log residual against the
+    # level: only a plain step measures the level alone (see Controller's LEVEL_CHECK). Not persisted.
     plain_ago: int = 0
     plain_error: float = 0.0
 
@@ -174,8 +175,8 @@ class Costs:
 
     # ------------------------------------------------------------------ learning
 
-    def observe_verify(self, rows: int, seconds: float, *, context: int | None = None) -> None:
-        """Learn from one target pass of `rows` logits rows (all sequences together) at `context`."""
+    def observe_verify(self, rows: int, seconds: float, *, context: int | None = None, sequences: int = 1) -> None:
+        """Learn from one target pass of `rows` logits rows (all `sequences` together) at `context`."""
         if self.pinned or rows < 1 or not (seconds > 0 and math.isfinite(seconds)):
             return
         ctx = self.calibration_context if context is None else context
@@ -186,7 +187,7 @@ class Costs:
         if rows == 1:
             self._move_level(b, e, 1.0)
             self.plain_ago, self.plain_error = 0, e
-        else:
+        elif sequences == 1:  # beside other sequences no step of one is a single-row pass
             self.plain_ago += 1
             self._grow_shape(rows)
             i = rows - 1
@@ -201,12 +202,16 @@ class Costs:
         self.updated = time.time()
 
     def _fit(self) -> None:
-        """Non-decreasing in n, with shape[1] pinned at 1 (it is the unit), and at most n: a pass of n rows
-        costs no more than n passes of one (it could be run as those). A calibration taken beside six busy
-        processes read 2 rows as 4.2 single steps and 17 as 19, and `auto` drafted nothing; a belief
-        too high is never tried, so never corrected, while one too low is corrected by the pass that tries it."""
+        """Non-decreasing in n, with shape[1] pinned at 1 (it is the unit), and at most n where no real pass
+        at n rows taught it (the starting curve's weight): a pass of n rows could run as n passes of one. A
+        calibration taken beside six busy processes read 2 rows as 4.2 single steps and 17 as 19, and `auto`
+        drafted nothing: a belief too high is never tried, so never corrected, while one too low is corrected
+        by the pass that tries it. Passes may teach more than n (this CPU: 6 rows 6.3 steps, a kernel switch)."""
         fitted = isotonic(self.shape, [1e12, *self.shape_weight[1:]])
-        self.shape = [min(v, float(n)) for n, v in enumerate(fitted, start=1)]
+        self.shape, top = [], 1.0
+        for n, (v, w) in enumerate(zip(fitted, self.shape_weight, strict=True), start=1):
+            top = max(top, min(v, float(n)) if w <= PRIOR_WEIGHT else v)
+            self.shape.append(top)
         self.shape[0] = 1.0
 
     def _pull_neighbours(self, i: int, e: float, rate: float) -> None:
@@ -266,6 +271,7 @@ class Costs:
                     or any(v <= 0 for v in [*shape, *level.values()])):
                 raise ValueError("inconsistent learned costs")
             costs.shape, costs.shape_weight, costs.level, costs.level_weight = shape, weight, level, level_weight
+            costs._fit()  # a curve saved before a rule of `_fit` (at most n for n rows) holds to it from the start
             costs.obtained = Obtained(data["obtained"])
             costs.created, costs.updated = float(data["created"]), float(data["updated"])
             costs.passes, costs.calibration_context = int(data["passes"]), int(data["calibration_context"])

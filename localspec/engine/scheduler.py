@@ -277,7 +277,7 @@ class Engine:
             logits = self.target.decode(batch.rows)
             if self.costs is not None and batch.all_verify:  # every row a logits row: a verify's timing
                 self.costs.observe_verify(len(batch.rows), time.perf_counter() - t0,
-                                          context=max(len(p.slot.kv) for p in batch.parts))
+                                          context=max(len(p.slot.kv) for p in batch.parts), sequences=len(batch.parts))
         except Exception as exc:
             for i, part in enumerate(batch.parts):
                 self._fail(part.slot, exc, log=i == 0)
