@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec.engine.config import EngineConfig
-from localspec.engine.controller import Costs
+from localspec.engine.controller import Controller, Costs
 from localspec.engine.runtime import Row, RuntimeConfig
 from localspec.engine.scheduler import Engine
 
@@ -340,3 +340,18 @@ def scripted_app(*, pipeline=None, settings=None, gate: threading.Event | None =
         return backend or scripted_backend(pipeline=pipeline, embedder=embedder)
 
     return create_app(settings=settings or ServerSettings(), load=load, **app_kw)
+
+
+def record_aheads(monkeypatch, drafter: str) -> list[tuple[int, int, bool | None]]:
+    """(drafted, accepted, ahead) of every verify of `drafter`'s drafts that the controller hears from now on:
+    what the scheduler's Active.ahead told it past each draft."""
+    seen: list[tuple[int, int, bool | None]] = []
+    observe = Controller.observe
+
+    def spy(self, choice, drafted, accepted, *args, ahead=None, **kwargs):
+        if choice.drafter == drafter:
+            seen.append((drafted, accepted, ahead))
+        return observe(self, choice, drafted, accepted, *args, ahead=ahead, **kwargs)
+
+    monkeypatch.setattr(Controller, "observe", spy)
+    return seen

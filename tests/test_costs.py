@@ -495,15 +495,9 @@ def test_a_whole_copy_tells_the_controller_whether_the_target_went_on_copying(mo
     from localspec.engine.config import GenerationRequest
     from localspec.engine.events import Done
 
-    seen: list[tuple[int, int, bool | None]] = []
-    observe = Controller.observe
+    from tests.fake_tier import record_aheads
 
-    def spy(self, choice, drafted, accepted, *args, ahead=None, **kwargs):
-        if choice.drafter == "lookup":
-            seen.append((drafted, accepted, ahead))
-        return observe(self, choice, drafted, accepted, *args, ahead=ahead, **kwargs)
-
-    monkeypatch.setattr(Controller, "observe", spy)
+    seen = record_aheads(monkeypatch, "lookup")
     flat = Costs(verify=[0.02 + 0.0005 * i for i in range(17)], draft_step=0.02, draft_row=0.005, pinned=True)
     engine, copy = _auto_engine(flat)
     done = _answer(engine, "Copy this:\n" + copy)

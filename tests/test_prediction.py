@@ -438,15 +438,9 @@ def test_auto_hears_how_long_the_output_has_followed_the_prediction(monkeypatch)
 def test_a_prediction_kept_whole_tells_the_controller_whether_the_output_went_on_following_it(monkeypatch):
     """Active.ahead for a prediction: after a draft kept whole, the verify's bonus token is compared with the
     prediction's next token (the cursor still where the draft started), as for a lookup copy."""
-    seen: list[tuple[int, int, bool | None]] = []
-    observe = Controller.observe
+    from tests.fake_tier import record_aheads
 
-    def spy(self, choice, drafted, accepted, *args, ahead=None, **kwargs):
-        if choice.drafter == "prediction":
-            seen.append((drafted, accepted, ahead))
-        return observe(self, choice, drafted, accepted, *args, ahead=ahead, **kwargs)
-
-    monkeypatch.setattr(Controller, "observe", spy)
+    seen = record_aheads(monkeypatch, "prediction")
     done = run(engine_for("auto"), prediction=EDITED)[1]
     assert done.text == EDITED
     assert any(a is True for d, k, a in seen if k == d), seen  # the output followed on past a whole draft
