@@ -230,9 +230,13 @@ def test_beside_other_sequences_no_plain_step_is_taken_for_the_level():
     """Beside other requests' rows a plain step is no single-row pass: it would measure nothing and stop drafting."""
     from localspec.engine.controller import LEVEL_CHECK
 
-    costs = Costs(verify=QUIET, draft_step=0.02, draft_row=0.005)
+    costs = Costs(verify=[quiet_box(n) * (1.5 if n > 1 else 1.0) for n in range(1, 10)], draft_step=0.02,
+                  draft_row=0.005)
     controller = Controller(costs, k_max=8, has_draft_model=False, book=AcceptanceBook())
     assert 0 not in _copying(controller, costs, 4 * LEVEL_CHECK, sequences=2)
+    assert costs.plain_ago == 0
+    rows = 8 + 2  # each pass: this request's 8-token copy and the other sequence's row
+    assert costs.verify_cost(rows, 300) == pytest.approx(quiet_box(rows), rel=0.1)  # those passes still teach
 
 
 def test_isotonic_pools_a_dip_by_weight():

@@ -187,8 +187,8 @@ class Costs:
         if rows == 1:
             self._move_level(b, e, 1.0)
             self.plain_ago, self.plain_error = 0, e
-        elif sequences == 1:  # beside other sequences no step of one is a single-row pass
-            self.plain_ago += 1
+        else:
+            self.plain_ago += sequences == 1  # beside other sequences no step of one is a single-row pass
             self._grow_shape(rows)
             i = rows - 1
             shape_rate = _rate(self.shape_weight[i], SHAPE_MIN_RATE)
