@@ -340,10 +340,25 @@ class ServerState:
         return max(0, self.admission.unfinished() - running)
 
     async def submit(self, b: Backend, plan: Plan, *, model: str, owner: str) -> Job:
-        """Admit (else 429) and hand the request to the pipeline, off the event loop (it tokenizes)."""
-        self.admission.check()
+        """Admit (else 429) and hand the request to the pipeline, off the event loop (it tokenizes).
+        Counted from the check on (`hold`), not from the job: a burst of 40 all passed the check while
+        the first ones were still tokenizing, and all 40 were queued against a capacity of 20."""
+        with self.admission.hold():
+            job = await self._submitted(b, plan, model=model, owner=owner)
+            owners = [r for r in self.residents() if r.loader.backend is b]
+            if not owners:  # unloaded (`stop`) while it was tokenized: these models are about to close
+                job.cancel()
+                raise APIError(503, CANCELLED, "cancelled", headers={"Retry-After": str(self.settings.retry_after_s)})
+            self.admission.jobs.add(job)
+        for r in owners:
+            r.jobs.add(job)
+        self.metrics.set_queue_depth(self.queue_depth())
+        return job
+
+    async def _submitted(self, b: Backend, plan: Plan, *, model: str, owner: str) -> Job:
+        """The pipeline's job for this request, or the 400 that says why the request cannot run."""
         try:
-            job = await asyncio.to_thread(
+            return await asyncio.to_thread(
                 b.pipeline.submit, plan.request, route=b.route_for(model), grammar_enforced=plan.grammar_enforced,
                 use_cache=plan.cache, owner=owner,
             )
@@ -360,15 +375,6 @@ class ServerState:
             ) from exc
         except LocalspecError as exc:
             raise APIError(400, str(exc), "invalid_request") from exc
-        owners = [r for r in self.residents() if r.loader.backend is b]
-        if not owners:  # unloaded (`stop`) while it was tokenized: these models are about to close
-            job.cancel()
-            raise APIError(503, CANCELLED, "cancelled", headers={"Retry-After": str(self.settings.retry_after_s)})
-        self.admission.jobs.add(job)
-        for r in owners:
-            r.jobs.add(job)
-        self.metrics.set_queue_depth(self.queue_depth())
-        return job
 
     def attach(self, b: Backend) -> None:
         """Every request the pipeline finishes is recorded through its one completion hook.
