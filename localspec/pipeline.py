@@ -42,7 +42,7 @@ from typing import Protocol
 from localspec.cache import SemanticCache, cacheable
 from localspec.cache.judge import ModelJudge
 from localspec.cache.policy import cache_judge_kind
-from localspec.cache.scope import LOCAL_OWNER
+from localspec.cache.scope import LOCAL_OWNER, PromptKind
 from localspec.cache.scorer import PairScorer, ScorerJudge
 from localspec.cache.semantic import CacheHit
 from localspec.cache import CacheScope
@@ -297,12 +297,12 @@ class Pipeline:
             system = "\n".join(m.content or "" for m in request.messages if m.role == "system")
             earlier = [m.model_dump(exclude_none=True) for m in request.messages[:-1] if m.role != "system"]
             scope = CacheScope.from_request(
-                tier.fingerprint, system, earlier, sampling, bool(request.tools), grammar_enforced, kind="chat",
-                owner=owner,
+                tier.fingerprint, system, earlier, sampling, bool(request.tools), grammar_enforced,
+                kind=PromptKind.CHAT, owner=owner,
             )
             return CacheKey(scope, last.content or ""), None
         scope = CacheScope.from_request(tier.fingerprint, None, (), sampling, False, grammar_enforced,
-                                        kind="completion", owner=owner)
+                                        kind=PromptKind.COMPLETION, owner=owner)
         return CacheKey(scope, request.prompt or ""), None
 
     def _answer_from_cache(self, job: Job, key: CacheKey) -> bool:

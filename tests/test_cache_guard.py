@@ -6,7 +6,7 @@ import pytest
 
 from localspec.cache import cacheable, guard_compare, normalize_prompt
 from localspec.cache.evaluate import Point, choose_threshold
-from localspec.cache.guard import SOFT_SIMILARITY, conversions, numbers, qualifiers, technologies
+from localspec.cache.guard import SOFT_SIMILARITY, conflict, conversions, numbers, qualifiers, technologies
 from localspec.cache.normalize import content_words
 
 TRAPS = {
@@ -211,7 +211,26 @@ def test_choose_threshold_keeps_a_margin() -> None:
 
 def test_normalize_prompt() -> None:
     assert normalize_prompt("  How do I   reverse a list?? ") == normalize_prompt("how do i reverse a list")
+    assert normalize_prompt("Capital of France? Answer briefly.") == normalize_prompt("capital of france? answer briefly")
     assert normalize_prompt("sort ascending") != normalize_prompt("sort descending")
+    # Case that is meaning, and a line's indentation, are kept
+    assert normalize_prompt("Repeat: FOO") != normalize_prompt("Repeat: foo")
+    assert normalize_prompt("rename x to X") != normalize_prompt("rename x to x")
+    assert normalize_prompt("use getUser") != normalize_prompt("use getuser")
+    assert normalize_prompt("if a:\n    b") != normalize_prompt("if a:\n  b")
+    assert normalize_prompt("if a:\n    b  =  1") == normalize_prompt("if a:\n    b = 1  ")
+
+
+@pytest.mark.parametrize(("a", "b", "why"), [
+    ("Repeat this exactly: foo", "Repeat this exactly: FOO", "case"),
+    ("Is x == X in Python?", "Is x == x in Python?", "case"),
+    ("class Foo:\n    def bar(self):\n", "class Foo:\n  def bar(self):\n", "layout"),
+    ("Which city is the capital of France?", "which city is the capital of france", None),
+    ("How do I reverse a list? I need it fast.", "how do i reverse a list? i need it fast", None),
+])
+def test_case_and_layout_that_change_the_answer_refuse_a_hit(a, b, why) -> None:
+    assert guard_compare(a, b, similarity=0.99) == why
+    assert conflict(a, b) == why
 
 
 def test_cacheable_only_deterministic() -> None:

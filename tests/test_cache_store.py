@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from localspec.cache import SCHEMA_VERSION, CacheScope, SemanticCache
+from localspec.cache.scope import PromptKind
 from localspec.cache.store import JSONOnlyDisk
 from localspec.engine.embedder import file_fingerprint
 from tests.server_harness import wait_until
@@ -37,13 +38,32 @@ def test_exact_mode_says_so_and_hits_normalised_prompt(cache: SemanticCache) -> 
     assert cache.mode == "exact"
     assert "exact-match" in cache.describe()
     cache.store(scope(), "How do I reverse a list?", "use reversed()", [1, 2, 3], {"completion_tokens": 3})
-    hit = cache.lookup(scope(), "  how do I reverse a LIST ")
+    hit = cache.lookup(scope(), "  how do I   reverse a list ")
     assert hit is not None and hit.kind == "exact" and hit.answer == "use reversed()"
     assert hit.token_ids == [1, 2, 3] and hit.stats == {"completion_tokens": 3}
     assert hit.matched_prompt == "How do I reverse a list?"
     assert cache.lookup(scope(), "What's the way to reverse a list?") is None  # no embedder: exact only
     stats = cache.stats()
     assert stats["exact_hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Repeat this exactly: foo", "Repeat this exactly: FOO"),  # was answered "foo"
+    ("Is x == X in Python?", "Is x == x in Python?"),
+    ("Fix this:\nclass Foo:\n    def bar(self):\n        pass", "Fix this:\nclass Foo:\n  def bar(self):\n    pass"),
+])
+def test_case_and_indentation_that_change_the_answer_are_another_prompt(cache: SemanticCache, stored, asked) -> None:
+    cache.store(scope(), stored, "the answer to the first")
+    assert cache.lookup(scope(), asked) is None
+    assert cache.lookup(scope(), stored) is not None
+
+
+def test_a_raw_completion_prompt_is_matched_only_as_it_is(cache: SemanticCache) -> None:
+    raw = CacheScope.from_request(model_hash="m", kind=PromptKind.COMPLETION)
+    cache.store(raw, "def add(a, b):\n    ", "return a + b")
+    assert cache.lookup(raw, "def add(a, b):\n    ") is not None
+    for other in ("def add(a, b):\n", "def add(a, b):\n    return", "DEF ADD(A, B):\n    "):
+        assert cache.lookup(raw, other) is None, other  # each is continued otherwise
 
 
 @pytest.mark.parametrize("other", [

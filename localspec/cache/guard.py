@@ -63,7 +63,7 @@ from localspec.cache.guard_lexicon import (
     NEGATION, NOT_COUNTING, NOT_ENTITIES, OPPOSITE_ACTIONS, ORDINALS, PAIRED_ONLY, QUALIFIERS, RELATION_WORDS,
     SCALES, TECH_ALIASES, TECH_CAPITAL_ONLY, TENS, UNITS, UNIT_WORDS
 )
-from localspec.cache.normalize import FUNCTION_WORDS, canonical, raw_words, words
+from localspec.cache.normalize import FUNCTION_WORDS, canonical, case_folded, raw_words, words
 
 # ---------------------------------------------------------------- numbers
 
@@ -497,6 +497,27 @@ def _direction_conflict(da: frozenset[tuple[str, str]], db: frozenset[tuple[str,
 # Below this similarity a soft difference (see the module docstring) refuses the hit.
 SOFT_SIMILARITY = 0.86
 
+_WORD_RUN = re.compile(r"\w+")
+_INDENT = re.compile(r"[^\S\n]*")
+
+
+def respelled(a: str, b: str) -> str | None:
+    """"case" where a word stands in other letters' case on the other side ("FOO" / "foo", x / X), past what
+    `case_folded` folds; "layout" where a line stands at another indentation. Every other rule reads
+    words; these two differences change the answer to "repeat this exactly" and to code."""
+    wa, wb = (Counter(_WORD_RUN.findall(case_folded(t))) for t in (a, b))
+    if {w.casefold() for w in wa - wb} & {w.casefold() for w in wb - wa}:  # counted: "x == X" / "x == x"
+        return "case"
+    indents: dict[str, set[str]] = {}
+    for line in a.splitlines():
+        if content := " ".join(line.split()):
+            indents.setdefault(content, set()).add(_INDENT.match(line).group())  # type: ignore[union-attr]
+    for line in b.splitlines():
+        content = " ".join(line.split())
+        if content in indents and _INDENT.match(line).group() not in indents[content]:  # type: ignore[union-attr]
+            return "layout"
+    return None
+
 
 def compare(a: str, b: str, similarity: float | None = None) -> str | None:
     """None when `a`'s answer may serve `b`; otherwise the name of the first disagreement.
@@ -505,6 +526,8 @@ def compare(a: str, b: str, similarity: float | None = None) -> str | None:
     on one side only, reworded content words on both sides) pass only at SOFT_SIMILARITY or above.
     Without it they always refuse.
     """
+    if (spelling := respelled(a, b)) is not None:
+        return spelling
     fa, fb = facts(a), facts(b)
     if fa.numbers != fb.numbers:
         return "numbers"
@@ -565,6 +588,8 @@ def conflict(a: str, b: str) -> str | None:
     any difference in the numbers or a negation on one side (one-sided, those are how most number
     and negation traps read). What one side adds or leaves out otherwise is left to the judge.
     """
+    if (spelling := respelled(a, b)) is not None:  # a fact both sides state, written otherwise
+        return spelling
     fa, fb = facts(a), facts(b)
     # Numbers as multisets ("18 of 72" / "72 ... 18"), but every one must match: a count added on
     # one side ("a cup" / "3 cups", "the last commit" / "the last 3 commits") is a trap far more

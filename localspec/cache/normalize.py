@@ -15,20 +15,35 @@ from __future__ import annotations
 import re
 import unicodedata
 
-_SPACE = re.compile(r"\s+")
+_INNER_BLANKS = re.compile(r"(?<=\S)[^\S\n]+")  # a run of blanks after a character: not indentation
 _TRAILING = re.compile(r"[\s?.!:;]+$")
+_SENTENCE_START = re.compile(r"(^|[.!?]\s+)(\w)")
+_PRONOUN_I = re.compile(r"\bI\b")
+_WORD_RUN = re.compile(r"\w+")
+
+
+def _capitalized(word: str) -> str:
+    return word.lower() if len(word) > 1 and word[1:].islower() else word
+
+
+def case_folded(text: str) -> str:
+    """Only the case that is not meaning folded: a capital on a word's first letter alone (a name, a
+    sentence's start: "France" / "france"), a sentence's first letter, the pronoun I. The rest is kept,
+    since in code and in quoted text it is meaning: "FOO" / "foo", x / X, camelCase."""
+    text = _PRONOUN_I.sub("i", _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2).lower(), text))
+    return _WORD_RUN.sub(lambda m: _capitalized(m.group()), text)
 
 
 def normalize_prompt(text: str) -> str:
-    """NFKC, case-folded, whitespace collapsed, trailing punctuation dropped.
+    """NFKC; blanks inside a line collapsed, a line's indentation and the line breaks kept; the ends
+    and trailing punctuation dropped; a first capital folded (`case_folded`), no other case.
 
-    Case is folded here; the false-hit guard still compares quoted strings and code
-    identifiers case-sensitively before any hit is served.
+    Before, case was folded and every whitespace run collapsed: "Repeat this exactly: FOO" was
+    answered "foo", and a class indented by two spaces got the body cached for four.
     """
     t = unicodedata.normalize("NFKC", text)
-    t = _SPACE.sub(" ", t).strip()
-    t = _TRAILING.sub("", t)
-    return t.casefold()
+    t = "\n".join(_INNER_BLANKS.sub(" ", line).rstrip() for line in t.splitlines()).strip()
+    return case_folded(_TRAILING.sub("", t))
 
 
 # ---------------------------------------------------------------- idioms

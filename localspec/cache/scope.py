@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 LOCAL_OWNER = "local"  # the machine's user: the chat app, and every client of a server without keys
@@ -33,6 +34,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class PromptKind(StrEnum):
+    CHAT = "chat"  # the last user message: answered, so a reworded question may share the answer
+    COMPLETION = "completion"  # a raw prompt: continued character by character, matched only as it is
+
+
 @dataclass(frozen=True)
 class CacheScope:
     model_hash: str
@@ -41,7 +47,7 @@ class CacheScope:
     sampling_hash: str
     has_tools: bool = False
     has_response_format: bool = False
-    kind: str = "chat"  # "chat" (the last user message) or "completion" (a raw prompt)
+    kind: PromptKind = PromptKind.CHAT
     owner: str = LOCAL_OWNER  # whose entries these are: one API key's clients never see another's
 
     @classmethod
@@ -53,7 +59,7 @@ class CacheScope:
         sampling: Mapping[str, Any] | Any = None,
         has_tools: bool = False,
         has_response_format: bool = False,
-        kind: str = "chat",
+        kind: PromptKind = PromptKind.CHAT,
         *,
         owner: str = LOCAL_OWNER,
     ) -> CacheScope:
@@ -65,7 +71,7 @@ class CacheScope:
             sampling_hash=_digest(_plain(sampling or {})),
             has_tools=bool(has_tools),
             has_response_format=bool(has_response_format),
-            kind=kind,
+            kind=PromptKind(kind),
             owner=owner,
         )
 

@@ -36,7 +36,7 @@ from localspec.cache.guard import compare, conflict
 from localspec.cache.index import VectorIndex
 from localspec.cache.judge import JUDGED_THRESHOLD
 from localspec.cache.normalize import normalize_prompt
-from localspec.cache.scope import CacheScope
+from localspec.cache.scope import CacheScope, PromptKind
 from localspec.cache.store import EntryStore
 from localspec.paths import resolve_paths
 
@@ -101,7 +101,10 @@ def _judge_id(judge: ReuseJudge) -> str:
 
 
 def entry_id_for(scope: CacheScope, prompt: str) -> str:
-    return hashlib.sha256(f"{scope.key}\n{normalize_prompt(prompt)}".encode()).hexdigest()[:32]
+    """A chat prompt's key is its normal form; a raw completion prompt's is itself, since the model
+    continues it character by character (a space more at its end is another next token)."""
+    key = prompt if scope.kind is PromptKind.COMPLETION else normalize_prompt(prompt)
+    return hashlib.sha256(f"{scope.key}\n{key}".encode()).hexdigest()[:32]
 
 
 class SemanticCache:
@@ -257,7 +260,8 @@ class SemanticCache:
         entry = self._store.get(eid)
         if entry is not None and (not self.guard or compare(entry["prompt"], prompt, 1.0) is None):
             return self._hit(entry, 1.0, "exact"), []
-        if not semantic or self.embedder is None or self._index is None:
+        # A raw completion is continued, not answered: a neighbour's continuation is not this prompt's.
+        if not semantic or scope.kind is PromptKind.COMPLETION or self.embedder is None or self._index is None:
             return None, []
         if judge is not None and (hit := self._remembered(scope, eid, prompt, judge)) is not None:
             return hit, []
@@ -372,7 +376,7 @@ class SemanticCache:
                     "expires_at": now + self.ttl_s if self.ttl_s else None,
                 }
                 self._store.put(entry)
-                if self.embedder is not None and self._index is not None:
+                if self.embedder is not None and self._index is not None and scope.kind is PromptKind.CHAT:
                     vec = self.embedder.embed(prompt)
                     if vec is not None:
                         self._index.add(eid, scope.key, vec)
