@@ -286,6 +286,51 @@ def test_a_corrupt_database_is_moved_aside_and_recreated(db, caplog):
     assert [r["request_id"] for r in _rows(db)] == ["after"]
 
 
+def _sqlite_with(path: Path, script: str, version: int = 0) -> None:
+    conn = sqlite3.connect(path)
+    conn.executescript(script)
+    conn.execute(f"PRAGMA user_version = {version}")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("what", ["folder", "text", "other_app", "tables_missing", "empty_sqlite"])
+def test_a_report_never_moves_or_creates_what_db_names(tmp_path, capsys, what):
+    """`stats --db` opened the path as the writer does: whatever it could not read was renamed
+    `.corrupt-<time>` and a new database put in its place, exit 0 (a folder of code, a text file,
+    /dev/null as root). A report only reads: anything but a metrics database is refused in one line."""
+    path = tmp_path / "named"
+    if what == "folder":
+        (path / "src").mkdir(parents=True)
+        (path / "src" / "main.py").write_text("precious")
+    elif what == "text":
+        path.write_text("notes\n" * 100)
+    elif what == "other_app":
+        _sqlite_with(path, "CREATE TABLE requests (url TEXT); CREATE TABLE other (x);")
+    elif what == "tables_missing":  # at today's version, without the tables (was a traceback)
+        _sqlite_with(path, "CREATE TABLE unrelated (x);", version=SCHEMA_VERSION)
+    else:
+        _sqlite_with(path, "")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    contents = path.read_bytes() if path.is_file() else None
+    assert main(["stats", "--db", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert str(path) in err and "Point --db at a localspec metrics.sqlite" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2  # the cause, and the fix
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (path.read_bytes() if path.is_file() else None) == contents
+
+
+def test_a_report_reads_and_migrates_a_metrics_database_it_is_pointed_at(db):
+    with Metrics(db) as m:
+        m.record(RequestRecord.from_stats(_stats(), face="api", request_id="one"))
+    conn = open_reader(db)
+    try:
+        assert [r["request_id"] for r in fetch_rows(conn)] == ["one"]
+    finally:
+        conn.close()
+
+
 def test_record_does_not_wait_for_a_locked_database_and_writes_after_release(db):
     Metrics(db).close()  # an existing log, as a restarted server finds it
     blocker = sqlite3.connect(db, isolation_level=None)

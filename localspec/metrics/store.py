@@ -231,7 +231,35 @@ def fetch_rows(
     return [dict(r) for r in conn.execute(sql, (lo, hi))]
 
 
+_TABLES = ("requests", "feedback")
+
+
 def open_reader(path: Path) -> sqlite3.Connection:
-    """A connection for reports; migrates an older file so queries see today's columns."""
-    conn, _ = open_db(path)
-    return conn
+    """A connection for reports on a metrics database that exists; an older one is migrated so queries
+    see today's columns. Never creates or moves anything: `stats --db` names any path, and opening it
+    as the writer does (a file it cannot read is moved aside as corrupt) renamed a user's folder, a text
+    file and /dev/null. Anything that is not a localspec metrics database is refused in one line."""
+    fix = "Point --db at a localspec metrics.sqlite, or leave --db out for the one in the data dir."
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a file, so not a metrics database.", fix)
+    conn = _connect(path)
+    try:
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"{path} is not a readable SQLite database ({exc}).", fix) from None
+        if tables and (version == 0 or not set(_TABLES) <= tables):
+            missing = ", ".join(t for t in _TABLES if t not in tables)
+            raise ConfigError(f"{path} is a SQLite database but not localspec's metrics"
+                              f"{f' (it has no {missing} table)' if missing else ''}.", fix)
+        if not tables:
+            raise ConfigError(f"{path} is an empty SQLite database, not localspec's metrics.", fix)
+        _check_version(conn, path)
+        conn.execute(f"PRAGMA busy_timeout = {SETUP_BUSY_TIMEOUT_MS}")
+        _migrate(conn, path)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        return conn
+    except BaseException:
+        conn.close()
+        raise
