@@ -68,6 +68,16 @@ def served(draft_path, tmp_path_factory):
     log.close()
 
 
+ADDRESS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+# What pydantic writes for a model with a nested one, and for a recursive one (a root that is a $ref).
+NESTED_PARAMS = {"$defs": {"Address": ADDRESS}, "type": "object",
+                 "properties": {"home": {"$ref": "#/$defs/Address"}}, "required": ["home"]}
+TREE = {"$defs": {"Node": {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}, "maxItems": 2}},
+    "required": ["name", "children"]}}, "$ref": "#/$defs/Node"}
+
+
 def _alive(proc, base: str) -> None:
     assert proc.poll() is None, f"the server died with exit status {proc.returncode}"
     assert request(base, "GET", "/health").status_code == 200
@@ -104,6 +114,59 @@ def test_schema_bounds_are_a_400_naming_field_and_limit(served, name):
     assert err["code"] == "schema_too_large" and field in err["message"] and limit in err["message"], err
     assert "\n" not in err["message"]
     _alive(proc, base)
+
+
+@pytest.mark.models
+def test_pydantic_schemas_with_defs_are_enforced_in_forced_tools_and_response_formats(served):
+    """A tool's "#/$defs/Address" pointed at the combined schema's root once nested under `arguments`
+    (400 "Error resolving ref"), and a root $ref left the converter a KeyError (400 "'#/$defs/Node'")."""
+    proc, base = served
+    body = forced_tool(NESTED_PARAMS) | {"max_tokens": 16}
+    r = request(base, "POST", "/v1/chat/completions", json_body=body)
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]  # 16 tokens: the call is cut short, and returned as text
+    said = message["content"] or message["tool_calls"][0]["function"]["arguments"]
+    assert said.replace(" ", "").startswith('{"name":"f","arguments":{"home":{"city":"'), message
+    r = request(base, "POST", "/v1/chat/completions", json_body=chat_with_schema(TREE) | {"max_tokens": 16})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"].replace(" ", "").startswith('{"name":"'), r.text
+    _alive(proc, base)
+
+
+@pytest.mark.parametrize("where", ["response_format", "tool"])
+def test_a_schema_keyword_the_grammar_cannot_keep_is_a_400_naming_it(where):
+    """`minimum` was dropped by the converter while the reply said grammar "enforced": {"n": 5} for a
+    minimum of 100. The keyword is refused by name instead."""
+    from localspec.server.errors import APIError
+    from localspec.server.schemas import ChatCompletionRequest
+    from localspec.server.translate import chat_plan
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 100}}, "required": ["n"]}
+    body = chat_with_schema(schema) if where == "response_format" else forced_tool(schema)
+    with pytest.raises(APIError) as err:
+        chat_plan(ChatCompletionRequest.model_validate(body), 16)
+    assert err.value.status == 400 and err.value.code == "unsupported_schema"
+    assert "properties.n.minimum" in err.value.message and "Remove 'minimum'" in err.value.message
+
+
+def test_two_tools_defining_the_same_name_keep_their_own_definitions():
+    """Nested under each tool, both tools' "Address" became one grammar rule (the converter names a
+    ref's rule by its last part), so the second tool's fields were the first's."""
+    import llama_cpp
+
+    from localspec.server.schemas import ChatCompletionRequest
+    from localspec.server.translate import chat_plan
+
+    other = {"$defs": {"Address": {"type": "object", "properties": {"zip": {"type": "integer"}}, "required": ["zip"]}},
+             "type": "object", "properties": {"work": {"$ref": "#/$defs/Address"}, "next": {"$ref": "#"}},
+             "required": ["work"]}
+    body = forced_tool(NESTED_PARAMS)
+    body["tools"].append({"type": "function", "function": {"name": "g", "parameters": other}})
+    gbnf = chat_plan(ChatCompletionRequest.model_validate(body), 16).request.grammar
+    rules = dict(line.split(" ::= ", 1) for line in gbnf.splitlines())
+    assert '"\\"city\\""' in rules["tool0-Address-city-kv"] and '"\\"zip\\""' in rules["tool1-Address-zip-kv"]
+    assert rules["tool1-next"] == "tool1"  # "#" is the tool's own parameters
+    llama_cpp.LlamaGrammar.from_string(gbnf, verbose=False)
 
 
 @pytest.mark.models

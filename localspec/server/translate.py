@@ -16,6 +16,7 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import GenerationRequest
 from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf, check_schema
+from localspec.engine.json_schema import SchemaNotEnforceable, check_enforceable, hoisted, root_ref_inlined
 from localspec.engine.sampling import SamplingParams, with_fallbacks
 from localspec.server.errors import APIError
 from localspec.server.schemas import (
@@ -97,10 +98,13 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
     try:
         if not checked:
             check_schema(schema, field)
-        gbnf = str(json_schema_to_gbnf(json.dumps(schema)))
+            check_enforceable(schema, field)
+        gbnf = str(json_schema_to_gbnf(json.dumps(root_ref_inlined(schema))))
         check_gbnf(gbnf)
     except GrammarTooLarge as exc:
         raise APIError(400, exc.cause, "schema_too_large", param) from exc
+    except SchemaNotEnforceable as exc:
+        raise APIError(400, str(exc), "unsupported_schema", param) from exc
     except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
         raise APIError(400, f"Unsupported JSON schema: {exc}", "invalid_schema", param) from exc
     return gbnf
@@ -149,16 +153,24 @@ def _tool_grammar(body: ChatCompletionRequest) -> str:
         if not tools:
             raise APIError(400, f"tool_choice names '{body.tool_choice.function.name}', which is not in tools.",
                            "invalid_value", "tool_choice")
-    options = []
+    options, defs = [], {}
     for i, t in enumerate(tools):
         params = t.function.parameters or {"type": "object"}
+        field = f"tools[{i}].function.parameters"
         try:
-            check_schema(params, f"tools[{i}].function.parameters")
+            check_schema(params, field)
+            check_enforceable(params, field)
         except GrammarTooLarge as exc:
             raise APIError(400, exc.cause, "schema_too_large", "tools") from exc
-        options.append({"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": params},
+        except SchemaNotEnforceable as exc:
+            raise APIError(400, str(exc), "unsupported_schema", "tools") from exc
+        # Each tool's parameters and definitions stand in the root's $defs, their refs re-rooted there:
+        # under `arguments`, a pydantic model's "#/$defs/Addr" pointed at the combined schema's root (a 400).
+        defs.update(hoisted(root_ref_inlined(params), f"tool{i}"))
+        options.append({"type": "object", "properties": {"name": {"const": t.function.name},
+                                                         "arguments": {"$ref": f"#/$defs/tool{i}"}},
                         "required": ["name", "arguments"]})
-    combined = options[0] if len(options) == 1 else {"oneOf": options}
+    combined = {**(options[0] if len(options) == 1 else {"oneOf": options}), "$defs": defs}
     try:
         check_schema(combined, "tools")  # the tools together: total size
     except GrammarTooLarge as exc:
