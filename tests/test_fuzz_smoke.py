@@ -185,6 +185,11 @@ BAD_REQUESTS = {
     "tool_schema_ref_loop": ("/v1/chat/completions", chat(
         tools=[{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}}}],
         tool_choice="required"), "invalid_schema"),
+    "schema_ref_to_nothing": ("/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {
+        "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}), "invalid_schema"),
+    "tool_schema_ref_to_nothing": ("/v1/chat/completions", chat(
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/nope"}}}], tool_choice="required"),
+        "invalid_schema"),
     "tool_schema_properties_list": ("/v1/chat/completions", chat(
         tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": [1, 2]}}}],
         tool_choice="required"), "invalid_schema"),

@@ -42,6 +42,9 @@ def script(prompt: str) -> Reply | str:
         return "a + b"
     if word := re.search(r"Repeat this word exactly once and nothing else: (\w+)", prompt):
         return Reply(word.group(1), pace_s=0.01)  # paced: eight streams overlap in the engine's steps
+    if "Look up two cities" in prompt:
+        return "".join(f'<tool_call>\n{{"name": "weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>\n'
+                       for c in ("Paris", "Rome"))
     if "Write a long story" in prompt:
         return Reply("Once upon a time there was a robot. " * 60, pace_s=0.02)
     return "Red, green, blue. Yes."
@@ -375,6 +378,12 @@ def test_queue_full_gives_429_with_retry_after(ready):
         ({"messages": user("hi"), "max_tokens": CAP + 1}, 400, "invalid_value"),
         ({"messages": user("hi"), "model": "gpt-4o"}, 404, "model_not_found"),
         ({"messages": user("word " * 1500)}, 400, "context_length_exceeded"),
+        # Accepted and ignored before: each changes the answer a client expects
+        ({"messages": user("hi"), "logit_bias": {"9707": -100}}, 400, "unsupported_value"),
+        ({"messages": user("hi"), "tool_choice": "required"}, 400, "invalid_value"),
+        ({"messages": user("hi"), "tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": []}, 400,
+         "invalid_value"),
+        ({"messages": user("hi"), "top_logprobs": 3}, 400, "invalid_value"),
     ],
 )
 def test_error_status_and_type(ready, body, status, code):
@@ -384,6 +393,30 @@ def test_error_status_and_type(ready, body, status, code):
     assert err["code"] == code and err["type"] == "invalid_request_error" and err["message"]
     if code == "context_length_exceeded":
         assert str(N_CTX) in err["message"] and "prompt_tokens=" in err["message"]
+
+
+def test_best_of_other_than_one_is_refused_and_an_empty_logit_bias_passes(ready):
+    body = {"model": TARGET_ID, "prompt": "Say hi", "max_tokens": 4}
+    r = raw(ready, "POST", "/v1/completions", json=body | {"best_of": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "best_of", r.text
+    for ok in ({"best_of": 1}, {"logit_bias": {}}, {"logit_bias": None}):
+        assert raw(ready, "POST", "/v1/completions", json=body | ok).status_code == 200, ok
+
+
+def test_parallel_tool_calls_false_returns_the_first_call_only(client):
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    for stream in (False, True):
+        calls = {}
+        for parallel in (None, False):
+            extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+            r = client.chat.completions.create(model=TARGET_ID, messages=user("Look up two cities."), tools=tools,
+                                               max_tokens=256, temperature=0, stream=stream, **extra)
+            if stream:
+                deltas = [d for chunk in r if chunk.choices for d in chunk.choices[0].delta.tool_calls or []]
+                calls[parallel] = [json.loads(d.function.arguments)["city"] for d in deltas]
+            else:
+                calls[parallel] = [json.loads(c.function.arguments)["city"] for c in r.choices[0].message.tool_calls]
+        assert calls == {None: ["Paris", "Rome"], False: ["Paris"]}, (stream, calls)
 
 
 def test_openai_client_error_classes(client):

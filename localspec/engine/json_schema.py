@@ -63,12 +63,29 @@ def _subschemas(node: Any, where: str) -> Iterator[tuple[dict[str, Any], str]]:
                 todo.append((sub, f"{path}.{key}"))
 
 
+class SchemaRefBroken(RequestError):
+    """A local `$ref` that points at nothing, or only at refs in a loop."""
+
+
 def check_enforceable(schema: Any, field: str) -> None:
-    """Raise SchemaNotEnforceable for the first keyword the grammar would silently drop."""
+    """Raise SchemaNotEnforceable for the first keyword the grammar would silently drop, and
+    SchemaRefBroken for a local ref that leads nowhere (the converter wrote a rule that names an
+    undefined one, which only the engine's grammar parser refused)."""
     for node, where in _subschemas(schema, field):
         for keyword in UNENFORCED:
             if keyword in node:
                 raise SchemaNotEnforceable(where, keyword)
+        ref, seen = node.get("$ref"), set()
+        while isinstance(ref, str) and ref.startswith("#"):
+            if ref in seen:
+                raise SchemaRefBroken(f"{where}.$ref: '{ref}' leads only to refs in a loop.",
+                                      "Point the $ref at a schema that says what the value is.")
+            seen.add(ref)
+            target = _pointer(schema, ref)
+            if not isinstance(target, (dict, bool)):
+                raise SchemaRefBroken(f"{where}.$ref: '{ref}' points at nothing in the schema.",
+                                      "Point the $ref at a definition under $defs.")
+            ref = target.get("$ref") if isinstance(target, dict) else None
 
 
 def _pointer(schema: dict[str, Any], ref: str) -> Any:

@@ -90,6 +90,7 @@ class _Sampling(_Body):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     n: int = Field(1, description="only 1 is supported")
+    logit_bias: dict[str, float] | None = Field(None, description="not supported: a 400 unless empty")
     stream: bool = False
     stream_options: StreamOptions | None = None
     prediction: PredictionIn | None = Field(None, description="Predicted Outputs (on /v1/completions: a localspec "
@@ -180,6 +181,7 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceNamed | None = None
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call")
 
 
 class TopLogprob(BaseModel):
@@ -312,6 +314,7 @@ class CompletionRequest(_Sampling):
     suffix: str | None = Field(None, description="text after the insertion point: fill-in-the-middle")
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
+    best_of: int | None = Field(None, description="only 1 is supported")
 
 
 class CompletionLogprobs(BaseModel):

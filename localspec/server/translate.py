@@ -16,7 +16,8 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import GenerationRequest
 from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf, check_schema
-from localspec.engine.json_schema import SchemaNotEnforceable, check_enforceable, hoisted, root_ref_inlined
+from localspec.engine.json_schema import (SchemaNotEnforceable, SchemaRefBroken, check_enforceable, hoisted,
+                                          root_ref_inlined)
 from localspec.engine.sampling import SamplingParams, with_fallbacks
 from localspec.server.errors import APIError
 from localspec.server.schemas import (
@@ -43,6 +44,14 @@ class Plan:
     tool_mode: str | None = None  # None | "auto" | "forced"
     fallback: str | None = None
     cache: bool = True  # False: the request asked to bypass the semantic cache
+    one_tool_call: bool = False  # parallel_tool_calls=false: the first call only
+
+    def tool_calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """The answer's tool calls (none unless tools were offered), and the text left over."""
+        if not self.tool_mode:
+            return text, []
+        content, calls = parse_tool_calls(text, self.tool_mode == "forced")
+        return content, calls[:1] if self.one_tool_call else calls
 
 
 def _sampling(body: _Sampling) -> SamplingParams:
@@ -59,6 +68,9 @@ def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict[str, Any]
     if body.n != 1:
         raise APIError(400, f"n={body.n} is not supported; this server returns one choice (n=1).",
                        "unsupported_value", "n")
+    if body.logit_bias:  # accepted and ignored before: {"9707": -100} still answered "Hello!"
+        raise APIError(400, "logit_bias is not supported by this server; remove it (a stop string or a "
+                       "response_format grammar can steer the output instead).", "unsupported_value", "logit_bias")
     if max_tokens is not None and max_tokens > cap:
         raise APIError(400, f"max_tokens={max_tokens} is above this server's cap of {cap}.",
                        "invalid_value", "max_tokens")
@@ -105,6 +117,8 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
         raise APIError(400, exc.cause, "schema_too_large", param) from exc
     except SchemaNotEnforceable as exc:
         raise APIError(400, str(exc), "unsupported_schema", param) from exc
+    except SchemaRefBroken as exc:
+        raise APIError(400, str(exc), "invalid_schema", param) from exc
     except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
         raise APIError(400, f"Unsupported JSON schema: {exc}", "invalid_schema", param) from exc
     return gbnf
@@ -164,6 +178,8 @@ def _tool_grammar(body: ChatCompletionRequest) -> str:
             raise APIError(400, exc.cause, "schema_too_large", "tools") from exc
         except SchemaNotEnforceable as exc:
             raise APIError(400, str(exc), "unsupported_schema", "tools") from exc
+        except SchemaRefBroken as exc:
+            raise APIError(400, str(exc), "invalid_schema", "tools") from exc
         # Each tool's parameters and definitions stand in the root's $defs, their refs re-rooted there:
         # under `arguments`, a pydantic model's "#/$defs/Addr" pointed at the combined schema's root (a 400).
         defs.update(hoisted(root_ref_inlined(params), f"tool{i}"))
@@ -183,6 +199,13 @@ def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
     grammar = None
     tool_mode = None
     tools = None
+    forced = body.tool_choice == "required" or isinstance(body.tool_choice, ToolChoiceNamed)
+    if forced and not body.tools:  # was answered in plain text, as if no call had been asked for
+        raise APIError(400, "tool_choice asks for a tool call but the request has no tools; send tools, or "
+                       "leave tool_choice out.", "invalid_value", "tool_choice")
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true; set it, or leave top_logprobs out.",
+                       "invalid_value", "top_logprobs")
     if body.tools and body.tool_choice != "none":
         tools = [t.model_dump(exclude_none=True) for t in body.tools]
         if body.tool_choice == "required" or isinstance(body.tool_choice, ToolChoiceNamed):
@@ -206,11 +229,14 @@ def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
         messages=_messages(body), grammar=grammar, logprobs=logprobs, tools=tools, **common
     )
     return Plan(request, grammar_enforced=grammar is not None, tool_mode=tool_mode, fallback=_fallback(request),
-                cache=_use_cache(body))
+                cache=_use_cache(body), one_tool_call=body.parallel_tool_calls is False)
 
 
 def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool) -> Plan:
     common = _common(body, body.max_tokens, cap)
+    if body.best_of not in (None, 1):
+        raise APIError(400, f"best_of={body.best_of} is not supported; this server generates one completion "
+                       "(best_of=1).", "unsupported_value", "best_of")
     prompt = body.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1:

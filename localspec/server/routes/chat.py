@@ -15,8 +15,7 @@ from localspec.server.errors import ERROR_RESPONSES
 from localspec.server.replies import StreamedReply, chat_logprobs, extension, origin_of, usage
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-                                      ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCall,
-                                      ToolCallDelta)
+                                      ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCallDelta)
 from localspec.server.state import Principal, ServerState, State
 from localspec.server.streaming import EventStream, Piece, sse
 
@@ -38,10 +37,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         return EventStream(reply.stream(), on_close=kept.release)
     try:
         tokens, done = await reply.whole(request)
-        content: str | None = done.text
-        calls: list[ToolCall] = []
-        if plan_.tool_mode:
-            content, calls = translate.parse_tool_calls(done.text, plan_.tool_mode == "forced")
+        content, calls = plan_.tool_calls(done.text)
         return ChatCompletion(
             id=reply.id, created=reply.created, model=body.model, usage=usage(done, plan_),
             localspec=extension(b, done, plan_, job, who),
@@ -86,7 +82,7 @@ class ChatReply(StreamedReply):
         out = []
         reason: str = done.finish_reason
         if self.plan.tool_mode:
-            content, calls = translate.parse_tool_calls(done.text, self.plan.tool_mode == "forced")
+            content, calls = self.plan.tool_calls(done.text)
             if calls:
                 reason = "tool_calls"
                 deltas = [ToolCallDelta(index=i, id=c.id, type="function", function=c.function)
