@@ -151,8 +151,16 @@ def test_malformed_bodies_are_400(srv, name):
     body, ctype = BAD_BODIES[name]
     status, text = send(srv, "/v1/chat/completions", body, ctype)
     assert status == 400, (name, status, text)
-    assert json.loads(text)["error"]["type"] == "invalid_request_error"
+    err = json.loads(text)["error"]
+    assert err["type"] == "invalid_request_error"
+    if name in NOT_A_JSON_OBJECT:  # was "13: JSON decode error" (param "13"), "Input should be a valid dictionary"
+        assert err["code"] == "invalid_json" and err["param"] is None, err
+        assert "application/json" in err["message"] or "must be a JSON object" in err["message"], err
     assert_alive(srv)
+
+
+NOT_A_JSON_OBJECT = {"malformed_json", "invalid_utf8", "deeply_nested", "null_body", "array_body", "empty_body",
+                     "wrong_content_type", "form_content_type", "no_content_type"}
 
 
 LONG = "word " * 1500  # ~1500 tokens > n_ctx 1024

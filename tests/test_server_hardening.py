@@ -255,6 +255,7 @@ def test_dns_rebinding_hosts_are_refused_on_every_route(loading_app, host, path)
     assert r.status_code == 403, (host, path, r.status_code)
     err = r.json()["error"]
     assert err["code"] == "host_not_allowed" and "--allowed-hosts" in err["message"]
+    assert err["type"] == "permission_error"  # OpenAI's type for a 403 (was server_error)
 
 
 @pytest.mark.parametrize("host", ["localhost", "localhost:8000", "127.0.0.1:1234", "[::1]:8000", "LOCALHOST",

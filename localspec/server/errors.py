@@ -14,6 +14,7 @@ from localspec.server.schemas import ErrorResponse
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",  # a refused Host or Origin, a verdict token that does not match
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
@@ -72,10 +73,12 @@ def install(app: FastAPI) -> None:
         return Response(status_code=499)  # nginx's "client closed request": nobody reads it, logs do
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's default is 422 {"detail": [...]}; OpenAI clients expect 400 and an error object.
         errs = exc.errors()
         first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+        if (not_json := _not_json(request, first)) is not None:
+            return JSONResponse(error_json(400, not_json, "invalid_json"), 400)
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
         msg = f"{param}: {first['msg']}" if param else str(first["msg"])
@@ -83,9 +86,32 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _UNPARSED:  # FastAPI's words for bad UTF-8 or deep nesting
+            return JSONResponse(error_json(400, f"The body could not be read as JSON. {_JSON_FIX}", "invalid_json"), 400)
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
         return JSONResponse(error_json(exc.status_code, str(exc.detail), code), exc.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(error_json(500, f"internal error: {type(exc).__name__}: {exc}"), 500)
+
+
+_UNPARSED = "There was an error parsing the body"
+_JSON_FIX = "Send UTF-8 JSON with Content-Type: application/json (curl: -H 'Content-Type: application/json')."
+
+
+def _not_json(request: Request, first: dict[str, Any]) -> str | None:
+    """The message for a body that is not a JSON object, or None for a JSON body that fails validation.
+    Before: "13: JSON decode error" with param "13", and for curl's -d without a JSON content type
+    (form-encoded) "Input should be a valid dictionary", naming neither the cause nor the fix."""
+    if first.get("type") == "json_invalid":
+        at = next((p for p in first.get("loc", ()) if isinstance(p, int)), None)
+        why = first.get("ctx", {}).get("error") or first.get("msg")
+        return f"The body is not valid JSON ({why}{f' at character {at}' if at is not None else ''}). {_JSON_FIX}"
+    if first.get("loc") != ("body",):
+        return None
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        sent = f"Content-Type {kind}" if kind else "no Content-Type"
+        return f"The body must be a JSON object sent as application/json; this request sent {sent}. {_JSON_FIX}"
+    return "The body must be a JSON object ({...}) holding the request's fields."
