@@ -87,7 +87,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and exc.detail == _UNPARSED:  # FastAPI's words for bad UTF-8 or deep nesting
-            return JSONResponse(error_json(400, f"The body could not be read as JSON. {_JSON_FIX}", "invalid_json"), 400)
+            message = f"The body could not be read as JSON. {_JSON_FIX}"
+            return JSONResponse(error_json(400, message, "invalid_json"), 400)
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
         return JSONResponse(error_json(exc.status_code, str(exc.detail), code), exc.status_code)
 
