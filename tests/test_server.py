@@ -234,6 +234,22 @@ def test_tool_call_round_trip(model_client):
 # ---------------------------------------------------------------- completions, FIM, models, embeddings
 
 
+def test_completion_text_offsets_count_through_the_stream_and_the_echo(client):
+    """Every streamed chunk's text_offset started at 0, and echo's ignored the echoed prompt."""
+    prompt = "Say red green blue."
+    for echo in (False, True):
+        whole = client.completions.create(model=TARGET_ID, prompt=prompt, max_tokens=12, temperature=0, logprobs=1,
+                                          echo=echo)
+        lp = whole.choices[0].logprobs
+        start = len(prompt) if echo else 0
+        assert lp.text_offset[0] == start and whole.choices[0].text[start:].startswith("".join(lp.tokens))
+        assert lp.text_offset == [start + len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+        streamed = [c.choices[0].logprobs for c in client.completions.create(
+            model=TARGET_ID, prompt=prompt, max_tokens=12, temperature=0, logprobs=1, echo=echo, stream=True)
+            if c.choices and c.choices[0].logprobs]
+        assert len(streamed) > 1 and [o for c in streamed for o in c.text_offset] == lp.text_offset, echo
+
+
 def test_completion_with_logprobs(client):
     r = client.completions.create(model=TARGET_ID, prompt="def fibonacci(n):", max_tokens=16, temperature=0, logprobs=2)
     text = r.choices[0].text

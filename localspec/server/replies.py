@@ -83,12 +83,14 @@ def chat_logprobs(b: Backend, tokens: list[Token]) -> ChoiceLogprobs:
     return ChoiceLogprobs(content=out)
 
 
-def completion_logprobs(b: Backend, tokens: list[Token]) -> CompletionLogprobs:
+def completion_logprobs(b: Backend, tokens: list[Token], *, start: int = 0) -> CompletionLogprobs:
+    """`start`: the choice text's length before these tokens (an echoed prompt, earlier chunks), where
+    text_offset counts from; every streamed chunk counted from 0 before."""
     texts: list[str] = []
     lps: list[float] = []
     tops: list[dict[str, float]] = []
     offsets: list[int] = []
-    off = 0
+    off = start
     for t in tokens:
         lp = t.logprob
         assert lp is not None

@@ -42,7 +42,7 @@ async def completions(body: CompletionRequest, request: Request, state: State,
             localspec=extension(b, done, plan_, job, who),
             choices=[CompletionChoice(
                 text=echo + done.text, finish_reason=done.finish_reason,
-                logprobs=completion_logprobs(b, tokens) if body.logprobs is not None else None,
+                logprobs=completion_logprobs(b, tokens, start=len(echo)) if body.logprobs is not None else None,
             )],
         )
     finally:
@@ -68,6 +68,7 @@ class CompletionReply(StreamedReply):
         self.body = body
         self.echo = echo
         self.id = f"cmpl-{job.id}"
+        self.offset = len(echo)  # the choice text streamed so far: where the next chunk's text_offset starts
 
     def chunk(self, text: str, **kw: Any) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.body.model,
@@ -79,7 +80,10 @@ class CompletionReply(StreamedReply):
     def piece(self, piece: Piece) -> bytes | None:
         if not piece.text:
             return None
-        lp = completion_logprobs(self.b, piece.tokens) if self.body.logprobs is not None else None
+        lp = None
+        if self.body.logprobs is not None:
+            lp = completion_logprobs(self.b, piece.tokens, start=self.offset)
+            self.offset += sum(map(len, lp.tokens))
         chunk = self.chunk(piece.text, finish_reason=None, logprobs=lp)
         chunk.localspec = origin_of(self.body, piece)
         return sse(chunk)
