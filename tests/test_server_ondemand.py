@@ -209,6 +209,16 @@ def test_an_unknown_model_is_still_a_404(jit):
     assert request(jit.base_url, "GET", f"/v1/models/{B}").status_code == 200
 
 
+def test_one_models_card_is_the_lists_and_a_hub_name_is_looked_up(jit):
+    """A name with slashes (hf.co/USER/REPO:QUANT) was a bare route 404, and a card had localspec null."""
+    listed = {card["id"]: card for card in request(jit.base_url, "GET", "/v1/models").json()["data"]}
+    for name in (PRIMARY, B):
+        card = request(jit.base_url, "GET", f"/v1/models/{name}").json()
+        assert card == listed[name] and card["localspec"] is not None, card
+    r = request(jit.base_url, "GET", "/v1/models/hf.co/someone/Some-Model-GGUF:Q4_K_M")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+
+
 def test_keep_alive_is_per_model(jit):
     url, loads, state = jit.base_url, jit.loads, jit.state
     _text(url, PRIMARY, keep_alive="-1")

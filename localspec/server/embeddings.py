@@ -32,9 +32,11 @@ class EmbeddingModel:
         counts = []
         for i, text in enumerate(texts):
             n = self._embedder.count_tokens(text)
-            if not text or n > self.window:
-                what = "is empty" if not text else f"has {n} tokens; the embedding model takes at most {self.window}"
-                raise RequestError(f"Input {i} {what}.", "Split long texts into chunks.")
+            if not text:
+                raise RequestError(f"Input {i} is empty.", "Leave empty texts out, or send some text in their place.")
+            if n > self.window:
+                raise RequestError(f"Input {i} has {n} tokens; the embedding model takes at most {self.window}.",
+                                   "Split long texts into chunks.")
             counts.append(n)
         if max_tokens is not None and sum(counts) > max_tokens:
             raise RequestError(f"The inputs have {sum(counts)} tokens together; this server embeds at most "

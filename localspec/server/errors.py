@@ -98,6 +98,7 @@ def install(app: FastAPI) -> None:
 
 
 _UNPARSED = "There was an error parsing the body"
+_NOT_AN_OBJECT = ("model_attributes_type", "dict_type", "model_type", "missing")  # pydantic's words for the body
 _JSON_FIX = "Send UTF-8 JSON with Content-Type: application/json (curl: -H 'Content-Type: application/json')."
 
 
@@ -109,8 +110,8 @@ def _not_json(request: Request, first: dict[str, Any]) -> str | None:
         at = next((p for p in first.get("loc", ()) if isinstance(p, int)), None)
         why = first.get("ctx", {}).get("error") or first.get("msg")
         return f"The body is not valid JSON ({why}{f' at character {at}' if at is not None else ''}). {_JSON_FIX}"
-    if first.get("loc") != ("body",):
-        return None
+    if first.get("loc") != ("body",) or first.get("type") not in _NOT_AN_OBJECT:
+        return None  # a field's error, or one of the body's own checks (a lone surrogate)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         sent = f"Content-Type {kind}" if kind else "no Content-Type"

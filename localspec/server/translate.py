@@ -25,6 +25,7 @@ from localspec.server.schemas import (
     ChatCompletionRequest,
     ChatMessageIn,
     CompletionRequest,
+    ContentPart,
     FunctionCall,
     ToolCall,
     ToolChoiceNamed,
@@ -90,15 +91,22 @@ def _prediction(body: _Sampling) -> str | None:
     if isinstance(content, str):
         text = content
     else:
-        for p in content:
-            if p.type != "text" or p.text is None:
-                raise APIError(400, f"Prediction content parts of type '{p.type}' are not supported; send text parts.",
-                               "unsupported_value", "prediction")
-        text = "".join(p.text or "" for p in content)
+        text = "".join(_part_text(p, "prediction") for p in content)
     if not text:
         raise APIError(400, "The prediction is empty; send the text you expect, or leave 'prediction' out.",
                        "invalid_value", "prediction")
     return text
+
+
+def _part_text(part: ContentPart, param: str) -> str:
+    """A content part's text. A text part without any was refused as if text parts were not supported."""
+    if part.type != "text":
+        raise APIError(400, f"{param}: content parts of type '{part.type}' are not supported; send text parts.",
+                       "unsupported_value", param)
+    if part.text is None:
+        raise APIError(400, f"{param}: a text content part has no 'text'; add it, or leave the part out.",
+                       "invalid_value", param)
+    return part.text
 
 
 def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.json_schema.schema",
@@ -129,13 +137,7 @@ def _text(m: ChatMessageIn) -> str:
         return ""
     if isinstance(m.content, str):
         return m.content
-    parts = []
-    for p in m.content:
-        if p.type != "text" or p.text is None:
-            raise APIError(400, f"Content parts of type '{p.type}' are not supported; send text.",
-                           "unsupported_value", "messages")
-        parts.append(p.text)
-    return "".join(parts)
+    return "".join(_part_text(p, "messages") for p in m.content)
 
 
 def _messages(body: ChatCompletionRequest) -> list[ChatMessage]:

@@ -46,8 +46,13 @@ async def list_models(state: State) -> ModelList:
     return ModelList(data=await cards(state))
 
 
-@router.get("/v1/models/{model_id}", response_model=ModelCard, responses=ERROR_RESPONSES)
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
 async def get_model(model_id: str, state: State) -> ModelCard:
+    """One model's card, as the list has it. `:path`: a Hub name (hf.co/USER/REPO:QUANT) holds slashes,
+    and was a bare route 404."""
+    listed = next((card for card in await cards(state) if card.id == model_id), None)
+    if listed is not None:
+        return listed
     c = catalog(state)
     names = set(c.names) | set(c.embedding_names) | state.served_names()
     if model_id not in names and await asyncio.to_thread(state.models.find, model_id) is None:
