@@ -59,106 +59,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from localspec.cache.guard_lexicon import (
-    ABBREVIATIONS, ACTIONS, BRANDS, CHANGING_ACTIONS, CONVERT, CONVERT_FILLER, DIRECTIONS, IMPLIES, MULTIPLES,
-    NEGATION, NOT_COUNTING, NOT_ENTITIES, OPPOSITE_ACTIONS, ORDINALS, PAIRED_ONLY, QUALIFIERS, RELATION_WORDS,
-    SCALES, TECH_ALIASES, TECH_CAPITAL_ONLY, TENS, UNITS, UNIT_WORDS
+    ABBREVIATIONS, ACTIONS, BRANDS, CHANGING_ACTIONS, CONVERT, CONVERT_FILLER, DIRECTIONS, IMPLIES, NEGATION,
+    NOT_ENTITIES, OPPOSITE_ACTIONS, PAIRED_ONLY, QUALIFIERS, RELATION_WORDS, SCALES, TECH_ALIASES, TECH_CAPITAL_ONLY,
+    TENS, UNIT_WORDS, UNITS
 )
-from localspec.cache.normalize import FUNCTION_WORDS, canonical, case_folded, raw_words, words
-
-# ---------------------------------------------------------------- numbers
-
-# A sign only where a number starts ("2024-03-15" and "1-5" hold no negative numbers). Digits may
-# follow a name ("SHA256" = "SHA-256", "JUnit5" = "JUnit 5") and carry a short unit ("2kg" = "2 kg");
-# digits inside a word ("k8s", "i18n", "log4j") are part of it, not a number.
-_NUM_TOKEN = re.compile(
-    r"(?:(?<![\w.])[-+])?(?<!\d\.)(?<!\d)(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)*(?:e[-+]?\d+)?(?:[A-Za-z]{1,3})?(?![\w])"
-    r"|[A-Za-z]+",
-)
-
-
-def _num_str(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(float(v))
-
-
-_ROMAN = re.compile(r"(?<![\w-])(?=[IVX]{2,}\b)X{0,3}(?:IX|IV|V?I{0,3})(?![\w-])")
-_ROMAN_VALUES = {"I": 1, "V": 5, "X": 10}
-
-
-def _roman(m: re.Match[str]) -> str:
-    """ "II" -> "2" (upper-case numerals of two letters or more; a lone "I" is the pronoun)."""
-    vals = [_ROMAN_VALUES[c] for c in m.group(0)]
-    return str(sum(-v if i + 1 < len(vals) and v < vals[i + 1] else v for i, v in enumerate(vals)))
-
-
-def numbers(text: str) -> tuple[str, ...]:
-    """Numbers in order of appearance; number words and Roman numerals become digits.
-
-    A lone "one" ("in one line", "one file") is the article "a" in disguise and is dropped unless
-    the prompt holds another number: "one plus one" still differs from "one plus two".
-    """
-    text = _ROMAN.sub(_roman, text)
-    text = re.sub(r"(?<=\d)\s*[x×]\s*(?=\d)", " by ", text)  # "3x3" = "3 by 3"
-    out = _numbers(text)
-    if out == ("1",) and not re.search(r"(?<![\w.])1(?![\w.])", text):
-        return ()
-    return out
-
-
-def _numbers(text: str) -> tuple[str, ...]:
-    out: list[str] = []
-    acc: float | None = None  # a number being spelled out in words
-
-    def flush() -> None:
-        nonlocal acc
-        if acc is not None:
-            out.append(_num_str(acc))
-            acc = None
-
-    prev = ""
-    for m in _NUM_TOKEN.finditer(text):
-        tok = m.group(0)
-        low = tok.lower()
-        if tok[0].isdigit() or tok[0] in "+-" and len(tok) > 1:
-            flush()
-            suffix = re.search(r"[A-Za-z]+$", tok)
-            if m.start() > 0 and text[m.start() - 1].isalpha() and (suffix or text[max(m.start() - 2, 0)].isdigit()):
-                continue  # "k8s", "a1b2c3": a name with digits in it
-            digits = tok[:suffix.start()] if suffix else tok
-            digits = digits.replace(",", "")
-            try:
-                out.append(_num_str(float(digits)))
-            except ValueError:
-                out.append(digits)
-        elif low in UNITS:
-            if low == "one" and (prev in NOT_COUNTING or text[m.end():m.end() + 1] == "-"):
-                flush()  # "which one", "one-liner": not a count
-            elif acc is not None and ((acc % 10 == 0 and acc % 100 >= 20) or (acc >= 100 and acc % 100 == 0)):
-                acc += UNITS[low]
-            else:
-                flush()
-                acc = UNITS[low]
-        elif low in TENS:
-            if acc is not None and acc % 100 != 0:
-                flush()
-            acc = (acc or 0) + TENS[low]
-        elif low in SCALES and acc is not None:
-            acc *= SCALES[low]
-        elif low in SCALES:
-            acc = SCALES[low]
-        elif low in ORDINALS and not (low == "second" and prev in ("per", "a", "one", "each", "every")):
-            flush()
-            out.append(_num_str(ORDINALS[low]))
-        elif low in MULTIPLES:
-            flush()
-            out.append(_num_str(MULTIPLES[low]))
-        elif low == "and" and acc is not None and acc >= 100:
-            continue  # "one hundred and five"
-        else:
-            flush()
-        prev = low
-    flush()
-    return tuple(out)
-
+from localspec.cache.normalize import FUNCTION_WORDS, canonical, raw_words, respelled, words
+from localspec.cache.numbers import numbers, roman_as_digits
 
 # ---------------------------------------------------------------- quoted strings, identifiers
 
@@ -271,7 +177,7 @@ def expand_abbreviations(text: str) -> str:
     """Abbreviations written out, Roman numerals as digits ("WWII" -> "World War 2")."""
     for rx, full in ABBREVIATIONS:
         text = rx.sub(full, text)
-    return _ROMAN.sub(_roman, text)
+    return roman_as_digits(text)
 
 
 def entities(text: str) -> frozenset[str]:
@@ -496,27 +402,6 @@ def _direction_conflict(da: frozenset[tuple[str, str]], db: frozenset[tuple[str,
 
 # Below this similarity a soft difference (see the module docstring) refuses the hit.
 SOFT_SIMILARITY = 0.86
-
-_WORD_RUN = re.compile(r"\w+")
-_INDENT = re.compile(r"[^\S\n]*")
-
-
-def respelled(a: str, b: str) -> str | None:
-    """"case" where a word stands in other letters' case on the other side ("FOO" / "foo", x / X), past what
-    `case_folded` folds; "layout" where a line stands at another indentation. Every other rule reads
-    words; these two differences change the answer to "repeat this exactly" and to code."""
-    wa, wb = (Counter(_WORD_RUN.findall(case_folded(t))) for t in (a, b))
-    if {w.casefold() for w in wa - wb} & {w.casefold() for w in wb - wa}:  # counted: "x == X" / "x == x"
-        return "case"
-    indents: dict[str, set[str]] = {}
-    for line in a.splitlines():
-        if content := " ".join(line.split()):
-            indents.setdefault(content, set()).add(_INDENT.match(line).group())  # type: ignore[union-attr]
-    for line in b.splitlines():
-        content = " ".join(line.split())
-        if content in indents and _INDENT.match(line).group() not in indents[content]:  # type: ignore[union-attr]
-            return "layout"
-    return None
 
 
 def compare(a: str, b: str, similarity: float | None = None) -> str | None:

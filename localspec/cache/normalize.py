@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 
 _INNER_BLANKS = re.compile(r"(?<=\S)[^\S\n]+")  # a run of blanks after a character: not indentation
 _TRAILING = re.compile(r"[\s?.!:;]+$")
@@ -44,6 +45,27 @@ def normalize_prompt(text: str) -> str:
     t = unicodedata.normalize("NFKC", text)
     t = "\n".join(_INNER_BLANKS.sub(" ", line).rstrip() for line in t.splitlines()).strip()
     return case_folded(_TRAILING.sub("", t))
+
+
+_INDENT = re.compile(r"[^\S\n]*")
+
+
+def respelled(a: str, b: str) -> str | None:
+    """"case" where a word stands in other letters' case on the other side ("FOO" / "foo", x / X), past what
+    `case_folded` folds; "layout" where a line stands at another indentation. Every other rule reads
+    words; these two differences change the answer to "repeat this exactly" and to code."""
+    wa, wb = (Counter(_WORD_RUN.findall(case_folded(t))) for t in (a, b))
+    if {w.casefold() for w in wa - wb} & {w.casefold() for w in wb - wa}:  # counted: "x == X" / "x == x"
+        return "case"
+    indents: dict[str, set[str]] = {}
+    for line in a.splitlines():
+        if content := " ".join(line.split()):
+            indents.setdefault(content, set()).add(_INDENT.match(line).group())  # type: ignore[union-attr]
+    for line in b.splitlines():
+        content = " ".join(line.split())
+        if content in indents and _INDENT.match(line).group() not in indents[content]:  # type: ignore[union-attr]
+            return "layout"
+    return None
 
 
 # ---------------------------------------------------------------- idioms
