@@ -303,6 +303,19 @@ def test_an_unreachable_server_is_one_line(tmp_path, capsys):
     assert "Could not reach a server at http://127.0.0.1:9/v1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag, value, says", [
+    ("--temperature", "-1", "Invalid temperature"), ("--temperature", "9", "Invalid temperature"),
+    ("--temperature", "nan", "Invalid temperature"), ("--seed", "-1", "Invalid seed"),
+])
+def test_a_bad_sampling_flag_is_a_usage_error_before_any_model_loads(tmp_path, capsys, flag, value, says):
+    path = tmp_path / "geo.py"
+    path.write_text(FILE)
+    # An unknown model would fail with status 1 at its lookup: 2 means the flag was refused first.
+    assert main(["edit", str(path), "tidy", "--local", "--no-pull", "--model", "no-such-model", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {says}: ") and "localspec edit --help" in err and "Traceback" not in err
+
+
 def test_edit_attaches_to_a_running_server_and_loads_no_model(tmp_path, capsys, monkeypatch):
     """With `localspec serve` announced in serve.json, the edit goes through it: no second copy of
     the models, and the prediction's tokens still arrive marked (the server sends their origins)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from localspec.cli.attaching import LOCAL_HELP, attach_or_local
-from localspec.cli.options import MODES
+from localspec.cli.options import MODES, checked_flags
 
 if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when an edit runs
     from collections.abc import Iterable
@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when an edit runs
     from localspec.edit.task import EditTask
     from localspec.engine.config import GenerationRequest
     from localspec.engine.events import Done, Event
+    from localspec.engine.sampling import SamplingParams
 
 _COLOURS = {"+": "\x1b[32m", "-": "\x1b[31m", "@": "\x1b[36m"}
 # Control characters a model's (or a server's) text must not send to a terminal: escape sequences
@@ -139,13 +140,19 @@ def _round_up(n: int, step: int = 256) -> int:
     return -(-n // step) * step
 
 
-def edit_request(args: argparse.Namespace, task: EditTask, max_tokens: int) -> GenerationRequest:
-    from localspec.engine.config import GenerationRequest
+def edit_sampling(args: argparse.Namespace) -> SamplingParams:
+    """--temperature and --seed, checked as `generate` checks them (a bad value is a usage error)."""
     from localspec.engine.sampling import SamplingParams
 
+    with checked_flags("edit"):
+        return SamplingParams(temperature=args.temperature, seed=args.seed)
+
+
+def edit_request(args: argparse.Namespace, task: EditTask, max_tokens: int) -> GenerationRequest:
+    from localspec.engine.config import GenerationRequest
+
     return GenerationRequest(
-        messages=task.messages(), max_tokens=max_tokens, mode=args.mode,
-        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+        messages=task.messages(), max_tokens=max_tokens, mode=args.mode, sampling=edit_sampling(args),
         prediction=None if args.no_prediction or not task.text else task.prediction(),
     )
 
@@ -303,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
                          'Say what to change, e.g. localspec edit app.py "add type hints".')
     if args.max_tokens is not None and args.max_tokens <= 0:
         raise UsageError("--max-tokens must be positive.", "Leave it out to size the reply from the file.")
+    edit_sampling(args)  # a bad --temperature or --seed fails before the file is read or a model loads
     source = read_source(Path(args.file))
     task = EditTask(name=source.path.name, text=source.text, instruction=args.instruction)
     stream = sys.stderr if not args.json and sys.stderr.isatty() else None

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from localspec.cli.attaching import LOCAL_HELP, attach_or_local
-from localspec.cli.options import MODES, add_lora_argument
+from localspec.cli.options import MODES, add_lora_argument, checked_flags
 
 if TYPE_CHECKING:  # the engine (numpy, pydantic) loads only when a prompt runs, not for every command
     from collections.abc import Iterator
@@ -82,14 +82,11 @@ def shown(token: Token, *, colour: bool) -> str:
 
 
 def _request(args: argparse.Namespace) -> GenerationRequest:
-    from pydantic import ValidationError
-
     from localspec.engine.config import GenerationRequest
     from localspec.engine.sampling import SamplingParams
-    from localspec.errors import UsageError
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    try:
+    with checked_flags("generate"):
         given = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                      repeat_penalty=args.repeat_penalty, seed=args.seed)
         sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None})
@@ -104,10 +101,6 @@ def _request(args: argparse.Namespace) -> GenerationRequest:
         return GenerationRequest(
             prompt=prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, mode=args.mode, k=args.k
         )
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "request"
-        raise UsageError(f"Invalid {field}: {err['msg']}.", "See `localspec generate --help`.") from exc
 
 
 def _peak_rss_mb() -> float:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 # The same names as localspec.cache.policy.CACHE_JUDGES, spelled out so that building the parser
@@ -18,6 +19,22 @@ CACHE_JUDGE_HELP = ("with --cache-semantic, who confirms a near-duplicate: the a
 
 LORA_HELP = ("apply this LoRA adapter GGUF to the target model, scaled by SCALE (default 1.0); the draft model "
              "runs without it. Checked against the target before it loads")
+
+
+@contextmanager
+def checked_flags(verb: str) -> Iterator[None]:
+    """Flag values checked by the engine's own models (pydantic): a value out of range is a usage error
+    naming the field (exit status 2), raised before any model loads, never a traceback."""
+    from pydantic import ValidationError
+
+    from localspec.errors import UsageError
+
+    try:
+        yield
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "request"
+        raise UsageError(f"Invalid {field}: {err['msg']}.", f"See `localspec {verb} --help`.") from exc
 
 
 def add_lora_argument(p: argparse.ArgumentParser) -> None:
