@@ -49,6 +49,22 @@ def test_a_runtime_failure_is_1_and_a_usage_error_is_2(capsys):
     assert "Traceback" not in err and "error: Unknown model 'no-such-model'." in err
 
 
+def test_a_prompt_that_is_not_utf8_is_refused_before_any_model_loads(capsys):
+    # argv keeps the byte 0xff as a lone surrogate; an unknown model would fail later with status 1.
+    assert main(["generate", "hi \udcff", "--local", "--no-pull", "--model", "no-such-model"]) == 2
+    assert "error: The prompt is not valid UTF-8 (byte 0xff at character 3)." in capsys.readouterr().err
+    assert main(["edit", "any.py", "tidy \udcff", "--local", "--no-pull"]) == 2
+    assert "error: The instruction is not valid UTF-8" in capsys.readouterr().err
+
+
+def test_standard_input_that_is_not_utf8_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "localspec", "generate", "-", "--local", "--no-pull", "--model",
+                          "no-such-model"], input=b"hi \xff", capture_output=True, timeout=120, env=_env())
+    err = out.stderr.decode()
+    assert out.returncode == 2 and err.startswith("error: The prompt is not valid UTF-8 (byte 0xff")
+    assert "Traceback" not in err
+
+
 def test_one_pair_file_is_a_usage_error(tmp_path, capsys):
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps({"a": "x", "b": "y", "label": "hit"}) + "\n")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from localspec.cli.attaching import LOCAL_HELP, attach_or_local
-from localspec.cli.options import MODES, checked_flags
+from localspec.cli.options import MODES, checked_flags, utf8_text
 
 if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when an edit runs
     from collections.abc import Iterable
@@ -305,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
     from localspec.edit.task import EditTask
     from localspec.errors import UsageError
 
+    utf8_text(args.instruction, "The instruction")
     if not args.instruction.strip():
         raise UsageError("The instruction is empty.",
                          'Say what to change, e.g. localspec edit app.py "add type hints".')

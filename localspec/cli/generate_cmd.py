@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from localspec.cli.attaching import LOCAL_HELP, attach_or_local
-from localspec.cli.options import MODES, add_lora_argument, checked_flags
+from localspec.cli.options import MODES, add_lora_argument, checked_flags, utf8_text
 
 if TYPE_CHECKING:  # the engine (numpy, pydantic) loads only when a prompt runs, not for every command
     from collections.abc import Iterator
@@ -85,7 +85,9 @@ def _request(args: argparse.Namespace) -> GenerationRequest:
     from localspec.engine.config import GenerationRequest
     from localspec.engine.sampling import SamplingParams
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = utf8_text(sys.stdin.read() if args.prompt == "-" else args.prompt, "The prompt")
+    for text, what in ((args.system, "--system"), *((stop, "--stop") for stop in args.stop)):
+        utf8_text(text or "", what)
     with checked_flags("generate"):
         given = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                      repeat_penalty=args.repeat_penalty, seed=args.seed)

@@ -37,6 +37,22 @@ def checked_flags(verb: str) -> Iterator[None]:
         raise UsageError(f"Invalid {field}: {err['msg']}.", f"See `localspec {verb} --help`.") from exc
 
 
+def utf8_text(text: str, what: str) -> str:
+    """`text` as given, refused when it holds bytes that are not UTF-8. Python keeps such bytes of argv
+    and standard input as lone surrogates, which the tokenizer cannot encode: a traceback once the
+    models had loaded. Refused, not replaced, so that a prompt never reaches a model other than as typed."""
+    from localspec.errors import UsageError
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(text[exc.start])
+        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"U+{bad:04X}"
+        raise UsageError(f"{what} is not valid UTF-8 ({byte} at character {exc.start}).",
+                         "Convert it to UTF-8 first, e.g. `iconv -f latin1 -t utf-8`.") from None
+    return text
+
+
 def add_lora_argument(p: argparse.ArgumentParser) -> None:
     """--lora PATH[:SCALE]; kept a string here (parsed by localspec.models.adapters when a verb runs),
     so that building the parser imports nothing heavy."""
