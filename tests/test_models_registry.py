@@ -61,6 +61,20 @@ def test_toml_syntax_error_names_file_and_line():
     assert "\n" not in str(err.value)
 
 
+def test_an_overlay_that_is_not_utf8_is_one_line(capsys):
+    path = write_overlay("")
+    path.write_bytes(b'a = "caf\xe9"\n')  # saved as Latin-1
+    with pytest.raises(ConfigError) as err:
+        load_registry()
+    assert err.value.cause == f"Cannot read {path}: it is not UTF-8 (byte 0xe9 at offset 8)."
+    assert err.value.fix == f"Save {path} as UTF-8."
+    from localspec.cli import main
+
+    for verb in (["profiles"], ["models", "list"]):
+        assert main(verb) == 1
+        assert capsys.readouterr().err.startswith(f"error: Cannot read {path}: it is not UTF-8")
+
+
 @pytest.mark.parametrize(
     ("text", "line", "field"),
     [

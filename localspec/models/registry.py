@@ -443,6 +443,9 @@ def parse_registry_file(path: Path) -> RegistryFile:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"Cannot read {path}: {exc.strerror or exc}.", "Check the file's permissions.") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8; a file saved as Latin-1 fails here, not in the parser
+        raise ConfigError(f"Cannot read {path}: it is not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}).", f"Save {path} as UTF-8.") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
