@@ -236,14 +236,25 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Prob
 
 
 def port_free(host: str, port: int) -> bool:
-    """Can we bind it the way the server will (SO_REUSEADDR, as uvicorn does)?"""
+    """Can we bind it the way the server will (SO_REUSEADDR, as uvicorn does)? A port out of range or a
+    host that is no address of this machine is a usage error: no server could ever bind it."""
+    from localspec.errors import UsageError
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"Invalid --port {port}: a port is 0 to 65535.", "See `localspec doctor --help`.")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+        except socket.gaierror as exc:
+            raise UsageError(f"Invalid --host {host!r}: {exc.strerror}.",
+                             "Give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0.") from None
         except OSError as exc:
             if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                 return False
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise UsageError(f"Invalid --host {host!r}: it is not an address of this machine.",
+                                 "Give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0.") from None
             raise
     return True
 
@@ -252,6 +263,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 def diagnose(verify: bool = False, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Report:
+    free = port_free(host, port)  # first: a bad --host or --port fails before the slower probes
     problems: list[Problem] = []
     build = llama_build()
     gpu = gpu_devices()
@@ -276,7 +288,6 @@ def diagnose(verify: bool = False, host: str = DEFAULT_HOST, port: int = DEFAULT
     }
     models, model_problems, warnings = models_state(verify)
     problems += model_problems
-    free = port_free(host, port)
     if not free:
         problems.append(Problem(f"Port {port} on {host} is in use, so `localspec serve` cannot bind it.",
                                 f"Stop the program using it, or run `localspec serve --port {port + 1}`."))

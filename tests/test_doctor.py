@@ -96,6 +96,20 @@ def test_busy_port_is_a_problem_with_a_fix():
     assert any(f"--port {port + 1}" in p["fix"] for p in r["problems"])
 
 
+@pytest.mark.parametrize("flag, value, says", [
+    ("--port", "70000", "Invalid --port 70000: a port is 0 to 65535."),
+    ("--port", "-1", "Invalid --port -1: a port is 0 to 65535."),
+    ("--host", "no.such.host.invalid", "Invalid --host 'no.such.host.invalid': "),
+    ("--host", "192.0.2.1", "Invalid --host '192.0.2.1': it is not an address of this machine."),  # TEST-NET-1
+])
+def test_a_port_or_host_no_server_could_bind_is_a_usage_error(capsys, flag, value, says):
+    from localspec.cli import main
+
+    assert main(["doctor", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {says}") and len(err.splitlines()) == 2 and "  fix: " in err
+
+
 def test_verify_rehashes_and_reports_a_corrupt_model(tmp_path, monkeypatch, minilm_path):
     monkeypatch.setenv("LOCALSPEC_MODELS_DIR", str(tmp_path / "store"))
     from localspec.models import ModelManager
