@@ -72,6 +72,14 @@ def test_one_pair_file_is_a_usage_error(tmp_path, capsys):
     assert "at least two pair files" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("out", ["", "missing/export.jsonl"])  # a directory; a folder that does not exist
+def test_cache_export_to_a_path_it_cannot_write_is_one_line(tmp_path, capsys, out):
+    path = tmp_path / out
+    assert main(["cache", "export", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: Cannot write {path} (the export file): ") and len(err.splitlines()) == 2
+
+
 def test_bench_from_a_missing_result_is_one_line(tmp_path, capsys):
     assert main(["bench", "--from-json", str(tmp_path / "nope.json"), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err

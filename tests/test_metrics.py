@@ -564,6 +564,15 @@ def test_stats_by_group_plot_and_export(db, tmp_path, capsys):
     assert lines[0].startswith("id,request_id,ts,face") and len(lines) == 49
 
 
+@pytest.mark.parametrize("out", ["", "missing/out.csv"])  # the directory itself; a folder that does not exist
+def test_stats_export_to_a_path_it_cannot_write_is_one_line(db, tmp_path, capsys, out):
+    _seed(db, _history(time.time(), shifted=False, n=1))
+    path = tmp_path / out
+    assert main(["stats", "--db", str(db), "--since", "30d", "--export", "csv", "-o", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: Cannot write {path} (--out): ") and len(err.splitlines()) == 2
+
+
 def test_stats_shows_local_cost_and_savings_when_prices_are_set(db, isolated_home, capsys):
     settings_file = isolated_home / "config" / "settings.toml"
     settings_file.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localspec.cli.options import CACHE_JUDGES, add_deprecated_flag, add_deprecated_option
+from localspec.cli.output import writing_file
 from localspec.errors import LocalspecError, UsageError
 
 if TYPE_CHECKING:
@@ -159,7 +160,8 @@ def run_clear(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     cache = _open_cache()
     try:
-        n = cache.export(args.path)
+        with writing_file(args.path, "the export file"):
+            n = cache.export(args.path)
     finally:
         cache.close()
     print(f"wrote {n} entries to {args.path}")

@@ -8,7 +8,12 @@ import json
 import os
 import select
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from localspec.errors import LocalspecError
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -23,6 +28,17 @@ EXIT_PIPE_CLOSED = 141
 
 def print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str, ensure_ascii=False))
+
+
+@contextmanager
+def writing_file(path: Path, what: str) -> Iterator[None]:
+    """A file the user named for output that cannot be written (a directory, a folder that does not
+    exist, no permission) as one line naming it, not a traceback. `what`: the flag or argument."""
+    try:
+        yield
+    except OSError as exc:
+        raise LocalspecError(f"Cannot write {path} ({what}): {exc.strerror or exc}.",
+                             "Give a file path in an existing directory you can write to.") from None
 
 
 def output_width() -> int | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localspec.cli.options import add_deprecated_option
-from localspec.cli.output import print_json, print_table
+from localspec.cli.output import print_json, print_table, writing_file
 from localspec.errors import LocalspecError, UsageError
 
 if TYPE_CHECKING:  # the metrics package (numpy, prometheus) loads when the verb runs
@@ -217,6 +217,7 @@ def _export(rows: list[dict], fmt: str, output: Path | None) -> None:
             w.writerows(rows)
         text = buf.getvalue()
     if output:
-        output.write_text(text, encoding="utf-8")
+        with writing_file(output, "--out"):
+            output.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
