@@ -262,6 +262,20 @@ def test_plan_options_select_and_shrink_a_plan():
     assert _bench_args("--plan", "goals", "--noisy").noisy
 
 
+def test_an_unknown_suite_is_a_usage_error_naming_the_known_ones(tmp_path, capsys):
+    from localspec.cli import main
+    from localspec.cli.bench_cmd import select_plan
+
+    assert select_plan(_bench_args("--suites", "code, chat")).suites == ["code", "chat"]
+    assert select_plan(_bench_args("--plan", "predicted", "--suites", "predicted")).suites == ["predicted"]
+    # A missing profile would fail with status 1 when the models are looked up: 2 means refused first.
+    assert main(["bench", "--suites", "code,nope", "--no-anchors", "--profile", "no-such-profile",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: Unknown suite 'nope' in --suites.\n"
+                   "  fix: Pick from code, chat, editing, long (comma-separated).\n")
+
+
 class _FakeEngine:
     """Answers every request at a speed set by its mode; counts exploration like the engine will."""
 

@@ -189,7 +189,7 @@ def select_plan(args: argparse.Namespace) -> BenchPlan:
         raise ConfigError(f"--quick and --plan {args.plan} name two plans.", "Give one of them.")
     plan = runner.PLANS[args.plan or ("quick" if args.quick else "full")](args.threads)
     if args.suites:
-        plan.suites = [s.strip() for s in args.suites.split(",") if s.strip()]
+        plan.suites = _known_suites(args.suites, plan)
     if args.repeats:
         plan.repeats = args.repeats
     if args.max_tokens:
@@ -198,6 +198,21 @@ def select_plan(args: argparse.Namespace) -> BenchPlan:
         plan.prompts_per_suite = args.prompts
         plan.suite_prompts = {}
     return plan
+
+
+def _known_suites(names: str, plan: BenchPlan) -> list[str]:
+    """--suites as a list, refused when it names a suite this plan cannot run (before, a KeyError once
+    the models were fetched)."""
+    from localspec.bench import edits, runner
+    from localspec.errors import UsageError
+
+    known = [*runner.load_suites(), *([edits.TASKS] if plan.workload is runner.Workload.EDITS else [])]
+    chosen = [s.strip() for s in names.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in known]
+    if unknown:
+        raise UsageError(f"Unknown suite {unknown[0]!r} in --suites.",
+                         f"Pick from {', '.join(known)} (comma-separated).")
+    return chosen
 
 
 class ProgressBar:
