@@ -573,6 +573,14 @@ def test_stats_export_to_a_path_it_cannot_write_is_one_line(db, tmp_path, capsys
     assert err.startswith(f"error: Cannot write {path} (--out): ") and len(err.splitlines()) == 2
 
 
+@pytest.mark.parametrize("since", ["99999999d", "9" * 400 + "w"])
+def test_stats_since_before_any_date_is_a_usage_error(db, capsys, since):
+    _seed(db, _history(time.time(), shifted=False, n=1))
+    assert main(["stats", "--db", str(db), "--since", since]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: The period {since!r} reaches back before any date.") and "fix: " in err
+
+
 def test_stats_shows_local_cost_and_savings_when_prices_are_set(db, isolated_home, capsys):
     settings_file = isolated_home / "config" / "settings.toml"
     settings_file.parent.mkdir(parents=True, exist_ok=True)

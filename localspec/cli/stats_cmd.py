@@ -88,9 +88,14 @@ def _period(text: str, now: float) -> float:
     from localspec.metrics import parse_period
 
     try:
-        return parse_period(text, now)
+        ts = parse_period(text, now)
+        datetime.fromtimestamp(ts)  # the report shows it as a date: one before year 1 has none
     except LocalspecError as exc:  # a flag value that does not parse: a usage error
         raise UsageError(exc.cause, exc.fix) from None
+    except (ValueError, OverflowError, OSError):
+        raise UsageError(f"The period {text!r} reaches back before any date.",
+                         "Use a shorter one, e.g. 365d, or an ISO date such as 2025-01-31.") from None
+    return ts
 
 
 def _say(args: argparse.Namespace, message: str, db: Path, since: float, until: float) -> int:
