@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec import __version__
+from localspec.errors import ConfigError, UsageError
 from localspec.paths import resolve_paths
 
 SCHEMA = "localspec.doctor/1"
@@ -144,15 +145,37 @@ def parse_nvidia_smi(csv_text: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- models
 
 
-def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Problem]]:
-    """Installed models with their verification state, and the default profile's fit; its problems,
-    then its warnings (a missing optional embedding model)."""
+def settings_state() -> tuple[dict[str, Any], list[Problem], str | None]:
+    """settings.toml and the environment, loaded as every other command loads them, and the active
+    profile checked against the registry (a doctor that passed what `generate` refuses would send the
+    user the wrong way). Its part of the report, its problems, and the active profile (None: the
+    registry's default)."""
+    from localspec.settings import load_settings, require_known_profile, settings_path
+
+    state: dict[str, Any] = {"file": str(settings_path()), "ok": True, "error": None, "profile": None}
+    try:
+        settings = load_settings()
+        state["profile"] = settings.profile
+        require_known_profile(settings.profile)
+    except ConfigError as exc:
+        return {**state, "ok": False, "error": str(exc)}, [Problem(exc.cause, exc.fix or "")], None
+    return state, [], settings.profile
+
+
+def models_state(verify: bool, active: str | None = None) -> tuple[dict[str, Any], list[Problem], list[Problem]]:
+    """Installed models with their verification state, and the active profile's fit (`active`, else
+    the registry's default); its problems, then its warnings (a missing optional embedding model)."""
     from localspec.engine.offload import VramBudget
     from localspec.models import ModelManager, estimate_fit
     from localspec.models.fit import model_layers
 
     mm = ModelManager()
     problems: list[Problem] = []
+    try:
+        mm.registry  # noqa: B018 - read now: a broken overlay must not hide the rest of the report
+    except ConfigError as exc:
+        problems.append(Problem(exc.cause, exc.fix or "Fix or remove the overlay `models.toml`."))
+        return {"installed": [], "default_profile": None, "embedding": None}, problems, []
     rows = []
     for row in mm.list(with_fit=False):
         manifest = mm.store.read_manifest(row.id)
@@ -174,8 +197,8 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Prob
 
     profile: dict[str, Any] = {}
     try:
-        prof = mm.profile()
-        name = mm.registry.default_profile
+        prof = mm.profile(active)
+        name = active or mm.registry.default_profile
     except Exception as exc:  # a broken overlay must not hide the rest of the report
         problems.append(Problem(f"The model registry could not be read: {exc}.",
                                 "Fix or remove the overlay `models.toml` in the config directory."))
@@ -189,7 +212,7 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Prob
             continue
         path = mm.installed_path(mid)
         if path is None:
-            problems.append(Problem(f"The default profile's {role} {mid!r} is not installed.",
+            problems.append(Problem(f"The active profile's {role} {mid!r} is not installed.",
                                     f"Run `localspec models pull --profile {name}`."))
             continue
         try:
@@ -209,7 +232,7 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Prob
         else:
             verdict = "too large"
             problems.append(Problem(
-                f"The default profile needs about {total / 1e9:.1f} GB but only "
+                f"The active profile needs about {total / 1e9:.1f} GB but only "
                 f"{any_fit.free_ram / 1e9:.1f} GB RAM is free.",
                 "Close other programs, lower n_ctx in settings.toml, or choose a smaller profile."))
         profile["fit"] = {"total_bytes": total, "free_ram": any_fit.free_ram, "free_vram": vram,
@@ -238,8 +261,6 @@ def models_state(verify: bool) -> tuple[dict[str, Any], list[Problem], list[Prob
 def port_free(host: str, port: int) -> bool:
     """Can we bind it the way the server will (SO_REUSEADDR, as uvicorn does)? A port out of range or a
     host that is no address of this machine is a usage error: no server could ever bind it."""
-    from localspec.errors import UsageError
-
     if not 0 <= port <= 65535:
         raise UsageError(f"Invalid --port {port}: a port is 0 to 65535.", "See `localspec doctor --help`.")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -286,7 +307,9 @@ def diagnose(verify: bool = False, host: str = DEFAULT_HOST, port: int = DEFAULT
         "settings_file_exists": paths.settings_file.is_file(), "user_registry": str(paths.user_registry),
         "user_registry_exists": paths.user_registry.is_file(),
     }
-    models, model_problems, warnings = models_state(verify)
+    settings, settings_problems, active = settings_state()
+    problems += settings_problems
+    models, model_problems, warnings = models_state(verify, active)
     problems += model_problems
     if not free:
         problems.append(Problem(f"Port {port} on {host} is in use, so `localspec serve` cannot bind it.",
@@ -297,6 +320,7 @@ def diagnose(verify: bool = False, host: str = DEFAULT_HOST, port: int = DEFAULT
         "llama_cpp": {**build, "gpu_offload_note": offload_note},
         "gpu": gpu,
         "paths": path_info,
+        "settings": settings,
         "models": models["installed"],
         "default_profile": models["default_profile"],
         "embedding": models["embedding"],
@@ -333,6 +357,8 @@ def render_text(report: Report) -> str:
     p = d["paths"]
     lines += [f"config: {p['config_dir']}", f"data:   {p['data_dir']}", f"models: {p['models_dir']}",
               f"cache:  {p['cache_dir']}"]
+    settings = d["settings"]
+    lines.append(f"settings: {settings['file']}: {'ok' if settings['ok'] else 'refused (see the problems)'}")
     lines.append("models:" if d["models"] else "models: none installed")
     for m in d["models"]:
         size = f"{m['size'] / 1e6:.0f} MB" if m["size"] else "?"
@@ -342,7 +368,7 @@ def render_text(report: Report) -> str:
     if prof:
         fit = prof.get("fit")
         verdict = f"{fit['verdict']} (needs ~{fit['total_bytes'] / 1e9:.1f} GB)" if fit else "not installed"
-        lines.append(f"default profile {prof['name']!r}: {prof['target']} + {prof['draft']} at n_ctx "
+        lines.append(f"active profile {prof['name']!r}: {prof['target']} + {prof['draft']} at n_ctx "
                      f"{prof['n_ctx']}: {verdict}")
         for role, note in (prof.get("offload") or {}).items():
             lines.append(f"  {role}: {note}")

@@ -356,3 +356,20 @@ def _replace_text(target: Path, text: str) -> None:
 def active_profile(explicit: str | None = None) -> str | None:
     """The profile a face uses: its --profile, else the settings' (None: the registry's default)."""
     return explicit or load_settings().profile
+
+
+def require_known_profile(name: str | None) -> None:
+    """Refuse the settings' profile (settings.toml's or $LOCALSPEC_PROFILE) when the registry has no such
+    profile, saying where it was set: the registry's own error, raised later, names no file."""
+    if name is None:
+        return
+    from localspec.errors import ModelNotFoundError
+    from localspec.models.registry import load_registry
+
+    try:
+        load_registry().profile(name)
+    except ModelNotFoundError as exc:
+        env = bool(os.environ.get(PROFILE_ENV))
+        where = f"${PROFILE_ENV}" if env else str(settings_path())
+        fix = f"Correct or unset {where}." if env else f"Correct or remove it in {where}."
+        raise ConfigError(f"{where}: setting 'profile': {exc.cause}", f"{exc.fix} {fix}") from None

@@ -43,8 +43,8 @@ def _free_port() -> int:
 
 def test_schema(report):
     assert report["schema"] == SCHEMA
-    for key in ("localspec", "llama_cpp", "gpu", "paths", "models", "default_profile", "embedding", "port",
-                "problems", "ok"):
+    for key in ("localspec", "llama_cpp", "gpu", "paths", "settings", "models", "default_profile", "embedding",
+                "port", "problems", "ok"):
         assert key in report
     for p in report["problems"]:
         assert p["cause"] and p["fix"]
@@ -108,6 +108,30 @@ def test_a_port_or_host_no_server_could_bind_is_a_usage_error(capsys, flag, valu
     assert main(["doctor", flag, value]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {says}") and len(err.splitlines()) == 2 and "  fix: " in err
+
+
+@pytest.mark.parametrize("text, says", [
+    ("profile = \n", "Invalid value"),
+    ("[engine]\nn_ctx = -5\n", "setting 'engine.n_ctx'"),
+    ("[server]\nport = 99999\n", "setting 'server.port'"),
+    ('profile = "nope"\n', "setting 'profile': Unknown profile 'nope'."),
+])
+def test_settings_every_command_refuses_are_a_problem(isolated_home, text, says):
+    settings = isolated_home / "config" / "settings.toml"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(text)
+    r = diagnose(port=_free_port()).to_dict()
+    assert r["ok"] is False and r["settings"]["ok"] is False and says in r["settings"]["error"]
+    assert any(p["cause"].startswith(f"{settings}: ") and says in p["cause"] and p["fix"] for p in r["problems"])
+
+
+def test_the_fit_is_the_active_profiles(isolated_home):
+    settings = isolated_home / "config" / "settings.toml"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text('profile = "qwen-7b"\n')
+    r = diagnose(port=_free_port()).to_dict()
+    assert r["settings"] == {"file": str(settings), "ok": True, "error": None, "profile": "qwen-7b"}
+    assert r["default_profile"]["name"] == "qwen-7b"
 
 
 def test_verify_rehashes_and_reports_a_corrupt_model(tmp_path, monkeypatch, minilm_path):

@@ -1,4 +1,4 @@
-"""`localspec doctor`: the llama.cpp build, GPU, models, paths and port, each problem with its fix.
+"""`localspec doctor`: the llama.cpp build, GPU, settings, models, paths and port, each problem with its fix.
 
 Exit status 0 when nothing is wrong (a missing optional part, such as the embedding model, is a
 warning), 1 when a problem was found."""
@@ -10,7 +10,7 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="check the install: llama.cpp build, GPU, models, paths, port",
+    p = sub.add_parser("doctor", help="check the install: llama.cpp build, GPU, settings, models, paths, port",
                        description=__doc__)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--verify", action="store_true", help="re-hash installed model files (slow for large models)")
