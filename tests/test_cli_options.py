@@ -49,6 +49,16 @@ def test_a_runtime_failure_is_1_and_a_usage_error_is_2(capsys):
     assert "Traceback" not in err and "error: Unknown model 'no-such-model'." in err
 
 
+def test_an_unknown_profile_from_settings_says_where_it_was_set(isolated_home, capsys):
+    settings = isolated_home / "config" / "settings.toml"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text('profile = "nonexistent"\n')
+    assert main(["generate", "hi", "--local", "--no-pull"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {settings}: setting 'profile': Unknown profile 'nonexistent'.")
+    assert f"Correct or remove it in {settings}." in err
+
+
 def test_a_prompt_that_is_not_utf8_is_refused_before_any_model_loads(capsys):
     # argv keeps the byte 0xff as a lone surrogate; an unknown model would fail later with status 1.
     assert main(["generate", "hi \udcff", "--local", "--no-pull", "--model", "no-such-model"]) == 2

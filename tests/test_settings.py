@@ -264,10 +264,10 @@ def test_generate_honours_the_active_profile(monkeypatch):
 
     seen: list[str | None] = []
     monkeypatch.setattr(generate_cmd, "_run_local", lambda args, request, lora: seen.append(args.profile) or 0)
-    _user_settings('profile = "from-settings"\n')
+    _user_settings('profile = "qwen-7b"\n')  # a profile the registry knows: an unknown one is refused first
     assert main(["generate", "hi", "--local"]) == 0
     assert main(["generate", "hi", "--local", "--profile", "explicit"]) == 0
-    assert seen == ["from-settings", "explicit"]
+    assert seen == ["qwen-7b", "explicit"]
 
 
 def test_the_chat_app_starts_on_the_active_profile_and_writes_its_choice(tmp_path, monkeypatch):

@@ -119,9 +119,12 @@ def _peak_rss_mb() -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localspec.settings import active_profile
+    from localspec.settings import active_profile, require_known_profile
 
+    from_settings = args.profile is None
     args.profile = active_profile(args.profile)  # the one active profile every face honours
+    if from_settings:
+        require_known_profile(args.profile)  # an unknown one is refused naming settings.toml
     request = _request(args)
     lora = None
     if args.lora is not None:  # a malformed flag fails before any server is probed or model loaded
