@@ -367,7 +367,11 @@ def require_known_profile(name: str | None) -> None:
     from localspec.models.registry import load_registry
 
     try:
-        load_registry().profile(name)
+        registry = load_registry()
+    except ConfigError:
+        return  # a registry that cannot be read is refused by its next reader, naming its own file
+    try:
+        registry.profile(name)
     except ModelNotFoundError as exc:
         env = bool(os.environ.get(PROFILE_ENV))
         where = f"${PROFILE_ENV}" if env else str(settings_path())

@@ -134,6 +134,16 @@ def test_the_fit_is_the_active_profiles(isolated_home):
     assert r["default_profile"]["name"] == "qwen-7b"
 
 
+def test_a_broken_overlay_is_one_problem_and_the_rest_is_reported(isolated_home):
+    (isolated_home / "config").mkdir(parents=True, exist_ok=True)
+    (isolated_home / "config" / "settings.toml").write_text('profile = "qwen-7b"\n')
+    (isolated_home / "config" / "models.toml").write_bytes(b'a = "caf\xe9"\n')
+    r = diagnose(port=_free_port()).to_dict()
+    assert [p["cause"] for p in r["problems"]] == [
+        f"Cannot read {isolated_home / 'config' / 'models.toml'}: it is not UTF-8 (byte 0xe9 at offset 8)."]
+    assert r["settings"]["ok"] is True and r["port"]["free"] is True
+
+
 def test_verify_rehashes_and_reports_a_corrupt_model(tmp_path, monkeypatch, minilm_path):
     monkeypatch.setenv("LOCALSPEC_MODELS_DIR", str(tmp_path / "store"))
     from localspec.models import ModelManager
