@@ -7,6 +7,7 @@ read back with plistlib.
 
 from __future__ import annotations
 
+import json
 import os
 import plistlib
 import re
@@ -19,6 +20,7 @@ import pytest
 
 from localspec.cli import main
 from localspec.cli.service_cmd import ServiceSpec, UnitValueError, render_launchd, render_systemd
+from tests.common import TARGET_ID
 
 # Values a user or a path can bring: systemd specifiers and variables, quotes, escapes, spaces,
 # a lone semicolon (systemd's command separator), control characters, non-ASCII text.
@@ -133,8 +135,16 @@ def _home(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
     return unit, Path(os.environ["LOCALSPEC_HOME"]) / "config" / "service.env"
 
 
+def _overlay_profile(name: str) -> None:
+    """A profile of that name in the registry overlay: install refuses a profile `serve` does not know."""
+    overlay = Path(os.environ["LOCALSPEC_HOME"]) / "config" / "models.toml"
+    overlay.parent.mkdir(parents=True, exist_ok=True)
+    overlay.write_text(f'[profiles.{json.dumps(name)}]\ntarget = "{TARGET_ID}"\n', encoding="utf-8")
+
+
 def test_dry_run_prints_the_escaped_unit_and_writes_nothing(tmp_path, monkeypatch, capsys):
     unit, env_file = _home(tmp_path, monkeypatch)
+    _overlay_profile("100% $HOME")
     assert main(["service", "install", "--dry-run", "--profile", "100% $HOME"]) == 0
     out = capsys.readouterr().out
     assert 'ExecStart=' in out and '--profile "100%% $$HOME"' in out
@@ -143,9 +153,24 @@ def test_dry_run_prints_the_escaped_unit_and_writes_nothing(tmp_path, monkeypatc
 
 def test_install_writes_the_unit_and_a_private_env_file(tmp_path, monkeypatch, capsys):
     unit, env_file = _home(tmp_path, monkeypatch)
+    _overlay_profile("a b%")
     assert main(["service", "install", "--no-start", "--profile", "a b%"]) == 0
     assert '--profile "a b%%"' in unit.read_text()
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("flags, code, says", [
+    (["--port", "99999"], 2, "error: Invalid port: Input should be less than or equal to 65535."),
+    (["--port", "-1"], 2, "error: Invalid port: Input should be greater than or equal to 0."),
+    (["--profile", "nope"], 1, "error: Unknown profile 'nope'."),
+])
+def test_a_port_or_profile_serve_refuses_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys,
+                                                                              flags, code, says):
+    unit, env_file = _home(tmp_path, monkeypatch)
+    assert main(["service", "install", "--dry-run", *flags]) == code
+    assert main(["service", "install", "--no-start", *flags]) == code
+    assert capsys.readouterr().err.splitlines()[-2] == says
+    assert not unit.exists() and not env_file.exists()
 
 
 def test_non_loopback_without_a_key_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):

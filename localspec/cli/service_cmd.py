@@ -343,6 +343,21 @@ def _require_key(spec: ServiceSpec, host: str, dry_run: bool) -> None:
                      f"Put {API_KEY_ENV}=<a long random key> in {where} and run this again, or use --host 127.0.0.1.")
 
 
+def _require_servable(spec: ServiceSpec) -> None:
+    """The unit's --port and --profile checked as `serve` checks them (its ServerSettings, the registry's
+    profiles): a value `serve` refuses would only restart every 5 s. Refuse it here, with the fix."""
+    from localspec.cli.options import checked_flags
+    from localspec.server.settings import ServerSettings
+
+    if spec.port is not None:
+        with checked_flags("service install"):
+            ServerSettings(port=spec.port)
+    if spec.profile is not None:
+        from localspec.models import ModelManager
+
+        ModelManager().profile(spec.profile)  # `serve`'s own error: the unknown name and the known ones
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     spec = _spec(args)
     # Everything that can refuse comes before anything is written.
@@ -351,6 +366,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     settings = service_settings(spec)  # a bad settings file is refused now, not in a restart loop
     host = spec.host or settings.server.host
     port = spec.port if spec.port is not None else settings.server.port
+    _require_servable(spec)
     _require_key(spec, host, args.dry_run)
     path = unit_path(args.manager)
     if args.dry_run:
