@@ -93,6 +93,18 @@ def test_cli_info_on_broken_file_is_one_line(tmp_path):
     assert proc.stderr.startswith("error: ") and "not a valid GGUF file" in proc.stderr
 
 
+@pytest.mark.parametrize("verb", [["models", "info"], ["models", "import"]])
+def test_a_named_file_that_is_not_gguf_says_check_the_path(tmp_path, capsys, verb):
+    from localspec.cli import main
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    assert main([*verb, str(notes)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: {notes} is not a valid GGUF file: bad magic b'root' (expected b'GGUF').\n"
+                   "  fix: Check the path; it must be a GGUF file.\n")  # not "pull the model again"
+
+
 # ---------------------------------------------------------------- draft compatibility
 
 

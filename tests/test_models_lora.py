@@ -89,6 +89,15 @@ def test_a_malformed_adapter_is_an_integrity_error(base, tmp_path, kvs, reason):
     assert reason in err.value.cause
 
 
+def test_an_adapter_that_is_not_gguf_says_check_its_path_not_pull_again(base, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    with pytest.raises(IntegrityError, match="not a valid GGUF file") as err:
+        check_lora(notes, base)
+    assert err.value.fix == ("Check the adapter's path (--lora, or `lora =` in models.toml); it must be a LoRA "
+                             "adapter GGUF.")
+
+
 def test_a_path_with_a_nul_byte_is_refused_not_raised(base):
     """lora_path from settings.toml is not parsed as a flag: check_lora refuses it in one line."""
     with pytest.raises(IncompatibleAdapterError, match="NUL byte"):

@@ -299,6 +299,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from localspec.models import estimate_fit, read_gguf_info
+    from localspec.models.gguf_info import named_file_error
 
     mgr = _manager()
     path = Path(args.target).expanduser()
@@ -311,7 +312,12 @@ def cmd_info(args: argparse.Namespace) -> int:
                 raise
         else:
             path = mgr.require_path(model_id)
-    info = read_gguf_info(path)
+    try:
+        info = read_gguf_info(path)
+    except IntegrityError as exc:
+        if model_id:  # a file of the store keeps its fix: pull it again
+            raise
+        raise named_file_error(exc) from None
     n_ctx = args.n_ctx
     if n_ctx is None:
         try:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.errors import IncompatibleAdapterError, IncompatibleDraftError
-from localspec.models.gguf_info import GGUFMeta, TensorInfo, read_header
+from localspec.errors import IncompatibleAdapterError, IncompatibleDraftError, IntegrityError
+from localspec.models.gguf_info import GGUFMeta, TensorInfo, named_file_error, read_header
 
 MAX_VOCAB_DIFF = 128
 _SKIP_TYPES = (3, 4, 5)  # CONTROL, USER_DEFINED, UNUSED
@@ -115,6 +115,9 @@ class LoraCompat:
     ranks: tuple[int, ...]  # distinct ranks, ascending
 
 
+LORA_FILE_FIX = "Check the adapter's path (--lora, or `lora =` in models.toml); it must be a LoRA adapter GGUF."
+
+
 def _refuse(adapter: Path, reason: str) -> IncompatibleAdapterError:
     return IncompatibleAdapterError(
         f"LoRA adapter {adapter} cannot be used: {reason}.",
@@ -174,7 +177,11 @@ def check_lora(adapter_path: Path | str, base_path: Path | str) -> LoraCompat:
     adapter = Path(adapter_path)
     if "\0" in str(adapter):  # from settings.toml: open() would raise a bare ValueError
         raise _refuse(adapter, "its path has a NUL byte")
-    meta, base = read_header(adapter), read_header(base_path)  # IntegrityError when either is malformed
+    try:
+        meta = read_header(adapter)
+    except IntegrityError as exc:
+        raise named_file_error(exc, LORA_FILE_FIX) from None
+    base = read_header(base_path)  # IntegrityError (pull it again) when the store's model is malformed
     kind, lora = meta.get("general.type"), meta.get("adapter.type")
     if kind != "adapter":
         raise _refuse(adapter, f"its general.type is {kind!r}, not 'adapter' (is it a model, not an adapter?)")

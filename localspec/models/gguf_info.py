@@ -236,6 +236,15 @@ def _invalid(path: Path | str, reason: str) -> IntegrityError:
     )
 
 
+NAMED_FILE_FIX = "Check the path; it must be a GGUF file."
+
+
+def named_file_error(exc: IntegrityError, fix: str = NAMED_FILE_FIX) -> IntegrityError:
+    """`exc` for a file the user named (an import, `models info PATH`, a LoRA adapter): _invalid's fix,
+    pulling the model again, is for a file of the store."""
+    return IntegrityError(exc.cause, fix)
+
+
 def _check_preamble(path: Path) -> int:
     """Existence, size, magic and version: cheap checks before any parsing."""
     try:

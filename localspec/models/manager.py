@@ -343,14 +343,17 @@ class ModelManager:
                     progress: ProgressCallback | None = None) -> InstallRecord:
         """Copy a local GGUF into the store; unknown ids get an overlay entry."""
         from localspec.models import overlay
-        from localspec.models.gguf_info import validate_gguf
+        from localspec.models.gguf_info import named_file_error, validate_gguf
         from localspec.models.gguf_summary import read_gguf_info
         from localspec.models.sources.file import copy_into_store
 
         origin = Path(path).expanduser()
         if not origin.is_file():
             raise ModelNotFoundError(f"No such file: {origin}.", "Give the path of a .gguf file.")
-        validate_gguf(origin)
+        try:
+            validate_gguf(origin)
+        except IntegrityError as exc:
+            raise named_file_error(exc) from None
         if role not in ("target", "draft", "embedding"):
             raise ConfigError(f"Unknown role {role!r}.", "Use --role target, draft or embedding.")
         mid = model_id or overlay.id_from_filename(origin.name)
