@@ -144,6 +144,19 @@ def test_a_broken_overlay_is_one_problem_and_the_rest_is_reported(isolated_home)
     assert r["settings"]["ok"] is True and r["port"]["free"] is True
 
 
+def test_reset_without_calibration_removes_nothing(tmp_path, monkeypatch, capsys):
+    from localspec.cli import main
+
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION_DIR", str(tmp_path))  # never the session's shared curves
+    curve = tmp_path / "calibration-kept.json"
+    curve.write_text("{}")
+    assert main(["doctor", "--reset"]) == 2
+    assert capsys.readouterr().err.startswith("error: --reset removes the calibration curves, and only with "
+                                              "--calibration.")
+    assert curve.exists()
+    assert main(["doctor", "--calibration", "--reset"]) == 0 and not curve.exists()
+
+
 def test_verify_rehashes_and_reports_a_corrupt_model(tmp_path, monkeypatch, minilm_path):
     monkeypatch.setenv("LOCALSPEC_MODELS_DIR", str(tmp_path / "store"))
     from localspec.models import ModelManager

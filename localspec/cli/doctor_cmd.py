@@ -49,7 +49,12 @@ def run_calibration(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.calibration or args.reset:
+    if args.reset and not args.calibration:  # deleting learned curves takes the flag its help names
+        from localspec.errors import UsageError
+
+        raise UsageError("--reset removes the calibration curves, and only with --calibration.",
+                         "Run `localspec doctor --calibration --reset`.")
+    if args.calibration:
         return run_calibration(args)
     from localspec.doctor import diagnose, render_text
 
