@@ -59,6 +59,12 @@ def test_an_unknown_profile_from_settings_says_where_it_was_set(isolated_home, c
     assert f"Correct or remove it in {settings}." in err
 
 
+def test_a_keep_alive_that_is_no_duration_is_refused_before_any_model_loads(capsys):
+    # An unknown model would fail with status 1 when looked up: 2 means the flag was refused first.
+    assert main(["generate", "hi", "--keep-alive", "xyz", "--local", "--no-pull", "--model", "no-such-model"]) == 2
+    assert capsys.readouterr().err.startswith("error: Invalid --keep-alive: keep_alive 'xyz' is not a duration")
+
+
 def test_a_prompt_that_is_not_utf8_is_refused_before_any_model_loads(capsys):
     # argv keeps the byte 0xff as a lone surrogate; an unknown model would fail later with status 1.
     assert main(["generate", "hi \udcff", "--local", "--no-pull", "--model", "no-such-model"]) == 2

@@ -105,6 +105,20 @@ def _request(args: argparse.Namespace) -> GenerationRequest:
         )
 
 
+def _check_keep_alive(value: str | None) -> None:
+    """--keep-alive read as the server reads it, so that a typo is refused here, before any model loads,
+    not passed on (or, with --local, dropped without a word)."""
+    if value is None:
+        return
+    from localspec.errors import UsageError
+    from localspec.server.keepalive import parse_keep_alive
+
+    try:
+        parse_keep_alive(value)
+    except ValueError as exc:
+        raise UsageError(f"Invalid --keep-alive: {exc}.", "See `localspec generate --help`.") from None
+
+
 def _peak_rss_mb() -> float:
     """This process's peak RSS. Linux's VmHWM belongs to the address space, which exec replaces;
     ru_maxrss survives exec, so a process started by a big parent would report the parent's peak."""
@@ -126,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if from_settings:
         require_known_profile(args.profile)  # an unknown one is refused naming settings.toml
     request = _request(args)
+    _check_keep_alive(args.keep_alive)
     lora = None
     if args.lora is not None:  # a malformed flag fails before any server is probed or model loaded
         from localspec.models.adapters import parse_lora_spec
