@@ -303,6 +303,14 @@ def test_an_unreachable_server_is_one_line(tmp_path, capsys):
     assert "Could not reach a server at http://127.0.0.1:9/v1" in capsys.readouterr().err
 
 
+def test_an_unreachable_server_ends_its_line_with_one_full_stop(tmp_path, capsys):
+    path = tmp_path / "geo.py"
+    path.write_text(FILE)
+    assert main(["edit", str(path), "tidy", "--connect", "http://127.0.0.1:9"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == "error: Could not reach a server at http://127.0.0.1:9/v1: Connection error."
+
+
 @pytest.mark.parametrize("flag, value, says", [
     ("--temperature", "-1", "Invalid temperature"), ("--temperature", "9", "Invalid temperature"),
     ("--temperature", "nan", "Invalid temperature"), ("--seed", "-1", "Invalid seed"),

@@ -230,7 +230,7 @@ def edit_remotely(args: argparse.Namespace, task: EditTask, stream: TextIO | Non
         model = model or next(iter(client.models.list())).id
         done = _stream(RemoteGeneration(client, model, request, localspec=localspec), stream)
     except openai.APIConnectionError as exc:
-        raise LocalspecError(f"Could not reach a server at {url}/v1: {exc}.",
+        raise LocalspecError(f"Could not reach a server at {url}/v1: {str(exc).rstrip('.')}.",  # openai's ends in one
                              "Start it with `localspec serve`, or check the --connect URL.") from None
     except StopIteration:
         raise LocalspecError(f"The server at {url} lists no models.", "Name one with --model.") from None
