@@ -28,9 +28,9 @@ class Chats(ScreenPart):
     async def open_first(self) -> None:
         """On mount: the chat used last, else the newest, else a new one."""
         chats = self.store.list_chats()
-        last = self.store.get_pref("last_chat")
-        if last and int(last) in {c.id for c in chats}:
-            chat_id = int(last)
+        last = self._last_chat_id()
+        if last in {c.id for c in chats}:
+            chat_id = last
         elif chats:
             chat_id = chats[0].id
         else:
@@ -38,6 +38,22 @@ class Chats(ScreenPart):
         self.chat_id = chat_id
         await self.refresh_list()
         await self.open(chat_id)
+
+    def _last_chat_id(self) -> int | None:
+        last = self.store.get_pref("last_chat")
+        if not last:
+            return None
+        try:
+            return int(last)
+        except ValueError:  # a hand edit; opening a chat saves a good one again
+            self.app.notify(f"The last open chat saved in {self.store.path.name} is not a chat id ('{last[:40]}'); "
+                            "opened the newest chat. Fix: none needed, it is saved again now.", severity="warning")
+            return None
+
+    def tell_repairs(self) -> None:
+        """Say what the store repaired on reading (a bad row shows what it can, and says so once)."""
+        for line in self.store.take_notices():
+            self.app.notify(line, title=f"Damaged data in {self.store.path.name}", severity="warning", timeout=15)
 
     async def refresh_list(self) -> None:
         view = self.screen.query_one("#chat-list", ListView)
@@ -47,6 +63,7 @@ class Chats(ScreenPart):
         for i, c in enumerate(chats):
             if c.id == self.chat_id:
                 view.index = i
+        self.tell_repairs()
 
     async def open(self, chat_id: int) -> None:
         self.chat_id = chat_id
@@ -58,6 +75,7 @@ class Chats(ScreenPart):
         if views:
             await box.mount_all(views)
         self._set_title(self.chat.title)
+        self.tell_repairs()
         box.scroll_end(animate=False)
         view = self.screen.query_one("#chat-list", ListView)
         for i, item in enumerate(view.children):

@@ -2,7 +2,10 @@
 
 Assistant messages keep their stats and the token origins (draft/prediction/target runs), so the
 accepted-token view and the per-reply figures survive a restart. What a row holds is read as untrusted
-(a hand-edited file, one written by a newer version): `messages` hands the app only well-formed meta.
+(a hand-edited file, one written by another tool or a newer version): every column the app uses comes
+back as the type it expects (text that is not UTF-8 or not text at all is shown with U+FFFD, settings
+that are not a JSON object are the defaults, `messages` hands the app only well-formed meta), the row is
+left as it is, and `take_notices` says what was repaired.
 """
 
 from __future__ import annotations
@@ -60,18 +63,24 @@ class ChatParams:
 
     @classmethod
     def from_json(cls, text: str) -> ChatParams:
+        """Raises ValueError when `text` is not a JSON object (the caller decides what a bad row means)."""
         data = json.loads(text or "{}")
+        if not isinstance(data, dict):
+            raise ValueError(f"JSON {json.dumps(data)[:20]}, not an object")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if not isinstance(known.get("predict_code", True), bool):  # "false" would read as true
             del known["predict_code"]
         return cls(**known)
 
 
+ROLES = ("user", "assistant")  # what the app writes; a row may hold another (a newer version's, a hand edit)
+
+
 @dataclass
 class Message:
     id: int
     chat_id: int
-    role: str  # user | assistant
+    role: str  # one of ROLES, or whatever else a row holds
     content: str
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -86,9 +95,23 @@ class Chat:
     updated: float
 
 
+class _Undecodable(str):
+    """Text read from a TEXT column whose bytes were not UTF-8, decoded with U+FFFD in their place:
+    the type says so, so that the store can tell the user which row it repaired."""
+
+
+def _decode(raw: bytes) -> str:
+    # sqlite's own decoding raises on the first bad byte and fails the whole query (every chat unreadable).
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return _Undecodable(raw.decode("utf-8", errors="replace"))
+
+
 def _open(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path)
     try:
+        db.text_factory = _decode
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA foreign_keys = ON")
         db.executescript(_SCHEMA)
@@ -106,6 +129,8 @@ class ChatStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._clock = clock
         self.recovered_from: Path | None = None
+        self._notices: list[str] = []  # repairs made on reading, not yet shown
+        self._noticed: set[str] = set()  # each repair is said once a session, however often the row is read
         try:
             self._db = _open(self.path)
         except sqlite3.DatabaseError as exc:  # a corrupt file must not stop the app: keep it aside, start afresh
@@ -118,6 +143,23 @@ class ChatStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def take_notices(self) -> list[str]:
+        """The repairs made on reading since the last call: one line each, with the cause and the fix."""
+        notices, self._notices = self._notices, []
+        return notices
+
+    def _notice(self, line: str) -> None:
+        if line not in self._noticed:
+            self._noticed.add(line)
+            self._notices.append(line)
+            logging.getLogger(__name__).warning("%s: %s", self.path, line)
+
+    def _text(self, value: object, *, what: str, fix: str) -> str:
+        text, problem = stored_text(value)
+        if problem:
+            self._notice(f"{what} {problem}. Fix: {fix}.")
+        return text
 
     # ------------------------------------------------------------------ chats
 
@@ -135,12 +177,12 @@ class ChatStore:
         row = self._db.execute("SELECT * FROM chats WHERE id = ?", (chat_id,)).fetchone()
         if row is None:
             raise KeyError(chat_id)
-        return _chat(row)
+        return self._chat(row)
 
     def list_chats(self) -> list[Chat]:
         """Most recently used first."""
         rows = self._db.execute("SELECT * FROM chats ORDER BY updated DESC, id DESC").fetchall()
-        return [_chat(r) for r in rows]
+        return [self._chat(r) for r in rows]
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._db.execute("UPDATE chats SET title = ? WHERE id = ?", (title.strip() or "Untitled", chat_id))
@@ -174,7 +216,7 @@ class ChatStore:
 
     def messages(self, chat_id: int) -> list[Message]:
         rows = self._db.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
-        return [Message(r["id"], r["chat_id"], r["role"], r["content"], stored_meta(r["meta"])) for r in rows]
+        return [self._message(r) for r in rows]
 
     def update_meta(self, message_id: int, meta: dict[str, Any]) -> None:
         self._db.execute("UPDATE messages SET meta = ? WHERE id = ?", (json.dumps(meta), message_id))
@@ -198,11 +240,44 @@ class ChatStore:
 
     def get_pref(self, key: str, default: str | None = None) -> str | None:
         row = self._db.execute("SELECT value FROM prefs WHERE key = ?", (key,)).fetchone()
-        return row["value"] if row else default
+        if row is None:
+            return default
+        return self._text(row["value"], what=f"The saved setting '{key}'", fix="set it again in the app")
 
     def set_pref(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO prefs (key, value) VALUES (?, ?)", (key, value))
         self._db.commit()
+
+    # ------------------------------------------------------------------ reading rows (untrusted)
+
+    def _chat(self, row: sqlite3.Row) -> Chat:
+        chat_id = row["id"]
+        title = self._text(row["title"], what=f"Chat {chat_id}'s title", fix="rename the chat (F2)")
+        system_prompt = self._text(row["system_prompt"], what=f"Chat {chat_id}'s system prompt",
+                                   fix="edit it in the chat settings (Ctrl+S)")
+        return Chat(chat_id, title, system_prompt, self._params(chat_id, row["params"]), row["created"],
+                    row["updated"])
+
+    def _params(self, chat_id: int, value: object) -> ChatParams:
+        text, _ = stored_text(value)
+        try:
+            return ChatParams.from_json(text)
+        except (ValueError, RecursionError) as exc:  # not JSON (or nested past the parser), not an object
+            cause = "not JSON" if isinstance(exc, json.JSONDecodeError) else _short(exc)
+            self._notice(f"Chat {chat_id}'s settings could not be read ({cause}); the chat uses the defaults. "
+                         "Fix: set them again in the chat settings (Ctrl+S).")
+            return ChatParams()
+
+    def _message(self, row: sqlite3.Row) -> Message:
+        chat_id = row["chat_id"]
+        fix = "none needed, the row is kept as it is"
+        role = self._text(row["role"], what=f"A message's role in chat {chat_id}", fix=fix)
+        if role not in ROLES:
+            self._notice(f"Chat {chat_id} has a message with the role '{role[:40]}', which this version does not "
+                         f"know; it is shown as it is. Fix: {fix}.")
+        content = self._text(row["content"], what=f"A message in chat {chat_id}", fix=fix)
+        meta, _ = stored_text(row["meta"])
+        return Message(row["id"], chat_id, role, content, stored_meta(meta))
 
 
 # ---------------------------------------------------------------------- replies in flight
@@ -246,11 +321,8 @@ def _inserted_id(cur: sqlite3.Cursor) -> int:
     return cur.lastrowid
 
 
-def _chat(row: sqlite3.Row) -> Chat:
-    return Chat(
-        row["id"], row["title"], row["system_prompt"], ChatParams.from_json(row["params"]), row["created"],
-        row["updated"]
-    )
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
 
 
 # ---------------------------------------------------------------------- export
@@ -290,7 +362,21 @@ def export_chat(chat: Chat, messages: list[Message], directory: Path) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------- reading stored meta
+# ---------------------------------------------------------------------- reading stored values
+
+
+def stored_text(value: object) -> tuple[str, str | None]:
+    """A stored TEXT value as str, and what was wrong with it (None: nothing). sqlite keeps whatever
+    a writer gave it: bytes that are not UTF-8, a BLOB, a number, NULL where the schema was edited."""
+    if isinstance(value, _Undecodable):
+        return str(value), "is not valid UTF-8; it is shown with \ufffd for the unreadable bytes"
+    if isinstance(value, str):
+        return value, None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace"), "is binary data, not text; it is shown as text"
+    if value is None:
+        return "", "is missing; it is shown empty"
+    return str(value), None  # a number: its digits are what the user typed or meant
 
 
 def stored_meta(text: str) -> dict[str, Any]:

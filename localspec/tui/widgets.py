@@ -15,7 +15,7 @@ from textual.widgets import Label, Markdown, Sparkline, Static, TextArea
 from localspec.engine.events import Done, Stats, Token
 from localspec.tui.backend import BackendInfo
 from localspec.tui.session_metrics import SessionSnapshot
-from localspec.tui.store import reply_summary, stats_from_dict
+from localspec.tui.store import ROLES, reply_summary, stats_from_dict
 
 # Accepted-token view: tokens a drafter proposed and the target accepted (green), tokens of the
 # prediction the target accepted (blue), the target's own (grey). Other origins show unstyled.
@@ -113,12 +113,16 @@ class PromptInput(TextArea):
         await super()._on_key(event)
 
 
+ROLE_LABELS = {"user": "You", "assistant": "Assistant"}
+
+
 class MessageView(Vertical, can_focus=True):
     """One message. An assistant reply streams in as Markdown and keeps its token origins."""
 
     def __init__(self, role: str, content: str = "", meta: dict | None = None, message_id: int | None = None,
                  show_origins: bool = False) -> None:
-        super().__init__(classes=f"message {role}")
+        # A stored role is untrusted: as a class name, '[/]x' or 'two words' would stop the app.
+        super().__init__(classes=f"message {role if role in ROLES else 'other-role'}")
         self.role = role
         self.content = content
         self.meta = dict(meta or {})
@@ -136,7 +140,7 @@ class MessageView(Vertical, can_focus=True):
         return bool(self.meta.get("interrupted"))
 
     def compose(self) -> ComposeResult:
-        yield Label("You" if self.role == "user" else "Assistant", classes="role")
+        yield Label(ROLE_LABELS.get(self.role, self.role), classes="role", markup=False)
         yield Markdown(self.content, classes="body")
         if self.role == "assistant":
             yield Static(origin_text(self.segments), classes="origins")

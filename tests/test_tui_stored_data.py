@@ -1,0 +1,122 @@
+"""A bad value in chats.sqlite (a hand edit, another tool, a newer version) never stops the chat app:
+the row shows what it can, the app says once what it repaired and how to fix it, and the row itself
+is left as it was.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from localspec.tui import ChatApp, ChatParams, ChatStore
+from localspec.tui.widgets import MessageView
+from tests.tui_demo import DEMO_RSS, demo_backend, fixed_model_rows
+from tests.tui_support import wait_for
+
+SIZE = (120, 36)
+pytestmark = pytest.mark.anyio
+NOT_UTF8 = "CAST(X'C328FF41' AS TEXT)"  # a TEXT value whose bytes are not UTF-8
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _db(tmp_path: Path) -> Path:
+    return tmp_path / "chats.sqlite"
+
+
+def _write(tmp_path: Path, *statements: tuple[str, tuple]) -> None:
+    """Rows as another writer leaves them: plain SQL into a file with the app's schema."""
+    ChatStore(_db(tmp_path)).close()
+    with sqlite3.connect(_db(tmp_path)) as db:
+        for sql, args in statements:
+            db.execute(sql, args)
+    db.close()
+
+
+def _chat_row(title: object = "t", params: object = "{}", title_sql: str = "?") -> tuple[str, tuple]:
+    return (f"INSERT INTO chats (title, system_prompt, params, created, updated) VALUES ({title_sql}, '', ?, 1, 1)",
+            ((title,) if title_sql == "?" else ()) + (params,))
+
+
+def _message_row(role: str = "user", content: object = "hi", content_sql: str = "?") -> tuple[str, tuple]:
+    return (f"INSERT INTO messages (chat_id, role, content, meta, created) VALUES (1, ?, {content_sql}, '{{}}', 1)",
+            (role,) + ((content,) if content_sql == "?" else ()))
+
+
+def _stored(tmp_path: Path, sql: str) -> object:
+    with sqlite3.connect(_db(tmp_path)) as db:
+        value = db.execute(sql).fetchone()[0]
+    db.close()
+    return value
+
+
+def _app(tmp_path: Path) -> ChatApp:
+    return ChatApp(lambda _p, **_: demo_backend(), store=ChatStore(_db(tmp_path)), memory_probe=lambda: DEMO_RSS,
+                   model_rows=fixed_model_rows, export_dir=tmp_path / "exports")
+
+
+def _notices(app: ChatApp, text: str) -> list[str]:
+    return [str(n.message) for n in app._notifications if text in str(n.message)]
+
+
+async def _ready(app, pilot) -> None:
+    await wait_for(pilot, lambda: app.backend is not None, 10, "the backend")
+
+
+@pytest.mark.parametrize("params", ["not json", "null", "[1,2]"])
+async def test_chat_settings_that_are_not_a_json_object_open_with_the_defaults_and_say_so(tmp_path, params):
+    _write(tmp_path, _chat_row(params=params))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        assert app.store.get_chat(1).params == ChatParams()
+        [notice] = _notices(app, "Chat 1's settings could not be read")
+        assert "Fix: set them again in the chat settings (Ctrl+S)" in notice
+    assert _stored(tmp_path, "SELECT params FROM chats") == params  # kept until the user saves new ones
+
+
+async def test_a_last_open_chat_that_is_not_an_id_opens_the_newest_chat(tmp_path):
+    _write(tmp_path, _chat_row(), ("INSERT INTO prefs VALUES ('last_chat', 'abc')", ()))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        assert app.chat_id == 1
+        assert _notices(app, "is not a chat id ('abc')")
+    assert _stored(tmp_path, "SELECT value FROM prefs WHERE key = 'last_chat'") == "1"
+
+
+async def test_text_that_is_not_utf8_shows_with_replacement_characters_and_is_kept(tmp_path):
+    _write(tmp_path, _chat_row(title_sql=NOT_UTF8), _message_row(content_sql=NOT_UTF8))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        assert app.title == "localspec — \ufffd(\ufffdA"
+        [view] = app.query(MessageView)
+        assert view.content == "\ufffd(\ufffdA"
+        assert _notices(app, "Chat 1's title is not valid UTF-8") and _notices(app, "A message in chat 1 is not valid")
+    assert _stored(tmp_path, "SELECT hex(CAST(title AS BLOB)) FROM chats") == "C328FF41"
+
+
+async def test_a_binary_title_shows_as_text(tmp_path):
+    _write(tmp_path, _chat_row(title=b"\xff\xfe bin"))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        assert app.title == "localspec — \ufffd\ufffd bin"
+        assert _notices(app, "Chat 1's title is binary data, not text")
+
+
+async def test_a_message_role_this_version_does_not_know_shows_as_written(tmp_path):
+    _write(tmp_path, _chat_row(), _message_row(role="[/]weird role", content="hello"))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        [view] = app.query(MessageView)
+        assert view.role == "[/]weird role" and view.has_class("other-role")
+        assert str(view.query_one(".role").render()) == "[/]weird role"
+        assert _notices(app, "the role '[/]weird role', which this version does not know")
