@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.tui import ChatApp, ChatParams, ChatStore
+from localspec.engine.events import Done, Stats, Token
+from localspec.tui import ChatApp, ChatParams, ChatStore, ReplayBackend
 from localspec.tui.widgets import MessageView
 from tests.tui_demo import DEMO_RSS, demo_backend, fixed_model_rows
 from tests.tui_support import wait_for
@@ -55,9 +56,9 @@ def _stored(tmp_path: Path, sql: str) -> object:
     return value
 
 
-def _app(tmp_path: Path) -> ChatApp:
-    return ChatApp(lambda _p, **_: demo_backend(), store=ChatStore(_db(tmp_path)), memory_probe=lambda: DEMO_RSS,
-                   model_rows=fixed_model_rows, export_dir=tmp_path / "exports")
+def _app(tmp_path: Path, backend: ReplayBackend | None = None) -> ChatApp:
+    return ChatApp(lambda _p, **_: backend or demo_backend(), store=ChatStore(_db(tmp_path)),
+                   memory_probe=lambda: DEMO_RSS, model_rows=fixed_model_rows, export_dir=tmp_path / "exports")
 
 
 def _notices(app: ChatApp, text: str) -> list[str]:
@@ -120,3 +121,22 @@ async def test_a_message_role_this_version_does_not_know_shows_as_written(tmp_pa
         assert view.role == "[/]weird role" and view.has_class("other-role")
         assert str(view.query_one(".role").render()) == "[/]weird role"
         assert _notices(app, "the role '[/]weird role', which this version does not know")
+
+
+# ---------------------------------------------------------------------- what the app writes
+
+
+async def test_a_reply_with_a_lone_surrogate_is_saved_with_a_replacement_character(tmp_path):
+    """Half of a surrogate pair has no UTF-8 form: saving the streaming reply stopped the app. A pair
+    that two tokens split is whole again once both have arrived."""
+    texts = ["a", "\ud83d", "\ude00", "\ud800", "b"]
+    reply = [*(Token(t, (i,), "target") for i, t in enumerate(texts)), Done("stop", Stats(mode="off"), "".join(texts))]
+    app = _app(tmp_path, ReplayBackend([reply]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        await app.send("hi")
+        await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+        assert app.is_running
+    store = ChatStore(_db(tmp_path))
+    assert [m.content for m in store.messages(1)] == ["hi", "a\U0001f600\ufffdb"]
+    store.close()

@@ -168,7 +168,7 @@ class ChatStore:
         params = params or ChatParams()
         cur = self._db.execute(
             "INSERT INTO chats (title, system_prompt, params, created, updated) VALUES (?, ?, ?, ?, ?)",
-            (title, system_prompt, json.dumps(asdict(params)), now, now),
+            (encodable(title), encodable(system_prompt), json.dumps(asdict(params)), now, now),
         )
         self._db.commit()
         return self.get_chat(_inserted_id(cur))
@@ -185,13 +185,13 @@ class ChatStore:
         return [self._chat(r) for r in rows]
 
     def rename_chat(self, chat_id: int, title: str) -> None:
-        self._db.execute("UPDATE chats SET title = ? WHERE id = ?", (title.strip() or "Untitled", chat_id))
+        self._db.execute("UPDATE chats SET title = ? WHERE id = ?", (encodable(title.strip() or "Untitled"), chat_id))
         self._db.commit()
 
     def update_settings(self, chat_id: int, system_prompt: str, params: ChatParams) -> None:
         self._db.execute(
             "UPDATE chats SET system_prompt = ?, params = ? WHERE id = ?",
-            (system_prompt, json.dumps(asdict(params)), chat_id),
+            (encodable(system_prompt), json.dumps(asdict(params)), chat_id),
         )
         self._db.commit()
 
@@ -208,7 +208,7 @@ class ChatStore:
     def add_message(self, chat_id: int, role: str, content: str, meta: dict[str, Any] | None = None) -> Message:
         cur = self._db.execute(
             "INSERT INTO messages (chat_id, role, content, meta, created) VALUES (?, ?, ?, ?, ?)",
-            (chat_id, role, content, json.dumps(meta or {}), self._clock()),
+            (chat_id, encodable(role), encodable(content), json.dumps(meta or {}), self._clock()),
         )
         self._db.execute("UPDATE chats SET updated = ? WHERE id = ?", (self._clock(), chat_id))
         self._db.commit()
@@ -224,7 +224,7 @@ class ChatStore:
 
     def update_message(self, message_id: int, content: str, meta: dict[str, Any]) -> None:
         self._db.execute("UPDATE messages SET content = ?, meta = ? WHERE id = ?",
-                         (content, json.dumps(meta), message_id))
+                         (encodable(content), json.dumps(meta), message_id))
         self._db.commit()
 
     def delete_message(self, message_id: int) -> None:
@@ -245,7 +245,7 @@ class ChatStore:
         return self._text(row["value"], what=f"The saved setting '{key}'", fix="set it again in the app")
 
     def set_pref(self, key: str, value: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO prefs (key, value) VALUES (?, ?)", (key, value))
+        self._db.execute("INSERT OR REPLACE INTO prefs (key, value) VALUES (?, ?)", (key, encodable(value)))
         self._db.commit()
 
     # ------------------------------------------------------------------ reading rows (untrusted)
@@ -319,6 +319,17 @@ def _inserted_id(cur: sqlite3.Cursor) -> int:
     if cur.lastrowid is None:
         raise RuntimeError("sqlite reported no row id for an insert")
     return cur.lastrowid
+
+
+def encodable(text: str) -> str:
+    """`text` in a form UTF-8 can hold (sqlite needs one). A lone surrogate (half of a pair that a
+    token boundary split) has none and failed the write; it becomes U+FFFD, and halves that meet again
+    are joined (UTF-16 with surrogatepass pairs them up)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _short(exc: BaseException) -> str:
