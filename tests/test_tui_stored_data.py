@@ -9,10 +9,13 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from textual.widgets import Button, Select
 
 from localspec.engine.events import Done, Stats, Token
 from localspec.tui import ChatApp, ChatParams, ChatStore, ReplayBackend
+from localspec.tui.dialogs import ChatSettingsDialog
 from localspec.tui.widgets import MessageView
+from tests.models_helpers import write_overlay
 from tests.tui_demo import DEMO_RSS, demo_backend, fixed_model_rows
 from tests.tui_support import wait_for
 
@@ -140,3 +143,65 @@ async def test_a_reply_with_a_lone_surrogate_is_saved_with_a_replacement_charact
     store = ChatStore(_db(tmp_path))
     assert [m.content for m in store.messages(1)] == ["hi", "a\U0001f600\ufffdb"]
     store.close()
+
+
+# ---------------------------------------------------------------------- the chat settings dialog (Ctrl+S)
+
+
+async def _settings(app, pilot) -> ChatSettingsDialog:
+    await _ready(app, pilot)
+    await pilot.press("ctrl+s")
+    await wait_for(pilot, lambda: isinstance(app.screen, ChatSettingsDialog), 5, "the settings dialog")
+    return app.screen
+
+
+def _selected(dialog: ChatSettingsDialog, select_id: str) -> object:
+    return dialog.query_one(f"#{select_id}", Select).value
+
+
+async def test_a_stored_profile_models_toml_no_longer_has_shows_none_and_is_kept_until_saved(tmp_path):
+    _write(tmp_path, _chat_row(params='{"profile": "gone-profile", "temperature": 0.2}'))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        dialog = await _settings(app, pilot)
+        assert _selected(dialog, "profile") is Select.NULL
+        assert "Not available any more: profile 'gone-profile'" in str(dialog.query_one("#settings-notice").render())
+        dialog.query_one("#cancel", Button).press()
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatSettingsDialog), 5)
+        assert app.store.get_chat(1).params.profile == "gone-profile"  # Cancel keeps it
+        dialog = await _settings(app, pilot)
+        dialog.query_one("#save", Button).press()
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatSettingsDialog), 5)
+        assert app.store.get_chat(1).params == ChatParams(temperature=0.2)  # the active profile, as shown
+
+
+async def test_every_engine_mode_is_offered_auto_included(tmp_path):
+    _write(tmp_path, _chat_row(params='{"mode": "auto"}'))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        dialog = await _settings(app, pilot)
+        assert _selected(dialog, "mode") == "auto" and not dialog.query("#settings-notice")
+        dialog.query_one("#save", Button).press()
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatSettingsDialog), 5)
+        assert app.store.get_chat(1).params.mode == "auto"
+
+
+async def test_a_mode_and_route_this_version_does_not_offer_show_none_and_say_so(tmp_path):
+    _write(tmp_path, _chat_row(params='{"mode": "turbo", "route": "medium"}'))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        dialog = await _settings(app, pilot)
+        assert _selected(dialog, "mode") is Select.NULL and _selected(dialog, "route") is Select.NULL
+        notice = str(dialog.query_one("#settings-notice").render())
+        assert "model 'medium'" in notice and "speculative mode 'turbo'" in notice
+
+
+async def test_the_dialog_opens_when_models_toml_cannot_be_read(tmp_path):
+    write_overlay("[profiles.mine\n")  # not TOML: no profile list at all
+    _write(tmp_path, _chat_row(params='{"profile": "mine"}'))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        dialog = await _settings(app, pilot)
+        assert _selected(dialog, "profile") is Select.NULL
+        assert "profile 'mine'" in str(dialog.query_one("#settings-notice").render())
+        assert _notices(app, "The profile list could not be read")

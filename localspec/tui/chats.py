@@ -149,7 +149,8 @@ class Chats(ScreenPart):
             from localspec.models import ModelManager
 
             profiles = list(ModelManager().registry.profiles)
-        except LocalspecError:
+        except LocalspecError as exc:  # the dialog still opens: the prompt and parameters do not need them
+            self.app.notify(f"The profile list could not be read: {exc}", title="Profiles", severity="warning")
             profiles = []
 
         def saved(result: tuple[str, ChatParams] | None) -> None:

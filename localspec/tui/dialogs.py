@@ -14,10 +14,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, Select, Static, TextArea
+from textual.widgets.select import NoSelection
 
+from localspec.engine.config import MODES  # every mode a request takes, "auto" included
 from localspec.tui.store import ChatParams
-
-MODES = ("off", "draft", "lookup")
 
 
 class _Dialog(ModalScreen):
@@ -107,25 +107,42 @@ class ChatSettingsDialog(_Dialog):
     def __init__(self, system_prompt: str, params: ChatParams, profiles: Sequence[str]) -> None:
         super().__init__()
         self.system_prompt, self.params, self.profiles = system_prompt, params, list(profiles)
+        self.unavailable: list[str] = []  # stored choices the lists no longer offer, as "profile 'x'"
+
+    def _stored_choice(self, what: str, stored: object, options: Sequence[str]) -> str | NoSelection:
+        """The chat's stored choice when the list offers it, else none. Select refuses a value it does
+        not offer, and a stored one may be gone (a profile models.toml dropped) or a newer version's."""
+        if stored is None or stored == "":
+            return Select.NULL
+        if isinstance(stored, str) and stored in options:
+            return stored
+        self.unavailable.append(f"{what} '{stored}'")
+        return Select.NULL
 
     def compose(self) -> ComposeResult:
         p = self.params
+        profile = self._stored_choice("profile", p.profile, self.profiles)
+        route = self._stored_choice("model", p.route, ROUTES)
+        mode = self._stored_choice("speculative mode", p.mode, MODES)
         with VerticalScroll(classes="dialog settings"):
             yield Label("Chat settings", classes="dialog-title")
+            if self.unavailable:
+                yield Static(f"Not available any more: {', '.join(self.unavailable)}. Save stores the choices "
+                             "shown instead; Cancel keeps the chat's settings as they are.",
+                             id="settings-notice", classes="fix", markup=False)
             yield Label("System prompt")
             yield TextArea(self.system_prompt, id="system")
             yield Label("Profile (models)")
-            yield Select([(Text(name), name) for name in self.profiles], value=p.profile or Select.NULL,
-                         id="profile", prompt="active profile")
+            yield Select([(Text(name), name) for name in self.profiles], value=profile, id="profile",
+                         prompt="active profile")
             yield Label("Temperature (0 = greedy)")
             yield Input(str(p.temperature), id="temperature")
             yield Label("Max tokens")
             yield Input(str(p.max_tokens), id="max_tokens")
             yield Label("Model (auto: the router picks small or large per request)")
-            yield Select([(r, r) for r in ROUTES], value=p.route or Select.NULL, id="route",
-                         prompt="large (the profile's target)")
+            yield Select([(r, r) for r in ROUTES], value=route, id="route", prompt="large (the profile's target)")
             yield Label("Speculative mode")
-            yield Select([(m, m) for m in MODES], value=p.mode or Select.NULL, id="mode", prompt="engine default")
+            yield Select([(m, m) for m in MODES], value=mode, id="mode", prompt="engine default")
             yield Label("Draft k (most tokens drafted per step; empty = default)")
             yield Input("" if p.draft_k is None else str(p.draft_k), id="draft_k")
             yield Checkbox("Predict the reply from code in my message (Predicted Outputs)", p.predict_code,
