@@ -205,3 +205,17 @@ async def test_the_dialog_opens_when_models_toml_cannot_be_read(tmp_path):
         assert _selected(dialog, "profile") is Select.NULL
         assert "profile 'mine'" in str(dialog.query_one("#settings-notice").render())
         assert _notices(app, "The profile list could not be read")
+
+
+async def test_copying_a_reply_with_a_lone_surrogate_copies_a_replacement_character(tmp_path):
+    texts = ["a", "\ud800", "\n```\nx\ud800\n```\n"]
+    reply = [*(Token(t, (i,), "target") for i, t in enumerate(texts)), Done("stop", Stats(mode="off"), "".join(texts))]
+    app = _app(tmp_path, ReplayBackend([reply]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        await app.send("hi")
+        await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+        await pilot.press("f9")
+        assert app.clipboard == "a\ufffd\n```\nx\ufffd\n```\n"
+        await pilot.press("f10")
+        assert app.clipboard == "x\ufffd"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from localspec.tui.base import ScreenPart
+from localspec.tui.store import encodable
 from localspec.tui.widgets import ORIGIN_LEGEND, code_blocks
 
 
@@ -17,7 +18,7 @@ class ReplyTools(ScreenPart):
         if view is None:
             self.app.notify("No reply to copy.")
             return
-        self.app.copy_to_clipboard(view.content)
+        self.app.copy_to_clipboard(encodable(view.content))  # the terminal is sent UTF-8
         self.app.notify("Reply copied to the clipboard.")
 
     def copy_code(self) -> None:
@@ -26,7 +27,7 @@ class ReplyTools(ScreenPart):
         if not blocks:
             self.app.notify("That reply has no code block.", severity="warning")
             return
-        self.app.copy_to_clipboard(blocks[-1])
+        self.app.copy_to_clipboard(encodable(blocks[-1]))
         self.app.notify("Code block copied to the clipboard.")
 
     async def mark_wrong(self) -> None:

@@ -322,7 +322,7 @@ def _inserted_id(cur: sqlite3.Cursor) -> int:
 
 
 def encodable(text: str) -> str:
-    """`text` in a form UTF-8 can hold (sqlite needs one). A lone surrogate (half of a pair that a
+    """`text` in a form UTF-8 can hold (sqlite and the clipboard need one). A lone surrogate (half of a pair that a
     token boundary split) has none and failed the write; it becomes U+FFFD, and halves that meet again
     are joined (UTF-16 with surrogatepass pairs them up)."""
     try:
