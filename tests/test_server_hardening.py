@@ -134,19 +134,48 @@ def test_pydantic_schemas_with_defs_are_enforced_in_forced_tools_and_response_fo
 
 
 @pytest.mark.parametrize("where", ["response_format", "tool"])
-def test_a_schema_keyword_the_grammar_cannot_keep_is_a_400_naming_it(where):
+@pytest.mark.parametrize(("n", "keyword"), [({"type": "number", "minimum": 0.5}, "minimum"),
+                                             ({"type": "integer", "multipleOf": 5}, "multipleOf"),
+                                             ({"type": "integer", "minimum": 1, "enum": [0, 1, 2]}, "minimum"),
+                                             ({"type": "integer", "maximum": 10**19}, "maximum")])
+def test_a_schema_keyword_the_grammar_cannot_keep_is_a_400_naming_it(where, n, keyword):
     """`minimum` was dropped by the converter while the reply said grammar "enforced": {"n": 5} for a
-    minimum of 100. The keyword is refused by name instead."""
+    minimum of 100. An integer's bounds are now kept (below); what the grammar cannot keep is refused by name."""
     from localspec.server.errors import APIError
     from localspec.server.schemas import ChatCompletionRequest
     from localspec.server.translate import chat_plan
 
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 100}}, "required": ["n"]}
+    schema = {"type": "object", "properties": {"n": n}, "required": ["n"]}
     body = chat_with_schema(schema) if where == "response_format" else forced_tool(schema)
     with pytest.raises(APIError) as err:
         chat_plan(ChatCompletionRequest.model_validate(body), 16)
     assert err.value.status == 400 and err.value.code == "unsupported_schema"
-    assert "properties.n.minimum" in err.value.message and "Remove 'minimum'" in err.value.message
+    assert f"properties.n.{keyword}" in err.value.message and f"Remove '{keyword}'" in err.value.message
+
+
+@pytest.mark.models
+def test_an_integers_bounds_are_kept_by_the_grammar(served):
+    """Asked for {"n": 5} against 100..200, the grammar made the model write a number in range."""
+    proc, base = served
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 100, "maximum": 200}},
+              "required": ["n"]}
+    body = chat_with_schema(schema) | {"messages": [{"role": "user", "content": 'Reply with the JSON {"n": 5}.'}],
+                                       "max_tokens": 12}
+    r = request(base, "POST", "/v1/chat/completions", json_body=body)
+    assert r.status_code == 200 and r.json()["localspec"]["grammar"] == "enforced", r.text
+    assert 100 <= json.loads(r.json()["choices"][0]["message"]["content"])["n"] <= 200, r.text
+    _alive(proc, base)
+
+
+def test_bounds_that_leave_no_integer_are_a_400():
+    from localspec.server.errors import APIError
+    from localspec.server.schemas import ChatCompletionRequest
+    from localspec.server.translate import chat_plan
+
+    body = chat_with_schema({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4})
+    with pytest.raises(APIError) as err:
+        chat_plan(ChatCompletionRequest.model_validate(body), 16)
+    assert err.value.code == "invalid_schema" and "no integer is from 4 to 3" in err.value.message
 
 
 def test_two_tools_defining_the_same_name_keep_their_own_definitions():

@@ -16,8 +16,8 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import GenerationRequest
 from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf, check_schema
-from localspec.engine.json_schema import (SchemaNotEnforceable, SchemaRefBroken, check_enforceable, hoisted,
-                                          root_ref_inlined)
+from localspec.engine.json_schema import (SchemaInvalid, SchemaNotEnforceable, check_enforceable, hoisted,
+                                          integer_ranges, root_ref_inlined, with_integer_rules)
 from localspec.engine.sampling import SamplingParams, with_fallbacks
 from localspec.server.errors import APIError
 from localspec.server.schemas import (
@@ -119,13 +119,14 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
         if not checked:
             check_schema(schema, field)
             check_enforceable(schema, field)
-        gbnf = str(json_schema_to_gbnf(json.dumps(root_ref_inlined(schema))))
+        ranged, integer_rules = integer_ranges(root_ref_inlined(schema), field)
+        gbnf = with_integer_rules(str(json_schema_to_gbnf(json.dumps(ranged))), integer_rules)
         check_gbnf(gbnf)
     except GrammarTooLarge as exc:
         raise APIError(400, exc.cause, "schema_too_large", param) from exc
     except SchemaNotEnforceable as exc:
         raise APIError(400, str(exc), "unsupported_schema", param) from exc
-    except SchemaRefBroken as exc:
+    except SchemaInvalid as exc:
         raise APIError(400, str(exc), "invalid_schema", param) from exc
     except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
         raise APIError(400, f"Unsupported JSON schema: {exc}", "invalid_schema", param) from exc
@@ -180,7 +181,7 @@ def _tool_grammar(body: ChatCompletionRequest) -> str:
             raise APIError(400, exc.cause, "schema_too_large", "tools") from exc
         except SchemaNotEnforceable as exc:
             raise APIError(400, str(exc), "unsupported_schema", "tools") from exc
-        except SchemaRefBroken as exc:
+        except SchemaInvalid as exc:
             raise APIError(400, str(exc), "invalid_schema", "tools") from exc
         # Each tool's parameters and definitions stand in the root's $defs, their refs re-rooted there:
         # under `arguments`, a pydantic model's "#/$defs/Addr" pointed at the combined schema's root (a 400).
