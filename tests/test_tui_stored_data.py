@@ -219,3 +219,30 @@ async def test_copying_a_reply_with_a_lone_surrogate_copies_a_replacement_charac
         assert app.clipboard == "a\ufffd\n```\nx\ufffd\n```\n"
         await pilot.press("f10")
         assert app.clipboard == "x\ufffd"
+
+
+async def test_a_chat_whose_profile_is_gone_is_answered_by_the_loaded_models_and_says_so(tmp_path):
+    """Loading the stored profile unloaded the models that could answer and then failed; with a factory
+    that loads any name (the demo's), every send reloaded and the reply never came."""
+    _write(tmp_path, _chat_row(params='{"profile": "gone-from-models-toml"}'))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        loaded = app.backend
+        await app.send("hi")
+        await wait_for(pilot, lambda: not app.screen.replies.generating, 20, "the reply")
+        assert app.backend is loaded
+        assert _notices(app, "This chat's profile 'gone-from-models-toml' is not in models.toml any more")
+        assert [m.role for m in app.store.messages(1)] == ["user", "assistant"] and app.store.messages(1)[1].content
+
+
+async def test_a_chat_holding_a_role_this_version_does_not_know_can_be_continued(tmp_path):
+    """Every send showed "Invalid chat parameters": the engine takes system, user, assistant and tool only."""
+    _write(tmp_path, _chat_row(), _message_row(role="critic", content="be brief"))
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        await app.send("hi")
+        await wait_for(pilot, lambda: not app.screen.replies.generating, 20, "the reply")
+        assert [m.role for m in app.store.messages(1)] == ["critic", "user", "assistant"]
+        assert app.store.messages(1)[2].content

@@ -23,7 +23,7 @@ from localspec.errors import LocalspecError
 from localspec.tui.backend import Backend, ServerLost
 from localspec.tui.base import ScreenPart
 from localspec.tui.dialogs import ErrorDialog
-from localspec.tui.store import PartialReply, interrupted_meta
+from localspec.tui.store import ROLES, PartialReply, interrupted_meta
 from localspec.tui.streaming import FRAMES_PER_S, ContextTrimmed, Reply, ReplyEnded, ReplyRefused, ServerGone
 from localspec.tui.widgets import MessageView, PromptInput, add_segment, predicted_reply
 
@@ -64,9 +64,10 @@ class Replies(ScreenPart):
         chat = self.screen.chats.chat
         p = chat.params
         messages = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
-        # An empty reply (interrupted before its first token) says nothing to the model.
+        # An empty reply (interrupted before its first token) says nothing to the model; a role this version
+        # does not write (a hand edit, a newer version) is shown but not sent: the engine refused the chat.
         messages += [{"role": m.role, "content": m.content} for m in self.store.messages(chat.id)
-                     if m.content or m.role != "assistant"]
+                     if m.role in ROLES and (m.content or m.role != "assistant")]
         # Predicted Outputs: the code the user pasted into the message being answered (not earlier turns).
         last = messages[-1] if messages and messages[-1]["role"] == "user" else None
         prediction = predicted_reply(last["content"]) if last is not None and p.predict_code else None
@@ -83,9 +84,13 @@ class Replies(ScreenPart):
         wanted = chat.params.profile or self.app.active_profile
         if (backend is not None and backend.info.kind == "in-process" and wanted
                 and wanted != (backend.info.profile or _default_profile())):
-            self.app.notify(f"Loading profile '{wanted}' for this chat…")
-            loader.load(wanted)
-            backend = None
+            if _known_profile(wanted):
+                self.app.notify(f"Loading profile '{wanted}' for this chat…")
+                loader.load(wanted)
+                backend = None
+            else:  # loading it would unload the models that can answer, and then fail
+                self.app.notify(f"This chat's profile '{wanted}' is not in models.toml any more; the loaded models "
+                                "answer. Fix: choose a profile in the chat settings (Ctrl+S).", severity="warning")
         self.generating = True  # set before any await: the reply is under way from here on
         if view is None:
             view = MessageView("assistant", "", None, None, self.screen.tools.show_origins)
@@ -281,6 +286,17 @@ class Replies(ScreenPart):
             add_segment(segments, t.text, t.origin)
         reply.partial.grew(content, segments)
         reply.partial.flush()
+
+
+def _known_profile(name: str) -> bool:
+    """Whether the registry (models.toml included) has this profile; an unreadable one says nothing
+    against it, and the load says what is wrong."""
+    try:
+        from localspec.models import ModelManager
+
+        return name in ModelManager().registry.profiles
+    except LocalspecError:
+        return True
 
 
 def _default_profile() -> str | None:
