@@ -76,9 +76,9 @@ class SchemaInvalid(RequestError):
 
 
 def check_enforceable(schema: Any, field: str) -> None:
-    """Raise SchemaNotEnforceable for the first keyword the grammar would silently drop, and
-    SchemaInvalid for a local ref that leads nowhere (the converter wrote a rule that names an
-    undefined one, which only the engine's grammar parser refused)."""
+    """Raise SchemaNotEnforceable for the first keyword the grammar would silently drop (an integer's
+    bounds are kept), and SchemaInvalid for a local ref that leads nowhere (the converter wrote a rule
+    naming an undefined one, which only the engine's grammar parser refused)."""
     for node, where in _subschemas(schema, field):
         kept = BOUNDS if _bounded_integer(node) else ()
         for keyword in UNENFORCED:
@@ -88,12 +88,12 @@ def check_enforceable(schema: Any, field: str) -> None:
         while isinstance(ref, str) and ref.startswith("#"):
             if ref in seen:
                 raise SchemaInvalid(f"{where}.$ref: '{ref}' leads only to refs in a loop.",
-                                      "Point the $ref at a schema that says what the value is.")
+                                    "Point the $ref at a schema that says what the value is.")
             seen.add(ref)
             target = _pointer(schema, ref)
             if not isinstance(target, (dict, bool)):
                 raise SchemaInvalid(f"{where}.$ref: '{ref}' points at nothing in the schema.",
-                                      "Point the $ref at a definition under $defs.")
+                                    "Point the $ref at a definition under $defs.")
             ref = target.get("$ref") if isinstance(target, dict) else None
 
 
