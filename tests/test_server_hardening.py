@@ -401,6 +401,24 @@ def test_bad_serve_flags_are_one_line_errors(capsys):
         assert words in err and "Traceback" not in err and err.startswith("error: "), (argv, err)
 
 
+def test_an_unknown_profile_is_refused_before_the_server_starts(monkeypatch, capsys):
+    """With --no-pull it started, and every request got the load's 503; from $LOCALSPEC_PROFILE or
+    settings.toml the refusal names where it was set."""
+    import localspec.server
+    from localspec.cli import main
+
+    started: list[object] = []
+    monkeypatch.setattr(localspec.server, "serve", started.append)
+    assert main(["serve", "--no-pull", "--port", "0", "--profile", "no-such-profile"]) != 0
+    err = capsys.readouterr().err
+    assert "no-such-profile" in err and "Traceback" not in err and err.startswith("error: "), err
+    monkeypatch.setenv("LOCALSPEC_PROFILE", "no-such-profile")
+    assert main(["serve", "--no-pull", "--port", "0"]) != 0
+    err = capsys.readouterr().err
+    assert "$LOCALSPEC_PROFILE" in err and "no-such-profile" in err, err
+    assert not started
+
+
 def test_api_key_on_the_command_line_warns_and_a_key_file_is_checked(tmp_path, capsys):
     from localspec.cli import main
     from localspec.server.settings import read_key_file

@@ -117,6 +117,19 @@ def server_settings(args: argparse.Namespace, settings: Settings) -> ServerSetti
                          "See `localspec serve --help` for each flag's range.") from None
 
 
+def _check_profile(flag: str | None, profile: str | None) -> None:
+    """An unknown profile refused before the server starts, naming where it was set: with --no-pull it
+    started, and every request then got the load's 503 (field test)."""
+    from localspec.settings import require_known_profile
+
+    if flag is None:
+        require_known_profile(profile)  # settings.toml's, or $LOCALSPEC_PROFILE
+        return
+    from localspec.models import ModelManager
+
+    ModelManager().profile(flag)  # the registry's error: the unknown name and the known ones
+
+
 def setting_origin(key: str) -> str:
     """Where a setting's value came from, for an error line: its variable when set, else the file."""
     from localspec.settings import ENV_PREFIX, settings_path
@@ -162,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     table = load_serve_settings(args)
     settings = server_settings(args, table)
     settings.check_bind()  # before any download or model load
+    _check_profile(args.profile, settings.profile)
     if args.no_pull is None and table.server.pull:
         from localspec.cli.models_cmd import ensure_models
 
