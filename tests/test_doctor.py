@@ -96,6 +96,22 @@ def test_busy_port_is_a_problem_with_a_fix():
     assert any(f"--port {port + 1}" in p["fix"] for p in r["problems"])
 
 
+def test_the_port_checked_is_the_one_serve_would_use(isolated_home, capsys):
+    """Without --port, doctor checked 8000 whatever settings.toml's [server] port said."""
+    from localspec.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        settings = isolated_home / "config" / "settings.toml"
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(f"[server]\nport = {port}\n")
+        main(["doctor", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["port"] == {"host": "127.0.0.1", "port": port, "free": False}
+
+
 @pytest.mark.parametrize("flag, value, says", [
     ("--port", "70000", "Invalid --port 70000: a port is 0 to 65535."),
     ("--port", "-1", "Invalid --port -1: a port is 0 to 65535."),

@@ -14,8 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--verify", action="store_true", help="re-hash installed model files (slow for large models)")
-    p.add_argument("--host", default="127.0.0.1", help="address whose port to check (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port `localspec serve` would use (default 8000)")
+    p.add_argument("--host", help="address whose port to check (default: settings.toml's [server] host, else "
+                                  "127.0.0.1)")
+    p.add_argument("--port", type=int, help="port `localspec serve` would use (default: settings.toml's [server] "
+                                            "port, else 8000)")
     p.add_argument("--calibration", action="store_true",
                    help="show the cost curves mode auto works from: age, origin, what it learned")
     p.add_argument("--reset", action="store_true",
@@ -58,9 +60,26 @@ def run(args: argparse.Namespace) -> int:
         return run_calibration(args)
     from localspec.doctor import diagnose, render_text
 
-    report = diagnose(verify=args.verify, host=args.host, port=args.port)
+    host, port = _served_address(args.host, args.port)
+    report = diagnose(verify=args.verify, host=host, port=port)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
         print(render_text(report))
     return 1 if report.problems else 0
+
+
+def _served_address(host: str | None, port: int | None) -> tuple[str, int]:
+    """The address `localspec serve` would bind: each flag, else the settings', else the default. The
+    port checked was 8000 whatever [server] port said. Settings that do not load are the report's problem."""
+    from localspec.doctor import DEFAULT_HOST, DEFAULT_PORT
+    from localspec.errors import LocalspecError
+    from localspec.settings import load_settings
+
+    if host is None or port is None:
+        try:
+            server = load_settings().server
+            host, port = host or server.host, server.port if port is None else port
+        except LocalspecError:
+            pass
+    return host or DEFAULT_HOST, DEFAULT_PORT if port is None else port
