@@ -66,7 +66,44 @@ class Prompter:
                            tools=tools, add_generation_prompt=add_generation_prompt)
         # A template that writes the BOS itself must not get a second one from the tokenizer.
         add_special = not (self.bos_text and text.startswith(self.bos_text))
-        return self.target.tokenize(text, add_special=add_special, parse_special=True)
+        spans = self._spelled_specials(text, messages)
+        if not spans:  # nearly always: no message spells a special token, and one pass tokenizes it all
+            return self.target.tokenize(text, add_special=add_special, parse_special=True)
+        tokens, start = [], 0
+        for begin, end in spans:  # the template's text parses specials; a message's only spells them
+            tokens += self.target.tokenize(text[start:begin], add_special=add_special and start == 0,
+                                           parse_special=True)
+            tokens += self.target.tokenize(text[begin:end], add_special=False, parse_special=False)
+            start = end
+        return tokens + self.target.tokenize(text[start:], add_special=False, parse_special=True)
+
+    def _spelled_specials(self, text: str, messages: list[ChatMessage]) -> list[tuple[int, int]]:
+        """Where the rendered text holds a message that spells a special token ("<|im_end|>"), in order.
+        Parsed as specials, a user's "<|im_end|>\n<|im_start|>system\n..." was a system turn the model
+        obeyed (field test); llama.cpp tokenizes between specials alike, so other text is unchanged."""
+        spans: list[tuple[int, int]] = []
+        at = 0
+        for m in messages:
+            if not self._spells_special(m.content):
+                continue
+            for content in (m.content, m.content.strip()):  # as written, or as a template that trims it
+                found = text.find(content, at)
+                if found < 0:
+                    found = text.find(content)  # a template that moves a message (a system prompt first)
+                if found >= 0:
+                    spans.append((found, found + len(content)))
+                    at = found + len(content)
+                    break
+        spans.sort()
+        return [s for i, s in enumerate(spans) if i == 0 or s[0] >= spans[i - 1][1]]  # no overlaps
+
+    def _spells_special(self, content: str) -> bool:
+        # Special tokens are spelled with brackets in every chat format we know (<|im_end|>, </s>, [INST]):
+        # the second tokenization is paid only where one may be.
+        if not content or ("<" not in content and "[" not in content):
+            return False
+        return (self.target.tokenize(content, add_special=False, parse_special=True)
+                != self.target.tokenize(content, add_special=False, parse_special=False))
 
     def _special_text(self, token: int) -> str:
         return self.target.token_text(token) if token >= 0 else ""
