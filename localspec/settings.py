@@ -358,6 +358,15 @@ def active_profile(explicit: str | None = None) -> str | None:
     return explicit or load_settings().profile
 
 
+def checked_active_profile(explicit: str | None) -> str | None:
+    """`active_profile`, with one from the settings refused now if the registry has no such profile,
+    naming where it was set (an explicit --profile gets the registry's own error when it is used)."""
+    profile = active_profile(explicit)
+    if explicit is None:
+        require_known_profile(profile)
+    return profile
+
+
 def require_known_profile(name: str | None) -> None:
     """Refuse the settings' profile (settings.toml's or $LOCALSPEC_PROFILE) when the registry has no such
     profile, saying where it was set: the registry's own error, raised later, names no file."""

@@ -270,6 +270,30 @@ def test_generate_honours_the_active_profile(monkeypatch):
     assert seen == ["qwen-7b", "explicit"]
 
 
+def test_edit_honours_the_active_profile(tmp_path, monkeypatch, capsys):
+    """`edit` ignored settings.toml's profile: it loaded the registry default whatever the settings said."""
+    from localspec.cli import edit_cmd
+    from localspec.cli.edit_cmd import EditOutcome
+
+    seen: list[str | None] = []
+
+    def edited(args, task, stream):
+        seen.append(args.profile)
+        return EditOutcome(reply="", finish_reason="error", max_tokens=1, mode="off", completion_tokens=0, accepted=0,
+                           prediction_accepted=None, prediction_rejected=None, decode_s=0.0, speedup=None,
+                           error="stopped here")
+
+    monkeypatch.setattr(edit_cmd, "_edit", edited)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    _user_settings('profile = "qwen-7b"\n')
+    assert main(["edit", str(tmp_path / "a.py"), "rename x to y"]) == 1
+    assert main(["edit", str(tmp_path / "a.py"), "rename x to y", "--profile", "explicit"]) == 1
+    assert seen == ["qwen-7b", "explicit"]
+    _user_settings('profile = "no-such-profile"\n')
+    assert main(["edit", str(tmp_path / "a.py"), "rename x to y"]) != 0
+    assert "setting 'profile'" in capsys.readouterr().err and len(seen) == 2
+
+
 def test_the_chat_app_starts_on_the_active_profile_and_writes_its_choice(tmp_path, monkeypatch):
     from localspec.cli.chat_cmd import make_app
 

@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, help="most reply tokens (default: the file's tokens plus a quarter)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int)
-    p.add_argument("--profile", help="model profile from models.toml (default: the registry's default)")
+    p.add_argument("--profile", help="model profile from models.toml (default: settings.toml's profile, else the "
+                                     "registry's default)")
     p.add_argument("--model", help="target model id (with --connect: the model name to ask the server for)")
     p.add_argument("--draft-model", help="draft model id, overriding the profile's")
     p.add_argument("--threads", type=int, help="llama.cpp threads")
@@ -312,6 +313,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens is not None and args.max_tokens <= 0:
         raise UsageError("--max-tokens must be positive.", "Leave it out to size the reply from the file.")
     edit_sampling(args)  # a bad --temperature or --seed fails before the file is read or a model loads
+    from localspec.settings import checked_active_profile
+
+    args.profile = checked_active_profile(args.profile)  # settings.toml's profile, as every face (it was ignored)
     source = read_source(Path(args.file))
     task = EditTask(name=source.path.name, text=source.text, instruction=args.instruction)
     stream = sys.stderr if not args.json and sys.stderr.isatty() else None

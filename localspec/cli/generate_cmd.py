@@ -133,12 +133,9 @@ def _peak_rss_mb() -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from localspec.settings import active_profile, require_known_profile
+    from localspec.settings import checked_active_profile
 
-    from_settings = args.profile is None
-    args.profile = active_profile(args.profile)  # the one active profile every face honours
-    if from_settings:
-        require_known_profile(args.profile)  # an unknown one is refused naming settings.toml
+    args.profile = checked_active_profile(args.profile)  # the one active profile every face honours
     request = _request(args)
     _check_keep_alive(args.keep_alive)
     lora = None
