@@ -72,6 +72,19 @@ async def _ready(app, pilot) -> None:
     await wait_for(pilot, lambda: app.backend is not None, 10, "the backend")
 
 
+def _replaying(texts: list[str]) -> ReplayBackend:
+    """A backend whose one reply is these tokens."""
+    tokens = [Token(t, (i,), "target") for i, t in enumerate(texts)]
+    return ReplayBackend([[*tokens, Done("stop", Stats(mode="off"), "".join(texts))]])
+
+
+async def _replied(app, pilot) -> None:
+    """Send "hi" once the models are ready, and wait for the whole reply."""
+    await _ready(app, pilot)
+    await app.send("hi")
+    await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+
+
 @pytest.mark.parametrize("params", ["not json", "null", "[1,2]"])
 async def test_chat_settings_that_are_not_a_json_object_open_with_the_defaults_and_say_so(tmp_path, params):
     _write(tmp_path, _chat_row(params=params))
@@ -132,13 +145,9 @@ async def test_a_message_role_this_version_does_not_know_shows_as_written(tmp_pa
 async def test_a_reply_with_a_lone_surrogate_is_saved_with_a_replacement_character(tmp_path):
     """Half of a surrogate pair has no UTF-8 form: saving the streaming reply stopped the app. A pair
     that two tokens split is whole again once both have arrived."""
-    texts = ["a", "\ud83d", "\ude00", "\ud800", "b"]
-    reply = [*(Token(t, (i,), "target") for i, t in enumerate(texts)), Done("stop", Stats(mode="off"), "".join(texts))]
-    app = _app(tmp_path, ReplayBackend([reply]))
+    app = _app(tmp_path, _replaying(["a", "\ud83d", "\ude00", "\ud800", "b"]))
     async with app.run_test(size=SIZE) as pilot:
-        await _ready(app, pilot)
-        await app.send("hi")
-        await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+        await _replied(app, pilot)
         assert app.is_running
     store = ChatStore(_db(tmp_path))
     assert [m.content for m in store.messages(1)] == ["hi", "a\U0001f600\ufffdb"]
@@ -208,13 +217,9 @@ async def test_the_dialog_opens_when_models_toml_cannot_be_read(tmp_path):
 
 
 async def test_copying_a_reply_with_a_lone_surrogate_copies_a_replacement_character(tmp_path):
-    texts = ["a", "\ud800", "\n```\nx\ud800\n```\n"]
-    reply = [*(Token(t, (i,), "target") for i, t in enumerate(texts)), Done("stop", Stats(mode="off"), "".join(texts))]
-    app = _app(tmp_path, ReplayBackend([reply]))
+    app = _app(tmp_path, _replaying(["a", "\ud800", "\n```\nx\ud800\n```\n"]))
     async with app.run_test(size=SIZE) as pilot:
-        await _ready(app, pilot)
-        await app.send("hi")
-        await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+        await _replied(app, pilot)
         await pilot.press("f9")
         assert app.clipboard == "a\ufffd\n```\nx\ufffd\n```\n"
         await pilot.press("f10")

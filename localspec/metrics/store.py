@@ -143,13 +143,19 @@ def _prepare(path: Path) -> sqlite3.Connection:
             log.debug("metrics db %s: journal_mode is %s", path, mode)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        _check_version(conn, path)
-        _migrate(conn, path)
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        return conn
+        return _current(conn, path)
     except BaseException:
         conn.close()
         raise
+
+
+def _current(conn: sqlite3.Connection, path: Path) -> sqlite3.Connection:
+    """A readable file at today's schema: a newer one refused, an older one migrated (waiting on a peer)."""
+    _check_version(conn, path)
+    conn.execute(f"PRAGMA busy_timeout = {SETUP_BUSY_TIMEOUT_MS}")
+    _migrate(conn, path)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    return conn
 
 
 def _move_aside(path: Path) -> Path:
@@ -255,11 +261,7 @@ def open_reader(path: Path) -> sqlite3.Connection:
                               f"{f' (it has no {missing} table)' if missing else ''}.", fix)
         if not tables:
             raise ConfigError(f"{path} is an empty SQLite database, not localspec's metrics.", fix)
-        _check_version(conn, path)
-        conn.execute(f"PRAGMA busy_timeout = {SETUP_BUSY_TIMEOUT_MS}")
-        _migrate(conn, path)
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        return conn
+        return _current(conn, path)
     except BaseException:
         conn.close()
         raise
