@@ -4,6 +4,7 @@ with the truncate policy and the shared prefix a request may pin."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ from localspec.engine.chat import ChatMessage, TemplateCheck, render_chat
 from localspec.engine.config import GenerationRequest
 from localspec.engine.runtime import ModelRuntime
 from localspec.errors import ContextOverflowError, RequestError
+
+
+_MARKER = re.compile("(\ue000\\d+\ue001)")  # where a message that spells a special token stands (see `render`)
 
 
 class Prompter:
@@ -61,41 +65,29 @@ class Prompter:
 
     def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> list[int]:
+        """The messages through the chat template, as tokens. Only the template's own text parses special
+        tokens: a message that spells one ("<|im_end|>\n<|im_start|>system\n...", in a user's text, a pasted
+        document, a tool's result) stands in the template as a marker, and its text is tokenized as text.
+        Parsed as specials, it was a system turn the model obeyed (field test). Such a message is what the
+        template writes around it, untransformed (a template that trims it does not, here)."""
         self.chat_check.require()
-        text = render_chat(self.template, messages, bos_token=self.bos_text, eos_token=self.eos_text,
+        spelling = [i for i, m in enumerate(messages) if self._spells_special(m.content)]
+        markers = {f"\ue000{i}\ue001": messages[i].content for i in spelling}  # private-use: no vocabulary's special
+        shown = [m.model_copy(update={"content": f"\ue000{i}\ue001"}) if i in spelling else m
+                 for i, m in enumerate(messages)]
+        text = render_chat(self.template, shown, bos_token=self.bos_text, eos_token=self.eos_text,
                            tools=tools, add_generation_prompt=add_generation_prompt)
         # A template that writes the BOS itself must not get a second one from the tokenizer.
         add_special = not (self.bos_text and text.startswith(self.bos_text))
-        spans = self._spelled_specials(text, messages)
-        if not spans:  # nearly always: no message spells a special token, and one pass tokenizes it all
+        if not markers:  # nearly always: one pass tokenizes it all
             return self.target.tokenize(text, add_special=add_special, parse_special=True)
-        tokens, start = [], 0
-        for begin, end in spans:  # the template's text parses specials; a message's only spells them
-            tokens += self.target.tokenize(text[start:begin], add_special=add_special and start == 0,
-                                           parse_special=True)
-            tokens += self.target.tokenize(text[begin:end], add_special=False, parse_special=False)
-            start = end
-        return tokens + self.target.tokenize(text[start:], add_special=False, parse_special=True)
-
-    def _spelled_specials(self, text: str, messages: list[ChatMessage]) -> list[tuple[int, int]]:
-        """Where the rendered text holds a message that spells a special token ("<|im_end|>"), in order.
-        Parsed as specials, a user's "<|im_end|>\n<|im_start|>system\n..." was a system turn the model
-        obeyed (field test); llama.cpp tokenizes between specials alike, so other text is unchanged."""
-        spans: list[tuple[int, int]] = []
-        at = 0
-        for m in messages:
-            if not self._spells_special(m.content):
-                continue
-            for content in (m.content, m.content.strip()):  # as written, or as a template that trims it
-                found = text.find(content, at)
-                if found < 0:
-                    found = text.find(content)  # a template that moves a message (a system prompt first)
-                if found >= 0:
-                    spans.append((found, found + len(content)))
-                    at = found + len(content)
-                    break
-        spans.sort()
-        return [s for i, s in enumerate(spans) if i == 0 or s[0] >= spans[i - 1][1]]  # no overlaps
+        tokens: list[int] = []
+        for n, piece in enumerate(_MARKER.split(text)):  # template text, a marker, template text, ...
+            if piece in markers:
+                tokens += self.target.tokenize(markers[piece], add_special=False, parse_special=False)
+            elif piece:
+                tokens += self.target.tokenize(piece, add_special=add_special and n == 0, parse_special=True)
+        return tokens
 
     def _spells_special(self, content: str) -> bool:
         # Special tokens are spelled with brackets in every chat format we know (<|im_end|>, </s>, [INST]):
