@@ -198,6 +198,8 @@ BAD_REQUESTS = {
         tool_choice="required"), "invalid_schema"),
     "schema_ref_to_nothing": ("/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {
         "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}), "invalid_schema"),
+    "schema_ref_to_an_anchor": ("/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {
+        "schema": {"$defs": {"a": {"$anchor": "foo", "type": "string"}}, "$ref": "#foo"}}}), "invalid_schema"),
     "tool_schema_ref_to_nothing": ("/v1/chat/completions", chat(
         tools=[{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/nope"}}}], tool_choice="required"),
         "invalid_schema"),

@@ -134,23 +134,35 @@ def test_pydantic_schemas_with_defs_are_enforced_in_forced_tools_and_response_fo
 
 
 @pytest.mark.parametrize("where", ["response_format", "tool"])
-@pytest.mark.parametrize(("n", "keyword"), [({"type": "number", "minimum": 0.5}, "minimum"),
-                                             ({"type": "integer", "multipleOf": 5}, "multipleOf"),
-                                             ({"type": "integer", "minimum": 1, "enum": [0, 1, 2]}, "minimum"),
-                                             ({"type": "integer", "maximum": 10**19}, "maximum")])
-def test_a_schema_keyword_the_grammar_cannot_keep_is_a_400_naming_it(where, n, keyword):
+@pytest.mark.parametrize(("n", "keywords"), [({"type": "number", "minimum": 0, "maximum": 1}, ["minimum", "maximum"]),
+                                              ({"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                                               ["uniqueItems"]),
+                                              ({"type": "integer", "minimum": 1, "enum": [0, 1, 2]}, ["minimum"]),
+                                              ({"type": "integer", "maximum": 10**19}, ["maximum"])])
+def test_a_schema_keyword_the_grammar_cannot_keep_is_named_and_the_grammar_is_partial(where, n, keywords):
     """`minimum` was dropped by the converter while the reply said grammar "enforced": {"n": 5} for a
-    minimum of 100. An integer's bounds are now kept (below); what the grammar cannot keep is refused by name."""
-    from localspec.server.errors import APIError
+    minimum of 100. An integer's bounds are now kept (below); what the grammar cannot keep (a float's
+    Field(ge=0), a set[str]: pydantic writes them everywhere) is served and named: grammar "partial"."""
     from localspec.server.schemas import ChatCompletionRequest
     from localspec.server.translate import chat_plan
 
-    schema = {"type": "object", "properties": {"n": n}, "required": ["n"]}
+    schema = {"type": "object", "properties": {"n": n, "note": {"type": "string", "x-meta": {"minimum": 1}}},
+              "required": ["n"]}
     body = chat_with_schema(schema) if where == "response_format" else forced_tool(schema)
-    with pytest.raises(APIError) as err:
-        chat_plan(ChatCompletionRequest.model_validate(body), 16)
-    assert err.value.status == 400 and err.value.code == "unsupported_schema"
-    assert f"properties.n.{keyword}" in err.value.message and f"Remove '{keyword}'" in err.value.message
+    plan = chat_plan(ChatCompletionRequest.model_validate(body), 16)
+    assert plan.grammar_kept == "partial" and plan.request.grammar
+    assert [p.rsplit(".", 3)[-3:] for p in plan.grammar_unenforced] == [["properties", "n", k] for k in keywords]
+    assert all(f"properties.n.{k}" in (plan.fallback or "") for k in keywords)  # x-meta's dict is not a schema
+    assert "check those values" in (plan.fallback or "")
+
+
+def test_a_schema_the_grammar_keeps_whole_says_enforced():
+    from localspec.server.schemas import ChatCompletionRequest
+    from localspec.server.translate import chat_plan
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}}}
+    plan = chat_plan(ChatCompletionRequest.model_validate(chat_with_schema(schema)), 16)
+    assert plan.grammar_kept == "enforced" and not plan.grammar_unenforced and plan.fallback is None
 
 
 @pytest.mark.models

@@ -55,26 +55,26 @@ class GrammarTooLarge(RequestError):
 
 
 _COMBINATORS = ("anyOf", "oneOf", "allOf")
-_NESTED_DICTS = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+_NESTED_DICTS = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+                 "additionalItems", "unevaluatedItems", "unevaluatedProperties")
+_NESTED_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 _REPEAT_RE = re.compile(r"\{(\d*)(?:,(\d*))?\}")
 
 
-def _children(schema: dict[str, Any], field: str) -> Iterator[tuple[Any, str]]:
-    props = schema.get("properties")
-    if isinstance(props, dict):
-        for name, sub in props.items():
-            yield sub, f"{field}.properties.{name}"
-    for key in _NESTED_DICTS:
-        if isinstance(schema.get(key), dict):
-            yield schema[key], f"{field}.{key}"
-    for key in (*_COMBINATORS, "prefixItems"):
-        if isinstance(schema.get(key), list):
-            for i, sub in enumerate(schema[key]):
-                yield sub, f"{field}.{key}[{i}]"
-    for key in ("$defs", "definitions"):
+def subschemas(schema: dict[str, Any], field: str) -> Iterator[tuple[Any, str]]:
+    """A schema's direct subschemas, each with its path: only where JSON Schema puts schemas, so an
+    annotation or an extension (`x-meta`) holding a dict is not read as one."""
+    for key in _NESTED_MAPS:
         if isinstance(schema.get(key), dict):
             for name, sub in schema[key].items():
                 yield sub, f"{field}.{key}.{name}"
+    for key in _NESTED_DICTS:
+        if isinstance(schema.get(key), dict):
+            yield schema[key], f"{field}.{key}"
+    for key in (*_COMBINATORS, "prefixItems", "items"):  # "items" as a list: the older tuple form
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                yield sub, f"{field}.{key}[{i}]"
 
 
 def _count(schema: dict[str, Any], key: str) -> int | None:
@@ -158,7 +158,7 @@ def check_schema(schema: Any, field: str, limits: GrammarLimits = LIMITS) -> Non
                 raise GrammarTooLarge(f"{where}.{key}", f"the number of {key} entries", len(values), limits.max_enum)
         if isinstance(node.get("pattern"), str):
             check_pattern(node["pattern"], f"{where}.pattern", limits)
-        todo.extend((sub, sub_where, depth + 1) for sub, sub_where in _children(node, where))
+        todo.extend((sub, sub_where, depth + 1) for sub, sub_where in subschemas(node, where))
 
 
 def check_gbnf(gbnf: str, limits: GrammarLimits = LIMITS) -> None:

@@ -10,8 +10,8 @@ formats. Two things it gets wrong are fixed here, and one is refused:
   refs like `#/$defs/Addr` that point at the new root. Its definitions move there (`hoisted`).
 * keywords that restrict values and that it drops without a word (`minimum`, `uniqueItems`, ...):
   the reply said "grammar: enforced" while `{"n": 5}` broke `"minimum": 100`. An integer's bounds
-  become a rule of our own (`integer_ranges`); the rest are refused, naming the keyword, rather than
-  promised and not kept.
+  become a rule of our own (`integer_ranges`); the rest are named (`unenforced`), and the reply says
+  "grammar: partial" with their paths rather than promise them.
 """
 
 from __future__ import annotations
@@ -23,33 +23,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from localspec.engine.grammar_limits import subschemas
 from localspec.errors import RequestError
 
 # Keywords that narrow what is valid and that the converter ignores. Annotations (title, description,
 # default, examples, $comment, deprecated, unknown formats) change nothing and pass. An integer's bounds
 # are kept by a grammar of our own (`integer_ranges`); a number's are not.
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-INTEGER_LIMIT = 10**18  # bounds past this are refused: each digit of a bound is a group in the grammar
+INTEGER_LIMIT = 10**18  # bounds past this are not enforced: each digit of a bound is a group in the grammar
 UNENFORCED = (
     *BOUNDS, "multipleOf", "uniqueItems",
     "minProperties", "maxProperties", "not", "if", "then", "else", "contains", "minContains", "maxContains",
     "dependentRequired", "dependentSchemas", "dependencies", "patternProperties", "propertyNames",
     "unevaluatedProperties", "unevaluatedItems",
 )
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")  # name -> subschema: the names are data, not keywords
-
-
-class SchemaNotEnforceable(RequestError):
-    """A schema keyword the grammar would not keep; `field` is where, in the schema's own terms."""
-
-    def __init__(self, field: str, keyword: str) -> None:
-        super().__init__(
-            f"{field}.{keyword}: this server's grammar cannot enforce '{keyword}', so the reply could break it.",
-            f"Remove '{keyword}' from the schema and check the value after the reply (enforced: type, "
-            "properties, required, enum, const, pattern, lengths, item counts, anyOf/oneOf/allOf, $ref).",
-        )
-        self.field = field
-        self.keyword = keyword
 
 
 def _subschemas(node: Any, where: str) -> Iterator[tuple[dict[str, Any], str]]:
@@ -57,17 +44,9 @@ def _subschemas(node: Any, where: str) -> Iterator[tuple[dict[str, Any], str]]:
     todo: list[tuple[Any, str]] = [(node, where)]
     while todo:
         value, path = todo.pop()
-        if isinstance(value, list):
-            todo.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
-            continue
-        if not isinstance(value, dict):
-            continue
-        yield value, path
-        for key, sub in value.items():
-            if key in _SCHEMA_MAPS and isinstance(sub, dict):
-                todo.extend((s, f"{path}.{key}.{name}") for name, s in sub.items())
-            elif key not in ("enum", "const", "default", "examples"):  # values, not schemas
-                todo.append((sub, f"{path}.{key}"))
+        if isinstance(value, dict):
+            yield value, path
+            todo.extend(subschemas(value, path))
 
 
 class SchemaInvalid(RequestError):
@@ -75,17 +54,23 @@ class SchemaInvalid(RequestError):
     integer whose bounds leave no value."""
 
 
-def check_enforceable(schema: Any, field: str) -> None:
-    """Raise SchemaNotEnforceable for the first keyword the grammar would silently drop (an integer's
-    bounds are kept), and SchemaInvalid for a local ref that leads nowhere (the converter wrote a rule
-    naming an undefined one, which only the engine's grammar parser refused)."""
+def unenforced(schema: Any, field: str) -> list[str]:
+    """Where the schema holds a keyword the grammar will not keep (an integer's bounds are kept), as
+    paths: `properties.confidence.minimum`. A pydantic model writes them everywhere (`Field(ge=0)` on a
+    float, `set[str]`): the request is served, and the reply says which were not enforced."""
+    return [f"{where}.{keyword}" for node, where in _subschemas(schema, field)
+            for keyword in UNENFORCED if keyword in node and not (keyword in BOUNDS and _bounded_integer(node))]
+
+
+def check_refs(schema: Any, field: str) -> None:
+    """SchemaInvalid for a local ref that leads nowhere, only round a loop of refs, or to an anchor: the
+    converter wrote a rule naming an undefined one, which only the engine's grammar parser refused."""
     for node, where in _subschemas(schema, field):
-        kept = BOUNDS if _bounded_integer(node) else ()
-        for keyword in UNENFORCED:
-            if keyword in node and keyword not in kept:
-                raise SchemaNotEnforceable(where, keyword)
         ref, seen = node.get("$ref"), set()
         while isinstance(ref, str) and ref.startswith("#"):
+            if ref != "#" and not ref.startswith("#/"):
+                raise SchemaInvalid(f"{where}.$ref: '{ref}' is an anchor, which this server does not resolve.",
+                                    "Point the $ref at a path, such as #/$defs/Name.")
             if ref in seen:
                 raise SchemaInvalid(f"{where}.$ref: '{ref}' leads only to refs in a loop.",
                                     "Point the $ref at a schema that says what the value is.")
@@ -138,10 +123,11 @@ def hoisted(schema: Any, name: str) -> dict[str, Any]:
                 return f"#/$defs/{name}_" + ref.removeprefix(f"#/{key}/")
         return f"#/$defs/{name}" + ref.removeprefix("#")
 
-    for node, _ in _subschemas(list(out.values()), ""):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-            node["$ref"] = rerooted(ref)
+    for definition in out.values():
+        for node, _ in _subschemas(definition, ""):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+                node["$ref"] = rerooted(ref)
     return out
 
 

@@ -46,7 +46,7 @@ def cache_info(b: Backend, job: Job, who: str) -> dict[str, Any] | None:
 def extension(b: Backend, done: Done, plan: Plan, job: Job, who: str) -> Extension:
     st = done.stats
     return Extension(
-        mode=st.mode, k=plan.request.k, grammar="enforced" if plan.grammar_enforced else "none",
+        mode=st.mode, k=plan.request.k, grammar=plan.grammar_kept,
         fallback=plan.fallback, drafted=st.drafted, accepted=st.accepted,
         acceptance_rate=round(st.acceptance_rate, 4),
         drafted_by_position=st.drafted_by_position, accepted_by_position=st.accepted_by_position,

@@ -234,7 +234,8 @@ class Extension(BaseModel):
 
     mode: str
     k: int | None = None
-    grammar: Literal["enforced", "none"] = "none"
+    grammar: Literal["enforced", "partial", "none"] = Field(
+        "none", description="partial: the schema holds keywords the grammar does not keep (named in fallback)")
     fallback: str | None = Field(None, description="why a requested feature ran in a simpler way")
     drafted: int = 0
     accepted: int = 0

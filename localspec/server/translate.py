@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any
+from typing import Any, Literal
 from dataclasses import dataclass
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
@@ -16,8 +16,8 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import GenerationRequest
 from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf, check_schema
-from localspec.engine.json_schema import (SchemaInvalid, SchemaNotEnforceable, check_enforceable, hoisted,
-                                          integer_ranges, root_ref_inlined, with_integer_rules)
+from localspec.engine.json_schema import (SchemaInvalid, check_refs, hoisted, integer_ranges, root_ref_inlined,
+                                          unenforced, with_integer_rules)
 from localspec.engine.sampling import SamplingParams, with_fallbacks
 from localspec.server.errors import APIError
 from localspec.server.schemas import (
@@ -42,10 +42,18 @@ class Plan:
 
     request: GenerationRequest
     grammar_enforced: bool = False  # a grammar constrains the output (response_format or forced tools)
+    grammar_unenforced: tuple[str, ...] = ()  # schema keywords it does not keep (their paths): "partial"
     tool_mode: str | None = None  # None | "auto" | "forced"
     fallback: str | None = None
     cache: bool = True  # False: the request asked to bypass the semantic cache
     one_tool_call: bool = False  # parallel_tool_calls=false: the first call only
+
+    @property
+    def grammar_kept(self) -> Literal["enforced", "partial", "none"]:
+        """What the reply says of the schema: kept whole, kept but for `grammar_unenforced`, or none given."""
+        if not self.grammar_enforced:
+            return "none"
+        return "partial" if self.grammar_unenforced else "enforced"
 
     def tool_calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """The answer's tool calls (none unless tools were offered), and the text left over."""
@@ -109,28 +117,35 @@ def _part_text(part: ContentPart, param: str) -> str:
     return part.text
 
 
+@dataclass(frozen=True)
+class SchemaGrammar:
+    """A JSON schema's grammar, and where the schema holds keywords the grammar does not keep."""
+
+    gbnf: str
+    unenforced: tuple[str, ...] = ()
+
+
 def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.json_schema.schema",
-                   checked: bool = False) -> str:
-    """GBNF for a JSON schema, after checking it against the grammar bounds (400 naming the field)."""
+                   checked: tuple[str, ...] | None = None) -> SchemaGrammar:
+    """The grammar for a JSON schema, after checking it against the grammar bounds and its refs (a 400
+    naming the field). `checked`: already checked part by part (the forced tools), with these unenforced."""
     if not schema:
-        return JSON_GBNF
+        return SchemaGrammar(JSON_GBNF)
     param = field.split(".")[0].split("[")[0]
     try:
-        if not checked:
+        if checked is None:
             check_schema(schema, field)
-            check_enforceable(schema, field)
+            check_refs(schema, field)
         ranged, integer_rules = integer_ranges(root_ref_inlined(schema), field)
         gbnf = with_integer_rules(str(json_schema_to_gbnf(json.dumps(ranged))), integer_rules)
         check_gbnf(gbnf)
     except GrammarTooLarge as exc:
         raise APIError(400, exc.cause, "schema_too_large", param) from exc
-    except SchemaNotEnforceable as exc:
-        raise APIError(400, str(exc), "unsupported_schema", param) from exc
     except SchemaInvalid as exc:
         raise APIError(400, str(exc), "invalid_schema", param) from exc
     except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
         raise APIError(400, f"Unsupported JSON schema: {exc}", "invalid_schema", param) from exc
-    return gbnf
+    return SchemaGrammar(gbnf, tuple(unenforced(schema, field)) if checked is None else checked)
 
 
 def _text(m: ChatMessageIn) -> str:
@@ -163,24 +178,23 @@ def _messages(body: ChatCompletionRequest) -> list[ChatMessage]:
     return out
 
 
-def _tool_grammar(body: ChatCompletionRequest) -> str:
+def _tool_grammar(body: ChatCompletionRequest) -> SchemaGrammar:
     tools = body.tools or []
     if isinstance(body.tool_choice, ToolChoiceNamed):
         tools = [t for t in tools if t.function.name == body.tool_choice.function.name]
         if not tools:
             raise APIError(400, f"tool_choice names '{body.tool_choice.function.name}', which is not in tools.",
                            "invalid_value", "tool_choice")
-    options, defs = [], {}
+    options, defs, dropped = [], {}, []
     for i, t in enumerate(tools):
         params = t.function.parameters or {"type": "object"}
         field = f"tools[{i}].function.parameters"
         try:
             check_schema(params, field)
-            check_enforceable(params, field)
+            check_refs(params, field)
+            dropped += unenforced(params, field)
         except GrammarTooLarge as exc:
             raise APIError(400, exc.cause, "schema_too_large", "tools") from exc
-        except SchemaNotEnforceable as exc:
-            raise APIError(400, str(exc), "unsupported_schema", "tools") from exc
         except SchemaInvalid as exc:
             raise APIError(400, str(exc), "invalid_schema", "tools") from exc
         # Each tool's parameters and definitions stand in the root's $defs, their refs re-rooted there:
@@ -194,12 +208,12 @@ def _tool_grammar(body: ChatCompletionRequest) -> str:
         check_schema(combined, "tools")  # the tools together: total size
     except GrammarTooLarge as exc:
         raise APIError(400, exc.cause, "schema_too_large", "tools") from exc
-    return schema_grammar(combined, "tools", checked=True)
+    return schema_grammar(combined, "tools", checked=tuple(dropped))
 
 
 def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
     common = _common(body, body.max_completion_tokens or body.max_tokens, cap)
-    grammar = None
+    schema: SchemaGrammar | None = None
     tool_mode = None
     tools = None
     forced = body.tool_choice == "required" or isinstance(body.tool_choice, ToolChoiceNamed)
@@ -211,28 +225,30 @@ def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
                        "invalid_value", "top_logprobs")
     if body.tools and body.tool_choice != "none":
         tools = [t.model_dump(exclude_none=True) for t in body.tools]
-        if body.tool_choice == "required" or isinstance(body.tool_choice, ToolChoiceNamed):
-            grammar, tool_mode = _tool_grammar(body), "forced"
+        if forced:
+            schema, tool_mode = _tool_grammar(body), "forced"
         else:
             tool_mode = "auto"  # free text; <tool_call> blocks in the answer become tool_calls
     if body.response_format and body.response_format.type != "text":
-        if grammar is not None:
+        if schema is not None:
             raise APIError(400, "response_format cannot be combined with a forced tool call.",
                            "invalid_value", "response_format")
         if body.response_format.type == "json_object":
-            grammar = JSON_GBNF
+            schema = SchemaGrammar(JSON_GBNF)
         else:
             js = body.response_format.json_schema
             if js is None:
                 raise APIError(400, "response_format json_schema needs a 'json_schema' object.",
                                "invalid_value", "response_format")
-            grammar = schema_grammar(js.schema_)
+            schema = schema_grammar(js.schema_)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     request = GenerationRequest(
-        messages=_messages(body), grammar=grammar, logprobs=logprobs, tools=tools, **common
+        messages=_messages(body), grammar=schema.gbnf if schema else None, logprobs=logprobs, tools=tools, **common
     )
-    return Plan(request, grammar_enforced=grammar is not None, tool_mode=tool_mode, fallback=_fallback(request),
-                cache=_use_cache(body), one_tool_call=body.parallel_tool_calls is False)
+    unkept = schema.unenforced if schema else ()
+    return Plan(request, grammar_enforced=schema is not None, grammar_unenforced=unkept, tool_mode=tool_mode,
+                fallback=_fallback(request, unkept), cache=_use_cache(body),
+                one_tool_call=body.parallel_tool_calls is False)
 
 
 def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool) -> Plan:
@@ -261,10 +277,14 @@ def _use_cache(body: _Sampling) -> bool:
     return not (body.localspec and body.localspec.cache is False)
 
 
-def _fallback(request: GenerationRequest) -> str | None:
+def _fallback(request: GenerationRequest, unenforced: tuple[str, ...] = ()) -> str | None:
+    notes = []
+    if unenforced:
+        notes.append(f"the grammar does not enforce {', '.join(unenforced[:8])}"
+                     f"{f' and {len(unenforced) - 8} more' if len(unenforced) > 8 else ''}: check those values")
     if request.grammar and not request.sampling.greedy:
-        return "grammar with temperature > 0 decodes without speculation (greedy grammar requests speculate)"
-    return None
+        notes.append("grammar with temperature > 0 decodes without speculation (greedy grammar requests speculate)")
+    return "; ".join(notes) or None
 
 
 def parse_tool_calls(text: str, forced: bool) -> tuple[str | None, list[ToolCall]]:
