@@ -322,13 +322,35 @@ def test_a_report_never_moves_or_creates_what_db_names(tmp_path, capsys, what):
 
 
 def test_a_report_reads_and_migrates_a_metrics_database_it_is_pointed_at(db):
-    with Metrics(db) as m:
-        m.record(RequestRecord.from_stats(_stats(), face="api", request_id="one"))
+    """A version-1 file (no feedback table yet) was refused as "not localspec's metrics"."""
+    from localspec.metrics.store import MIGRATIONS
+
+    _sqlite_with(db, MIGRATIONS[0] + "INSERT INTO requests (request_id, ts, face) VALUES ('one', 1.0, 'api');", version=1)
     conn = open_reader(db)
     try:
         assert [r["request_id"] for r in fetch_rows(conn)] == ["one"]
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     finally:
         conn.close()
+
+
+def test_an_older_database_that_cannot_be_written_is_one_line(db, capsys, monkeypatch):
+    """Migrating writes: a read-only older file gave sqlite's own error. (Root writes read-only files, so
+    the refusal is sqlite's, as a read-only file or folder gives it.)"""
+    import sqlite3 as sq
+
+    from localspec.metrics import store
+    from localspec.metrics.store import MIGRATIONS
+
+    def read_only(conn, path):
+        raise sq.OperationalError("attempt to write a readonly database")
+
+    _sqlite_with(db, MIGRATIONS[0], version=1)
+    monkeypatch.setattr(store, "_migrate", read_only)
+    assert main(["stats", "--db", str(db)]) == 1
+    err = capsys.readouterr().err
+    assert "schema v1 and could not be brought up to date (attempt to write a readonly database)" in err
+    assert "Traceback" not in err and "Make it writable" in err
 
 
 def test_record_does_not_wait_for_a_locked_database_and_writes_after_release(db):

@@ -237,7 +237,7 @@ def fetch_rows(
     return [dict(r) for r in conn.execute(sql, (lo, hi))]
 
 
-_TABLES = ("requests", "feedback")
+_TABLES = ("requests",)  # every version has it; `feedback` came with version 2, and migrating adds it
 
 
 def open_reader(path: Path) -> sqlite3.Connection:
@@ -261,7 +261,11 @@ def open_reader(path: Path) -> sqlite3.Connection:
                               f"{f' (it has no {missing} table)' if missing else ''}.", fix)
         if not tables:
             raise ConfigError(f"{path} is an empty SQLite database, not localspec's metrics.", fix)
-        return _current(conn, path)
+        try:
+            return _current(conn, path)
+        except sqlite3.OperationalError as exc:  # an older file this user cannot write (migrating writes)
+            raise ConfigError(f"{path} is at metrics schema v{version} and could not be brought up to date "
+                              f"({exc}).", "Make it writable, or read it with the localspec that wrote it.") from None
     except BaseException:
         conn.close()
         raise
