@@ -219,6 +219,9 @@ def test_normalize_prompt() -> None:
     assert normalize_prompt("use getUser") != normalize_prompt("use getuser")
     assert normalize_prompt("if a:\n    b") != normalize_prompt("if a:\n  b")
     assert normalize_prompt("if a:\n    b  =  1") == normalize_prompt("if a:\n    b = 1  ")
+    assert normalize_prompt("    x = 1\n    y = 2") != normalize_prompt("x = 1\n    y = 2")  # the first line's too
+    assert normalize_prompt("  x = 1  ") == normalize_prompt("x = 1")  # one line: no layout
+    assert normalize_prompt("X == x") != normalize_prompt("x == x")
 
 
 @pytest.mark.parametrize(("a", "b", "why"), [
@@ -227,6 +230,10 @@ def test_normalize_prompt() -> None:
     ("class Foo:\n    def bar(self):\n", "class Foo:\n  def bar(self):\n", "layout"),
     ("Which city is the capital of France?", "which city is the capital of france", None),
     ("How do I reverse a list? I need it fast.", "how do i reverse a list? i need it fast", None),
+    ("X == x, is it true?", "x == x, is it true?", "case"),  # a sentence's first letter is a variable here
+    ("A = [3, 1]; sort a", "a = [3, 1]; sort a", "case"),
+    ("NASA was founded in which year?", "In which year was NASA founded?", None),  # was "case" (nASA)
+    ("Explain SQL joins", "SQL joins explained", None),
 ])
 def test_case_and_layout_that_change_the_answer_refuse_a_hit(a, b, why) -> None:
     assert guard_compare(a, b, similarity=0.99) == why

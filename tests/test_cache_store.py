@@ -242,3 +242,23 @@ def test_export_and_clear(cache: SemanticCache, tmp_path: Path) -> None:
     assert {r["prompt"] for r in rows} == {"q1", "q2"}
     assert cache.clear() == 2
     assert cache.lookup(scope(), "q1") is None
+
+
+def test_a_raw_completion_prompt_is_never_embedded_not_even_when_the_index_is_rebuilt(tmp_path: Path) -> None:
+    """Completions are left out of the vector index when stored; rebuilding the index from the entries
+    (a lost or stale index) embedded them anyway."""
+    from tests.fake_tier import ScriptedEmbedder
+
+    chat, raw = scope(), CacheScope.from_request(model_hash="m", kind=PromptKind.COMPLETION)
+    c = SemanticCache(tmp_path / "semantic", embedder=ScriptedEmbedder())
+    c.store(raw, "def add(a, b):\n    ", "return a + b")
+    c.store(chat, "How do I reverse a list?", "use reversed()")
+    c.close()
+    for index_file in (tmp_path / "semantic").glob("index*"):
+        index_file.unlink()
+    c = SemanticCache(tmp_path / "semantic", embedder=ScriptedEmbedder())
+    try:
+        assert c.lookup(raw, "def add(a, b):\n    ") is not None
+        assert c._index is not None and len(c._index) == 1
+    finally:
+        c.close()

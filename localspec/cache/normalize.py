@@ -18,7 +18,6 @@ from collections import Counter
 
 _INNER_BLANKS = re.compile(r"(?<=\S)[^\S\n]+")  # a run of blanks after a character: not indentation
 _TRAILING = re.compile(r"[\s?.!:;]+$")
-_SENTENCE_START = re.compile(r"(^|[.!?]\s+)(\w)")
 _PRONOUN_I = re.compile(r"\bI\b")
 _WORD_RUN = re.compile(r"\w+")
 
@@ -28,22 +27,27 @@ def _capitalized(word: str) -> str:
 
 
 def case_folded(text: str) -> str:
-    """Only the case that is not meaning folded: a capital on a word's first letter alone (a name, a
-    sentence's start: "France" / "france"), a sentence's first letter, the pronoun I. The rest is kept,
-    since in code and in quoted text it is meaning: "FOO" / "foo", x / X, camelCase."""
-    text = _PRONOUN_I.sub("i", _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2).lower(), text))
-    return _WORD_RUN.sub(lambda m: _capitalized(m.group()), text)
+    """Only the case that is not meaning folded: a capital on a word's first letter alone, over two
+    letters or more (a name, a sentence's start: "France" / "france", "How" / "how"), and the pronoun I.
+    All capitals, inner capitals and single letters are kept: in code and in quoted text they are
+    meaning ("FOO" / "foo", x / X, getUser / getuser). The cost: "Foo" and "foo" are one word here."""
+    return _WORD_RUN.sub(lambda m: _capitalized(m.group()), _PRONOUN_I.sub("i", text))
 
 
 def normalize_prompt(text: str) -> str:
-    """NFKC; blanks inside a line collapsed, a line's indentation and the line breaks kept; the ends
-    and trailing punctuation dropped; a first capital folded (`case_folded`), no other case.
+    """NFKC; blanks inside a line collapsed; a one-line prompt stripped, a longer one's line breaks and
+    every line's indentation kept (code); trailing punctuation dropped; case folded only as
+    `case_folded` says.
 
     Before, case was folded and every whitespace run collapsed: "Repeat this exactly: FOO" was
     answered "foo", and a class indented by two spaces got the body cached for four.
     """
-    t = unicodedata.normalize("NFKC", text)
-    t = "\n".join(_INNER_BLANKS.sub(" ", line).rstrip() for line in t.splitlines()).strip()
+    lines = [_INNER_BLANKS.sub(" ", line).rstrip() for line in unicodedata.normalize("NFKC", text).splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    while lines and not lines[0]:
+        lines.pop(0)
+    t = lines[0].strip() if len(lines) == 1 else "\n".join(lines)
     return case_folded(_TRAILING.sub("", t))
 
 
@@ -57,11 +61,13 @@ def respelled(a: str, b: str) -> str | None:
     wa, wb = (Counter(_WORD_RUN.findall(case_folded(t))) for t in (a, b))
     if {w.casefold() for w in wa - wb} & {w.casefold() for w in wb - wa}:  # counted: "x == X" / "x == x"
         return "case"
+    lines_a, lines_b = ([line for line in t.splitlines() if line.strip()] for t in (a, b))
+    if len(lines_a) < 2 or len(lines_b) < 2:  # a one-line prompt's indentation is no layout (the key strips it)
+        return None
     indents: dict[str, set[str]] = {}
-    for line in a.splitlines():
-        if content := " ".join(line.split()):
-            indents.setdefault(content, set()).add(_INDENT.match(line).group())  # type: ignore[union-attr]
-    for line in b.splitlines():
+    for line in lines_a:
+        indents.setdefault(" ".join(line.split()), set()).add(_INDENT.match(line).group())  # type: ignore[union-attr]
+    for line in lines_b:
         content = " ".join(line.split())
         if content in indents and _INDENT.match(line).group() not in indents[content]:  # type: ignore[union-attr]
             return "layout"

@@ -51,7 +51,9 @@ class ReuseJudge(Protocol):
 
 logger = logging.getLogger("localspec.cache")
 
-SCHEMA_VERSION = 1  # bump when the entry layout changes: older stores are cleared on open
+# Bump when the entry layout or its key changes: older stores are cleared on open. 2: the exact key keeps
+# case that is meaning and a line's indentation, and an entry says its prompt's kind.
+SCHEMA_VERSION = 2
 # Chosen from the dev pair set (`localspec cache eval --split dev`) by evaluate.choose_threshold: the
 # highest threshold within 2 points of the most paraphrase hits at a false-hit rate of at most 0.5%
 # (dev: 89.1% hits, 0 false hits at 0.74). Below SOFT_SIMILARITY the guard serves only prompts whose
@@ -103,7 +105,7 @@ def _judge_id(judge: ReuseJudge) -> str:
 def entry_id_for(scope: CacheScope, prompt: str) -> str:
     """A chat prompt's key is its normal form; a raw completion prompt's is itself, since the model
     continues it character by character (a space more at its end is another next token)."""
-    key = prompt if scope.kind is PromptKind.COMPLETION else normalize_prompt(prompt)
+    key = prompt if scope.kind == PromptKind.COMPLETION else normalize_prompt(prompt)
     return hashlib.sha256(f"{scope.key}\n{key}".encode()).hexdigest()[:32]
 
 
@@ -206,7 +208,7 @@ class SemanticCache:
             index = VectorIndex(self.embedder.dim, self.embedder.fingerprint)
         missing = 0
         for entry in self._store.entries():  # entries the saved index lacks (lost, stale or new model)
-            if entry["id"] not in index:
+            if entry["id"] not in index and entry.get("kind", PromptKind.CHAT) == PromptKind.CHAT:
                 vec = self.embedder.embed(entry["prompt"])
                 if vec is not None:
                     index.add(entry["id"], entry["scope"], vec)
@@ -261,7 +263,7 @@ class SemanticCache:
         if entry is not None and (not self.guard or compare(entry["prompt"], prompt, 1.0) is None):
             return self._hit(entry, 1.0, "exact"), []
         # A raw completion is continued, not answered: a neighbour's continuation is not this prompt's.
-        if not semantic or scope.kind is PromptKind.COMPLETION or self.embedder is None or self._index is None:
+        if not semantic or scope.kind == PromptKind.COMPLETION or self.embedder is None or self._index is None:
             return None, []
         if judge is not None and (hit := self._remembered(scope, eid, prompt, judge)) is not None:
             return hit, []
@@ -370,13 +372,14 @@ class SemanticCache:
                 eid = entry_id_for(scope, prompt)
                 now = time.time()
                 entry = {
-                    "id": eid, "schema": SCHEMA_VERSION, "scope": scope.key, "model_hash": scope.model_hash,
+                    "id": eid, "schema": SCHEMA_VERSION, "scope": scope.key, "kind": str(scope.kind),
+                    "model_hash": scope.model_hash,
                     "prompt": prompt, "answer": answer, "token_ids": [int(t) for t in token_ids or []],
                     "stats": _jsonable(stats or {}), "created": now,
                     "expires_at": now + self.ttl_s if self.ttl_s else None,
                 }
                 self._store.put(entry)
-                if self.embedder is not None and self._index is not None and scope.kind is PromptKind.CHAT:
+                if self.embedder is not None and self._index is not None and scope.kind == PromptKind.CHAT:
                     vec = self.embedder.embed(prompt)
                     if vec is not None:
                         self._index.add(eid, scope.key, vec)
