@@ -263,13 +263,15 @@ def port_free(host: str, port: int) -> bool:
     host that is no address of this machine is a usage error: no server could ever bind it."""
     if not 0 <= port <= 65535:
         raise UsageError(f"Invalid --port {port}: a port is 0 to 65535.", "See `localspec doctor --help`.")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    try:  # the address family as the server finds it: "::1" (or "[::1]", as serve takes it) is IPv6
+        family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise UsageError(f"Invalid --host {host!r}: {exc.strerror}.",
+                         "Give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0.") from None
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((host, port))
-        except socket.gaierror as exc:
-            raise UsageError(f"Invalid --host {host!r}: {exc.strerror}.",
-                             "Give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0.") from None
+            s.bind(address)
         except OSError as exc:
             if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                 return False

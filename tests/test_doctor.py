@@ -112,6 +112,29 @@ def test_the_port_checked_is_the_one_serve_would_use(isolated_home, capsys):
     assert r["port"] == {"host": "127.0.0.1", "port": port, "free": False}
 
 
+def test_an_ipv6_host_is_checked_as_the_server_binds_it():
+    """port_free bound IPv4 sockets only: "::1", which serve takes, was "Invalid --host"."""
+    from localspec.doctor import port_free
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    assert port_free("::1", 0) and port_free("[::1]", 0)
+
+
+def test_a_host_from_the_settings_that_cannot_be_bound_names_the_settings_not_a_flag(isolated_home, capsys):
+    from localspec.cli import main
+
+    settings = isolated_home / "config" / "settings.toml"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text('[server]\nhost = "no.such.host.invalid"\n')
+    assert main(["doctor"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {settings}: [server] host 'no.such.host.invalid'") and "--host" not in err.splitlines()[0]
+
+
 @pytest.mark.parametrize("flag, value, says", [
     ("--port", "70000", "Invalid --port 70000: a port is 0 to 65535."),
     ("--port", "-1", "Invalid --port -1: a port is 0 to 65535."),

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+from localspec.errors import ConfigError, LocalspecError, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,8 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_calibration(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from localspec.cli.calibration_view import curve_files, describe, render
     from localspec.service import calibration_dir
 
@@ -52,16 +53,20 @@ def run_calibration(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.reset and not args.calibration:  # deleting learned curves takes the flag its help names
-        from localspec.errors import UsageError
-
         raise UsageError("--reset removes the calibration curves, and only with --calibration.",
                          "Run `localspec doctor --calibration --reset`.")
     if args.calibration:
         return run_calibration(args)
     from localspec.doctor import diagnose, render_text
 
-    host, port = _served_address(args.host, args.port)
-    report = diagnose(verify=args.verify, host=host, port=port)
+    host, port, settings_file = _served_address(args.host, args.port)
+    try:
+        report = diagnose(verify=args.verify, host=host, port=port)
+    except UsageError as exc:  # the address came from settings.toml, not from a flag: say so
+        if settings_file is None:
+            raise
+        raise ConfigError(f"{settings_file}: [server] host {host!r}, port {port}: {exc.cause.split(': ', 1)[-1]}",
+                          "Correct it, or give --host and --port to check another address.") from None
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
@@ -69,17 +74,20 @@ def run(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
-def _served_address(host: str | None, port: int | None) -> tuple[str, int]:
-    """The address `localspec serve` would bind: each flag, else the settings', else the default. The
-    port checked was 8000 whatever [server] port said. Settings that do not load are the report's problem."""
+def _served_address(host: str | None, port: int | None) -> tuple[str, int, Path | None]:
+    """The address `localspec serve` would bind: each flag, else the settings', else the default, and the
+    settings file when it gave either. The port checked was 8000 whatever [server] port said. Settings
+    that do not load are the report's problem."""
     from localspec.doctor import DEFAULT_HOST, DEFAULT_PORT
-    from localspec.errors import LocalspecError
-    from localspec.settings import load_settings
+    from localspec.settings import load_settings, settings_path
 
+    given = None
     if host is None or port is None:
         try:
             server = load_settings().server
+            given = settings_path() if (host is None and server.host != DEFAULT_HOST) or (
+                port is None and server.port != DEFAULT_PORT) else None
             host, port = host or server.host, server.port if port is None else port
         except LocalspecError:
             pass
-    return host or DEFAULT_HOST, DEFAULT_PORT if port is None else port
+    return host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, given
