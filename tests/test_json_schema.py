@@ -59,3 +59,21 @@ def test_a_bounded_integer_in_a_schema_becomes_its_rule_and_other_nodes_stay():
     assert ranged["properties"]["tagged"] == schema["properties"]["tagged"] and schema["properties"]["n"]["minimum"] == 1.5
     marker = next(iter(rules))
     assert with_integer_rules(f'n ::= "\\"{marker}\\""\n', rules) == f"n ::= {integer_gbnf(2, 3)} space\n"
+
+
+def test_a_marker_the_converter_wrote_otherwise_is_not_left_for_the_model_to_write(monkeypatch):
+    """Left in place, a marker constant would be the one value the grammar lets the model write: the
+    grammar is then the converter's own, and the reply names the bounds it does not keep."""
+    from localspec.server import translate
+    from localspec.server.schemas import ChatCompletionRequest
+
+    _, rules = integer_ranges({"type": "integer", "minimum": 1}, "schema")
+    marker = next(iter(rules))
+    assert with_integer_rules(f"n ::= \"{marker}\"\n", rules) is None  # written without the JSON quotes
+    monkeypatch.setattr(translate, "with_integer_rules", lambda gbnf, rules: None)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}}
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    plan = translate.chat_plan(ChatCompletionRequest.model_validate(body), 16)
+    assert "localspec-integer" not in (plan.request.grammar or "") and plan.grammar_kept == "partial"
+    assert [p.rsplit(".", 1)[-1] for p in plan.grammar_unenforced] == ["minimum", "maximum"]

@@ -54,12 +54,12 @@ class SchemaInvalid(RequestError):
     integer whose bounds leave no value."""
 
 
-def unenforced(schema: Any, field: str) -> list[str]:
-    """Where the schema holds a keyword the grammar will not keep (an integer's bounds are kept), as
-    paths: `properties.confidence.minimum`. A pydantic model writes them everywhere (`Field(ge=0)` on a
-    float, `set[str]`): the request is served, and the reply says which were not enforced."""
-    return [f"{where}.{keyword}" for node, where in _subschemas(schema, field)
-            for keyword in UNENFORCED if keyword in node and not (keyword in BOUNDS and _bounded_integer(node))]
+def unenforced(schema: Any, field: str, *, integer_bounds: bool = True) -> list[str]:
+    """Where the schema holds a keyword the grammar will not keep (an integer's bounds are kept, unless
+    `integer_bounds` is False), as paths: `properties.confidence.minimum`. A pydantic model writes them
+    everywhere (`Field(ge=0)` on a float, `set[str]`): the request is served, and the reply says which."""
+    return [f"{where}.{keyword}" for node, where in _subschemas(schema, field) for keyword in UNENFORCED
+            if keyword in node and not (integer_bounds and keyword in BOUNDS and _bounded_integer(node))]
 
 
 def check_refs(schema: Any, field: str) -> None:
@@ -244,8 +244,10 @@ def integer_ranges(schema: Any, field: str) -> tuple[Any, dict[str, str]]:
     return out, rules
 
 
-def with_integer_rules(gbnf: str, rules: dict[str, str]) -> str:
-    """The converter's grammar with each marker constant's literal replaced by its integer rule."""
+def with_integer_rules(gbnf: str, rules: dict[str, str]) -> str | None:
+    """The converter's grammar with each marker constant's literal replaced by its integer rule; None if
+    a marker is left (a converter that writes constants otherwise), where the model would be made to
+    write the marker itself."""
     for marker, rule in rules.items():
         gbnf = gbnf.replace(f'"\\"{marker}\\""', f"{rule} space")
-    return gbnf
+    return None if any(marker in gbnf for marker in rules) else gbnf

@@ -136,8 +136,12 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
         if checked is None:
             check_schema(schema, field)
             check_refs(schema, field)
-        ranged, integer_rules = integer_ranges(root_ref_inlined(schema), field)
+        inlined = root_ref_inlined(schema)
+        ranged, integer_rules = integer_ranges(inlined, field)
         gbnf = with_integer_rules(str(json_schema_to_gbnf(json.dumps(ranged))), integer_rules)
+        kept_bounds = gbnf is not None
+        if gbnf is None:  # the bounds could not be placed: the converter's grammar, and they are named
+            gbnf = str(json_schema_to_gbnf(json.dumps(inlined)))
         check_gbnf(gbnf)
     except GrammarTooLarge as exc:
         raise APIError(400, exc.cause, "schema_too_large", param) from exc
@@ -145,7 +149,10 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
         raise APIError(400, str(exc), "invalid_schema", param) from exc
     except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
         raise APIError(400, f"Unsupported JSON schema: {exc}", "invalid_schema", param) from exc
-    return SchemaGrammar(gbnf, tuple(unenforced(schema, field)) if checked is None else checked)
+    named = tuple(unenforced(schema, field, integer_bounds=kept_bounds)) if checked is None else checked
+    if checked is not None and not kept_bounds:
+        named += tuple(p for p in unenforced(schema, field, integer_bounds=False) if p not in named)
+    return SchemaGrammar(gbnf, named)
 
 
 def _text(m: ChatMessageIn) -> str:
