@@ -8,6 +8,7 @@ Whatever comes back is untrusted: fields that do not parse are left out, never r
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -203,22 +204,36 @@ class RemoteGeneration:
         t_first = t_last = 0.0
         finish: FinishReason = "stop"
         final: WireStats | None = None
+        # A server that ignores max_tokens streamed 64 KB chunks forever, and the text grew 100 MB/s: no
+        # token is this long, so past it the reply stops with an error.
+        budget, received, chunks = self._request.max_tokens * MAX_CHARS_PER_TOKEN + 4096, 0, 0
         try:
             self._stream = self._open()
+            if (answered := _not_a_stream(self._stream)) is not None:
+                yield Done("error", stats, "", error=answered)
+                return
             for chunk in self._stream:
+                chunks += 1
                 if self._cancel.is_set():
                     finish = "cancelled"
                     break
                 ext = (getattr(chunk, "model_extra", None) or {}).get("localspec")
                 final = self._read_extension(ext) or final
                 if getattr(chunk, "usage", None):
-                    stats.prompt_tokens = chunk.usage.prompt_tokens or 0
-                    stats.completion_tokens = chunk.usage.completion_tokens or stats.completion_tokens
+                    prompt, completion = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                    stats.prompt_tokens = prompt if _count(prompt) else 0  # "xyz" or -5 crashed the stats line
+                    if _count(completion) and completion:
+                        stats.completion_tokens = completion
                     _read_prediction_usage(stats, getattr(chunk.usage, "completion_tokens_details", None))
                 for choice in chunk.choices or []:
                     delta = getattr(choice, "delta", None)
                     piece = delta.content if delta is not None else getattr(choice, "text", None)
-                    if piece:
+                    if isinstance(piece, str) and piece:  # a number or a list in its place is left out
+                        received += len(piece)
+                        if received > budget:
+                            raise LocalspecError(
+                                f"The server sent over {budget:,} characters for max_tokens={self._request.max_tokens}"
+                                "; the reply stops here.", "The server ignores max_tokens: check what it is.")
                         now = self._clock()
                         if not t_first:
                             t_first = now
@@ -239,6 +254,9 @@ class RemoteGeneration:
         finally:
             self._close_stream()
         stats.decode_ms = (t_last - t_first) * 1000 if t_first else 0.0
+        if not chunks and finish != "cancelled":  # a 200 that streamed nothing is no answer
+            yield Done("error", stats, "", error="The server's answer held no streamed chunk.")
+            return
         if final is not None:
             final.apply(stats)
         yield Done(finish, stats, "".join(text))
@@ -287,10 +305,37 @@ def _count(n: object) -> TypeGuard[int]:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
+MAX_CHARS_PER_TOKEN = 64  # far over any vocabulary's longest token: what a reply may hold per max_tokens
+
+
+def _not_a_stream(stream: Any) -> str | None:
+    """Why a 200 is no stream of events, quoting the server (a JSON error body was an empty answer)."""
+    response = getattr(stream, "response", None)
+    kind = str(getattr(response, "headers", {}).get("content-type", "")).split(";")[0].strip().lower()
+    if response is None or not kind or kind == "text/event-stream":
+        return None
+    try:
+        body = response.read()[:4096].decode("utf-8", "replace")
+    except Exception:
+        body = ""
+    message = body
+    try:
+        data = json.loads(body)
+        err = data.get("error", data) if isinstance(data, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            message = err["message"]
+    except ValueError:
+        pass
+    said = " ".join(message.split())[:300]
+    return f"The server answered {kind}, not a stream of events{f': {said}' if said else ''}."
+
+
 def remote_error(exc: Exception) -> str:
     """One line for a failed remote reply; an HTTP refusal as the server's own message."""
     if isinstance(exc, LocalspecError):
         return str(exc)
+    if isinstance(exc, json.JSONDecodeError):  # an event whose data is not JSON
+        return f"the server sent an event that is not JSON ({exc.msg} at character {exc.pos})"
     status, body = getattr(exc, "status_code", None), getattr(exc, "body", None)
     if isinstance(status, int) and isinstance(body, dict):
         err = body.get("error", body)
