@@ -28,12 +28,13 @@ def make_gguf(
     chat_template: str | None = "{{ messages }}",
     seed: int = 0,
     pad_floats: int = 0,
+    name: str | None = None,
 ) -> Path:
     tokens = list(BASE_TOKENS if tokens is None else tokens)
     if token_types is None:
         token_types = [int(TokenType.CONTROL) if t.startswith("<") else int(TokenType.NORMAL) for t in tokens]
     w = GGUFWriter(str(path), arch)
-    w.add_name(f"tiny {arch}")
+    w.add_name(f"tiny {arch}" if name is None else name)
     w.add_context_length(n_ctx)
     w.add_block_count(n_layers)
     w.add_embedding_length(n_embd)

@@ -118,7 +118,7 @@ def test_a_reply_under_half_the_file_is_refused_unless_allowed():
 
 
 def test_terminal_output_drops_control_characters():
-    from localspec.cli.edit_cmd import printable
+    from localspec.cli.output import printable
 
     assert printable("ok\x1b]0;pwned\x07 \x1b[2J\tx\n") == "ok\ufffd]0;pwned\ufffd \ufffd[2J\tx\n"
 

@@ -93,6 +93,33 @@ def test_cli_info_on_broken_file_is_one_line(tmp_path):
     assert proc.stderr.startswith("error: ") and "not a valid GGUF file" in proc.stderr
 
 
+def test_a_ggufs_text_reaches_the_terminal_without_its_escape_sequences(tmp_path, capsys):
+    """A GGUF's name is its author's text: printed raw, it set the window title and cleared the screen."""
+    from localspec.cli import main
+    from tests.gguf_factory import make_gguf
+
+    path = make_gguf(tmp_path / "esc.gguf", name="\x1b]0;PWNED\x07\x1b[31mRED", tokenizer="llama\x1b[2J")
+    assert main(["models", "info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\ufffd]0;PWNED\ufffd\ufffd[31mRED" in out
+
+
+def test_generate_shows_a_replys_escape_sequences_as_text_on_a_terminal(monkeypatch, capsys):
+    import argparse
+    import sys
+
+    from localspec.cli.generate_cmd import _stream
+    from localspec.engine.events import Done, Stats, Token
+
+    events = [Token("a\x1b[2Jb\n\tc", (1,), "target"), Done("stop", Stats(mode="off"), "a\x1b[2Jb\n\tc")]
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    _stream(argparse.Namespace(json=False, show_draft=False), iter(events))
+    assert capsys.readouterr().out == "a\ufffd[2Jb\n\tc"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)  # piped: the text as it is
+    _stream(argparse.Namespace(json=False, show_draft=False), iter(events))
+    assert capsys.readouterr().out == "a\x1b[2Jb\n\tc"
+
+
 @pytest.mark.parametrize("verb", [["models", "info"], ["models", "import"]])
 def test_a_named_file_that_is_not_gguf_says_check_the_path(tmp_path, capsys, verb):
     from localspec.cli import main

@@ -9,7 +9,6 @@ import argparse
 import difflib
 import json
 import os
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from localspec.cli.attaching import LOCAL_HELP, attach_or_local
 from localspec.cli.options import MODES, checked_flags, utf8_text
+from localspec.cli.output import printable
 
 if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when an edit runs
     from collections.abc import Iterable
@@ -30,7 +30,6 @@ if TYPE_CHECKING:  # the engine (numpy, llama.cpp) loads only when an edit runs
 _COLOURS = {"+": "\x1b[32m", "-": "\x1b[31m", "@": "\x1b[36m"}
 # Control characters a model's (or a server's) text must not send to a terminal: escape sequences
 # could move the cursor, retitle the window or hide what the diff says. Tab and newline stay.
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # Attached to a server, an edit gets the server's context and token cap (4,096 by default): a file
 # past this many bytes (about 2,000 tokens, whose reply doubles it) is edited by models loaded here.
 ATTACH_MAX_BYTES = 6_000
@@ -238,11 +237,6 @@ def edit_remotely(args: argparse.Namespace, task: EditTask, stream: TextIO | Non
     finally:
         client.close()
     return _outcome(done, request.max_tokens, predicted=request.prediction is not None, speedup=None)
-
-
-def printable(text: str) -> str:
-    """Text for a terminal: control characters (escape sequences included) shown as U+FFFD."""
-    return _CONTROLS.sub("\ufffd", text)
 
 
 def _show(stream: TextIO | None, text: str, *, accepted: bool) -> None:

@@ -11,10 +11,12 @@ import json
 import resource
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from localspec.cli.attaching import LOCAL_HELP, attach_or_local
 from localspec.cli.options import MODES, add_lora_argument, checked_flags, utf8_text
+from localspec.cli.output import printable
 
 if TYPE_CHECKING:  # the engine (numpy, pydantic) loads only when a prompt runs, not for every command
     from collections.abc import Iterator
@@ -169,10 +171,13 @@ def _run_attached(args: argparse.Namespace, request: GenerationRequest, server: 
 def _stream(args: argparse.Namespace, events: Iterator[Event]) -> Done:
     from localspec.engine.events import Done, Token
 
-    colour = args.show_draft and sys.stdout.isatty()
+    terminal = sys.stdout.isatty()
+    colour = args.show_draft and terminal
     done: Done | None = None
     for event in events:
         if isinstance(event, Token) and not args.json:
+            if terminal:  # a model's (or a server's) escape sequences are text, not commands to the terminal
+                event = replace(event, text=printable(event.text))
             sys.stdout.write(shown(event, colour=colour))
             sys.stdout.flush()
         elif isinstance(event, Done):

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localspec.cli.output import printable
 from localspec.errors import IntegrityError, ModelNotFoundError
 
 if TYPE_CHECKING:
@@ -356,7 +357,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("draft (auto)", pairing.summary))
         rows += [(f"  {c.model_id}", f"{c.compat.value}: {c.detail}") for c in pairing.candidates]
     for k, v in rows:
-        print(f"{k:18} {v}")
+        print(f"{k:18} {printable(v)}")  # a GGUF's name and tokenizer are its author's text: escapes set a title
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import select
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,15 @@ PIPE_WIDTH = 400
 # Exit status of a program stopped because the reader of its output went away (128 + SIGPIPE),
 # what the shell reports for `yes | head -1`.
 EXIT_PIPE_CLOSED = 141
+
+
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but tab and newline: escapes among them
+
+
+def printable(text: str) -> str:
+    """Text for a terminal: control characters (escape sequences included) shown as U+FFFD. Model output
+    and a GGUF's metadata are untrusted: raw, "\x1b]0;...\x07" set the window title and "\x1b[2J" cleared it."""
+    return _CONTROLS.sub("\ufffd", text)
 
 
 def print_json(obj: Any) -> None:
