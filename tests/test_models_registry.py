@@ -10,7 +10,7 @@ from tests.common import DRAFT_ID, TARGET_ID
 from tests.gguf_factory import make_gguf
 from tests.models_helpers import REPO, run_cli, subprocess_env, tmp_store, write_overlay  # noqa: F401
 
-from localspec.errors import ConfigError, IntegrityError, ModelNotFoundError
+from localspec.errors import ConfigError, IntegrityError, LocalspecError, ModelNotFoundError
 from localspec.models import ModelManager, load_registry
 from localspec.models.registry import builtin_registry_path
 from localspec.models.store import Store
@@ -332,3 +332,38 @@ def test_verify_and_list_say_unpinned_for_a_file_without_a_registry_hash(tmp_pat
     assert report.status.value == "FAILED" and "sha256 differs from the manifest" in report.detail
     proc = run_cli("models", "verify", "loose", env=env)
     assert proc.returncode == 1 and "loose: FAILED (loose.gguf's sha256 differs from the manifest's)" in proc.stdout
+
+
+def test_rm_refuses_while_a_pull_or_import_holds_the_lock(tmp_path, tmp_store):  # noqa: F811
+    """rm deleted the directory under a running import, whose os.replace then crashed."""
+    mgr = ModelManager()
+    rec = mgr.import_file(make_gguf(tmp_path / "m.gguf"), model_id="busy-model")
+    with mgr.store.lock("busy-model"), pytest.raises(LocalspecError, match="being pulled or imported") as err:
+        mgr.remove("busy-model")
+    assert "Wait for it to finish" in str(err.value)
+    assert mgr.installed_path("busy-model") == rec.path  # nothing was removed
+    assert mgr.remove("busy-model") > 0 and not (tmp_store / "busy-model").exists()
+
+
+def test_a_lock_waiter_relocks_after_rm_removed_the_directory(tmp_path, tmp_store):  # noqa: F811
+    """An import waiting on rm's lock must not write into a directory (and lock file) rm deleted."""
+    import threading
+
+    mgr = ModelManager()
+    mgr.import_file(make_gguf(tmp_path / "m.gguf"), model_id="raced")
+    held, inside = threading.Event(), []
+
+    def waiter() -> None:
+        held.wait()
+        with mgr.store.lock("raced"):
+            inside.append((tmp_store / "raced" / ".lock").is_file())
+
+    t = threading.Thread(target=waiter)
+    with mgr.store.lock("raced"):
+        t.start()
+        held.set()
+        t.join(0.3)
+        assert inside == []  # still waiting
+        mgr.store.remove("raced")
+    t.join(5)
+    assert inside == [True] and not (tmp_store / "raced").exists()

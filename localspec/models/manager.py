@@ -422,17 +422,19 @@ class ModelManager:
         if m is None and not self.store.model_dir(mid).exists():
             raise ModelNotFoundError(f"Model {mid!r} is not installed.", "Nothing to remove.")
         freed = 0
-        if m is not None and purge_hf_cache and m.source.get("kind") == "hf":
-            for f in m.files:
-                pointer = Path(f.path)
-                blob = pointer.resolve()
-                with contextlib.suppress(OSError):
-                    size = blob.stat().st_size
-                    blob.unlink()
-                    freed += size
-                with contextlib.suppress(OSError):
-                    pointer.unlink()
-        return freed + self.store.remove(mid)
+        # A pull or import of this id writes into the directory being removed: refuse while one runs.
+        with self.store.lock(mid, wait=False):
+            if m is not None and purge_hf_cache and m.source.get("kind") == "hf":
+                for f in m.files:
+                    pointer = Path(f.path)
+                    blob = pointer.resolve()
+                    with contextlib.suppress(OSError):
+                        size = blob.stat().st_size
+                        blob.unlink()
+                        freed += size
+                    with contextlib.suppress(OSError):
+                        pointer.unlink()
+            return freed + self.store.remove(mid)
 
     def disk_usage(self) -> DiskUsage:
         root = self.paths.models_dir

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from localspec.errors import DiskFullError, IntegrityError
+from localspec.errors import DiskFullError, IntegrityError, LocalspecError
 from localspec.models.registry import check_model_id
 
 CHUNK = 4 * 1024 * 1024
@@ -289,22 +289,43 @@ class Store:
         return removed
 
     @contextlib.contextmanager
-    def lock(self, model_id: str) -> Iterator[None]:
-        """One pull per model at a time, across processes (advisory; POSIX only)."""
+    def lock(self, model_id: str, *, wait: bool = True) -> Iterator[None]:
+        """One pull, import or removal per model at a time, across processes (advisory; POSIX only).
+
+        With ``wait=False`` a lock held elsewhere raises a LocalspecError instead of waiting.
+        """
         d = self.model_dir(model_id)
-        d.mkdir(parents=True, exist_ok=True)
         try:
             import fcntl
         except ImportError:  # Windows: no cross-process lock
+            d.mkdir(parents=True, exist_ok=True)
             yield
             return
-        with open(d / ".lock", "w") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        while True:
+            d.mkdir(parents=True, exist_ok=True)
+            fh = open(d / ".lock", "w")  # noqa: SIM115 -- closed below on every path
             try:
-                yield
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    raise LocalspecError(
+                        f"Model {model_id!r} is being pulled or imported by another localspec process.",
+                        "Wait for it to finish, then run the command again.",
+                    ) from None
+                try:
+                    same = os.stat(d / ".lock").st_ino == os.fstat(fh.fileno()).st_ino
+                except OSError:
+                    same = False
+                if not same:  # removed (with its directory) while we waited: lock the new one
+                    continue
+                try:
+                    yield
+                finally:
+                    self._drop_if_empty(d)  # a failed pull or import leaves no empty directory
+                    fcntl.flock(fh, fcntl.LOCK_UN)
+                return
             finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
-        self._drop_if_empty(d)
+                fh.close()
 
     @staticmethod
     def _drop_if_empty(d: Path) -> None:
@@ -317,7 +338,7 @@ class Store:
             pass
 
     def remove(self, model_id: str) -> int:
-        """Delete the model's directory; returns bytes freed."""
+        """Delete the model's directory; returns bytes freed. The caller holds its lock."""
         d = self.model_dir(model_id)
         freed = dir_size(d)
         shutil.rmtree(d, ignore_errors=True)
