@@ -409,3 +409,54 @@ def test_a_message_that_spells_special_tokens_stays_text(draft_path):
         assert prompter.render([ChatMessage(role="user", content="if a < b: [x]")]) == whole
     finally:
         rt.close()
+
+
+# ---------------------------------------------------------------- over-long names
+
+
+def test_an_over_long_id_is_refused_in_one_line_and_leaves_nothing(tmp_path, tmp_store):  # noqa: F811
+    from tests.models_helpers import overlay_path
+
+    gguf = make_gguf(tmp_path / "ok.gguf")
+    assert check_model_id("a" * 128) == "a" * 128
+    with pytest.raises(ConfigError, match="at most 128") as err:
+        ModelManager().import_file(gguf, model_id="a" * 300)  # was OSError: File name too long
+    assert "\n" not in str(err.value)
+    assert not overlay_path().exists() and not tmp_store.exists()
+
+
+def test_a_failed_import_leaves_no_overlay_entry_and_no_lock_directory(tmp_path, tmp_store, monkeypatch):  # noqa: F811
+    """The entry was written before the copy, and a failure skipped the empty-directory cleanup."""
+    from localspec.models.sources import file as file_source
+    from tests.models_helpers import overlay_path
+
+    def boom(*_a, **_k):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(file_source, "stream_to_partial", boom)
+    with pytest.raises(OSError):
+        ModelManager().import_file(make_gguf(tmp_path / "ok.gguf"), model_id="half")
+    assert not overlay_path().exists() or "half" not in overlay_path().read_text()
+    assert list(tmp_store.iterdir()) == []
+    assert "half" not in ModelManager().registry
+
+
+def test_a_long_file_name_imports_under_a_bounded_name(tmp_path, tmp_store):  # noqa: F811
+    """A legal 253-byte name plus ".partial" passed the 255-byte limit; the derived id was too long."""
+    src = make_gguf(tmp_path / ("m" * 248 + ".gguf"))
+    rec = ModelManager().import_file(src, role="draft")
+    assert rec.model_id == "m" * 128 and rec.path.name == "m" * 128 + ".gguf"
+    assert ModelManager().verify(rec.model_id)
+
+
+def test_a_phantom_over_long_entry_is_one_line_on_rm_info_pull(tmp_path, tmp_store):  # noqa: F811
+    """An entry an earlier version left behind: each command names the file and the fix."""
+    from tests.models_helpers import run_cli, subprocess_env, write_overlay
+
+    long_id = "a" * 300
+    write_overlay(f'[[models]]\nid = "{long_id}"\nrole = "draft"\n\n  [[models.sources]]\n  kind = "file"\n'
+                  '  files = [{ name = "x.gguf", size = 10 }]\n')
+    for args in (["rm", long_id], ["info", long_id], ["pull", long_id]):
+        proc = run_cli("models", *args, env=subprocess_env())
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert "at most 128" in proc.stderr and "models.toml" in proc.stderr

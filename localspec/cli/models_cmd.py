@@ -305,7 +305,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     mgr = _manager()
     path = Path(args.target).expanduser()
     model_id = None
-    if not path.exists():
+    try:
+        exists = path.exists()
+    except OSError:  # a name too long to be a path (ENAMETOOLONG) can still be an id
+        exists = False
+    if not exists:
         try:  # an id, an alias, or the Hub reference a model was pulled as (it may end in .gguf)
             model_id = mgr.resolve(args.target).id
         except ModelNotFoundError:

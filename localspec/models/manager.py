@@ -363,30 +363,38 @@ class ModelManager:
             specs = [f for s in entry.sources if isinstance(s, FileSource) for f in s.files]
             specs = specs or [f for s in entry.sources for f in s.files if len(s.files) == 1]
             spec = specs[0] if specs else None
-            name = spec.name if spec else origin.name
+            name = spec.name if spec else overlay.stored_name(origin.name, entry.id)
             want_sha = next((f.sha256 for f in specs if f.sha256), None)
             want_size = next((f.size for f in specs if f.size is not None), None)
             if want_size is not None and origin.stat().st_size != want_size:  # refused before a byte is copied
                 raise IntegrityError(
                     f"{origin}: size {origin.stat().st_size:,} bytes, but {entry.id} is {want_size:,} bytes.",
                     f"Import the file the registry describes for {entry.id}, or import it under another --id.")
+            new_entry = None
         else:
             info = read_gguf_info(origin)
-            entry = overlay.add_entry(self.paths.user_registry, mid, role, origin, info)
-            self.forget_registry()  # reload with the new overlay entry
+            # Written to the overlay only once the file is in the store: a failed import leaves no entry.
+            entry = new_entry = overlay.file_entry(mid, role, origin, info)
             name, want_sha, want_size = overlay.stored_name(origin.name, entry.id), None, None
         emit = Emitter(progress, entry.id, "file")
         with self.store.lock(entry.id):
             current = self.store.installed(entry.id)
+            manifest = None
             if current is not None and len(current.files) == 1 and current.files[0].size == origin.stat().st_size:
                 # Re-importing the same file (CI does it every run): hash instead of copying.
                 if sha256_file(origin) == current.files[0].sha256:
-                    rec = self.install_record(entry.id, current, downloaded=False)
-                    emit("skip", rec.size, rec.size, "already installed")
-                    return rec
-            result = copy_into_store(entry, origin, name, self.store, emit, want_size, want_sha)
-            manifest = Manifest(entry.id, result.source, result.files)
-            self.store.write_manifest(manifest)
+                    manifest = current
+            if manifest is None:
+                result = copy_into_store(entry, origin, name, self.store, emit, want_size, want_sha)
+                manifest = Manifest(entry.id, result.source, result.files)
+                self.store.write_manifest(manifest)
+            if new_entry is not None:
+                overlay.add_entry(self.paths.user_registry, new_entry)
+                self.forget_registry()  # reload with the new overlay entry
+        if manifest is current:
+            rec = self.install_record(entry.id, manifest, downloaded=False)
+            emit("skip", rec.size, rec.size, "already installed")
+            return rec
         rec = self.install_record(entry.id, manifest, downloaded=True, desc=f"local file {origin}")
         emit("done", rec.size, rec.size, f"imported {origin}")
         return rec

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from localspec.errors import ConfigError
 from localspec.models.gguf_summary import GGUFInfo
-from localspec.models.registry import FileSource, FileSpec, HFSource, ModelEntry, parse_registry_file
+from localspec.models.registry import MAX_ID_LEN, FileSource, FileSpec, HFSource, ModelEntry, parse_registry_file
 
 HEADER = (
     "# localspec user registry: entries here add to or replace the built-in models.toml.\n"
@@ -17,16 +17,22 @@ HEADER = (
 )
 
 
+# A stored file also gets ".partial" while written and a stamp in quarantine: the name stays well
+# under the 255 bytes most file systems allow.
+MAX_STORED_NAME_BYTES = 200
+
+
 def id_from_filename(name: str) -> str:
     stem = name[:-5] if name.lower().endswith(".gguf") else name
-    mid = re.sub(r"[^a-z0-9._+-]+", "-", stem.lower()).strip("-._")
+    mid = re.sub(r"[^a-z0-9._+-]+", "-", stem.lower())[:MAX_ID_LEN].strip("-._")
     return mid or "imported-model"
 
 
 def stored_name(name: str, model_id: str) -> str:
-    """The file name an import is stored under: its own when plain, else one made from the id."""
+    """The file name an import is stored under: its own when plain and not too long, else one made
+    from the id."""
     plain = name and not name.startswith(".") and "/" not in name and "\\" not in name and name.isprintable()
-    return name if plain else f"{model_id}.gguf"
+    return name if plain and len(name.encode()) <= MAX_STORED_NAME_BYTES else f"{model_id}.gguf"
 
 
 def _q(v: str) -> str:
@@ -57,19 +63,23 @@ def _block(entry: ModelEntry, spec: FileSpec) -> str:
     return "\n".join(lines)
 
 
-def add_entry(overlay: Path, model_id: str, role: str, origin: Path, info: GGUFInfo) -> ModelEntry:
-    """Append an entry for a local file; the overlay is re-validated and restored on failure."""
+def file_entry(model_id: str, role: str, origin: Path, info: GGUFInfo) -> ModelEntry:
+    """The entry for a local file (written by add_entry once the file is in the store)."""
     from localspec.models.store import sha256_file
 
     spec = FileSpec(name=stored_name(origin.name, model_id), size=origin.stat().st_size, sha256=sha256_file(origin))
-    entry = ModelEntry(
+    return ModelEntry(
         id=model_id, family=info.architecture, role=role, quant=info.quant,
         parameters=info.parameters, context_length=info.context_length,
         sources=[FileSource(kind="file", files=[spec])],
     )
+
+
+def add_entry(overlay: Path, entry: ModelEntry) -> None:
+    """Append a file_entry; the overlay is re-validated and restored on failure."""
+    spec = entry.sources[0].files[0]
     before = overlay.read_text(encoding="utf-8") if overlay.is_file() else HEADER
     _replace_checked(overlay, before + _block(entry, spec))
-    return entry
 
 
 def _replace_checked(overlay: Path, text: str) -> None:

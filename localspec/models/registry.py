@@ -21,6 +21,9 @@ from localspec.errors import ConfigError, ModelNotFoundError
 # Ids become directory names in the store, so they are restricted to a safe alphabet. Always
 # fullmatch: `$` also matches before a trailing newline, which let "trail\n" through.
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+# ...and become a path component (with ".partial" and quarantine stamps around them): well under
+# the 255 bytes most file systems allow.
+MAX_ID_LEN = 128
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _HF_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 _HF_REPO_RE = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
@@ -41,6 +44,11 @@ def check_model_id(model_id: str) -> str:
         raise ConfigError(
             f"Invalid model id {model_id!r}: ids may use letters, digits, '.', '_', '+', '-' only.",
             "Pick an id without path separators or '..'.",
+        )
+    if len(model_id) > MAX_ID_LEN:
+        raise ConfigError(
+            f"Invalid model id {model_id[:40]}… ({len(model_id)} characters): ids may be at most {MAX_ID_LEN}.",
+            f"Pick an id of at most {MAX_ID_LEN} characters.",
         )
     return model_id
 
@@ -239,6 +247,8 @@ class ModelEntry(_Strict):
     def _safe_id(cls, v: str) -> str:
         if not _ID_RE.fullmatch(v) or ".." in v:
             raise ValueError("may use letters, digits, '.', '_', '+', '-' only (no path separators or '..')")
+        if len(v) > MAX_ID_LEN:
+            raise ValueError(f"is {len(v)} characters long; ids may be at most {MAX_ID_LEN}")
         return v
 
     def expected_size(self) -> int | None:
