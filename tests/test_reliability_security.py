@@ -460,3 +460,13 @@ def test_a_phantom_over_long_entry_is_one_line_on_rm_info_pull(tmp_path, tmp_sto
         proc = run_cli("models", *args, env=subprocess_env())
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert "at most 128" in proc.stderr and "models.toml" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_importing_something_not_a_regular_file_says_so(kind, tmp_path, tmp_store):  # noqa: F811
+    """/dev/zero or a FIFO was reported as "No such file"."""
+    path = {"device": Path("/dev/zero"), "directory": tmp_path}.get(kind, tmp_path / "pipe.gguf")
+    if kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(LocalspecError, match="not a regular file"):
+        ModelManager().import_file(path)  # and a FIFO is not opened (that would block)

@@ -348,10 +348,10 @@ class ModelManager:
         from localspec.models.sources.file import copy_into_store
 
         origin = Path(path).expanduser()
-        if not origin.is_file():
+        if not origin.exists():
             raise ModelNotFoundError(f"No such file: {origin}.", "Give the path of a .gguf file.")
         try:
-            validate_gguf(origin)
+            validate_gguf(origin)  # a device, FIFO or directory: "not a regular file", as `models info` says
         except IntegrityError as exc:
             raise named_file_error(exc) from None
         if role not in ("target", "draft", "embedding"):
