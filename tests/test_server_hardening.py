@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -537,15 +536,17 @@ def test_host_and_origin_fuzz_finds_nothing(loading_app):
 
 def test_a_burst_is_admitted_only_up_to_slots_and_queue():
     """Each request counts from its admission check: a burst of 40 passed the check while the first ones
-    were still tokenizing, and all 40 were queued against a capacity of 20 (no 429 at all)."""
+    were still tokenizing, and all 40 were queued against a capacity of 20 (no 429 at all). Here the
+    tokenizer holds every request that reaches it until all six are either in it or refused."""
     from tests.fake_tier import Reply, scripted_app, scripted_pipeline, scripted_tier
 
     tier = scripted_tier(model_id="scripted", script=lambda prompt: Reply("word " * 40, pace_s=0.01), parallel=1)
     pipeline = scripted_pipeline(tiers=[tier])
-    submit = pipeline.submit
+    submit, release, tokenizing = pipeline.submit, threading.Event(), []
 
     def tokenizing_slowly(*args, **kwargs):
-        time.sleep(0.3)  # a long prompt's tokenization: the window the burst went through
+        tokenizing.append(1)
+        release.wait(60)  # a long prompt's tokenization: the window the burst went through
         return submit(*args, **kwargs)
 
     pipeline.submit = tokenizing_slowly
@@ -554,15 +555,15 @@ def test_a_burst_is_admitted_only_up_to_slots_and_queue():
         assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=60)
         body = {"model": "scripted", "messages": [{"role": "user", "content": "Say words."}], "max_tokens": 40}
         statuses: list[int] = []
-        start = threading.Barrier(6)
 
         def ask() -> None:
-            start.wait()
             statuses.append(request(srv.base_url, "POST", "/v1/chat/completions", json_body=body).status_code)
 
         askers = [threading.Thread(target=ask) for _ in range(6)]
         for t in askers:
             t.start()
+        assert wait_until(lambda: len(tokenizing) + statuses.count(429) == 6, timeout=60), (tokenizing, statuses)
+        release.set()
         for t in askers:
             t.join(120)
     assert sorted(statuses) == [200, 200, 429, 429, 429, 429], statuses
