@@ -65,6 +65,8 @@ class ServerTable(BaseModel):
     max_queue: int = Field(16, ge=0)
     max_tokens_cap: int = Field(4096, ge=1)
     max_body_mb: float = Field(4.0, gt=0, le=1024)
+    request_timeout_s: float = Field(60.0, gt=0, le=3600, allow_inf_nan=False)  # to send a head, then a body
+    max_connections: int | None = Field(None, ge=8, le=65536)  # default: 512, or half the descriptor limit
     max_embedding_inputs: int = Field(2048, ge=1)
     max_embedding_tokens: int = Field(65536, ge=1)
     retry_after_s: int = Field(2, ge=1)

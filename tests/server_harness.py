@@ -13,8 +13,10 @@ import uvicorn
 class ServerThread:
     """`announce`: the settings `localspec serve` would announce in serve.json (its AnnouncingServer)."""
 
-    def __init__(self, app, announce=None) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    def __init__(self, app, announce=None, protocol=None) -> None:
+        # protocol: serve's (localspec.server.protocol_for), where a test is about connections
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
+                                **({"http": protocol} if protocol is not None else {}))
         if announce is not None:
             from localspec.server.announce import AnnouncingServer
 

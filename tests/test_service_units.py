@@ -217,7 +217,7 @@ _SERVER_VALUES = {"host": "127.0.0.1", "port": 9123, "api_key_file": "/srv/keys 
                   "allowed_origins": ["https://o.example"], "ssl_certfile": "/srv/c.pem", "ssl_keyfile": "/srv/k.pem",
                   "model": "m-1", "draft_model": "d-1", "max_queue": 7, "max_tokens_cap": 777, "max_body_mb": 2.5,
                   "max_embedding_inputs": 33, "max_embedding_tokens": 4444, "retry_after_s": 9, "embeddings": False,
-                  "keep_alive": "17m", "pull": False}
+                  "keep_alive": "17m", "pull": False, "request_timeout_s": 45.5, "max_connections": 99}
 
 
 def test_dry_run_carries_every_server_setting_and_no_key_in_clear(tmp_path, monkeypatch, capsys):

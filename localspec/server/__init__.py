@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP endpoint (`localspec serve`)."""
 
+import asyncio
 import sys
 from typing import Any
 
@@ -8,7 +9,15 @@ from localspec.server.app import create_app
 from localspec.server.backend import Backend
 from localspec.server.settings import API_KEY_ENV, ServerSettings, is_loopback
 
-__all__ = ["API_KEY_ENV", "Backend", "ServerSettings", "create_app", "is_loopback", "serve"]
+__all__ = ["API_KEY_ENV", "Backend", "ServerSettings", "create_app", "is_loopback", "protocol_for", "serve"]
+
+
+def protocol_for(settings: ServerSettings) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a deadline on each request's head and a cap on connections."""
+    from localspec.server.connections import ConnectionLimits, default_max_connections, guarded_protocol
+
+    return guarded_protocol(ConnectionLimits(request_timeout_s=settings.request_timeout_s,
+                                             max_connections=settings.max_connections or default_max_connections()))
 
 
 def serve(settings: ServerSettings) -> None:
@@ -24,7 +33,7 @@ def serve(settings: ServerSettings) -> None:
     if settings.ssl_certfile:
         tls = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)}
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            timeout_graceful_shutdown=10, **tls)
+                            timeout_graceful_shutdown=10, http=protocol_for(settings), **tls)
     server = AnnouncingServer(config, settings)  # writes serve.json while it listens: faces attach through it
     try:
         server.run()

@@ -87,7 +87,7 @@ def install_guards(app: FastAPI, s: ServerSettings) -> None:
         app.add_middleware(Auth, keys=keys)
     app.add_middleware(CORSMiddleware, allow_origins=s.origins, allow_origin_regex=loopback_origin_regex(),
                        allow_methods=["*"], allow_headers=["*"])
-    app.add_middleware(BodyLimit, limit=s.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=s.max_body_bytes, timeout_s=s.request_timeout_s)
     if not keys:
         allowed = Allowed.build(bound_host=s.host, extra_hosts=s.allowed_hosts, extra_origins=s.origins)
         app.add_middleware(HostGuard, allowed=allowed)

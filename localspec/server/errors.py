@@ -17,6 +17,7 @@ _TYPES = {
     403: "permission_error",  # a refused Host or Origin, a verdict token that does not match
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",  # a request that did not all arrive in time
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
@@ -89,8 +90,9 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 400 and exc.detail == _UNPARSED:  # FastAPI's words for bad UTF-8 or deep nesting
             message = f"The body could not be read as JSON. {_JSON_FIX}"
             return JSONResponse(error_json(400, message, "invalid_json"), 400)
-        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
-        return JSONResponse(error_json(exc.status_code, str(exc.detail), code), exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+                413: "body_too_large"}.get(exc.status_code)
+        return JSONResponse(error_json(exc.status_code, str(exc.detail), code), exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -6,7 +6,9 @@ Outermost first:
    browser sends an `Origin`, only pages served from those names (`--allowed-origins` adds more).
    This stops DNS rebinding: a web page on `attacker.example` that resolves to 127.0.0.1 sends
    `Host: attacker.example`, and gets a 403. Clients that send no Origin (curl, SDKs) pass.
-2. `BodyLimit`: 413 beyond `max_body_bytes`, by Content-Length or while a chunked body arrives.
+2. `BodyLimit`: 413 beyond `max_body_bytes`, by Content-Length or while a chunked body arrives;
+   408 for a body still arriving `request_timeout_s` after its head (the head's own deadline, and
+   the cap on open connections, are the protocol's: `connections.py`).
 3. CORS (Starlette's), for loopback origins and `--allowed-origins`: it answers preflights
    itself, before the key check, so a browser client can use a key.
 4. `Auth`: `Authorization: Bearer <key>` against every configured key, in constant time; the key
@@ -15,6 +17,7 @@ Outermost first:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -114,10 +117,11 @@ class HostGuard:
 
 
 class BodyLimit:
-    """413 for a body over the limit, by Content-Length or by counting a chunked body."""
+    """413 for a body over the limit, by Content-Length or by counting a chunked body; 408 for a body
+    that has not all arrived `timeout_s` after its head (a slow sender holds a connection for nothing)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, timeout_s: float) -> None:
+        self.app, self.limit, self.timeout_s = app, limit, timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -127,15 +131,27 @@ class BodyLimit:
             return await send_error(send, 413, f"The request body is over the {self.limit} byte limit.",
                                     "body_too_large")
         seen = 0
+        complete = False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
 
         async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, complete
+            if complete:  # after the body, receive() waits for a disconnect: no deadline on that
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                # An HTTPException passes FastAPI's body parsing unchanged (other errors become 400);
+                # `connection: close` makes uvicorn close rather than drain the rest.
+                raise HTTPException(408, f"The request body did not all arrive within {self.timeout_s:g} s of "
+                                    "its headers. Fix: send the body at once; a slow link can raise [server] "
+                                    "request_timeout_s.", headers={"connection": "close"}) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    # An HTTPException passes FastAPI's body parsing unchanged (other errors become 400).
                     raise HTTPException(413, f"The request body is over the {self.limit} byte limit.")
+                complete = not message.get("more_body", False)
             return message
 
         return await self.app(scope, limited, send)

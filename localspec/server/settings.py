@@ -44,6 +44,10 @@ class ServerSettings(BaseModel):
     lora_path: str | None = Field(None, description="LoRA adapter GGUF applied to the target (not the draft)")
     lora_scale: float = Field(1.0, allow_inf_nan=False, description="the adapter's scale")
     max_body_bytes: int = Field(4 << 20, ge=1024)
+    request_timeout_s: float = Field(60.0, gt=0, le=3600, allow_inf_nan=False,
+                                     description="seconds a client has to send a request's head, and again its body")
+    max_connections: int | None = Field(None, ge=8, le=65536, description="open connections at once; default: 512, "
+                                                                            "or half the descriptor limit")
     max_tokens_cap: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
     cors_origins: list[str] = Field(default_factory=list, description="older name of allowed_origins")
     retry_after_s: int = Field(2, ge=1)
