@@ -223,10 +223,17 @@ def test_an_open_webui_chat_request_streams_an_answer_and_a_usage_chunk(docs_ser
 
 
 @pytest.mark.models
-@pytest.mark.parametrize("method,path", [("POST", "/api/chat"), ("GET", "/api/tags"), ("POST", "/v1/responses")])
+@pytest.mark.parametrize("method,path", [("POST", "/api/chat"), ("GET", "/api/tags")])
 def test_the_apis_clients_md_lists_as_not_served_answer_404(docs_server, method, path):
     body = {"model": TEST_MODEL, "input": "hi"} if method == "POST" else None
     assert request(docs_server.base_url, method, path, json_body=body).status_code == 404
+
+
+@pytest.mark.models
+def test_the_responses_apis_hosted_parts_answer_400_naming_the_field(docs_server):
+    body = {"model": TEST_MODEL, "input": "hi", "tools": [{"type": "web_search"}]}
+    r = request(docs_server.base_url, "POST", "/v1/responses", json_body=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools" and "web_search" in r.text
 
 
 @pytest.mark.models

@@ -231,6 +231,34 @@ def test_tool_call_round_trip(model_client):
     assert content and ("18" in content or "sunny" in content.lower()), content
 
 
+def test_responses_api_round_trip_on_the_real_pair(model_client):
+    """/v1/responses on the real model: a forced call's arguments, its output answered after
+    previous_response_id, a schema kept through text.format, and a stream equal to the whole answer."""
+    client = model_client
+    tools = [{"type": "function", "name": "get_weather", "description": "Current weather for a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    r = client.responses.create(model=TARGET_ID, input="What is the weather in Paris right now?", tools=tools,
+                                tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=32,
+                                temperature=0)
+    [call] = r.output
+    assert call.type == "function_call" and "paris" in json.loads(call.arguments)["city"].lower()
+    final = client.responses.create(
+        model=TARGET_ID, previous_response_id=r.id, tools=tools, tool_choice="none", max_output_tokens=24,
+        temperature=0, input=[{"type": "function_call_output", "call_id": call.call_id,
+                               "output": json.dumps({"city": "Paris", "temperature_c": 18, "sky": "sunny"})}])
+    assert "18" in final.output_text or "sunny" in final.output_text.lower(), final.output_text
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    person = client.responses.create(model=TARGET_ID, input="Invent a person.", max_output_tokens=40, temperature=0,
+                                     text={"format": {"type": "json_schema", "name": "person", "schema": schema}})
+    assert set(json.loads(person.output_text)) == {"name", "age"}
+    assert person.model_extra["localspec"]["grammar"] == "enforced"
+    ask = dict(model=TARGET_ID, input="Name three sorting algorithms.", max_output_tokens=24, temperature=0)
+    with client.responses.stream(**ask) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == client.responses.create(**ask).output_text  # greedy: the same answer
+
+
 # ---------------------------------------------------------------- completions, FIM, models, embeddings
 
 

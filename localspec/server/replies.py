@@ -128,6 +128,7 @@ class StreamedReply(ABC):
     metrics record, an engine failure as an error event, [DONE]) around the route's own chunks."""
 
     hold_text = False  # True: the text is parsed whole at the end (tool calls)
+    closing: bytes | None = SSE_DONE  # the stream's last event (the Responses API sends none)
 
     def __init__(self, state: ServerState, b: Backend, plan: Plan, job: Job, who: str) -> None:
         self.state, self.b, self.plan, self.job, self.who = state, b, plan, job, who
@@ -146,6 +147,10 @@ class StreamedReply(ABC):
     @abstractmethod
     def tail(self, done: Done) -> list[bytes]:
         """The last chunks of a finished answer: finish reason, the localspec extension, usage."""
+
+    def failed(self, err: APIError) -> list[bytes]:
+        """The events of an answer that did not finish, after the stream's 200 was sent."""
+        return [sse_error(err)]
 
     async def whole(self, request: Request) -> tuple[list[Token], Done]:
         """A non-streamed answer: its logprob tokens and its Done. Raises ClientGone when the client
@@ -170,9 +175,7 @@ class StreamedReply(ABC):
                 yield chunk
         if done is None:
             return
-        if (err := unfinished(done)) is not None:
-            yield sse_error(err)
-        else:
-            for last in self.tail(done):
-                yield last
-        yield SSE_DONE
+        for last in self.failed(err) if (err := unfinished(done)) is not None else self.tail(done):
+            yield last
+        if self.closing is not None:
+            yield self.closing

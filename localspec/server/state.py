@@ -22,6 +22,7 @@ from localspec.server.keepalive import KeepAlive
 from localspec.server.redact import redact_paths
 from localspec.server.residents import (Held, MemoryProbe, ModelSource, NoModels, NoRoom, Room, plan_room,
                                         system_memory)
+from localspec.server.responses import ResponseStore
 from localspec.server.settings import ServerSettings
 from localspec.server.translate import Plan
 
@@ -132,6 +133,7 @@ class ServerState:
     models: ModelSource = field(default_factory=NoModels)  # installed models a request may load on demand
     memory: MemoryProbe = system_memory
     extra: dict[str, Resident] = field(default_factory=dict)  # model id -> models loaded on demand
+    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses' previous_response_id
     primary: Resident = field(init=False)
 
     def __post_init__(self) -> None:

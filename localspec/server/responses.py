@@ -1,0 +1,384 @@
+"""OpenAI's Responses API (`POST /v1/responses`) as a chat request: its bodies, and the translation.
+
+A Responses request is a chat request spelled another way (`input` items for `messages`,
+`instructions` for the system message, flat function tools, `text.format` for `response_format`),
+so it becomes a `ChatCompletionRequest` here and takes the chat path from there: the same plan,
+grammar, cache, router and engine. The answer goes back as output items and, streamed, as the
+Responses API's typed events (routes/responses.py).
+
+`previous_response_id` continues a conversation this server answered: it keeps the last
+responses' conversations in memory (`ResponseStore`, per key, until it restarts), unless the
+request sent `store: false`. What the API has and a local server cannot do (hosted tools,
+background runs, stored prompts and conversations, images and files) is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from localspec.server.errors import APIError
+from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, Extension, FunctionCall,
+                                      FunctionDef, JsonSchemaFormat, LocalspecOptions, ResponseFormat, Tool, ToolCall,
+                                      ToolChoiceFunction, ToolChoiceNamed, _Body, _Request)
+from localspec.server.keepalive import parse_keep_alive
+
+# ---------------------------------------------------------------- the request
+
+TEXT_PARTS = ("input_text", "output_text", "text")  # what a message's content may hold here: text
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+
+
+class TextPart(_Request):
+    type: str = Field(description="input_text, output_text (an earlier answer's) or text; images and files are "
+                                  "not served")
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> TextPart:
+        if self.type not in TEXT_PARTS:
+            raise ValueError(f"content of type '{self.type}' is not served: this server's models read text only "
+                             f"({', '.join(TEXT_PARTS)})")
+        return self
+
+
+class MessageItem(_Request):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[TextPart]
+
+
+class FunctionCallItem(_Request):
+    """A call the model made earlier, sent back with the conversation."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = Field(description="JSON text")
+
+
+class FunctionCallOutputItem(_Request):
+    """A tool's result, answering the call with the same call_id."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[TextPart]
+
+
+class ReasoningItem(_Request):
+    """Another model's reasoning, sent back by clients that keep it: these models neither read nor
+    write it, so it is dropped."""
+
+    type: Literal["reasoning"]
+
+
+InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
+                      Field(discriminator="type")]
+
+
+class FunctionTool(_Request):
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(_Request):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(_Request):
+    format: TextFormat = Field(default_factory=TextFormat)
+
+
+_UNSERVED = {  # fields with a value no local server can honour: the 400 names each
+    "background": "background runs are not served; send the request without it and wait for the answer",
+    "conversation": "stored conversations are not served; send previous_response_id, or the whole conversation "
+                    "in input",
+    "prompt": "stored prompt templates are not served; send the prompt's text in instructions and input",
+}
+
+
+class ResponsesRequest(_Body):
+    model: str = Field(..., max_length=512, description="a model id or alias from /v1/models, or 'auto'")
+    input: str | list[InputItem] = Field(description="the user's text, or the conversation's items in order")
+    instructions: str | None = Field(None, description="the system message (not carried by previous_response_id)")
+    previous_response_id: str | None = Field(None, max_length=128,
+                                             description="continue a conversation this server answered")
+    store: bool = Field(True, description="false: do not keep this conversation for previous_response_id")
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stream: bool = False
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = Field(None, ge=1, description="the answer's tool calls beyond this are dropped")
+    text: TextConfig | None = None
+    metadata: dict[str, str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    include: list[str] | None = None
+    background: bool | None = None
+    conversation: str | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+    localspec: LocalspecOptions | None = None
+    keep_alive: str | float | None = None
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, v: str | float | None) -> str | float | None:
+        if v is not None:
+            parse_keep_alive(v)
+        return v
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _items(cls, value: Any) -> Any:
+        """An item with a role and no type is a message (the SDK's EasyInputMessage). An item or a
+        content part this server cannot read is named here: pydantic's union error would name the
+        string branch instead ("input.str: Input should be a valid string")."""
+        if not isinstance(value, list):
+            return value
+        items = [{**item, "type": "message"} if isinstance(item, dict) and "type" not in item and "role" in item
+                 else item for item in value]
+        for i, item in enumerate(items):
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind not in ITEM_TYPES:
+                raise ValueError(f"input[{i}] is {f'a {kind!r} item' if kind else 'not an item'}, which is not served "
+                                 f"here: send {', '.join(ITEM_TYPES)} items")
+            parts = item.get("content") if kind == "message" else item.get("output")
+            for part in parts if isinstance(parts, list) else []:
+                if isinstance(part, dict) and part.get("type") not in TEXT_PARTS:
+                    raise ValueError(f"input[{i}] holds content of type {part.get('type')!r}, which is not served: "
+                                     f"this server's models read text only ({', '.join(TEXT_PARTS)})")
+        return items
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _function_tools(cls, value: Any) -> Any:
+        for i, tool in enumerate(value if isinstance(value, list) else []):
+            kind = tool.get("type", "function") if isinstance(tool, dict) else None
+            if kind != "function":
+                raise ValueError(f"tools[{i}] is a '{kind}' tool, which is not served: this server runs function "
+                                 "tools, called by your code")
+        return value
+
+    def check_served(self) -> None:
+        """A 400 for a field whose value would change the answer in a way this server cannot."""
+        for name, why in _UNSERVED.items():
+            if getattr(self, name):
+                raise APIError(400, f"{name}: {why}.", "unsupported_value", name)
+        if self.top_logprobs or any("logprobs" in i for i in self.include or ()):
+            raise APIError(400, "Log probabilities are not served on /v1/responses; use /v1/chat/completions with "
+                           "logprobs: true.", "unsupported_value", "include" if self.include else "top_logprobs")
+
+
+# ---------------------------------------------------------------- to a chat request
+
+
+def _joined(content: str | list[TextPart]) -> str:
+    return content if isinstance(content, str) else "".join(p.text or "" for p in content)
+
+
+def input_messages(body: ResponsesRequest) -> list[ChatMessageIn]:
+    """The request's input as chat messages: a function call joins the assistant turn before it."""
+    if isinstance(body.input, str):
+        return [ChatMessageIn(role="user", content=body.input)]
+    out: list[ChatMessageIn] = []
+    for item in body.input:
+        if isinstance(item, MessageItem):
+            out.append(ChatMessageIn(role=item.role, content=_joined(item.content)))
+        elif isinstance(item, FunctionCallItem):
+            call = ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
+            last = out[-1] if out else None
+            if last is not None and last.role == "assistant" and last.tool_calls is not None:
+                last.tool_calls.append(call)
+            elif last is not None and last.role == "assistant":
+                last.tool_calls = [call]
+            else:
+                out.append(ChatMessageIn(role="assistant", content=None, tool_calls=[call]))
+        elif isinstance(item, FunctionCallOutputItem):
+            out.append(ChatMessageIn(role="tool", content=_joined(item.output), tool_call_id=item.call_id))
+    return out
+
+
+def as_chat(body: ResponsesRequest, conversation: list[ChatMessageIn]) -> ChatCompletionRequest:
+    """The chat request this Responses request means: `conversation` is previous_response_id's
+    history and this request's input (input_messages); the instructions go before it."""
+    body.check_served()
+    system = [ChatMessageIn(role="system", content=body.instructions)] if body.instructions else []
+    messages = [*system, *conversation]
+    if not messages:
+        raise APIError(400, "input holds no message: send the user's text, or at least one message item.",
+                       "invalid_value", "input")
+    fmt = body.text.format if body.text else None
+    response_format = None
+    if fmt is not None and fmt.type != "text":
+        schema = JsonSchemaFormat(name=fmt.name, schema=fmt.schema_, strict=fmt.strict) if fmt.type == "json_schema" \
+            else None
+        if fmt.type == "json_schema" and fmt.schema_ is None:
+            raise APIError(400, "text.format json_schema needs a 'schema' object.", "invalid_value", "text.format")
+        response_format = ResponseFormat(type=fmt.type, json_schema=schema)
+    choice: Any = body.tool_choice
+    if isinstance(choice, NamedFunction):
+        choice = ToolChoiceNamed(function=ToolChoiceFunction(name=choice.name))
+    tools = [Tool(function=FunctionDef(name=t.name, description=t.description, parameters=t.parameters))
+             for t in body.tools] if body.tools else None
+    return ChatCompletionRequest(
+        model=body.model, messages=messages, max_tokens=body.max_output_tokens, temperature=body.temperature,
+        top_p=body.top_p, stream=body.stream, tools=tools, tool_choice=choice,
+        parallel_tool_calls=False if body.max_tool_calls == 1 else body.parallel_tool_calls,
+        response_format=response_format, localspec=body.localspec, keep_alive=body.keep_alive,
+    )
+
+
+# ---------------------------------------------------------------- the answer
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class OutputMessage(BaseModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText]
+
+
+class OutputFunctionCall(BaseModel):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+OutputItem = OutputMessage | OutputFunctionCall
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = Field(0, description="prompt tokens whose KV state was reused from an earlier request")
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
+class ResponseObject(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    model: str
+    output: list[OutputItem] = Field(default_factory=list)
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    previous_response_id: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    parallel_tool_calls: bool = True
+    tool_choice: Any = "auto"
+    tools: list[FunctionTool] = Field(default_factory=list)
+    text: TextConfig = Field(default_factory=TextConfig)
+    store: bool = True
+    metadata: dict[str, str] = Field(default_factory=dict)
+    usage: ResponseUsage | None = None
+    localspec: Extension | None = None
+
+    @classmethod
+    def started(cls, body: ResponsesRequest, *, id: str, created_at: int) -> ResponseObject:
+        """The response as it stands before its answer: the request's settings echoed, as OpenAI does."""
+        return cls(id=id, created_at=created_at, status="in_progress", model=body.model,
+                   instructions=body.instructions, max_output_tokens=body.max_output_tokens,
+                   previous_response_id=body.previous_response_id, temperature=body.temperature, top_p=body.top_p,
+                   parallel_tool_calls=body.parallel_tool_calls is not False,
+                   tool_choice=body.tool_choice or "auto", tools=body.tools or [], text=body.text or TextConfig(),
+                   store=body.store, metadata=body.metadata or {})
+
+
+# ---------------------------------------------------------------- previous_response_id
+
+
+@dataclass
+class _Stored:
+    owner: str
+    messages: list[ChatMessageIn]
+    chars: int
+
+
+class ResponseStore:
+    """The conversations behind recent responses, for previous_response_id: in memory, each key's own,
+    the oldest dropped beyond `max_responses` or `max_chars` (a server restart forgets them all)."""
+
+    def __init__(self, *, max_responses: int = 256, max_chars: int = 16 << 20) -> None:
+        self.max_responses, self.max_chars = max_responses, max_chars
+        self._items: OrderedDict[str, _Stored] = OrderedDict()
+        self._chars = 0
+
+    def history(self, response_id: str | None, *, owner: str) -> list[ChatMessageIn]:
+        if response_id is None:
+            return []
+        stored = self._items.get(response_id)
+        if stored is None or stored.owner != owner:  # another key's is as unknown as a forgotten one
+            raise APIError(404, f"previous_response_id '{response_id[:128]}' is not known here: this server keeps "
+                           f"its last {self.max_responses} responses in memory until it restarts, and not those "
+                           "sent with store: false. Fix: send the whole conversation in input.",
+                           "previous_response_not_found", "previous_response_id")
+        self._items.move_to_end(response_id)
+        return [m.model_copy(deep=True) for m in stored.messages]
+
+    def keep(self, response_id: str, *, owner: str, messages: list[ChatMessageIn]) -> None:
+        chars = sum(len(m.model_dump_json()) for m in messages)
+        if chars > self.max_chars:
+            return  # one conversation bigger than all the room: not kept (previous_response_id then 404s)
+        self._items[response_id] = _Stored(owner, messages, chars)
+        self._chars += chars
+        while len(self._items) > self.max_responses or self._chars > self.max_chars:
+            _, old = self._items.popitem(last=False)
+            self._chars -= old.chars
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def answer_message(content: str | None, calls: list[ToolCall]) -> ChatMessageIn:
+    """The answer as the assistant turn the next request's history holds."""
+    return ChatMessageIn(role="assistant", content=content, tool_calls=calls or None)
+

@@ -1,0 +1,193 @@
+"""POST /v1/responses: OpenAI's Responses API, answered by the chat path (see server/responses.py).
+
+Streamed, an answer is the API's typed events, each `event: TYPE` and `data: JSON` with a
+sequence number: response.created and .in_progress; for the text, output_item.added,
+content_part.added, output_text.delta per piece, then the .done of each; for each tool call,
+output_item.added, function_call_arguments.delta and .done, output_item.done; last
+response.completed (or .incomplete at max_output_tokens, .failed when the engine failed).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel
+
+from localspec.engine.events import Done
+from localspec.jobs import Job
+from localspec.server import translate
+from localspec.server.backend import Backend
+from localspec.server.errors import ERROR_RESPONSES, APIError
+from localspec.server.replies import StreamedReply, extension, origin_of
+from localspec.server.responses import (IncompleteDetails, InputTokensDetails, OutputFunctionCall, OutputItem,
+                                        OutputMessage, OutputText, ResponseError, ResponseObject, ResponsesRequest,
+                                        ResponseUsage, answer_message, as_chat, input_messages)
+from localspec.server.routes.plans import SSE_CONTENT, plan
+from localspec.server.schemas import ChatCompletionRequest, ChatMessageIn, ToolCall
+from localspec.server.state import Principal, ServerState, State
+from localspec.server.streaming import EventStream, Piece
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/responses", response_model=ResponseObject,
+    responses={**ERROR_RESPONSES, 200: {"content": SSE_CONTENT, "description": "JSON, or SSE events when stream=true"}},
+)
+async def create_response(body: ResponsesRequest, request: Request, state: State,
+                          who: Principal) -> ResponseObject | EventStream:
+    history = state.responses.history(body.previous_response_id, owner=who)  # 404 for one it does not hold
+    conversation = [*history, *input_messages(body)]
+    chat = as_chat(body, conversation)
+    async with state.serving(chat.model, chat.keep_alive) as (b, hold):
+        plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap)
+        job = await state.submit(b, plan_, model=chat.model, owner=who)
+        kept = state.keep(hold)
+    reply = ResponsesReply(state, b, body, chat, conversation, plan_, job, who)
+    if body.stream:
+        return EventStream(reply.stream(), on_close=kept.release)
+    try:
+        _, done = await reply.whole(request)
+        return reply.finished(done)
+    finally:
+        kept.release()
+
+
+def event(kind: str, sequence_number: int, **fields: Any) -> bytes:
+    """One server-sent event of the Responses API: its type named twice, as OpenAI sends it."""
+    data = {"type": kind, "sequence_number": sequence_number,
+            **{k: v.model_dump(mode="json", exclude_none=True) if isinstance(v, BaseModel) else v
+               for k, v in fields.items()}}
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+class ResponsesReply(StreamedReply):
+    """One answer as a Response: output items whole, or the typed events when streamed."""
+
+    closing = None  # the last event is response.completed (or .incomplete, .failed): no [DONE]
+
+    def __init__(self, state: ServerState, b: Backend, body: ResponsesRequest, chat: ChatCompletionRequest,
+                 conversation: list[ChatMessageIn], plan_: translate.Plan, job: Job, who: str) -> None:
+        super().__init__(state, b, plan_, job, who)
+        self.body, self.chat = body, chat
+        self.conversation = conversation  # what previous_response_id will mean: no instructions
+        self.id = f"resp_{job.id}"
+        self.message_id = f"msg_{job.id}"
+        self.hold_text = bool(plan_.tool_mode)
+        self.sequence = 0
+        self.text = ""  # streamed so far
+        self.text_open = False  # the message item and its text part were announced
+
+    # -------------------------------------------------------------- the answer, whole
+
+    def output(self, done: Done) -> tuple[list[OutputItem], str | None, list[ToolCall]]:
+        content, calls = self.plan.tool_calls(done.text)
+        if self.body.max_tool_calls is not None:
+            calls = calls[:self.body.max_tool_calls]
+        status = "incomplete" if done.finish_reason == "length" else "completed"
+        items: list[OutputItem] = []
+        if content or not calls:
+            items.append(OutputMessage(id=self.message_id, status=status, content=[OutputText(text=content or "")]))
+        items += [OutputFunctionCall(id=f"fc_{self.job.id}_{i}", call_id=c.id, name=c.function.name,
+                                     arguments=c.function.arguments, status="completed")
+                  for i, c in enumerate(calls)]
+        return items, content, calls
+
+    def response(self, done: Done, items: list[OutputItem]) -> ResponseObject:
+        st = done.stats
+        r = ResponseObject.started(self.body, id=self.id, created_at=self.created)
+        r.status = "incomplete" if done.finish_reason == "length" else "completed"
+        r.incomplete_details = IncompleteDetails(reason="max_output_tokens") if r.status == "incomplete" else None
+        r.output = items
+        cached = InputTokensDetails(cached_tokens=st.reused_prefix_tokens)
+        total = st.prompt_tokens + st.completion_tokens
+        r.usage = ResponseUsage(input_tokens=st.prompt_tokens, input_tokens_details=cached,
+                                output_tokens=st.completion_tokens, total_tokens=total)
+        r.localspec = extension(self.b, done, self.plan, self.job, self.who)
+        return r
+
+    def finished(self, done: Done) -> ResponseObject:
+        """The whole Response of a finished answer, kept for previous_response_id unless store is false."""
+        items, content, calls = self.output(done)
+        self.remember(content, calls)
+        return self.response(done, items)
+
+    def remember(self, content: str | None, calls: list[ToolCall]) -> None:
+        if self.body.store:  # instructions are not carried over: the next request sends its own (as OpenAI)
+            self.state.responses.keep(self.id, owner=self.who,
+                                      messages=[*self.conversation, answer_message(content, calls)])
+
+    # -------------------------------------------------------------- the answer, streamed
+
+    def next(self, kind: str, **fields: Any) -> bytes:
+        out = event(kind, self.sequence, **fields)
+        self.sequence += 1
+        return out
+
+    def open_text(self) -> list[bytes]:
+        if self.text_open:
+            return []
+        self.text_open = True
+        item = OutputMessage(id=self.message_id, status="in_progress", content=[])
+        return [self.next("response.output_item.added", output_index=0, item=item),
+                self.next("response.content_part.added", item_id=self.message_id, output_index=0, content_index=0,
+                          part=OutputText(text=""))]
+
+    def head(self) -> list[bytes]:
+        started = ResponseObject.started(self.body, id=self.id, created_at=self.created)
+        return [self.next("response.created", response=started), self.next("response.in_progress", response=started)]
+
+    def piece(self, piece: Piece) -> bytes | None:
+        if not piece.text:
+            return None
+        self.text += piece.text
+        extra = origin_of(self.chat, piece)
+        opening = self.open_text()  # numbered before the delta: sequence numbers are the wire's order
+        delta = self.next("response.output_text.delta", item_id=self.message_id, output_index=0, content_index=0,
+                          delta=piece.text, logprobs=[], **({"localspec": extra} if extra else {}))
+        return b"".join([*opening, delta])
+
+    def tail(self, done: Done) -> list[bytes]:
+        items, content, calls = self.output(done)
+        out: list[bytes] = []
+        for index, item in enumerate(items):
+            if isinstance(item, OutputMessage):
+                out += self.close_text(item)
+            else:
+                out += self.call_events(index, item)
+        self.remember(content, calls)
+        final = self.response(done, items)
+        out.append(self.next("response.incomplete" if final.status == "incomplete" else "response.completed",
+                             response=final))
+        return out
+
+    def close_text(self, item: OutputMessage) -> list[bytes]:
+        """The message's .done events; in tool mode its text was held, and goes as one delta here."""
+        text = item.content[0].text
+        out = self.open_text()
+        if text != self.text:
+            out.append(self.next("response.output_text.delta", item_id=item.id, output_index=0, content_index=0,
+                                 delta=text[len(self.text):] if text.startswith(self.text) else text, logprobs=[]))
+        out.append(self.next("response.output_text.done", item_id=item.id, output_index=0, content_index=0,
+                             text=text, logprobs=[]))
+        out.append(self.next("response.content_part.done", item_id=item.id, output_index=0, content_index=0,
+                             part=item.content[0]))
+        out.append(self.next("response.output_item.done", output_index=0, item=item))
+        return out
+
+    def call_events(self, index: int, item: OutputFunctionCall) -> list[bytes]:
+        opened = item.model_copy(update={"arguments": "", "status": "in_progress"})
+        return [self.next("response.output_item.added", output_index=index, item=opened),
+                self.next("response.function_call_arguments.delta", item_id=item.id, output_index=index,
+                          delta=item.arguments),
+                self.next("response.function_call_arguments.done", item_id=item.id, output_index=index,
+                          name=item.name, arguments=item.arguments),
+                self.next("response.output_item.done", output_index=index, item=item)]
+
+    def failed(self, err: APIError) -> list[bytes]:
+        r = ResponseObject.started(self.body, id=self.id, created_at=self.created)
+        r.status = "failed"
+        r.error = ResponseError(code=err.code or "server_error", message=err.message)
+        return [self.next("response.failed", response=r)]

@@ -1,0 +1,218 @@
+"""/v1/responses (OpenAI's Responses API): a real server on loopback, the official `openai` client.
+
+The server answers from a scripted target (tests/fake_tier.py) whose answers depend on the
+prompt the endpoint rendered, so each test can see what the Responses request became: which
+messages, in which roles, after which earlier response. What a real model writes under a schema
+or a forced tool call is checked in test_server.py (`model_client`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import openai
+import pytest
+
+from localspec.server import ServerSettings
+from localspec.server.errors import APIError
+from localspec.server.responses import ResponsesRequest, ResponseStore, as_chat, input_messages
+from localspec.server.schemas import ChatMessageIn
+from tests.fake_tier import Reply, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+from tests.server_harness import ServerThread, request
+
+KEY = "responses-key"
+MODEL = "scripted-responses"
+TWO_CALLS = "".join(f'<tool_call>\n{{"name": "weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>\n'
+                    for c in ("Paris", "Rome"))
+STORY = "Once upon a time there was a robot. " * 5
+WEATHER = [{"type": "function", "name": "weather", "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+
+
+def script(prompt: str) -> Reply | str:
+    """Answers that show what the prompt held."""
+    if "Speak like a pirate" in prompt and "Hello again" in prompt:
+        return "Arr, again."
+    if "Hello again" in prompt:
+        return "Hello."
+    if "What was the word?" in prompt:
+        word = re.search(r"The word is (\w+)", prompt)
+        return word.group(1) if word else "I was not told."
+    if "Look up two cities" in prompt and "sunny, 21C" in prompt:  # the tools' outputs came back
+        return "Paris: sunny."
+    if "Look up two cities" in prompt:
+        return TWO_CALLS
+    if "Break down" in prompt:
+        return Reply("Never said.", fail="llama_decode returned -3")
+    if "Write a long story" in prompt:
+        return Reply(STORY, pace_s=0.001)
+    return "Red, green, blue. Yes."
+
+
+@pytest.fixture(scope="module")
+def served(module_home):
+    tier = scripted_tier(model_id=MODEL, script=script)
+    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[tier]))
+    app = scripted_app(backend=backend, settings=ServerSettings(api_key=KEY, cache=False, router=False,
+                                                                max_tokens_cap=256))
+    with ServerThread(app) as srv:
+        srv.app = app
+        yield srv
+
+
+@pytest.fixture
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.base_url}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_a_text_answer_is_the_chat_answer_as_a_response(client):
+    r = client.responses.create(model=MODEL, input="Name three colours.", temperature=0)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name three colours."}],
+                                          temperature=0)
+    assert r.output_text == chat.choices[0].message.content == "Red, green, blue. Yes."
+    assert r.object == "response" and r.status == "completed" and r.id.startswith("resp_")
+    [message] = r.output
+    assert message.type == "message" and message.role == "assistant" and message.status == "completed"
+    assert r.usage.input_tokens == chat.usage.prompt_tokens and r.usage.output_tokens == chat.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.model == MODEL and r.temperature == 0
+
+
+def test_a_streamed_answer_is_the_typed_events_in_order(client, served):
+    with client.responses.stream(model=MODEL, input="Write a long story.", temperature=0) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 5 and "".join(deltas) == final.output_text == STORY
+    whole = client.responses.create(model=MODEL, input="Write a long story.", temperature=0)
+    assert whole.output_text == final.output_text and whole.usage.output_tokens == final.usage.output_tokens
+    # The stream ends with response.completed: no chat-style [DONE] after it for a strict client to choke on.
+    raw = request(served.base_url, "POST", "/v1/responses", KEY, {"model": MODEL, "input": "hi", "stream": True})
+    assert raw.text.rstrip().splitlines()[-1].startswith("data: {") and "[DONE]" not in raw.text
+    assert raw.text.startswith("event: response.created\ndata: ")
+
+
+def test_max_output_tokens_makes_an_incomplete_response(client):
+    r = client.responses.create(model=MODEL, input="Write a long story.", max_output_tokens=5, temperature=0)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 5 and r.output[0].status == "incomplete"
+    with client.responses.stream(model=MODEL, input="Write a long story.", max_output_tokens=5) as stream:
+        kinds = [e.type for e in stream]
+    assert kinds[-1] == "response.incomplete"  # as OpenAI's (the SDK's get_final_response wants .completed)
+
+
+def test_an_engine_failure_is_a_500_or_a_failed_response(client):
+    with pytest.raises(openai.InternalServerError, match="llama_decode returned -3"):
+        client.responses.create(model=MODEL, input="Break down.")
+    with client.responses.stream(model=MODEL, input="Break down.") as stream:
+        events = list(stream)
+    last = events[-1]
+    assert last.type == "response.failed" and last.response.status == "failed"
+    assert "llama_decode returned -3" in last.response.error.message
+    assert client.responses.create(model=MODEL, input="Name three colours.").status == "completed"  # it goes on
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_are_function_call_items_and_their_outputs_answer_them(client, stream):
+    ask = dict(model=MODEL, input="Look up two cities.", tools=WEATHER, temperature=0)
+    if stream:
+        with client.responses.stream(**ask) as s:
+            kinds = [e.type for e in s]
+            r = s.get_final_response()
+        assert kinds.count("response.function_call_arguments.done") == 2
+    else:
+        r = client.responses.create(**ask)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [json.loads(c.arguments) for c in calls] == [{"city": "Paris"}, {"city": "Rome"}]
+    assert [o.type for o in r.output] == ["function_call", "function_call"]  # no empty message beside them
+    assert all(c.call_id.startswith("call_") and c.name == "weather" for c in calls)
+    # The results go back as function_call_output items, after the earlier response's conversation.
+    outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": f"{c.call_id}: sunny, 21C"}
+               for c in calls]
+    after = client.responses.create(model=MODEL, previous_response_id=r.id, input=outputs, tools=WEATHER)
+    assert after.output_text == "Paris: sunny."
+    assert client.responses.create(**ask, max_tool_calls=1).output[0].type == "function_call"
+    assert len(client.responses.create(**ask, max_tool_calls=1).output) == 1
+
+
+def test_the_whole_conversation_can_also_be_sent_as_items(client, served):
+    """store: false, the client keeps the conversation (as Codex does): calls and outputs as input items."""
+    first = client.responses.create(model=MODEL, input="Look up two cities.", tools=WEATHER, store=False)
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "Look up two cities."}]},
+             *[{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+               for c in first.output],
+             *[{"type": "function_call_output", "call_id": c.call_id, "output": "sunny, 21C"} for c in first.output],
+             {"type": "reasoning", "id": "rs_1", "summary": []}]
+    assert client.responses.create(model=MODEL, input=items, tools=WEATHER).output_text == "Paris: sunny."
+    with pytest.raises(openai.NotFoundError, match="previous_response_not_found|not known here"):
+        client.responses.create(model=MODEL, previous_response_id=first.id, input="Hello again")
+
+
+def test_previous_response_id_continues_the_conversation_without_its_instructions(client):
+    first = client.responses.create(model=MODEL, input="The word is platypus. Say ok.",
+                                    instructions="Speak like a pirate.")
+    assert client.responses.create(model=MODEL, previous_response_id=first.id,
+                                   input="What was the word?").output_text == "platypus"
+    # As OpenAI's: instructions are this request's own; the earlier ones are not carried over.
+    assert client.responses.create(model=MODEL, previous_response_id=first.id, input="Hello again").output_text \
+        == "Hello."
+    assert client.responses.create(model=MODEL, previous_response_id=first.id, input="Hello again",
+                                   instructions="Speak like a pirate.").output_text == "Arr, again."
+    assert client.responses.create(model=MODEL, input="What was the word?").output_text == "I was not told."
+
+
+@pytest.mark.parametrize("extra, field, words", [
+    ({"tools": [{"type": "web_search"}]}, "tools", "'web_search' tool"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
+     "input", "'input_image'"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input", "'item_reference' item"),
+    ({"background": True}, "background", "background runs"),
+    ({"conversation": "conv_1"}, "conversation", "stored conversations"),
+    ({"include": ["message.output_text.logprobs"]}, "include", "Log probabilities"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "'schema'"),
+    ({"input": []}, "input", "no message"),
+])
+def test_what_a_local_server_cannot_do_is_a_400_naming_it(client, extra, field, words):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(**{"model": MODEL, "input": "hi", **extra})
+    error = caught.value.body
+    assert error["param"] == field and words in error["message"], error
+
+
+def test_the_response_store_keeps_each_keys_own_and_forgets_the_oldest():
+    store = ResponseStore(max_responses=2, max_chars=10_000)
+    said = [ChatMessageIn(role="user", content="hi")]
+    for n in range(3):
+        store.keep(f"resp_{n}", owner="key:a", messages=said)
+    with pytest.raises(APIError, match="not known here"):
+        store.history("resp_0", owner="key:a")  # the oldest, dropped beyond 2
+    assert store.history("resp_2", owner="key:a")[0].content == "hi"
+    with pytest.raises(APIError):
+        store.history("resp_2", owner="key:b")  # another key's is unknown to this one
+    store.keep("resp_big", owner="key:a", messages=[ChatMessageIn(role="user", content="x" * 20_000)])
+    assert len(store) == 2  # one bigger than the whole room is not kept, and evicts nothing
+    store.history("resp_2", owner="key:a")[0].content = "changed"
+    assert store.history("resp_2", owner="key:a")[0].content == "hi"  # a request gets a copy
+
+
+def test_function_calls_join_the_assistant_turn_before_them():
+    body = ResponsesRequest.model_validate({"model": "m", "instructions": "Be brief.", "input": [
+        {"role": "user", "content": "Two cities?"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+        {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{\"city\": \"Paris\"}"},
+        {"type": "function_call", "call_id": "c2", "name": "weather", "arguments": "{\"city\": \"Rome\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "rain"}]},
+    ]})
+    chat = as_chat(body, input_messages(body))
+    assert [m.role for m in chat.messages] == ["system", "user", "assistant", "tool", "tool"]
+    assistant = chat.messages[2]
+    assert assistant.content == "Looking." and [c.id for c in assistant.tool_calls] == ["c1", "c2"]
+    assert [(m.tool_call_id, m.content) for m in chat.messages[3:]] == [("c1", "sunny"), ("c2", "rain")]
