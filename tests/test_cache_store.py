@@ -262,3 +262,114 @@ def test_a_raw_completion_prompt_is_never_embedded_not_even_when_the_index_is_re
         assert c._index is not None and len(c._index) == 1
     finally:
         c.close()
+
+
+def _stored_but_not_indexed(directory: Path, prompts: list[str]) -> None:
+    """Entries in the store that the saved vector index lacks (another face stored them and has not
+    saved its index yet): the next cache to open embeds them and saves the index."""
+    from tests.fake_tier import ScriptedEmbedder
+
+    c = SemanticCache(directory, embedder=ScriptedEmbedder())
+    c.store(scope(), "How do I reverse a list?", "use reversed()")
+    c.close()  # the index holds this one
+    c = SemanticCache(directory, embedder=ScriptedEmbedder())
+    for p in prompts:
+        c.store(scope(), p, "an answer")
+    c._unsaved = 0  # as a face still running: its index is not saved yet
+    c._close_store()
+
+
+def test_two_faces_saving_the_index_at_once_keep_the_cache(tmp_path: Path, monkeypatch, caplog) -> None:
+    """serve, chat and generate share one cache directory. Two saving its index at once used the same
+    temporary file: one's rename took the other's, the other's rename failed, and a failure while
+    opening reset the whole directory, every entry with it."""
+    import numpy as np
+
+    from localspec.cache import index as index_module
+    from tests.fake_tier import ScriptedEmbedder
+
+    d = tmp_path / "semantic"
+    _stored_but_not_indexed(d, ["What is a tuple?", "How do I sort a dict by value?"])
+    other = SemanticCache(d, embedder=ScriptedEmbedder())  # another face, with its own copy of the index
+    other.store(scope(), "What does zip do?", "pairs items")
+    real_save = np.save
+    interleaved = []
+
+    def save_while_the_other_saves(fh, matrix, **kw):
+        if not interleaved:  # the other face saves between this one's write and its rename
+            interleaved.append(True)
+            other.close()
+        real_save(fh, matrix, **kw)
+
+    monkeypatch.setattr(index_module.np, "save", save_while_the_other_saves)
+    with caplog.at_level(logging.WARNING, logger="localspec.cache"):
+        c = SemanticCache(d, embedder=ScriptedEmbedder())  # embeds the two it lacks and saves the index
+    monkeypatch.undo()
+    try:
+        assert interleaved and c.mode == "semantic", caplog.text
+        assert "rebuilding it empty" not in caplog.text
+        assert c.stats()["entries"] == 4
+        assert c.lookup(scope(), "What is a tuple?") is not None
+    finally:
+        c.close()
+    assert not [p.name for p in d.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_an_index_file_from_another_save_is_not_paired_with_this_ones(tmp_path: Path) -> None:
+    """vectors.npy and vectors.json are renamed one after the other: two saves at once can leave one's
+    matrix beside the other's ids. With as many rows in each, every vector then stood for another
+    entry; the ids now name their matrix, and such a pair is rebuilt from the entries."""
+    from localspec.cache.index import VectorIndex
+    from tests.fake_tier import ScriptedEmbedder
+
+    emb = ScriptedEmbedder()
+    saves = {}
+    for name, prompts in {"one": ["alpha", "beta"], "two": ["gamma", "delta"]}.items():
+        idx = VectorIndex(emb.dim, emb.fingerprint)
+        for p in prompts:
+            vec = emb.embed(p)
+            assert vec is not None
+            idx.add(p, "scope", vec)
+        saves[name] = tmp_path / name
+        saves[name].mkdir()
+        idx.save(saves[name])
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "vectors.npy").write_bytes((saves["one"] / "vectors.npy").read_bytes())
+    (torn / "vectors.json").write_bytes((saves["two"] / "vectors.json").read_bytes())
+    with pytest.raises(ValueError, match="disagree"):
+        VectorIndex.load(torn, emb.dim, emb.fingerprint)
+    assert len(VectorIndex.load(saves["two"], emb.dim, emb.fingerprint)) == 2
+
+
+def test_a_full_disk_while_the_index_is_rebuilt_keeps_the_entries(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Saving the index after embedding the entries it lacked is an optimisation: a full disk there
+    reset the whole cache directory (every entry) as if it were corrupt."""
+    from localspec.cache import index as index_module
+    from tests.fake_tier import ScriptedEmbedder
+
+    d = tmp_path / "semantic"
+    _stored_but_not_indexed(d, ["What is a tuple?"])
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(index_module.np, "save", full)
+    with caplog.at_level(logging.WARNING, logger="localspec.cache"):
+        c = SemanticCache(d, embedder=ScriptedEmbedder())
+    try:
+        assert c.mode == "semantic" and "rebuilding it empty" not in caplog.text
+        assert "index not saved" in caplog.text
+        assert c.stats()["entries"] == 2 and c.lookup(scope(), "What is a tuple?") is not None
+        monkeypatch.undo()
+    finally:
+        c.close()
+    assert _saved_index_rows(d) == 2
+
+
+def _saved_index_rows(d: Path) -> int:
+    from localspec.cache.index import VectorIndex
+    from tests.fake_tier import ScriptedEmbedder
+
+    emb = ScriptedEmbedder()
+    return len(VectorIndex.load(d, emb.dim, emb.fingerprint))

@@ -3,15 +3,21 @@
 100k entries x 384 dims is 150 MB and one matrix-vector product of a few milliseconds, which is
 plenty for one workstation. Rows carry the entry id and a small integer for the entry's scope, so
 a search only ranks rows of the request's scope. Deleted rows are marked dead and dropped when the
-index is saved. Persisted as `vectors.npy` (loaded with allow_pickle=False) plus `vectors.json`.
+index is saved. Persisted as `vectors.npy` (loaded with allow_pickle=False) plus `vectors.json`,
+which names the matrix it belongs to by its digest: every face (serve, chat, generate) saves into the
+same directory, and two saves at once can leave one's matrix beside the other's ids.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -87,17 +93,15 @@ class VectorIndex:
     def save(self, directory: Path) -> None:
         live = [i for i in range(self._n) if self._scope_codes[i] != _DEAD]
         matrix = self._m[live] if live else np.zeros((0, self.dim), dtype=np.float32)
+        matrix = np.ascontiguousarray(matrix)
         meta = {
             "fingerprint": self.fingerprint, "dim": self.dim,
             "ids": [self._ids[i] for i in live],
             "scopes": [self._scopes[self._scope_codes[i]] for i in live],
+            "matrix_sha256": _digest(matrix),
         }
-        tmp_npy, tmp_json = directory / "vectors.npy.tmp", directory / "vectors.json.tmp"
-        with open(tmp_npy, "wb") as fh:
-            np.save(fh, matrix, allow_pickle=False)
-        tmp_json.write_text(json.dumps(meta), encoding="utf-8")
-        os.replace(tmp_npy, directory / "vectors.npy")
-        os.replace(tmp_json, directory / "vectors.json")
+        replace_whole(directory / "vectors.npy", lambda fh: np.save(fh, matrix, allow_pickle=False))
+        replace_whole(directory / "vectors.json", lambda fh: fh.write(json.dumps(meta).encode("utf-8")))
 
     @classmethod
     def load(cls, directory: Path, dim: int, fingerprint: str) -> VectorIndex:
@@ -111,7 +115,28 @@ class VectorIndex:
             raise ValueError("the index files disagree")
         if not np.all(np.isfinite(matrix)):
             raise ValueError("the index holds non-finite values")
+        digest = meta.get("matrix_sha256")  # absent from an index saved before it was written
+        if digest is not None and digest != _digest(matrix):
+            raise ValueError("the index files disagree (saved by two processes at once)")
         index = cls(dim, fingerprint)
         for entry_id, scope_key, row in zip(ids, scopes, matrix, strict=True):
             index.add(str(entry_id), str(scope_key), row)
         return index
+
+
+def _digest(matrix: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(matrix, dtype=np.float32).tobytes()).hexdigest()
+
+
+def replace_whole(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write `path` whole through a temporary file of its own beside it, then rename it over `path`.
+    Every face saves into the same cache directory: with one fixed temporary name, one process's
+    rename took another's half-written file and the other's rename failed."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

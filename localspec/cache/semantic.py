@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localspec.cache.guard import compare, conflict
-from localspec.cache.index import VectorIndex
+from localspec.cache.index import VectorIndex, replace_whole
 from localspec.cache.judge import JUDGED_THRESHOLD
 from localspec.cache.normalize import normalize_prompt
 from localspec.cache.scope import CacheScope, PromptKind
@@ -215,7 +215,11 @@ class SemanticCache:
                     missing += 1
         if missing:
             logger.info("embedded %d cache entries missing from the vector index", missing)
-            index.save(self.directory)
+            try:
+                index.save(self.directory)
+            except OSError as exc:  # the entries are whole: the index is saved again later, never a reset
+                logger.warning("cache vector index not saved (%s); it is saved again later", exc)
+                self._unsaved = missing
         return index
 
     # ------------------------------------------------------------ lookup
@@ -545,9 +549,7 @@ class SemanticCache:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value), encoding="utf-8")
-    os.replace(tmp, path)
+    replace_whole(path, lambda fh: fh.write(json.dumps(value).encode("utf-8")))
 
 
 def _jsonable(value: Any) -> Any:
