@@ -217,3 +217,30 @@ def test_a_pull_prunes_the_quarantine(tmp_path, tmp_store):  # noqa: F811
     with pytest.raises(LocalspecError):
         ModelManager().pull("nowhere")  # no source can serve it; the pruning happens anyway
     assert all(p.exists() for p in kept) and not any(p.exists() for p in dropped)
+
+
+def test_a_chat_db_locked_by_another_program_is_left_in_place_and_named(tmp_path, monkeypatch):
+    """A second chat app (or a backup) holding the file's lock past the busy timeout is not a corrupt
+    file: it was moved aside as one, every chat hidden, and the holder's journal left beside a new file."""
+    from localspec.tui import store as store_module
+
+    db = tmp_path / "chats.sqlite3"
+    first = ChatStore(db)
+    first.create_chat("kept")
+    first.close()
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.05)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(LocalspecError) as err:
+            ChatStore(db)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "locked by another program" in err.value.cause and "\n" not in str(err.value)
+    assert [p.name for p in tmp_path.iterdir() if "corrupt" in p.name] == []
+    again = ChatStore(db)
+    try:
+        assert again.recovered_from is None and [c.title for c in again.list_chats()] == ["kept"]
+    finally:
+        again.close()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec.engine.events import Stats
+from localspec.errors import LocalspecError
 from localspec.paths import resolve_paths
 
 _SCHEMA = """
@@ -108,8 +109,11 @@ def _decode(raw: bytes) -> str:
         return _Undecodable(raw.decode("utf-8", errors="replace"))
 
 
+BUSY_TIMEOUT_S = 5.0  # how long a write waits for another process (a second chat app) to finish its own
+
+
 def _open(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path)
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
     try:
         db.text_factory = _decode
         db.row_factory = sqlite3.Row
@@ -123,6 +127,12 @@ def _open(path: Path) -> sqlite3.Connection:
     return db
 
 
+def _busy(exc: sqlite3.DatabaseError) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED (and their extended codes): another connection holds the lock."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 class ChatStore:
     def __init__(self, path: Path | None = None, clock=time.time) -> None:
         self.path = path or default_db_path()
@@ -134,6 +144,11 @@ class ChatStore:
         try:
             self._db = _open(self.path)
         except sqlite3.DatabaseError as exc:  # a corrupt file must not stop the app: keep it aside, start afresh
+            if _busy(exc):  # held by another process, not broken: moving it aside would hide every chat
+                raise LocalspecError(
+                    f"The chat database {self.path} is locked by another program (another `localspec chat`, "
+                    "a backup, or an sqlite3 shell in a transaction).",
+                    "Let that program finish or close it, then start the chat again.") from None
             self.recovered_from = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
             self.path.replace(self.recovered_from)
             logging.getLogger(__name__).warning(
