@@ -373,3 +373,26 @@ def _saved_index_rows(d: Path) -> int:
 
     emb = ScriptedEmbedder()
     return len(VectorIndex.load(d, emb.dim, emb.fingerprint))
+
+
+def test_a_verdict_key_left_empty_is_never_used(tmp_path: Path) -> None:
+    """The key file was created first and written after: a face starting in between (or every face,
+    once a full disk or a kill left it empty) signed verdict tokens with an empty key, which anyone
+    can compute. A short key is replaced, and every face then signs with the one on disk."""
+    import hashlib
+    import hmac
+
+    d = tmp_path / "semantic"
+    d.mkdir()
+    (d / "verdict.key").write_bytes(b"")
+    first, second = SemanticCache(d), SemanticCache(d)
+    try:
+        token = first.verdict_token("entry", "alice")
+        forged = hmac.new(b"", b"alice\nentry", hashlib.sha256).hexdigest()[:32]
+        assert token != forged
+        assert len((d / "verdict.key").read_bytes()) == 32
+        assert second.verdict_token("entry", "alice") == token
+    finally:
+        first.close()
+        second.close()
+    assert not [p.name for p in d.iterdir() if p.name.endswith(".tmp")]

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ SCHEMA_VERSION = 2
 DEFAULT_THRESHOLD = 0.74
 DEFAULT_SIZE_LIMIT = 512 * 1024 * 1024
 DEFAULT_TTL_S = 30 * 24 * 3600.0
+VERDICT_KEY_BYTES = 32
 _SAVE_EVERY = 64  # index writes are batched; entries missing from a stale index are re-embedded on open
 _COUNTERS = ("lookups", "exact_hits", "semantic_hits", "misses", "guard_rejections", "judged", "judge_rejections",
              "remembered_verdicts", "judge_errors", "evicted_on_hit", "too_long", "stores", "store_skipped",
@@ -404,23 +406,36 @@ class SemanticCache:
 
     @functools.cached_property
     def _verdict_key(self) -> bytes:
-        """The secret behind verdict tokens, kept beside the entries (mode 0600) so tokens outlive a restart."""
+        """The secret behind verdict tokens, kept beside the entries (mode 0600) so tokens outlive a restart.
+        Published whole (written under a name of its own, then linked into place): a key file created
+        first and written after was read empty by a process starting meanwhile, and one left empty (a
+        full disk, a kill in between) made every token computable by anyone."""
         path = self.directory / "verdict.key"
         try:
-            return path.read_bytes()
+            key = path.read_bytes()
         except FileNotFoundError:
-            pass
+            key = b""
         except OSError as exc:
             logger.warning("cache verdict key unreadable, using one for this process only: %s", exc)
-            return os.urandom(32)
-        key = os.urandom(32)
+            return os.urandom(VERDICT_KEY_BYTES)
+        if len(key) >= VERDICT_KEY_BYTES:
+            return key
+        key = os.urandom(VERDICT_KEY_BYTES)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(key)
-        except FileExistsError:  # another process made it first: use theirs
-            return path.read_bytes()
+            fd, tmp = tempfile.mkstemp(prefix=".verdict.key.", suffix=".tmp", dir=self.directory)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(key)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    theirs = path.read_bytes()
+                    if len(theirs) >= VERDICT_KEY_BYTES:
+                        return theirs  # another process made it first: use theirs
+                    os.replace(tmp, path)  # a short one left behind: never a key
+            finally:
+                Path(tmp).unlink(missing_ok=True)
         except OSError as exc:
             logger.warning("cache verdict key not saved, tokens last for this process only: %s", exc)
         return key
