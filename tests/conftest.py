@@ -56,6 +56,9 @@ def module_home(tmp_path_factory, calibration_dir):
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory, monkeypatch, calibration_dir) -> Path:
+    from localspec.engine.calibrate import forget_learned
+
+    forget_learned()  # each test reads the calibration dir afresh: a scripted test's curve never reaches another
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("LOCALSPEC_HOME", str(home))
     monkeypatch.setenv("LOCALSPEC_MODELS_DIR", str(SHARED_STORE))

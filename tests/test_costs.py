@@ -422,6 +422,38 @@ def test_a_disturbed_calibration_is_retried_then_used_but_not_saved(tmp_path, mo
     assert costs.steps(3) >= costs.steps(2)  # the dip after the bad 2-row point is fitted away
 
 
+def test_a_reload_in_the_same_process_starts_from_what_the_last_engine_learned(tmp_path, monkeypatch):
+    """A disturbed calibration is not saved: each reload (idle unload, keep_alive 0, stop) measured
+    again, 20-26 s before the answer on a busy box (field test). Now a reload reuses this process's
+    curve, as the last engine left it; another process still measures."""
+    measured: list[int] = []
+
+    def disturbed(rt, sizes, seq=0, rounds=4, tick=lambda: None):
+        measured.append(1)
+        return calibrate.Measurement({n: quiet_box(n) for n in sizes}, ["a single step took 30 ms before and 90 ms after"])
+
+    class Runtime:
+        path = tmp_path / "target.gguf"
+        n_threads = 2
+        config = type("C", (), {"n_gpu_layers": 0})()
+
+    Runtime.path.write_bytes(b"GGUF")
+    monkeypatch.setattr(calibrate, "measure_verify", disturbed)
+    monkeypatch.setattr(calibrate, "cache_key", lambda *a: "reload")
+    first, _ = calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
+    runs = len(measured)
+    first.passes = 7  # what the first engine's passes taught, in its own curve
+    second, cost_file = calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
+    assert len(measured) == runs and not (tmp_path / "calibration-reload.json").exists()
+    assert second is not first and second.passes == 7 and second.verify == first.verify
+    assert cost_file is not None and cost_file.path == tmp_path / "calibration-reload.json"
+    second.passes = 9
+    assert calibrate.load_or_measure(Runtime(), None, 8, tmp_path)[0].passes == 9  # the latest engine's
+    calibrate.forget_learned()  # as a new process
+    calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
+    assert len(measured) > runs
+
+
 def test_a_calibration_past_its_budget_is_not_retried(tmp_path, monkeypatch, caplog):
     """With a CPU hog beside llama.cpp's threads a single step took 4-6 s: a second attempt would
     keep the user waiting minutes for what the first passes teach anyway."""

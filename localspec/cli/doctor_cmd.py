@@ -39,7 +39,8 @@ def run_calibration(args: argparse.Namespace) -> int:
             f.path.unlink(missing_ok=True)
         removed = [str(f.path) for f in files]
         print(json.dumps({"removed": removed}) if args.json else
-              f"removed {len(removed)} cost curve(s) from {directory}; the next load of mode auto re-measures")
+              f"removed {len(removed)} cost curve(s) from {directory}; the next process to load mode auto "
+              "re-measures (a running server keeps its own curve until it restarts)")
         return 0
     infos = [describe(f) for f in files]
     if args.json:

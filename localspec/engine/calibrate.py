@@ -6,9 +6,11 @@ GPU layers), because the same files cost very different amounts on a CPU and on 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -201,10 +203,6 @@ def cache_key(target: ModelRuntime, draft: ModelRuntime | None, k_max: int) -> s
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def costs_path(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, cache_dir: Path) -> Path:
-    return cache_dir / f"calibration-{cache_key(target, draft, k_max)}.json"
-
-
 @dataclass
 class CostFile:
     """Where an engine's learned costs persist, and how many of their passes are saved there."""
@@ -229,13 +227,29 @@ class CostFile:
         return True
 
 
+# This process's cost curves by cache key, each the one its latest engine is learning in: a reload (an
+# idle unload, keep_alive 0, `stop`) starts from there. A disturbed calibration is not saved to disk
+# until real passes have corrected it, so every reload on a busy box measured again: 20-26 s before
+# each answer with keep_alive 0 (field test). A new process still gets its chance at a quiet measure.
+_LEARNED: dict[str, Costs] = {}
+_LEARNED_LOCK = threading.Lock()
+
+
 def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, cache_dir: Path | None, *,
                     on_progress: ProgressFn | None = None) -> tuple[Costs, CostFile | None]:
-    """This machine's costs as the last process left them, or a fresh measurement (reported to
-    `on_progress`), and where to persist what the engine learns from here on."""
-    path = costs_path(target, draft, k_max, cache_dir) if cache_dir else None
+    """This machine's costs as this process's last engine of these models left them, else as the last
+    process saved them, else a fresh measurement (reported to `on_progress`); and where to persist what
+    the engine learns from here on."""
+    key = cache_key(target, draft, k_max)
+    path = cache_dir / f"calibration-{key}.json" if cache_dir else None
+    with _LEARNED_LOCK:
+        held = _LEARNED.get(key)
+        if held is not None:
+            # A copy: an engine learns in its own, from its own thread; the next reload starts from this one.
+            _LEARNED[key] = learned = copy.deepcopy(held)
+            return learned, CostFile(path) if path else None
     if path is not None and (known := costs.load(path)) is not None:
-        return known, CostFile(path, passes_saved=known.passes)
+        return _remember(key, known), CostFile(path, passes_saved=known.passes)
     logger.info("calibrating speculative costs (one-time per model, build and thread count)")
     progress = StageReporter(on_progress, LoadStage.CALIBRATE, target.path.stem) if on_progress else None
     t0 = time.perf_counter()
@@ -247,4 +261,16 @@ def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int
             measured.save(path)
         except OSError as exc:  # a read-only or full disk only costs a re-measure next time
             logger.warning("could not save calibration to %s: %s", path, exc)
-    return measured, CostFile(path, passes_saved=measured.passes) if path else None
+    return _remember(key, measured), CostFile(path, passes_saved=measured.passes) if path else None
+
+
+def _remember(key: str, learned: Costs) -> Costs:
+    with _LEARNED_LOCK:
+        _LEARNED[key] = learned
+    return learned
+
+
+def forget_learned() -> None:
+    """Drop this process's curves (`doctor --calibration --reset`, tests): the next load reads the disk."""
+    with _LEARNED_LOCK:
+        _LEARNED.clear()
