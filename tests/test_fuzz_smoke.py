@@ -295,14 +295,16 @@ def _answered(srv, name: str) -> None:
 def test_body_over_limit_is_413_by_length_and_chunked(srv):
     big = json.dumps(chat(messages=[{"role": "user", "content": "y" * (BODY_LIMIT + 10)}])).encode()
     status, text = send(srv, "/v1/chat/completions", big)
-    assert status == 413 and json.loads(text)["error"]["code"] == "body_too_large"
+    error = json.loads(text)["error"]
+    assert status == 413 and error["code"] == "body_too_large" and "--max-body-mb" in error["message"]  # the fix
     # The same bytes without a Content-Length: counted as they arrive.
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=300)
     try:
         conn.request("POST", "/v1/chat/completions", body=iter([big[i:i + 8192] for i in range(0, len(big), 8192)]),
                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}, encode_chunked=True)
         resp = conn.getresponse()
-        assert resp.status == 413, resp.read()
+        assert resp.status == 413
+        assert "--max-body-mb" in json.loads(resp.read())["error"]["message"]
     finally:
         conn.close()
     assert_alive(srv)

@@ -437,6 +437,9 @@ def test_error_status_and_type(ready, body, status, code):
     assert err["code"] == code and err["type"] == "invalid_request_error" and err["message"]
     if code == "context_length_exceeded":
         assert str(N_CTX) in err["message"] and "prompt_tokens=" in err["message"]
+        assert "--n-ctx" in err["message"]  # the fix, as the endpoint's errors promise
+    if body.get("max_tokens") == CAP + 1:
+        assert f"at most {CAP}" in err["message"] and "--max-tokens-cap" in err["message"]
 
 
 def test_best_of_other_than_one_is_refused_and_an_empty_logit_bias_passes(ready):
@@ -481,6 +484,7 @@ def test_auth_and_body_limit(ready):
     big = {"model": TARGET_ID, "messages": user("x" * 300_000)}
     r = raw(ready, "POST", "/v1/chat/completions", json=big)
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    assert "--max-body-mb" in r.json()["error"]["message"]
 
 
 def test_metrics_parse(ready, client):

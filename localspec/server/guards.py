@@ -122,14 +122,15 @@ class BodyLimit:
 
     def __init__(self, app: ASGIApp, limit: int, timeout_s: float) -> None:
         self.app, self.limit, self.timeout_s = app, limit, timeout_s
+        self.message = (f"The request body is over the {limit} byte limit; send a smaller one, or start the "
+                        "server with a larger --max-body-mb.")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await send_error(send, 413, f"The request body is over the {self.limit} byte limit.",
-                                    "body_too_large")
+            return await send_error(send, 413, self.message, "body_too_large")
         seen = 0
         complete = False
         deadline = asyncio.get_running_loop().time() + self.timeout_s
@@ -150,7 +151,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise HTTPException(413, f"The request body is over the {self.limit} byte limit.")
+                    raise HTTPException(413, self.message)
                 complete = not message.get("more_body", False)
             return message
 

@@ -81,8 +81,8 @@ def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict[str, Any]
         raise APIError(400, "logit_bias is not supported by this server; remove it (a stop string or a "
                        "response_format grammar can steer the output instead).", "unsupported_value", "logit_bias")
     if max_tokens is not None and max_tokens > cap:
-        raise APIError(400, f"max_tokens={max_tokens} is above this server's cap of {cap}.",
-                       "invalid_value", "max_tokens")
+        raise APIError(400, f"max_tokens={max_tokens} is above this server's cap of {cap}; ask for at most {cap}, "
+                       "or start the server with a larger --max-tokens-cap.", "invalid_value", "max_tokens")
     opts = body.localspec
     return dict(
         max_tokens=max_tokens or cap, sampling=_sampling(body), stop=body.stops,
