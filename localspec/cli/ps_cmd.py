@@ -55,12 +55,22 @@ def _call(server: Server, method: str, path: str, body: dict[str, Any] | None = 
             message = json.loads(exc.read(64 << 10))["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = f"HTTP {exc.code}"
-        raise LocalspecError(f"The server at {server.url} answered: {message}", None) from None
+        raise LocalspecError(f"The server at {server.url} answered: {message}", _fix_for(exc.code, path)) from None
     except (OSError, ValueError) as exc:
         raise LocalspecError(f"The server at {server.url} did not answer: {exc}.", "Check `localspec ps`.") from None
     if not isinstance(reply, dict):
-        raise LocalspecError(f"The server at {server.url} sent something that is not a report.", None)
+        raise LocalspecError(f"The server at {server.url} sent something that is not a report.",
+                             "Check that a `localspec serve` of this version listens there (`localspec doctor`).")
     return reply
+
+
+def _fix_for(status: int, path: str) -> str:
+    """The fix line for a refusal (every failure prints one): the server's message says the cause."""
+    if status in (401, 403):
+        return "Pass the server's key with --api-key, or set $LOCALSPEC_API_KEY."
+    if path == "/v1/stop":
+        return "Name a model the server serves (listed above); `localspec ps` shows what is loaded."
+    return "See the server's log for the cause."
 
 
 def run_ps(args: argparse.Namespace) -> int:
