@@ -124,10 +124,15 @@ def _open_cache(embedder=None):
     return SemanticCache(embedder=embedder)
 
 
+# What an open cache says of its own embedder: this command opens the store without one, so they would
+# report "exact-match mode: no embedding model installed" and 0 indexed, whatever is installed or served.
+_HANDLE_ONLY = ("mode", "description", "indexed")
+
+
 def run_stats(args: argparse.Namespace) -> int:
     cache = _open_cache()
     try:
-        stats = cache.stats()
+        stats = {k: v for k, v in cache.stats().items() if k not in _HANDLE_ONLY}
     finally:
         cache.close()
     if args.json:
