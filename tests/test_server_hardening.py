@@ -567,3 +567,16 @@ def test_a_burst_is_admitted_only_up_to_slots_and_queue():
         for t in askers:
             t.join(120)
     assert sorted(statuses) == [200, 200, 429, 429, 429, 429], statuses
+
+
+def test_the_start_up_line_names_a_usable_address(monkeypatch, capsys):
+    """`--port 0` printed `serving http://127.0.0.1:0/v1`, and an IPv6 host came without brackets."""
+    import localspec.server
+    from localspec.cli import main
+
+    monkeypatch.setattr(localspec.server, "serve", lambda settings: None)
+    assert main(["serve", "--no-pull", "--port", "0"]) == 0
+    out = capsys.readouterr().out
+    assert ":0/" not in out and "free port" in out, out
+    assert main(["serve", "--no-pull", "--host", "::1", "--port", "8123"]) == 0
+    assert "serving http://[::1]:8123/v1 " in capsys.readouterr().out

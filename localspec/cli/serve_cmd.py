@@ -167,6 +167,16 @@ _SETTING_KEYS = {"max_body_bytes": "server.max_body_mb", "target": "server.model
                  "profile": "profile"}
 
 
+def serving_at(settings: ServerSettings) -> str:
+    """Where the start-up line says it serves: an IPv6 address in brackets, as in a URL; `--port 0` is not
+    a port a client can use, so the line names uvicorn's, which follows once the socket is bound."""
+    scheme = "https" if settings.ssl_certfile else "http"
+    host = f"[{settings.host}]" if ":" in settings.host and not settings.host.startswith("[") else settings.host
+    if settings.port == 0:
+        return f"{scheme}://{host} on a free port (the 'Uvicorn running on' line below names it)"
+    return f"{scheme}://{host}:{settings.port}/v1"
+
+
 def run(args: argparse.Namespace) -> int:
     from localspec.server import serve
 
@@ -187,8 +197,6 @@ def run(args: argparse.Namespace) -> int:
 
         files, _ = resolve_models(settings.profile, settings.target, None, need_draft=False)
         check_lora(settings.lora_path, files.target)
-    scheme = "https" if settings.ssl_certfile else "http"
-    print(f"localspec: serving {scheme}://{settings.host}:{settings.port}/v1 (models load in the background; "
-          f"GET /health says when ready)")
+    print(f"localspec: serving {serving_at(settings)} (models load in the background; GET /health says when ready)")
     serve(settings)
     return 0
