@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "prediction)")
     p.add_argument("--no-prediction", action="store_true", help="send no prediction (to compare the speed)")
     p.add_argument("--max-tokens", type=int, help="most reply tokens (default: the file's tokens plus a quarter)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0.0 = greedy (default)")
     p.add_argument("--seed", type=int)
     p.add_argument("--profile", help="model profile from models.toml (default: settings.toml's profile, else the "
                                      "registry's default)")

@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", help="the prompt text ('-' reads standard input)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the model's chat template")
     p.add_argument("--system", help="system prompt (with --chat)")
-    p.add_argument("--mode", choices=MODES, help="speculation: off, draft (draft model) or lookup (prompt lookup)")
+    p.add_argument("--mode", choices=MODES,
+                   help="speculation: auto (picks per step), off, draft (draft model) or lookup (prompt lookup); "
+                        "default: attached, the server's; else settings.toml's [engine] mode, else auto")
     p.add_argument("-k", "--draft-k", type=int, dest="k", help="most tokens drafted per step")
     p.add_argument("--max-tokens", type=int, default=256)
     # Unset sampling flags leave the model's own settings (its registry entry), else the defaults.
@@ -48,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat-penalty", type=float, help="1.0 = off (default)")
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--profile", help="model profile from models.toml (default: the registry's default)")
+    p.add_argument("--profile", help="model profile from models.toml (default: settings.toml's profile, else the "
+                                          "registry's default)")
     p.add_argument("--model", help="target model id, overriding the profile's")
     p.add_argument("--draft-model", help="draft model id, overriding the profile's")
     add_lora_argument(p)
