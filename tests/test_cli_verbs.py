@@ -324,3 +324,11 @@ def test_help_shows_every_default(leaf, monkeypatch):
     text = " ".join(parser.format_help().split())
     for option, default in _shown_defaults(parser):
         assert default in text, f"`localspec {' '.join(leaf)} --help` does not show {option}'s default {default}"
+
+
+@pytest.mark.parametrize("leaf", [("generate",), ("edit",), ("chat",), ("serve",)], ids=" ".join)
+def test_the_faces_profile_help_names_the_active_profile(leaf):
+    """These faces run settings.toml's profile when --profile is not given; generate's help said the registry's."""
+    parser = dict(subcommands(PARSER))[leaf]
+    text = next(a.help for a in parser._actions if "--profile" in a.option_strings)
+    assert "settings.toml" in text or "the active one" in text, text
