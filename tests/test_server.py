@@ -259,6 +259,23 @@ def test_responses_api_round_trip_on_the_real_pair(model_client):
     assert "".join(deltas) == client.responses.create(**ask).output_text  # greedy: the same answer
 
 
+def test_ollama_api_on_the_real_pair(model_ready):
+    """The official `ollama` client on the real model: a schema kept through format, and a stream
+    equal to the whole answer (greedy)."""
+    import ollama
+
+    client = ollama.Client(host=model_ready.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=300)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    person = client.chat(model=TARGET_ID, messages=[{"role": "user", "content": "Invent a person."}], format=schema,
+                         options={"temperature": 0, "num_predict": 40})
+    assert set(json.loads(person.message.content)) == {"name", "age"}
+    ask = dict(model=TARGET_ID, messages=[{"role": "user", "content": "Name three sorting algorithms."}],
+               options={"temperature": 0, "num_predict": 24})
+    streamed = "".join(p.message.content for p in client.chat(**ask, stream=True))
+    assert streamed == client.chat(**ask).message.content
+
+
 # ---------------------------------------------------------------- completions, FIM, models, embeddings
 
 

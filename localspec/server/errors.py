@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -64,10 +65,21 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+OLLAMA_PREFIX = "/api/"  # Ollama's routes: their errors are Ollama's {"error": "message"}
+
+
+def render(request: Request, status: int, message: str, code: str | None = None, param: str | None = None,
+           headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """An error in the shape the route's API has: Ollama's on /api/, OpenAI's elsewhere."""
+    if request.url.path.startswith(OLLAMA_PREFIX):
+        return JSONResponse({"error": message}, status, headers=headers)
+    return JSONResponse(error_json(status, message, code, param), status, headers=headers)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return render(request, exc.status, exc.message, exc.code, exc.param, exc.headers)
 
     @app.exception_handler(ClientGone)
     async def _client_gone(_: Request, exc: ClientGone) -> Response:
@@ -79,24 +91,23 @@ def install(app: FastAPI) -> None:
         errs = exc.errors()
         first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
         if (not_json := _not_json(request, first)) is not None:
-            return JSONResponse(error_json(400, not_json, "invalid_json"), 400)
+            return render(request, 400, not_json, "invalid_json")
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
         msg = f"{param}: {first['msg']}" if param else str(first["msg"])
-        return JSONResponse(error_json(400, msg, "invalid_value", param), 400)
+        return render(request, 400, msg, "invalid_value", param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and exc.detail == _UNPARSED:  # FastAPI's words for bad UTF-8 or deep nesting
-            message = f"The body could not be read as JSON. {_JSON_FIX}"
-            return JSONResponse(error_json(400, message, "invalid_json"), 400)
+            return render(request, 400, f"The body could not be read as JSON. {_JSON_FIX}", "invalid_json")
         code = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
                 413: "body_too_large"}.get(exc.status_code)
-        return JSONResponse(error_json(exc.status_code, str(exc.detail), code), exc.status_code, headers=exc.headers)
+        return render(request, exc.status_code, str(exc.detail), code, headers=exc.headers)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(error_json(500, f"internal error: {type(exc).__name__}: {exc}"), 500)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return render(request, 500, f"internal error: {type(exc).__name__}: {exc}")
 
 
 _UNPARSED = "There was an error parsing the body"

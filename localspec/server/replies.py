@@ -129,6 +129,7 @@ class StreamedReply(ABC):
 
     hold_text = False  # True: the text is parsed whole at the end (tool calls)
     closing: bytes | None = SSE_DONE  # the stream's last event (the Responses API sends none)
+    keepalive: bytes | None = SSE_KEEPALIVE  # sent while a request waits (NDJSON has no comments: none)
 
     def __init__(self, state: ServerState, b: Backend, plan: Plan, job: Job, who: str) -> None:
         self.state, self.b, self.plan, self.job, self.who = state, b, plan, job, who
@@ -168,7 +169,8 @@ class StreamedReply(ABC):
         done: Done | None = None
         async for item in pieces(self.job, self.state.metrics, hold_text=self.hold_text):
             if isinstance(item, Waiting):
-                yield SSE_KEEPALIVE
+                if self.keepalive is not None:
+                    yield self.keepalive
             elif isinstance(item, Done):
                 done = item
             elif (chunk := self.piece(item)) is not None:

@@ -89,6 +89,11 @@ class _Sampling(_Body):
     seed: int | None = Field(None, ge=0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    # llama.cpp's sampling fields beyond OpenAI's (llama-server takes them too; Ollama's options map here)
+    top_k: int | None = Field(None, ge=0, description="(llama.cpp) keep the k likeliest tokens; 0 = off")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="(llama.cpp) drop tokens below min_p x the top one's "
+                                                                  "probability")
+    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0, description="(llama.cpp) 1 = off")
     n: int = Field(1, description="only 1 is supported")
     logit_bias: dict[str, float] | None = Field(None, description="not supported: a 400 unless empty")
     stream: bool = False

@@ -128,9 +128,9 @@ class EventStream(StreamingResponse):
     ends first ends the other, so a client gone while its request is queued cancels it at once
     (Starlette leaves the disconnect to a failed send under ASGI 2.4, and a queued stream sends nothing)."""
 
-    def __init__(self, body: AsyncIterator[bytes], *, on_close: Callable[[], None] | None = None) -> None:
-        super().__init__(body, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, body: AsyncIterator[bytes], *, on_close: Callable[[], None] | None = None,
+                 media_type: str = "text/event-stream") -> None:
+        super().__init__(body, media_type=media_type, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.on_close = on_close  # runs once the response is written or abandoned (a hold on the models)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

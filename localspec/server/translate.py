@@ -67,7 +67,8 @@ def _sampling(body: _Sampling) -> SamplingParams:
     # Only what the body sends counts as the request's own: the model's settings fill the rest,
     # and OpenAI's temperature 1.0 (or the client's own fallback) applies only when they set none either.
     given = dict(temperature=body.temperature, top_p=body.top_p, frequency_penalty=body.frequency_penalty,
-                 presence_penalty=body.presence_penalty, seed=body.seed)
+                 presence_penalty=body.presence_penalty, seed=body.seed, top_k=body.top_k, min_p=body.min_p,
+                 repeat_penalty=body.repeat_penalty)
     own = body.localspec.default_temperature if body.localspec else None
     return with_fallbacks(SamplingParams(**{k: v for k, v in given.items() if v is not None}),
                           temperature=DEFAULT_TEMPERATURE if own is None else own)

@@ -1,0 +1,203 @@
+"""Ollama's API on the endpoint (see server/ollama.py): chat, generate, embed, and the listings
+its clients read first (version, tags, show, ps). Errors here are Ollama's `{"error": "..."}`."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from localspec import __version__
+from localspec.engine.events import Done
+from localspec.jobs import Job
+from localspec.server import translate
+from localspec.server.backend import Backend
+from localspec.server.errors import APIError
+from localspec.server.ollama import (AssistantMessage, ChatLine, GenerateLine, LegacyEmbeddingRequest,
+                                     OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest, ShowRequest,
+                                     Timings, chat_request, done_reason, generate_request, ndjson, ollama_calls)
+from localspec.server.replies import StreamedReply
+from localspec.server.routes import embeddings as openai_embeddings
+from localspec.server.routes.completions import fim_supported
+from localspec.server.routes.models import cards
+from localspec.server.routes.plans import plan
+from localspec.server.routes.ps import ps as openai_ps
+from localspec.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ToolCall
+from localspec.server.state import Principal, ServerState, State
+from localspec.server.streaming import EventStream, Piece
+
+router = APIRouter(tags=["ollama"])
+NDJSON = "application/x-ndjson"
+
+
+class Shape(Enum):
+    """Which of Ollama's answers a reply is: a chat message, or generate's `response` text."""
+
+    CHAT = "chat"
+    GENERATE = "generate"
+
+
+@router.post("/api/chat", response_model=None)
+async def chat(body: OllamaChatRequest, request: Request, state: State, who: Principal) -> JSONResponse | EventStream:
+    if not body.messages:  # Ollama's way to load (or, keep_alive 0, unload) a model
+        return await load_only(state, body.model, body.keep_alive, Shape.CHAT)
+    return await answer(state, request, who, chat_request(body), Shape.CHAT)
+
+
+@router.post("/api/generate", response_model=None)
+async def generate(body: OllamaGenerateRequest, request: Request, state: State,
+                   who: Principal) -> JSONResponse | EventStream:
+    if not body.prompt and body.suffix is None:
+        return await load_only(state, body.model, body.keep_alive, Shape.GENERATE)
+    return await answer(state, request, who, generate_request(body), Shape.GENERATE)
+
+
+async def answer(state: ServerState, request: Request, who: str, body: ChatCompletionRequest | CompletionRequest,
+                 shape: Shape) -> JSONResponse | EventStream:
+    """The endpoint's path for a translated request, answered in Ollama's shape."""
+    t0 = time.perf_counter()
+    async with state.serving(body.model, body.keep_alive) as (b, hold):
+        if isinstance(body, ChatCompletionRequest):
+            plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
+        else:
+            plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
+        job = await state.submit(b, plan_, model=body.model, owner=who)
+        kept = state.keep(hold)
+    reply = OllamaReply(state, b, plan_, job, who, model=body.model, shape=shape, t0=t0)
+    if body.stream:
+        return EventStream(reply.stream(), on_close=kept.release, media_type=NDJSON)
+    try:
+        _, done = await reply.whole(request)
+        return JSONResponse(reply.last(done, whole=True))
+    finally:
+        kept.release()
+
+
+async def load_only(state: ServerState, model: str, keep_alive: str | float | None, shape: Shape) -> JSONResponse:
+    """A request with nothing to say loads the model (404 for a name it cannot serve); with
+    keep_alive 0 it unloads after it, as Ollama's does."""
+    async with state.serving(model, keep_alive):
+        pass
+    reason = "unload" if keep_alive in (0, "0", "0s") else "load"
+    line: BaseModel = (ChatLine(model=model, message=AssistantMessage(), done=True, done_reason=reason)
+                       if shape is Shape.CHAT
+                       else GenerateLine(model=model, response="", done=True, done_reason=reason))
+    return JSONResponse(line.model_dump(mode="json", exclude_none=True))
+
+
+class OllamaReply(StreamedReply):
+    """One answer as Ollama's lines: a text piece per line, then the last with the counts."""
+
+    closing = None
+    keepalive = None  # NDJSON has no comment lines: a waiting stream sends nothing
+
+    def __init__(self, state: ServerState, b: Backend, plan_: translate.Plan, job: Job, who: str, *, model: str,
+                 shape: Shape, t0: float) -> None:
+        super().__init__(state, b, plan_, job, who)
+        self.model, self.shape, self.t0 = model, shape, t0
+        self.id = job.id
+        self.hold_text = bool(plan_.tool_mode)
+
+    def line(self, text: str, *, done: Done | None = None, calls: list[ToolCall] | None = None) -> BaseModel:
+        reason = done_reason(done) if done is not None else None
+        if self.shape is Shape.CHAT:
+            message = AssistantMessage(content=text, tool_calls=ollama_calls(calls or []))
+            return ChatLine(model=self.model, message=message, done=done is not None, done_reason=reason)
+        return GenerateLine(model=self.model, response=text, done=done is not None, done_reason=reason)
+
+    def last(self, done: Done, *, whole: bool) -> dict[str, Any]:
+        """The finished answer's line: the whole text (or, streamed, only what was held) and the counts."""
+        content, calls = self.plan.tool_calls(done.text)
+        text = (content or "") if whole or self.hold_text else ""
+        timings = Timings.of(done, total_s=time.perf_counter() - self.t0)
+        data = self.line(text, done=done, calls=calls).model_dump(mode="json", exclude_none=True)
+        return {**data, **timings.model_dump()}
+
+    def piece(self, piece: Piece) -> bytes | None:
+        return ndjson(self.line(piece.text)) if piece.text else None
+
+    def tail(self, done: Done) -> list[bytes]:
+        return [json.dumps(self.last(done, whole=False), ensure_ascii=False).encode() + b"\n"]
+
+    def failed(self, err: APIError) -> list[bytes]:
+        return [json.dumps({"error": err.message}).encode() + b"\n"]  # Ollama's error line, mid-stream
+
+
+# ---------------------------------------------------------------- listings and embeddings
+
+
+@router.post("/api/embed")
+async def embed(body: OllamaEmbedRequest, state: State) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    vectors = await openai_embeddings.embeddings(EmbeddingRequest(model=body.model, input=body.input), state)
+    return {"model": body.model, "embeddings": [v.embedding for v in vectors.data],
+            "total_duration": int((time.perf_counter() - t0) * 1e9), "prompt_eval_count": vectors.usage.prompt_tokens}
+
+
+@router.post("/api/embeddings")
+async def legacy_embeddings(body: LegacyEmbeddingRequest, state: State) -> dict[str, Any]:
+    vectors = await openai_embeddings.embeddings(EmbeddingRequest(model=body.model, input=body.prompt), state)
+    return {"embedding": vectors.data[0].embedding}
+
+
+@router.get("/api/version")
+async def version() -> dict[str, Any]:
+    return {"version": __version__}
+
+
+@router.get("/api/tags")
+async def tags(state: State) -> dict[str, Any]:
+    """The names a request may use, as Ollama lists its pulled models."""
+    return {"models": [_tag(card.id, embedding=bool(card.localspec and card.localspec.role == "embedding"))
+                       for card in await cards(state)]}
+
+
+def _tag(name: str, *, embedding: bool) -> dict[str, Any]:
+    return {"name": name, "model": name, "modified_at": "1970-01-01T00:00:00Z", "size": 0, "digest": "",
+            "details": {"format": "gguf", "family": "bert" if embedding else "", "families": None,
+                        "parameter_size": "", "quantization_level": ""}}
+
+
+@router.post("/api/show")
+async def show(body: ShowRequest, state: State) -> dict[str, Any]:
+    """What a client reads before its first request: the model's context length and capabilities."""
+    listed = {card.id: card for card in await cards(state)}
+    card = listed.get(body.model)
+    if card is None:
+        raise APIError(404, f"model '{body.model[:200]}' not found; GET /api/tags lists the served names.",
+                       "model_not_found", "model")
+    embedding = bool(card.localspec and card.localspec.role == "embedding")
+    n_ctx = state.settings.n_ctx
+    details = _tag(body.model, embedding=embedding)["details"]
+    return {"modelfile": "", "parameters": "", "template": "", "details": details,
+            "model_info": {"general.architecture": "", **({"context_length": n_ctx} if n_ctx else {})},
+            "capabilities": ["embedding"] if embedding else ["completion", "tools", "insert"]}
+
+
+@router.get("/api/ps")
+async def running(state: State) -> dict[str, Any]:
+    report = await openai_ps(state)
+    return {"models": [{"name": m.name, "model": m.name, "size": m.size_bytes, "digest": "",
+                        "expires_at": _iso(m.expires_at), "size_vram": 0,
+                        "details": {"format": "gguf"}} for m in report.models]}
+
+
+def _iso(unix: float | None) -> str:
+    return datetime.fromtimestamp(unix, UTC).isoformat().replace("+00:00", "Z") if unix else "0001-01-01T00:00:00Z"
+
+
+SERVED = ("chat", "generate", "embed", "embeddings", "tags", "show", "ps", "version")
+
+
+@router.api_route("/api/{rest:path}", methods=["GET", "POST", "DELETE", "HEAD"], include_in_schema=False)
+async def unserved(rest: str) -> None:
+    """The rest of Ollama's API (pull, push, create, copy, delete, blobs) manages Ollama's own store."""
+    raise APIError(404, f"/api/{rest[:100]} is not served: localspec serves Ollama's "
+                   f"{', '.join('/api/' + s for s in SERVED)}; manage models with `localspec models` "
+                   "(pull, rm, list).", "not_found")

@@ -1,0 +1,148 @@
+"""Ollama's API (/api/chat, /api/generate, ...): a real server on loopback, the official `ollama` client.
+
+The server answers from a scripted target (tests/fake_tier.py) whose answers depend on the prompt
+the endpoint rendered, so each test sees what the Ollama request became. What the real model says
+through these routes is checked in test_server.py (`model_client`'s server).
+"""
+
+from __future__ import annotations
+
+import json
+
+import ollama
+import pytest
+
+from localspec.server import ServerSettings
+from tests.fake_tier import Reply, ScriptedEmbedder, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+from tests.server_harness import ServerThread, request
+
+MODEL = "scripted-ollama"
+EMBEDDER = "scripted-embedder"
+STORY = "Once upon a time there was a robot. " * 3
+TWO_CALLS = "".join(f'<tool_call>\n{{"name": "weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>\n'
+                    for c in ("Paris", "Rome"))
+WEATHER = [{"type": "function", "function": {"name": "weather", "description": "Weather for a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def script(prompt: str) -> Reply | str:
+    if "Be a pirate" in prompt and "Greet me" in prompt:
+        return "Arr."
+    if "Greet me" in prompt:
+        return "Hello."
+    if "Look up two cities" in prompt and "sunny, 21C" in prompt:
+        return "Paris is sunny."
+    if "Look up two cities" in prompt:
+        return TWO_CALLS
+    if "Write a story" in prompt:
+        return Reply(STORY, pace_s=0.001)
+    if "Break down" in prompt:
+        return Reply("Never said.", fail="llama_decode returned -3")
+    return "Red, green, blue."
+
+
+@pytest.fixture(scope="module")
+def served(module_home):
+    tier = scripted_tier(model_id=MODEL, script=script)
+    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[tier]), embedder=ScriptedEmbedder(),
+                               embedding_id=EMBEDDER)
+    app = scripted_app(backend=backend, settings=ServerSettings(cache=False, router=False, max_tokens_cap=256))
+    with ServerThread(app) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(served) -> ollama.Client:
+    return ollama.Client(host=served.base_url, timeout=120)
+
+
+def test_chat_whole_and_streamed_in_ollamas_shapes(client):
+    r = client.chat(model=MODEL, messages=[{"role": "user", "content": "Name three colours."}], stream=False,
+                    options={"temperature": 0})
+    assert r.message.role == "assistant" and r.message.content == "Red, green, blue."
+    assert r.done and r.done_reason == "stop" and r.model == MODEL
+    assert r.prompt_eval_count > 0 and r.eval_count > 0 and r.total_duration > 0
+    parts = list(client.chat(model=MODEL, messages=[{"role": "user", "content": "Write a story."}], stream=True))
+    assert len(parts) > 5 and not any(p.done for p in parts[:-1]) and parts[-1].done
+    assert "".join(p.message.content for p in parts) == STORY
+    assert parts[-1].eval_count > 0 and all(p.eval_count is None for p in parts[:-1])  # counts on the last line
+
+
+def test_num_predict_stops_the_answer_at_length(client):
+    r = client.chat(model=MODEL, messages=[{"role": "user", "content": "Write a story."}],
+                    options={"num_predict": 4})
+    assert r.done_reason == "length" and r.eval_count == 4
+
+
+def test_generate_is_a_chat_turn_with_its_system_and_raw_is_the_prompt_itself(client):
+    assert client.generate(model=MODEL, prompt="Greet me.").response == "Hello."
+    assert client.generate(model=MODEL, prompt="Greet me.", system="Be a pirate.").response == "Arr."
+    raw = client.generate(model=MODEL, prompt="Greet me.", raw=True)
+    assert raw.response == "Hello." and raw.done_reason == "stop"
+    streamed = list(client.generate(model=MODEL, prompt="Write a story.", stream=True))
+    assert "".join(p.response for p in streamed) == STORY and streamed[-1].done
+
+
+def test_tool_calls_come_back_with_object_arguments_and_tool_results_answer_them(client):
+    messages = [{"role": "user", "content": "Look up two cities."}]
+    r = client.chat(model=MODEL, messages=messages, tools=WEATHER)
+    calls = r.message.tool_calls
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [("weather", {"city": "Paris"}),
+                                                                              ("weather", {"city": "Rome"})]
+    assert r.message.content == ""  # the calls alone
+    messages += [r.message.model_dump(exclude_none=True),
+                 *({"role": "tool", "content": "sunny, 21C", "tool_name": "weather"} for _ in calls)]
+    assert client.chat(model=MODEL, messages=messages, tools=WEATHER).message.content == "Paris is sunny."
+    [last] = [p for p in client.chat(model=MODEL, messages=messages[:1], tools=WEATHER, stream=True) if p.done]
+    assert len(last.message.tool_calls) == 2  # streamed: held to the end, on the last line
+
+
+def test_format_json_schema_reaches_the_grammar(served):
+    """format carries a schema as response_format does: a schema the grammar refuses is Ollama's 400."""
+    bad = {"model": MODEL, "stream": False, "messages": [{"role": "user", "content": "hi"}],
+           "format": {"type": "object", "properties": {"n": {"$ref": "#/$defs/missing"}}}}
+    r = request(served.base_url, "POST", "/api/chat", json_body=bad)
+    assert r.status_code == 400 and isinstance(r.json()["error"], str) and "$ref" in r.json()["error"]
+
+
+def test_an_empty_request_loads_the_model_and_errors_are_ollamas_shape(client, served):
+    assert client.chat(model=MODEL, messages=[]).done_reason == "load"
+    assert client.generate(model=MODEL, prompt="").done_reason == "load"
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.chat(model="nope", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 404 and "nope" in caught.value.error
+    for options, words in (({"mirostat": 2}, "options.mirostat"), ({"num_predict": 0}, "num_predict")):
+        with pytest.raises(ollama.ResponseError, match=words) as caught:
+            client.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}], options=options)
+        assert caught.value.status_code == 400
+    with pytest.raises(ollama.ResponseError, match="images are not served"):
+        client.chat(model=MODEL, messages=[{"role": "user", "content": "hi", "images": ["aGk="]}])
+    r = request(served.base_url, "POST", "/api/chat", json_body={"model": MODEL, "messages": "not a list"})
+    assert r.status_code == 400 and isinstance(r.json()["error"], str)  # not OpenAI's error object
+
+
+def test_an_engine_failure_is_a_500_or_an_error_line(client):
+    with pytest.raises(ollama.ResponseError, match="llama_decode returned -3") as caught:
+        client.chat(model=MODEL, messages=[{"role": "user", "content": "Break down."}])
+    assert caught.value.status_code == 500
+    with pytest.raises(ollama.ResponseError, match="llama_decode returned -3"):
+        list(client.chat(model=MODEL, messages=[{"role": "user", "content": "Break down."}], stream=True))
+
+
+def test_listings_and_embeddings(client, served):
+    names = {m.model for m in client.list().models}
+    assert {MODEL, EMBEDDER} <= names
+    show = client.show(MODEL)
+    assert "completion" in show.capabilities and client.show(EMBEDDER).capabilities == ["embedding"]
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.show("nope")
+    assert caught.value.status_code == 404
+    vectors = client.embed(model=EMBEDDER, input=["red", "blue"]).embeddings
+    assert len(vectors) == 2 and len(vectors[0]) == len(vectors[1]) > 0
+    legacy = request(served.base_url, "POST", "/api/embeddings", json_body={"model": EMBEDDER, "prompt": "red"})
+    assert legacy.json()["embedding"] == vectors[0]
+    assert json.loads(request(served.base_url, "GET", "/api/version").text)["version"]
+    assert {m.model for m in client.ps().models} == {MODEL, EMBEDDER}  # loaded now, with their expiry
+    with pytest.raises(ollama.ResponseError, match="localspec models") as caught:
+        client.pull(MODEL)  # Ollama's store is not ours
+    assert caught.value.status_code == 404
