@@ -1,15 +1,22 @@
 """The OpenAI-compatible HTTP endpoint (`localspec serve`)."""
 
 import asyncio
+import math
 import sys
 from typing import Any
+
+from fastapi import FastAPI
 
 from localspec.server.announce import AnnouncingServer
 from localspec.server.app import create_app
 from localspec.server.backend import Backend
 from localspec.server.settings import API_KEY_ENV, ServerSettings, is_loopback
 
-__all__ = ["API_KEY_ENV", "Backend", "ServerSettings", "create_app", "is_loopback", "protocol_for", "serve"]
+__all__ = ["API_KEY_ENV", "Backend", "ServerSettings", "create_app", "is_loopback", "make_server", "protocol_for",
+           "serve"]
+
+
+SHUTDOWN_GRACE_S = 10.0  # running requests get this long to finish on shutdown; the rest are cancelled
 
 
 def protocol_for(settings: ServerSettings) -> type[asyncio.Protocol]:
@@ -22,19 +29,11 @@ def protocol_for(settings: ServerSettings) -> type[asyncio.Protocol]:
 
 def serve(settings: ServerSettings) -> None:
     """Run the app under uvicorn until interrupted. Refuses an unauthenticated non-loopback bind."""
-    import uvicorn
     from uvicorn.main import STARTUP_FAILURE
 
     settings = settings.with_env_key()
     settings.check_bind()
-    app = create_app(settings)
-    # Running requests get this long to finish on shutdown; the rest are cancelled.
-    tls: dict[str, Any] = {}
-    if settings.ssl_certfile:
-        tls = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)}
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            timeout_graceful_shutdown=10, http=protocol_for(settings), **tls)
-    server = AnnouncingServer(config, settings)  # writes serve.json while it listens: faces attach through it
+    server = make_server(settings, create_app(settings))
     try:
         server.run()
     except KeyboardInterrupt:  # as uvicorn.run: a second Ctrl+C during shutdown
@@ -43,3 +42,16 @@ def serve(settings: ServerSettings) -> None:
         server.withdraw()
     if not server.started:
         sys.exit(STARTUP_FAILURE)  # uvicorn.run's status for a failed start (the port taken, say)
+
+
+def make_server(settings: ServerSettings, app: FastAPI, *, grace_s: float = SHUTDOWN_GRACE_S) -> AnnouncingServer:
+    """`serve`'s uvicorn server for `app` on the settings' address; it writes serve.json while it
+    listens (faces attach through it)."""
+    import uvicorn
+
+    tls: dict[str, Any] = {}
+    if settings.ssl_certfile:
+        tls = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)}
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            timeout_graceful_shutdown=math.ceil(grace_s), http=protocol_for(settings), **tls)
+    return AnnouncingServer(config, settings)
