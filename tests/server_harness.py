@@ -11,13 +11,16 @@ import uvicorn
 
 
 class ServerThread:
-    """`announce`: the settings `localspec serve` would announce in serve.json (its AnnouncingServer)."""
+    """`announce`: the settings `localspec serve` would announce in serve.json (its AnnouncingServer).
+    `server`: a server built already (`localspec.server.make_server`, serve's own), run as it is."""
 
-    def __init__(self, app, announce=None, protocol=None) -> None:
+    def __init__(self, app, announce=None, protocol=None, *, server: uvicorn.Server | None = None) -> None:
         # protocol: serve's (localspec.server.protocol_for), where a test is about connections
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                                 **({"http": protocol} if protocol is not None else {}))
-        if announce is not None:
+        if server is not None:
+            self.server = server
+        elif announce is not None:
             from localspec.server.announce import AnnouncingServer
 
             self.server = AnnouncingServer(config, announce)

@@ -7,6 +7,7 @@ loopback with the real target (one slot, so requests queue).
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -229,3 +230,70 @@ def test_an_answer_cancelled_while_its_client_waits_is_a_503_naming_the_cancella
         assert '"code": "cancelled"' in events[-2] and events[-1] == "[DONE]", events[-3:]
         # The server goes on.
         assert request(srv.base_url, "POST", path, json_body=body | {"max_tokens": 3}).status_code == 200
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_shutdown_past_its_grace_ends_running_answers_with_the_cancelled_503():
+    """SIGTERM / Ctrl+C while answers run: past the grace they are cancelled and still answered (the
+    503 `cancelled`, a stream's error event and [DONE]). Before: uvicorn cancelled their tasks when the
+    grace ran out, so a stream stopped mid-chunk without an end, a whole answer got a bare 500, and each
+    left an "Exception in ASGI application" traceback in the log."""
+    import openai
+
+    from localspec.server import make_server
+    from tests.fake_tier import Reply, scripted, scripted_app, scripted_pipeline, scripted_tier
+
+    endless = Reply("and so on " * 2000, pace_s=0.02)  # far longer than the grace: it runs when the server stops
+    pipe = scripted_pipeline(tiers=[scripted_tier(script=scripted(default=endless))])
+    settings = ServerSettings(host="127.0.0.1", port=0, cache=False, router=False)
+    app = scripted_app(pipeline=pipe, settings=settings)
+    uvicorn_log = _Records()
+    logging.getLogger("uvicorn.error").addHandler(uvicorn_log)
+    outcomes: dict[str, object] = {}
+    streaming = threading.Event()
+    ask = {"model": "scripted-large", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 4000,
+           "temperature": 0}
+
+    def stream(client: openai.OpenAI) -> None:
+        try:
+            for _ in client.chat.completions.create(stream=True, **ask):
+                streaming.set()
+            outcomes["stream"] = "ended without an error"
+        except Exception as exc:
+            outcomes["stream"] = exc
+
+    def whole(client: openai.OpenAI) -> None:
+        try:
+            outcomes["whole"] = client.chat.completions.create(**ask)
+        except Exception as exc:
+            outcomes["whole"] = exc
+
+    try:
+        with ServerThread(app, server=make_server(settings, app, grace_s=0.2)) as srv:
+            assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=60)
+            client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+            clients = [threading.Thread(target=f, args=(client,)) for f in (stream, whole)]
+            for t in clients:
+                t.start()
+            assert streaming.wait(60)
+            assert wait_until(lambda: sum(not j.done.is_set() for j in app.state.admission.jobs) == 2, timeout=60)
+        # Leaving the block stops the server as a signal does (should_exit), while both answers run.
+        for t in clients:
+            t.join(60)
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(uvicorn_log)
+    got = outcomes["whole"]
+    assert isinstance(got, openai.APIStatusError) and got.status_code == 503, got
+    assert got.code == "cancelled" and "shutting down" in got.message
+    got = outcomes["stream"]
+    assert isinstance(got, openai.APIError) and not isinstance(got, openai.APIConnectionError), repr(got)
+    assert "shutting down" in got.message
+    assert not [r.getMessage() for r in uvicorn_log.records if r.levelno >= logging.ERROR]

@@ -155,7 +155,7 @@ def test_the_settings_reach_serve_and_are_bounded(monkeypatch, capsys):
     class Recorder:  # stands in for uvicorn's server: what config would `serve` run?
         started = True
 
-        def __init__(self, config, settings) -> None:
+        def __init__(self, config, settings, **shutdown) -> None:
             ran["config"] = config
 
         def run(self) -> None:

@@ -17,6 +17,9 @@ __all__ = ["API_KEY_ENV", "Backend", "ServerSettings", "create_app", "is_loopbac
 
 
 SHUTDOWN_GRACE_S = 10.0  # running requests get this long to finish on shutdown; the rest are cancelled
+# ...and then this long to send their cancellation (the engine ends them at its next step) before uvicorn
+# cuts what is left: its cut leaves a stream without an end and a whole answer a bare 500.
+SHUTDOWN_END_S = 5.0
 
 
 def protocol_for(settings: ServerSettings) -> type[asyncio.Protocol]:
@@ -46,12 +49,17 @@ def serve(settings: ServerSettings) -> None:
 
 def make_server(settings: ServerSettings, app: FastAPI, *, grace_s: float = SHUTDOWN_GRACE_S) -> AnnouncingServer:
     """`serve`'s uvicorn server for `app` on the settings' address; it writes serve.json while it
-    listens (faces attach through it)."""
+    listens (faces attach through it). At shutdown, requests still running after `grace_s` are
+    cancelled, and answer so."""
     import uvicorn
+
+    from localspec.server.state import ServerState
 
     tls: dict[str, Any] = {}
     if settings.ssl_certfile:
         tls = {"ssl_certfile": str(settings.ssl_certfile), "ssl_keyfile": str(settings.ssl_keyfile)}
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            timeout_graceful_shutdown=math.ceil(grace_s), http=protocol_for(settings), **tls)
-    return AnnouncingServer(config, settings)
+                            timeout_graceful_shutdown=math.ceil(grace_s + SHUTDOWN_END_S), http=protocol_for(settings),
+                            **tls)
+    state: ServerState = app.state.server
+    return AnnouncingServer(config, settings, end_running=state.cancel_running, grace_s=grace_s)

@@ -1,10 +1,13 @@
-"""uvicorn's server, announcing itself in `serve.json` (localspec.attach.state) while it listens."""
+"""uvicorn's server, announcing itself in `serve.json` (localspec.attach.state) while it listens, and
+ending the answers still running at shutdown as answers."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -18,12 +21,19 @@ logger = logging.getLogger(__name__)
 
 class AnnouncingServer(uvicorn.Server):
     """Writes the state file once its socket is bound (the real port, even with `--port 0`) and
-    removes it when it shuts down cleanly."""
+    removes it when it shuts down cleanly.
 
-    def __init__(self, config: uvicorn.Config, settings: ServerSettings) -> None:
+    `end_running`, `grace_s`: at shutdown, answers still running after `grace_s` are cancelled through
+    `end_running`, so each still answers (its 503, a stream's error event and [DONE]) while uvicorn's own
+    timeout, which cuts the connections without a word, is further off."""
+
+    def __init__(self, config: uvicorn.Config, settings: ServerSettings, *,
+                 end_running: Callable[[], None] | None = None, grace_s: float = 0.0) -> None:
         super().__init__(config)
         self.settings = settings
         self.announced: ServeState | None = None
+        self.end_running = end_running
+        self.grace_s = grace_s
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
@@ -39,7 +49,18 @@ class AnnouncingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.withdraw()
-        await super().shutdown(sockets=sockets)
+        ending = asyncio.create_task(self._end_after_grace()) if self.end_running is not None else None
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            if ending is not None:
+                ending.cancel()
+
+    async def _end_after_grace(self) -> None:
+        await asyncio.sleep(self.grace_s)
+        assert self.end_running is not None
+        logger.info("cancelling the requests still running %g s after the shutdown began", self.grace_s)
+        self.end_running()
 
     def withdraw(self) -> None:
         if self.announced is not None:

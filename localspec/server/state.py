@@ -225,6 +225,12 @@ class ServerState:
                 logger.info("loading %s on demand", r.key)
             r.loader.start()
 
+    def cancel_running(self) -> None:
+        """Shutdown past its grace: cancel every admitted request, queued or decoding. Each still
+        answers, while its connection is open: the 503 `cancelled`, or a stream's error event and [DONE]."""
+        for job in list(self.admission.jobs):
+            job.cancel()
+
     def close(self, drain: bool = False) -> None:
         """Shutdown: every loaded model, the profile's and those loaded on demand."""
         for r in self.residents():
