@@ -90,6 +90,35 @@ def test_the_judge_lane_is_admitted_before_queued_generations():
     assert order[:2] == [first.id, judge.id]
 
 
+def test_a_request_admitted_while_the_completion_thread_counts_is_not_lost():
+    """The queue-depth gauge counts unfinished requests on the completion thread while the loop admits
+    more. Before: the count stored a pruned copy of `jobs`, and a job the loop added between the copy and
+    the store was lost: no longer counted against capacity (no 429), in /v1/ps, or cancelled at shutdown."""
+    from localspec.server.errors import APIError
+    from localspec.server.state import Admission
+
+    class Unfinished:  # all Admission reads of a job
+        def __init__(self) -> None:
+            self.done = threading.Event()
+
+    running, admitted = Unfinished(), Unfinished()
+
+    class AdmittedAsTheCountEnds(set):
+        """The loop's `add` lands just after the thread has read every job, before it stores anything."""
+
+        def __iter__(self):
+            yield from list(set.__iter__(self))
+            set.add(self, admitted)
+
+    admission = Admission(capacity=2, retry_after_s=1)
+    admission.jobs = AdmittedAsTheCountEnds({running})
+    admission.unfinished()  # on the completion thread
+    assert admitted in admission.jobs
+    with pytest.raises(APIError) as refused:  # both count against the capacity of 2
+        admission.check()
+    assert refused.value.status == 429
+
+
 # ---------------------------------------------------------------- the endpoint
 
 

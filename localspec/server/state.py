@@ -45,10 +45,13 @@ class Admission:
         self.held = 0  # work admitted outside the engine (embeddings), counted against the same capacity
 
     def unfinished(self) -> int:
-        self.jobs = {j for j in self.jobs if not j.done.is_set()}
-        return len(self.jobs) + self.held
+        """Only reads: the completion thread counts too (the queue-depth gauge), and a pruned copy stored
+        from there lost any job the loop admitted between the copy and the store."""
+        return sum(not j.done.is_set() for j in list(self.jobs)) + self.held
 
     def check(self) -> None:
+        """On the loop, which alone writes `jobs`: finished ones are dropped here."""
+        self.jobs = {j for j in self.jobs if not j.done.is_set()}
         if self.unfinished() >= self.capacity:
             raise APIError(429, f"The server is busy ({self.capacity} requests running or queued). Retry shortly.",
                            "queue_full", headers={"Retry-After": str(self.retry_after_s)})
