@@ -53,6 +53,9 @@ class FakeHub:
     downloads: dict[str, int] = field(default_factory=dict)  # repo -> download count, for search order
     ignore_range: bool = False  # answer 200 with the whole file whatever Range asks
     range_cap: int | None = None  # answer a closed range with at most this many bytes (a 206 saying so)
+    # Answer file requests (not header reads) with a 302 to this origin, as the Hub sends LFS files to
+    # its CDN: another FakeHub holding the same files stands in for the CDN.
+    redirect_files_to: str | None = None
     _gets: int = 0
 
     def add(self, repo: str, filename: str, content: bytes) -> str:
@@ -163,6 +166,15 @@ class FakeHub:
             return self._error(h, 404, "EntryNotFound")
         sha = self.etag_override.get(filename) or hashlib.sha256(content).hexdigest()  # a big file: claim one
         size = len(content)
+        if self.redirect_files_to is not None and not _closed_range(request):
+            h.send_response(302)
+            h.send_header("Location", self.redirect_files_to + h.path)
+            h.send_header("X-Linked-Etag", f'"{sha}"')
+            h.send_header("X-Linked-Size", str(self.size_override.get(filename, size)))
+            h.send_header("X-Repo-Commit", COMMIT)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         start, end = 0, size - 1
         rng = h.headers.get("Range")
         ranged = False

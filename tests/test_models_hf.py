@@ -180,6 +180,25 @@ def test_download_stops_once_it_passes_the_expected_size(env, hub, tmp_path, tmp
     assert leftovers == [] and not list(tmp_store.rglob("*.gguf"))
 
 
+def test_the_token_goes_to_the_hub_and_not_to_the_host_it_redirects_the_download_to(env, hub, gguf_bytes):
+    """The Hub sends LFS files to a CDN on another host: as hf_hub_download does, the token stays
+    with the Hub (a mirror set as HF_ENDPOINT could otherwise send it anywhere)."""
+    cdn = FakeHub()
+    cdn.add(REPO_ID, FILE, gguf_bytes)
+    cdn.start()
+    try:
+        hub.redirect_files_to = cdn.url
+        overlay(sha=sha256(gguf_bytes))
+        out = pull_in_subprocess("tiny-hf", dict(env, HF_TOKEN="hf_secret_of_the_user"))
+        assert out["ok"], out
+        assert Path(out["path"]).read_bytes() == gguf_bytes
+        assert [r.headers.get("authorization") for r in hub.requests] == ["Bearer hf_secret_of_the_user"]
+        assert [r.method for r in cdn.gets()] == ["GET"]
+        assert [r.headers.get("authorization") for r in cdn.requests] == [None]
+    finally:
+        cdn.stop()
+
+
 def test_404_lists_every_source_tried(env, hub, tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from localspec.errors import IntegrityError
 from localspec.models.progress import Emitter
@@ -119,6 +120,7 @@ class _Remote:
     commit: str | None
     etag: str | None
     location: str  # where to GET it (the Hub redirects LFS files to a CDN)
+    url: str  # the resolve URL on the Hub that was asked
 
 
 def _metadata(src: HFSource, spec: FileSpec) -> _Remote:
@@ -147,7 +149,7 @@ def _metadata(src: HFSource, spec: FileSpec) -> _Remote:
         raise SourceUnavailable(f"cannot reach {_endpoint()}: {_describe(exc)}") from None
     etag = (meta.etag or "").strip('"').lower()
     lfs_sha = etag if _SHA_RE.fullmatch(etag) else None
-    return _Remote(lfs_sha, meta.size, meta.commit_hash, etag or None, meta.location)
+    return _Remote(lfs_sha, meta.size, meta.commit_hash, etag or None, meta.location, url)
 
 
 def _size_limit(src: HFSource, spec: FileSpec, hub_size: int | None) -> int | None:
@@ -211,10 +213,33 @@ def _link(paths: _CachePaths, src: HFSource, commit: str) -> None:
             os.replace(tmp_ref, ref)
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # a port out of range: an origin of its own
+        port = -1
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+def _download_headers(remote: _Remote) -> dict[str, str]:
+    """The headers for the GET of ``remote.location``: the token only where the Hub itself serves
+    it. A CDN's signed URL needs none, and a Hub (or a mirror set as HF_ENDPOINT) may redirect to
+    any host, so the token goes nowhere else, as in hf_hub_download."""
+    from huggingface_hub.utils import build_hf_headers
+
+    from localspec.models.hub import HUB_HOSTS
+
+    headers = dict(build_hf_headers())
+    scheme, host, _ = target = _origin(remote.location)
+    if target != _origin(remote.url) and not (scheme == "https" and host in HUB_HOSTS):
+        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+    return headers
+
+
 def _resume_download(paths: _CachePaths, remote: _Remote, name: str, adapter: type) -> None:
     """Fetch the rest of the file into its partial, from the bytes already there."""
     from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers
 
     paths.partial.parent.mkdir(parents=True, exist_ok=True)
     with open(paths.partial, "ab") as fh:
@@ -229,8 +254,8 @@ def _resume_download(paths: _CachePaths, remote: _Remote, name: str, adapter: ty
             fh.truncate(0)  # not this file's bytes: start again
             fh.seek(0)
             have = 0
-        http_get(remote.location, fh, resume_size=have, headers=build_hf_headers(), expected_size=remote.size,
-                 displayed_filename=name, tqdm_class=adapter)
+        http_get(remote.location, fh, resume_size=have, headers=_download_headers(remote),
+                 expected_size=remote.size, displayed_filename=name, tqdm_class=adapter)
         fh.flush()
         os.fsync(fh.fileno())
 
