@@ -165,7 +165,8 @@ def test_a_hostile_listing_offers_only_safe_paths():
     lfs = NS(sha256="AB" * 32, size=5)
     siblings = [NS(rfilename=p, size=5, lfs=lfs) for p in (
         "../../etc/x-Q4_K_M.gguf", "/abs-Q4_K_M.gguf", ".hidden/x-Q4_K_M.gguf", "a\\b-Q4_K_M.gguf",
-        "ok/M-Q4_K_M.gguf", "bad\nname-Q8_0.gguf")] + [NS(rfilename="M-Q8_0.gguf", size=-1, lfs=None)]
+        "ok/M-Q4_K_M.gguf", "bad\nname-Q8_0.gguf", "A" * 250 + "-Q4_K_M.gguf", "F" * 250 + "/M-Q4_K_M.gguf")]
+    siblings += [NS(rfilename="M-Q8_0.gguf", size=-1, lfs=None)]
     files = _files_of(siblings)
     assert [(f.path, f.sha256) for f in files] == [("ok/M-Q4_K_M.gguf", "ab" * 32)]
 
@@ -325,6 +326,16 @@ def test_bad_input_is_one_line_with_the_fix(env, fake_hub, ref, says, fix):
     line = one_error_line(proc.stderr)
     assert says in line and fix in line.split("Fix:")[-1], line
     assert fake_hub.gets() == []  # refused before any download
+
+
+def test_a_file_name_too_long_for_the_file_system_is_one_line_before_download(env, fake_hub, files, tmp_store):  # noqa: F811
+    """The Hub allows names no file system takes; the HF cache would need one as a file name."""
+    fake_hub.add("acme/long-GGUF", "L" * 300 + "-Q4_K_M.gguf", files["q4"])
+    proc = run_cli("models", "pull", "hf.co/acme/long-GGUF", env=env)
+    assert proc.returncode == 1, proc.stderr
+    line = one_error_line(proc.stderr)
+    assert "acme/long-GGUF has no GGUF model files (1 GGUF file name(s) not taken: too long" in line, line
+    assert fake_hub.gets() == [] and not (tmp_store / "acme-long-q4_k_m").exists()
 
 
 def test_file_larger_than_free_disk_is_refused_before_downloading(fake_hub, tmp_path, tmp_store, monkeypatch):  # noqa: F811

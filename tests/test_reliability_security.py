@@ -60,6 +60,16 @@ def test_registry_file_names_cannot_name_a_path(bad):
         FileSpec(name=bad)
 
 
+def test_a_registry_file_name_or_folder_is_at_most_200_bytes():
+    """Each becomes one path component (with our suffixes added): longer is refused at load, not by a
+    traceback from the file system after the download."""
+    assert FileSpec(name="x" * 195 + ".gguf", repo_path="F" * 200 + "/" + "x" * 195 + ".gguf").size is None
+    for name, repo_path in (("x" * 196 + ".gguf", None), ("é" * 98 + ".gguf", None),  # 201 bytes in 103 characters
+                            ("x.gguf", "F" * 201 + "/x.gguf")):
+        with pytest.raises(ValueError, match="at most 200 bytes"):
+            FileSpec(name=name, repo_path=repo_path)
+
+
 @pytest.mark.parametrize("bad", [b for b in TRAVERSALS if b])
 def test_import_cannot_write_outside_the_store(bad, tmp_path, tmp_store):  # noqa: F811
     gguf = make_gguf(tmp_path / "ok.gguf")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from localspec.errors import DownloadError, ModelNotFoundError, UsageError
-from localspec.models.registry import _HF_REPO_RE, _HF_REVISION_RE
+from localspec.models.registry import _HF_REPO_RE, _HF_REVISION_RE, MAX_FILE_NAME_BYTES
 
 if TYPE_CHECKING:
     from localspec.models.hub_header import HeaderRead
@@ -143,6 +143,7 @@ class RepoListing:
     gated: bool
     quants: tuple[HubQuant, ...]
     incomplete_splits: tuple[str, ...] = ()  # split models with a shard missing: not offered
+    unsafe_names: int = 0  # GGUF files whose path cannot be one here (too long, '..', control characters)
 
 
 def quant_of(path: str) -> str | None:
@@ -212,6 +213,9 @@ def pick_quant(listing: RepoListing, ref: HubRef, fits: Callable[[HubQuant], boo
     if not quants:
         cut = listing.incomplete_splits
         extra = f" (split models with shards missing: {', '.join(cut)})" if cut else ""
+        if listing.unsafe_names:  # counted, not shown: such a name may hold anything
+            extra += (f" ({listing.unsafe_names} GGUF file name(s) not taken: too long for a file name "
+                      f"(over {MAX_FILE_NAME_BYTES} bytes), or not a plain path in the repo)")
         raise ModelNotFoundError(f"{listing.repo} has no GGUF model files{extra}.",
                                  f"Pick a GGUF repo: `localspec models search {listing.repo.split('/')[-1]}`.")
     if ref.filename:
@@ -313,10 +317,18 @@ def unreachable_error(exc: BaseException, what: str) -> DownloadError:
 
 
 def _safe_path(path: str) -> bool:
-    """A path the Hub listed is untrusted: it becomes a path under the HF cache's snapshot folder."""
+    """A path the Hub listed is untrusted: it becomes a path under the HF cache's snapshot folder,
+    each part a file or folder name that the file system must take (with suffixes of ours)."""
     parts = path.split("/")
     return (0 < len(path) <= 1000 and "\\" not in path and path.isprintable()
-            and not any(p in ("", ".", "..") or p.startswith(".") for p in parts))
+            and not any(p in ("", ".", "..") or p.startswith(".") or len(p.encode()) > MAX_FILE_NAME_BYTES
+                        for p in parts))
+
+
+def _unsafe_names(siblings: Iterable[Any]) -> int:
+    """How many GGUF files of a listing _files_of leaves out for their path."""
+    names = (getattr(s, "rfilename", None) for s in siblings)
+    return sum(1 for n in names if isinstance(n, str) and n.lower().endswith(".gguf") and not _safe_path(n))
 
 
 def _files_of(siblings: Iterable[Any]) -> list[HubFile]:
@@ -350,7 +362,7 @@ def list_repo(repo: str, revision: str = "main") -> RepoListing:
         raise hub_error(exc, repo, what) from None
     quants, incomplete = group_quants(_files_of(info.siblings or ()))
     commit = info.sha if isinstance(info.sha, str) and re.fullmatch(r"[0-9a-f]{40}", info.sha) else None
-    return RepoListing(repo, revision, commit, bool(info.gated), quants, incomplete)
+    return RepoListing(repo, revision, commit, bool(info.gated), quants, incomplete, _unsafe_names(info.siblings or ()))
 
 
 @dataclass(frozen=True)

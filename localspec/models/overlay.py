@@ -9,7 +9,15 @@ from pathlib import Path
 
 from localspec.errors import ConfigError
 from localspec.models.gguf_summary import GGUFInfo
-from localspec.models.registry import MAX_ID_LEN, FileSource, FileSpec, HFSource, ModelEntry, parse_registry_file
+from localspec.models.registry import (
+    MAX_FILE_NAME_BYTES,
+    MAX_ID_LEN,
+    FileSource,
+    FileSpec,
+    HFSource,
+    ModelEntry,
+    parse_registry_file,
+)
 
 HEADER = (
     "# localspec user registry: entries here add to or replace the built-in models.toml.\n"
@@ -19,7 +27,7 @@ HEADER = (
 
 # A stored file also gets ".partial" while written and a stamp in quarantine: the name stays well
 # under the 255 bytes most file systems allow.
-MAX_STORED_NAME_BYTES = 200
+MAX_STORED_NAME_BYTES = MAX_FILE_NAME_BYTES
 
 
 def id_from_filename(name: str) -> str:

@@ -24,6 +24,9 @@ _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 # ...and become a path component (with ".partial" and quarantine stamps around them): well under
 # the 255 bytes most file systems allow.
 MAX_ID_LEN = 128
+# A file's name (or each folder of a Hub path) becomes one path component, with suffixes such as
+# ".localspec.incomplete" or a quarantine stamp added: well under the 255 bytes most file systems allow.
+MAX_FILE_NAME_BYTES = 200
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _HF_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 _HF_REPO_RE = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
@@ -70,6 +73,8 @@ class FileSpec(_Strict):
         # A file name, not a path: the store joins it under the model's directory.
         if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith(".") or not v.isprintable():
             raise ValueError("must be a plain file name (no directories or control characters)")
+        if len(v.encode()) > MAX_FILE_NAME_BYTES:
+            raise ValueError(f"must be at most {MAX_FILE_NAME_BYTES} bytes long")
         return v
 
     @field_validator("repo_path")
@@ -80,8 +85,10 @@ class FileSpec(_Strict):
             return v
         parts = v.split("/")
         if (len(v) > 1000 or "\\" in v or not v.isprintable()
-                or any(p in ("", ".", "..") or p.startswith(".") for p in parts)):
-            raise ValueError("must be a relative path in the repo (no '..', hidden or empty parts)")
+                or any(p in ("", ".", "..") or p.startswith(".") or len(p.encode()) > MAX_FILE_NAME_BYTES
+                       for p in parts)):
+            raise ValueError("must be a relative path in the repo (no '..', hidden or empty parts, "
+                             f"each at most {MAX_FILE_NAME_BYTES} bytes)")
         return v
 
     @field_validator("sha256")
