@@ -56,6 +56,7 @@ class FakeHub:
     # Answer file requests (not header reads) with a 302 to this origin, as the Hub sends LFS files to
     # its CDN: another FakeHub holding the same files stands in for the CDN.
     redirect_files_to: str | None = None
+    unsized: set[str] = field(default_factory=set)  # file names whose HEAD gives no size at all
     _gets: int = 0
 
     def add(self, repo: str, filename: str, content: bytes) -> str:
@@ -191,6 +192,10 @@ class FakeHub:
         h.send_response(206 if ranged else 200)
         h.send_header("ETag", f'"{sha}"')
         h.send_header("X-Linked-Etag", f'"{sha}"')
+        if not body and filename in self.unsized:
+            h.send_header("X-Repo-Commit", COMMIT)
+            h.end_headers()
+            return
         h.send_header("X-Linked-Size", str(self.size_override.get(filename, size)))
         h.send_header("X-Repo-Commit", COMMIT)
         h.send_header("Accept-Ranges", "bytes")

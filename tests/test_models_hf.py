@@ -199,6 +199,19 @@ def test_the_token_goes_to_the_hub_and_not_to_the_host_it_redirects_the_download
         cdn.stop()
 
 
+def test_a_file_whose_size_nobody_gives_is_not_downloaded(env, hub, tmp_store):  # noqa: F811
+    """Without a size from the registry or the Hub nothing bounds the download: a broken or hostile
+    server could fill the disk (hf_hub_download refuses such a file too)."""
+    hub.unsized.add(FILE)
+    overlay()  # no size in the entry
+    out = pull_in_subprocess("tiny-hf", env)
+    assert not out["ok"] and out["type"] == "DownloadError", out
+    assert f"{REPO_ID}/{FILE}: neither the registry nor the Hub gives its size" in out["cause"], out
+    assert hub.gets() == [] and not list(tmp_store.rglob("*.gguf"))
+    proc = run_cli("models", "pull", "tiny-hf", env=env)
+    assert "Traceback" not in proc.stderr and "size = BYTES" in proc.stderr, proc.stderr
+
+
 def test_404_lists_every_source_tried(env, hub, tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()

@@ -309,7 +309,11 @@ def fetch(entry: ModelEntry, src: HFSource, store: Store, emit: Emitter) -> Fetc
     plans = [_plan(src, spec) for spec in src.files]
     for p in plans:
         if p.remote is not None:
-            _size_limit(src, p.spec, p.remote.size)  # a disagreement is refused before any download
+            limit = _size_limit(src, p.spec, p.remote.size)  # a disagreement is refused before any download
+            if limit is None and p.cached is None:  # nothing would stop an endless body short of a full disk
+                raise SourceUnavailable(f"{src.repo}/{p.spec.hub_path}: neither the registry nor the Hub gives its "
+                                        "size, so the download could not be bounded; nothing was downloaded",
+                                        "Add `size = BYTES` to the file in the registry entry, or check HF_ENDPOINT.")
     _check_space(plans, src)
     files: list[ManifestFile] = []
     total = entry.expected_size() or sum((p.remote.size or 0) if p.remote else 0 for p in plans) or None
