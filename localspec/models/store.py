@@ -94,7 +94,7 @@ def disk_full_error(path: Path, needed: int | None) -> DiskFullError:
 
 
 def check_free_space(directory: Path, needed: int | None, *, what: str | None = None,
-                     fix: str | None = None) -> None:
+                     fix: str | None = None, outcome: str = "nothing was downloaded") -> None:
     """Fail before downloading anything when the target disk cannot hold the file(s)."""
     if not needed:
         return
@@ -109,7 +109,7 @@ def check_free_space(directory: Path, needed: int | None, *, what: str | None = 
 
         raise DiskFullError(
             f"Not enough disk space for {what or 'the file'}: it needs {needed:,} bytes ({human_bytes(needed)}), "
-            f"{directory} has {free:,} ({human_bytes(free)}) free; nothing was downloaded.",
+            f"{directory} has {free:,} ({human_bytes(free)}) free; {outcome}.",
             fix or "Free space on that disk, or set LOCALSPEC_MODELS_DIR to a disk with room.",
         )
 

