@@ -57,6 +57,7 @@ class FakeHub:
     # its CDN: another FakeHub holding the same files stands in for the CDN.
     redirect_files_to: str | None = None
     unsized: set[str] = field(default_factory=set)  # file names whose HEAD gives no size at all
+    api_body: bytes | None = None  # answer every API call 200 with this (a captive portal, another API)
     _gets: int = 0
 
     def add(self, repo: str, filename: str, content: bytes) -> str:
@@ -123,6 +124,13 @@ class FakeHub:
                 "tags": ["gguf"], "siblings": [self._sibling(repo, f) for r, f in sorted(self.files) if r == repo]}
 
     def _api(self, h: BaseHTTPRequestHandler) -> None:
+        if self.api_body is not None:
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json" if self.api_body[:1] in b"[{" else "text/html")
+            h.send_header("Content-Length", str(len(self.api_body)))
+            h.end_headers()
+            h.wfile.write(self.api_body)
+            return
         url = urlsplit(h.path)
         if url.path == "/api/models":
             query = parse_qs(url.query)

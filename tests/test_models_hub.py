@@ -467,6 +467,26 @@ def test_search_offline_or_unreachable_is_one_line_and_the_registry_still_answer
     assert d["hub"] == [] and "Cannot reach the Hub" in d["hub_error"] and d["registry"]
 
 
+@pytest.mark.parametrize("body", [
+    b"<html><body>Sign in to the guest network</body></html>",  # a captive portal
+    b'{"id": "acme/tiny-GGUF", "sha": "%s", "siblings": ["Tiny-Q4_K_M.gguf"]}' % COMMIT.encode(),  # another shape
+    b'[{"id": "acme/tiny-GGUF", "siblings": null}, 7]',
+])
+def test_an_answer_that_is_not_the_hub_api_is_one_line_saying_so(env, fake_hub, body):
+    """The Hub was reached and answered something else: not "Cannot reach the Hub", nor a traceback."""
+    fake_hub.api_body = body
+    pull = run_cli("models", "pull", "hf.co/acme/tiny-GGUF", env=env)
+    assert pull.returncode == 1, pull.stderr
+    line = one_error_line(pull.stderr)
+    assert f"The Hub ({fake_hub.url}) answered" in line and "not what the Hub's API sends" in line, line
+    assert "Check HF_ENDPOINT" in line.split("Fix:")[-1]
+    # A search whose list parses shows each repo's failure in its row; one that does not is the error line.
+    search = run_cli("models", "search", "tiny", env=env)
+    said = search.stdout + search.stderr
+    assert "Traceback" not in said and "Cannot reach" not in said and "not what the Hub's API sends" in said, said
+    assert fake_hub.gets() == []
+
+
 def test_a_file_the_registry_already_describes_is_pulled_as_that_entry(env, fake_hub, files, tmp_store):  # noqa: F811
     """hf.co/... of a curated model installs the registry's entry (its id, its pins, its mirrors)."""
     from tests.models_helpers import write_overlay

@@ -300,7 +300,22 @@ def hub_error(exc: BaseException, repo: str, what: str) -> DownloadError:
         status = getattr(getattr(exc, "response", None), "status_code", "?")
         return DownloadError(f"The Hub ({endpoint()}) answered HTTP {status} while {what}.",
                              "Retry later; if it persists, check HF_ENDPOINT.")
+    if isinstance(exc, (ValueError, TypeError, KeyError, AttributeError)):  # JSON that does not parse or fit
+        return not_the_api_error(f"{type(exc).__name__}: {_first_line(exc)}", what)
     return unreachable_error(exc, what)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+
+
+def not_the_api_error(detail: str, what: str) -> DownloadError:
+    """The Hub was reached but answered something else: a captive portal's page, another service's
+    JSON, a broken mirror."""
+    return DownloadError(f"The Hub ({endpoint()}) answered something that is not what the Hub's API sends while "
+                         f"{what} ({detail}).",
+                         "Check HF_ENDPOINT (the Hub or a mirror of its API) and the network's login page, if any; "
+                         "registry models still install from a mirror (`localspec models pull ID`).")
 
 
 def offline_error(what: str) -> DownloadError:
@@ -310,8 +325,8 @@ def offline_error(what: str) -> DownloadError:
 
 
 def unreachable_error(exc: BaseException, what: str) -> DownloadError:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-    return DownloadError(f"Cannot reach the Hub at {endpoint()} while {what} ({type(exc).__name__}: {first}).",
+    return DownloadError(f"Cannot reach the Hub at {endpoint()} while {what} ({type(exc).__name__}: "
+                         f"{_first_line(exc)}).",
                          "Check the network (or HF_ENDPOINT); registry models still install from a mirror "
                          "(`localspec models pull ID`).")
 
@@ -403,8 +418,7 @@ def search(query: str, limit: int = 10) -> list[SearchHit]:
     except Exception as exc:  # noqa: BLE001
         raise hub_error(exc, query, what) from None
     if not isinstance(found, list):
-        raise DownloadError(f"The Hub ({endpoint()}) answered the search with something other than a list.",
-                            "Check HF_ENDPOINT.")
+        raise not_the_api_error(f"a {type(found).__name__}, not a list of repos", what)
     api = HfApi(endpoint=endpoint())
     hits: list[SearchHit] = []
     for item in found[:limit]:
