@@ -367,3 +367,43 @@ def test_a_lock_waiter_relocks_after_rm_removed_the_directory(tmp_path, tmp_stor
         mgr.store.remove("raced")
     t.join(5)
     assert inside == [True] and not (tmp_store / "raced").exists()
+
+
+def test_two_pulls_writing_the_overlay_at_once_keep_both_entries(tmp_path, monkeypatch):
+    """Two Hub pulls (or imports) of different models finish together: each reads models.toml, adds
+    its entry and writes it back. The second writer must wait for the first, else it writes back the
+    file as it was before the first's entry (lost), or takes the first's temporary file."""
+    import fcntl
+    import threading
+
+    from localspec.models import overlay
+    from localspec.models.registry import FileSpec, HFSource, ModelEntry, parse_registry_file
+
+    def hub_entry(name: str) -> ModelEntry:
+        src = HFSource(kind="hf", repo=f"acme/{name}-GGUF", revision="c" * 40,
+                       files=[FileSpec(name=f"{name}.gguf", size=1)])
+        return ModelEntry(id=f"acme-{name}-q4_k_m", aliases=[f"hf.co/acme/{name}-GGUF"], role="target", sources=[src])
+
+    path = tmp_path / "config" / "models.toml"
+    second: list[threading.Thread] = []
+    locked_out: list[bool] = []
+
+    def validate_then_let_the_other_pull_in(p: Path):
+        if not second:  # the first writer, between its read and its write
+            with open(path.with_name("models.toml.lock"), "a") as other:  # how another process would lock
+                try:
+                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    locked_out.append(False)
+                    fcntl.flock(other, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    locked_out.append(True)
+            second.append(threading.Thread(target=overlay.put_hub_entry, args=(path, hub_entry("b"))))
+            second[0].start()  # not joined here: with the lock it can only finish after this write
+        return parse_registry_file(p)
+
+    monkeypatch.setattr(overlay, "parse_registry_file", validate_then_let_the_other_pull_in)
+    overlay.put_hub_entry(path, hub_entry("a"))
+    second[0].join()
+    assert locked_out == [True]  # another writer had to wait
+    ids = {m.id for m in parse_registry_file(path).models}
+    assert ids == {"acme-a-q4_k_m", "acme-b-q4_k_m"}

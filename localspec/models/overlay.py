@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from localspec.errors import ConfigError
@@ -83,11 +85,31 @@ def file_entry(model_id: str, role: str, origin: Path, info: GGUFInfo) -> ModelE
     )
 
 
+@contextlib.contextmanager
+def _one_writer(overlay: Path) -> Iterator[None]:
+    """One read-and-rewrite of the overlay at a time, across processes (advisory; POSIX only): two
+    pulls or imports finishing together would each write back the file as read before the other's
+    entry, and lose it (or find their temporary file taken)."""
+    overlay.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no cross-process lock
+        yield
+        return
+    with open(overlay.with_name(overlay.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def add_entry(overlay: Path, entry: ModelEntry) -> None:
     """Append a file_entry; the overlay is re-validated and restored on failure."""
     spec = entry.sources[0].files[0]
-    before = overlay.read_text(encoding="utf-8") if overlay.is_file() else HEADER
-    _replace_checked(overlay, before + _block(entry, spec))
+    with _one_writer(overlay):
+        before = overlay.read_text(encoding="utf-8") if overlay.is_file() else HEADER
+        _replace_checked(overlay, before + _block(entry, spec))
 
 
 def _replace_checked(overlay: Path, text: str) -> None:
@@ -137,11 +159,12 @@ def put_hub_entry(overlay: Path, entry: ModelEntry) -> None:
     later pull of the same model replaces it; the overlay is re-validated and kept on failure."""
     src = entry.sources[0]
     assert isinstance(src, HFSource)
-    before = overlay.read_text(encoding="utf-8") if overlay.is_file() else HEADER
     block = _hub_block(entry, src)
     pattern = re.compile(rf"^{re.escape(_BEGIN + entry.id)}\n.*?^{re.escape(_END + entry.id)}\n", re.S | re.M)
-    if pattern.search(before):
-        text = pattern.sub(lambda _m: block, before, count=1)
-    else:
-        text = before + ("" if before.endswith("\n\n") else "\n" if before.endswith("\n") else "\n\n") + block
-    _replace_checked(overlay, text)
+    with _one_writer(overlay):
+        before = overlay.read_text(encoding="utf-8") if overlay.is_file() else HEADER
+        if pattern.search(before):
+            text = pattern.sub(lambda _m: block, before, count=1)
+        else:
+            text = before + ("" if before.endswith("\n\n") else "\n" if before.endswith("\n") else "\n\n") + block
+        _replace_checked(overlay, text)
