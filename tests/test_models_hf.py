@@ -117,6 +117,17 @@ def test_dropped_connection_resumes_with_range(env, hub, tmp_path):
     assert gets[1].headers.get("range") == f"bytes={chunk}-"  # resumed, not restarted
 
 
+def test_a_dropped_connection_is_said_once_on_the_terminal(env, hub, gguf_bytes):
+    """huggingface-hub logs each retry through a handler of its own; the CLI's root handler printed
+    every such warning a second time, between the progress lines."""
+    overlay(sha=sha256(gguf_bytes))
+    hub.cut_first_get_after = 2048
+    proc = run_cli("models", "pull", "tiny-hf", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("Trying to resume download") == 1, proc.stderr
+    assert len(hub.gets()) == 2
+
+
 def test_killed_pull_then_rerun_completes(env, hub, gguf_bytes, tmp_path):
     overlay()
     hub.stall_first_get_after = 2048

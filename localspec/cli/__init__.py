@@ -85,6 +85,9 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    # huggingface-hub prints its records through a handler of its own (HF_HUB_VERBOSITY sets its level);
+    # passed on to ours as well, each retry warning would show twice among the progress lines.
+    logging.getLogger("huggingface_hub").propagate = False
     if not getattr(args, "func", None):
         args = parser.parse_args([*(sys.argv[1:] if argv is None else argv), "chat"])  # no verb: the chat app
     try:
