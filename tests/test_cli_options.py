@@ -231,6 +231,32 @@ def test_profiles_say_what_each_needs(capsys):
         assert big["size_basis"] == "estimate" and 18e9 < big["size"] < 22e9
 
 
+def test_the_active_profile_is_marked_and_is_what_a_bare_pull_fetches(monkeypatch, capsys):
+    """settings.toml's profile (here $LOCALSPEC_PROFILE) is what serve, chat and generate load: a bare
+    `models pull` fetched the registry's default instead, and `profiles` did not say which was in use."""
+    from localspec.models import ModelManager
+    from localspec.models.manager import ProfilePull
+
+    monkeypatch.setenv("LOCALSPEC_PROFILE", "qwen-7b")
+    assert main(["profiles", "--json"]) == 0
+    profiles = {p["name"]: p for p in json.loads(capsys.readouterr().out)}
+    assert profiles["qwen-7b"]["active"] is True and profiles["default"]["active"] is False
+    assert main(["profiles", "qwen-7b"]) == 0
+    assert capsys.readouterr().out.startswith("qwen-7b (active)")
+    pulled: list[str | None] = []
+
+    def pull_profile(self, name=None, **kw):
+        pulled.append(name)
+        return ProfilePull(profile=name or "default")
+
+    monkeypatch.setattr(ModelManager, "pull_profile", pull_profile)
+    assert main(["models", "pull"]) == 0 and main(["models", "pull", "--profile", "default"]) == 0
+    assert pulled == ["qwen-7b", "default"]
+    monkeypatch.setenv("LOCALSPEC_PROFILE", "no-such-profile")
+    assert main(["models", "pull"]) != 0
+    assert "LOCALSPEC_PROFILE" in capsys.readouterr().err  # where the unknown name was set
+
+
 def test_profiles_text_names_each_model_and_its_state(target_path, draft_path, capsys):
     assert main(["profiles", "default"]) == 0
     out = capsys.readouterr().out

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_search)
 
-    v = verbs.add_parser("pull", help="download models (no ids: the default profile); "
+    v = verbs.add_parser("pull", help="download models (no ids: the active profile, settings.toml's or the default); "
                                       "any GGUF on the Hub as hf.co/USER/REPO[:QUANT]")
     v.add_argument("ids", nargs="*", metavar="ID",
                    help="registry ids, or hf.co/USER/REPO[:QUANT], USER/REPO:QUANT, or a file URL on the Hub")
@@ -172,7 +172,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
                                else mgr.pull(i, progress=view, force=args.force))
             skipped: dict[str, str] = {}
         else:
-            result = mgr.pull_profile(args.profile, progress=view, include_embedding=args.include_embedding)
+            from localspec.settings import checked_active_profile
+
+            # No ids: what serve, chat and generate would load (settings.toml's profile), not always the default's.
+            profile = checked_active_profile(args.profile)
+            result = mgr.pull_profile(profile, progress=view, include_embedding=args.include_embedding)
             results, skipped = list(result.installed), result.skipped
     finally:
         view.close()

@@ -39,6 +39,7 @@ class ProfileFit:
 class ProfileStatus:
     name: str
     default: bool
+    active: bool  # what serve, chat and generate use: settings.toml's profile, else the default
     description: str
     n_ctx: int
     models: tuple[ProfileModel, ...]
@@ -93,15 +94,17 @@ def _fit(mm, models: tuple[ProfileModel, ...], n_ctx: int) -> ProfileFit:
     return ProfileFit(fit_verdict(total, ram, vram), total, estimated, ram, vram)
 
 
-def profile_status(mm, name: str) -> ProfileStatus:
+def profile_status(mm, name: str, *, active: str | None = None) -> ProfileStatus:
+    """`active`: the faces' profile (settings.toml's); None means the registry's default is."""
     prof = mm.profile(name)
     models = tuple(_model(mm, role, mid) for role in ("target", "draft", "small", "embedding")
                    if (mid := mm.resolve(getattr(prof, role)).id if getattr(prof, role) else None))
     missing = {m.id: m.size for m in models if not m.installed}
     download = None if None in missing.values() else sum(missing.values())  # type: ignore[arg-type]
     ready = all(m.installed for m in models if m.role in ("target", "draft"))
-    return ProfileStatus(name, name == mm.registry.default_profile, prof.description, prof.n_ctx, models, ready,
-                         download, _fit(mm, models, prof.n_ctx))
+    default = mm.registry.default_profile
+    return ProfileStatus(name, name == default, name == (active or default), prof.description, prof.n_ctx, models,
+                         ready, download, _fit(mm, models, prof.n_ctx))
 
 
 def _size(m: ProfileModel) -> str:
@@ -119,7 +122,8 @@ def render(statuses: list[ProfileStatus]) -> str:
     columns = text_width()
     lines: list[str] = []
     for s in statuses:
-        header = f"{s.name}{' (default)' if s.default else ''}: {s.description}".rstrip(": ")
+        marks = ", ".join(m for m, on in (("default", s.default), ("active", s.active and not s.default)) if on)
+        header = f"{s.name}{f' ({marks})' if marks else ''}: {s.description}".rstrip(": ")
         lines += textwrap.wrap(header, columns, subsequent_indent="    ", break_on_hyphens=False) or [header]
         fit = s.fit
         need = "" if fit.total_bytes is None else (
@@ -144,7 +148,10 @@ def run(args: argparse.Namespace) -> int:
         mm.profile(args.name)  # an unknown name fails here, listing the known ones
     default = mm.registry.default_profile
     names = [args.name] if args.name else sorted(mm.registry.profiles, key=lambda n: (n != default, n))
-    statuses = [profile_status(mm, n) for n in names]
+    from localspec.settings import active_profile
+
+    active = active_profile(None)
+    statuses = [profile_status(mm, n, active=active) for n in names]
     if args.json:
         print_json([s.to_dict() for s in statuses])
     else:
