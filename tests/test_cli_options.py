@@ -357,3 +357,15 @@ def test_the_completion_marker_is_where_argcomplete_looks():
     head = (REPO / "localspec" / "cli" / "__init__.py").read_bytes()[:1024]
     assert b"PYTHON_ARGCOMPLETE_OK" in head
     assert set(leaf_commands(PARSER)) >= {("profiles",), ("models", "list")}
+
+
+def test_an_interrupted_pull_says_what_it_kept(monkeypatch, capsys):
+    """Ctrl+C in a pull printed "interrupted" alone, though the bytes are kept and the next pull resumes."""
+    from localspec.models import ModelManager
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ModelManager, "pull", interrupted)
+    assert main(["models", "pull", DRAFT_ID]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted; what was downloaded is kept: the same command resumes it"

@@ -98,8 +98,8 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         if exc.fix:
             print(f"  fix: {exc.fix}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILURE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a verb may note what the interruption left (a pull: what it kept)
+        print("; ".join(["interrupted", *getattr(exc, "__notes__", ())]), file=sys.stderr)
         return EXIT_INTERRUPTED
     sys.stdout.flush()  # a closed pipe shows here, inside main, not at the interpreter's exit
     return code

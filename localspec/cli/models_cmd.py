@@ -178,6 +178,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
             profile = checked_active_profile(args.profile)
             result = mgr.pull_profile(profile, progress=view, include_embedding=args.include_embedding)
             results, skipped = list(result.installed), result.skipped
+    except KeyboardInterrupt as exc:
+        exc.add_note("what was downloaded is kept: the same command resumes it")
+        raise
     finally:
         view.close()
     if isinstance(view, JsonView):
