@@ -146,3 +146,7 @@ def test_listings_and_embeddings(client, served):
     with pytest.raises(ollama.ResponseError, match="localspec models") as caught:
         client.pull(MODEL)  # Ollama's store is not ours
     assert caught.value.status_code == 404
+
+
+def test_an_empty_request_with_keep_alive_zero_unloads(client):  # last: the models unload after it
+    assert client.chat(model=MODEL, messages=[], keep_alive="0m").done_reason == "unload"

@@ -19,6 +19,7 @@ from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import APIError
+from localspec.server.keepalive import parse_keep_alive
 from localspec.server.ollama import (AssistantMessage, ChatLine, GenerateLine, LegacyEmbeddingRequest,
                                      OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest, ShowRequest,
                                      Timings, chat_request, done_reason, generate_request, ndjson, ollama_calls)
@@ -84,7 +85,7 @@ async def load_only(state: ServerState, model: str, keep_alive: str | float | No
     keep_alive 0 it unloads after it, as Ollama's does."""
     async with state.serving(model, keep_alive):
         pass
-    reason = "unload" if keep_alive in (0, "0", "0s") else "load"
+    reason = "unload" if keep_alive is not None and parse_keep_alive(keep_alive) == 0 else "load"  # validated
     line: BaseModel = (ChatLine(model=model, message=AssistantMessage(), done=True, done_reason=reason)
                        if shape is Shape.CHAT
                        else GenerateLine(model=model, response="", done=True, done_reason=reason))
