@@ -24,7 +24,7 @@ from localspec.server.errors import APIError
 from localspec.server.keepalive import parse_keep_alive
 from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, CompletionRequest, FunctionCall,
                                       JsonSchemaFormat, LocalspecOptions, ResponseFormat, Tool, ToolCall,
-                                      _Body, _Request)
+                                      _Body, _Request, loads_bounded)
 
 OLLAMA_DEFAULT_TEMPERATURE = 0.8  # Ollama's when neither the request nor the model's settings set one
 UNSERVED_OPTIONS = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}  # their "off" values
@@ -226,8 +226,8 @@ def ollama_calls(calls: list[ToolCall]) -> list[OllamaCall] | None:
     out = []
     for c in calls:
         try:
-            args: dict[str, Any] | str = json.loads(c.function.arguments)
-        except json.JSONDecodeError:
+            args: dict[str, Any] | str = loads_bounded(c.function.arguments)
+        except ValueError:
             args = c.function.arguments
         out.append(OllamaCall(function=OllamaFunction(name=c.function.name,
                                                       arguments=args if isinstance(args, dict) else {"value": args})))

@@ -6,6 +6,8 @@ never breaks; fields we do not support with a value that matters get a 400 from 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -19,26 +21,78 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+MAX_JSON_DEPTH = 240
+"""Arrays and objects nested in one request body, the body itself the first. A body nested deeper
+left Python's recursion limit to whichever step walked it first (a traceback and a 500), and an
+echo of it (a Response's tools) past pydantic's serialization depth of 255; JSON schemas are
+bounded far below this (grammar_limits.max_depth), so no real request comes near it."""
+
+
 def _valid_unicode(value: Any, where: str = "") -> None:
-    """JSON's \\ud800 escapes decode to lone surrogates, which no tokenizer can encode: refuse them (400)."""
-    if isinstance(value, str):
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise ValueError(f"{where or 'body'} holds a lone UTF-16 surrogate ({value[exc.start]!r}), "
-                                 "which is not valid Unicode") from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _valid_unicode(k, where)
-            _valid_unicode(v, f"{where}.{k}" if where else str(k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _valid_unicode(v, f"{where}.{i}" if where else str(i))
+    """JSON's \\ud800 escapes decode to lone surrogates, which no tokenizer can encode: refuse them
+    (400), and bodies nested over MAX_JSON_DEPTH. Iterative: a deep body cannot exhaust the stack."""
+    pending: list[tuple[Any, str, int]] = [(value, where, 1)]
+    while pending:
+        item, at, depth = pending.pop()
+        if isinstance(item, str):
+            _check_text(item, at)
+            continue
+        if not isinstance(item, dict | list):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"{_short(at) or 'body'} nests arrays and objects over {MAX_JSON_DEPTH} levels deep, "
+                             "this server's limit; send flatter JSON")
+        if isinstance(item, dict):
+            for k in item:
+                _check_text(k, at)
+            pairs: Iterable[tuple[Any, Any]] = item.items()
+        else:
+            pairs = enumerate(item)
+        # reversed: the stack pops them in the body's own order, so the first bad field is named
+        pending += reversed([(v, f"{at}.{k}" if at else str(k), depth + 1) for k, v in pairs])
+
+
+def _check_text(text: object, where: str) -> None:
+    if isinstance(text, str) and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{_short(where) or 'body'} holds a lone UTF-16 surrogate ({text[exc.start]!r}), "
+                             "which is not valid Unicode") from None
+
+
+def _short(path: str, keep: int = 80) -> str:
+    """A field's path for a one-line error: a deep one is cut, its start kept (where it went deep)."""
+    return path if len(path) <= keep else path[:keep] + "..."
+
+
+def json_within_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `value` (parsed JSON) nests arrays and objects at most `limit` levels deep."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return False
+            pending += [(v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)]
+    return True
+
+
+def loads_bounded(text: str) -> Any:
+    """JSON text (a tool call's arguments) parsed, or ValueError when it is not JSON or nests over
+    MAX_JSON_DEPTH: json.loads raised RecursionError (a 500) for text nested past the stack's depth."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deep to read") from None
+    if not json_within_depth(value):
+        raise ValueError(f"JSON nested over {MAX_JSON_DEPTH} levels")
+    return value
 
 
 class _Body(_Request):
-    """A whole request body: its text must be encodable before it reaches a tokenizer."""
+    """A whole request body: its text must be encodable before it reaches a tokenizer, and its
+    nesting within MAX_JSON_DEPTH before anything walks it."""
 
     @model_validator(mode="before")
     @classmethod

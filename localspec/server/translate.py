@@ -30,6 +30,7 @@ from localspec.server.schemas import (
     ToolCall,
     ToolChoiceNamed,
     _Sampling,
+    loads_bounded,
 )
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
@@ -173,8 +174,8 @@ def _messages(body: ChatCompletionRequest) -> list[ChatMessage]:
             calls = []
             for c in m.tool_calls:
                 try:
-                    args = json.loads(c.function.arguments or "{}")
-                except json.JSONDecodeError:
+                    args = loads_bounded(c.function.arguments or "{}")
+                except ValueError:  # not JSON, or nested too deep: the text as it came
                     args = c.function.arguments
                 calls.append({"type": "function", "function": {"name": c.function.name, "arguments": args}})
             extra["tool_calls"] = calls
@@ -301,8 +302,8 @@ def parse_tool_calls(text: str, forced: bool) -> tuple[str | None, list[ToolCall
     calls = []
     for blob in blobs:
         try:
-            obj = json.loads(blob)
-        except json.JSONDecodeError:
+            obj = loads_bounded(blob)
+        except ValueError:  # not JSON, or nested too deep to be a call
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             continue

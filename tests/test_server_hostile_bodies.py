@@ -1,0 +1,117 @@
+"""Hostile bodies on every generating route: the chat route, /v1/responses and Ollama's /api/chat and
+/api/generate answer each the same way, a 400 naming the field (never a 500 and a traceback).
+
+A real server on loopback over a scripted target (tests/fake_tier.py); what each case sends is a
+client's doing, so nothing here needs model weights.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from localspec.server import ServerSettings
+from localspec.server.schemas import MAX_JSON_DEPTH
+from localspec.server.translate import parse_tool_calls
+from tests.fake_tier import scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+from tests.server_harness import ServerThread, request
+
+MODEL = "scripted-hostile"
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def served(module_home):
+    tier = scripted_tier(model_id=MODEL, script=lambda prompt: "Red, green, blue.")
+    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[tier]))
+    app = scripted_app(backend=backend, settings=ServerSettings(cache=False, router=False, max_tokens_cap=256))
+    with ServerThread(app) as srv:
+        yield srv
+
+
+def nested(levels: int) -> Any:
+    """A JSON value `levels` objects deep: {"a": {"a": ... {} ...}}."""
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+def error_text(r) -> str:
+    err = r.json()["error"]
+    return err if isinstance(err, str) else err["message"]
+
+
+# Each places a value nested `levels` deep where a client may put JSON of its own.
+DEEP_FIELDS = {
+    "chat forced tool parameters": ("/v1/chat/completions", lambda v: {
+        "model": MODEL, "messages": HI, "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": v}}]}),
+    "chat response_format schema": ("/v1/chat/completions", lambda v: {
+        "model": MODEL, "messages": HI,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": v}}}),
+    "responses tool parameters": ("/v1/responses", lambda v: {
+        "model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": v}]}),
+    "responses forced tool parameters": ("/v1/responses", lambda v: {
+        "model": MODEL, "input": "hi", "tool_choice": "required",
+        "tools": [{"type": "function", "name": "f", "parameters": v}]}),
+    "ollama format": ("/api/chat", lambda v: {"model": MODEL, "stream": False, "messages": HI, "format": v}),
+    "ollama tool call arguments": ("/api/chat", lambda v: {
+        "model": MODEL, "stream": False,
+        "messages": [*HI, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": v}}]}]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEEP_FIELDS))
+@pytest.mark.parametrize("levels", [500, 950])
+def test_a_body_nested_past_the_limit_is_a_400_naming_it(served, case, levels):
+    """Nested 500 to 1000 levels (under the JSON parser's own limit), such a body reached a recursive
+    step (the unicode check, a deep copy, pydantic's serializer): a RecursionError and a 500."""
+    path, body = DEEP_FIELDS[case]
+    r = request(served.base_url, "POST", path, json_body=body(nested(levels)))
+    assert r.status_code == 400, (case, r.status_code, r.text[:300])
+    assert f"over {MAX_JSON_DEPTH} levels deep" in error_text(r) and "\n" not in error_text(r)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_response_echoes_tools_nested_to_the_limit(served, stream):
+    """A Response echoes the request's tools: nested past pydantic's serialization depth (255), the
+    answer was generated and then lost to a 500. The body's limit keeps the echo within it."""
+    body = {"model": MODEL, "input": "hi", "stream": stream,
+            "tools": [{"type": "function", "name": "f", "parameters": nested(MAX_JSON_DEPTH - 3)}]}
+    r = request(served.base_url, "POST", "/v1/responses", json_body=body)  # body, tools, [0], parameters...
+    assert r.status_code == 200, r.text[:300]
+    assert ("response.completed" in r.text) if stream else r.json()["status"] == "completed"
+    body["tools"][0]["parameters"] = nested(MAX_JSON_DEPTH - 2)
+    assert request(served.base_url, "POST", "/v1/responses", json_body=body).status_code == 400
+
+
+DEEP_TEXT = '{"a":' * 5000 + "1" + "}" * 5000  # past the stack as parsed JSON, a short string in the body
+
+ARGUMENTS_AS_TEXT = {
+    "chat": ("/v1/chat/completions", {"model": MODEL, "messages": [*HI, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": DEEP_TEXT}}]}]}),
+    "responses": ("/v1/responses", {"model": MODEL, "input": [
+        *HI, {"type": "function_call", "call_id": "c1", "name": "f", "arguments": DEEP_TEXT}]}),
+    "ollama": ("/api/chat", {"model": MODEL, "stream": False, "messages": [
+        *HI, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": DEEP_TEXT}}]}]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARGUMENTS_AS_TEXT))
+def test_tool_call_arguments_too_deep_to_parse_go_to_the_template_as_text(served, case):
+    """Earlier calls' arguments are parsed for the template; text nested past the stack raised
+    RecursionError (not a JSONDecodeError) out of json.loads: a 500 on all three routes."""
+    path, body = ARGUMENTS_AS_TEXT[case]
+    r = request(served.base_url, "POST", path, json_body=body)
+    assert r.status_code == 200, r.text[:300]
+
+
+def test_an_answer_nested_too_deep_is_text_not_a_call():
+    """The model's own output is parsed for tool calls the same way: too deep is not a call."""
+    text = f'<tool_call>{{"name": "f", "arguments": {DEEP_TEXT}}}</tool_call>'
+    content, calls = parse_tool_calls(text, forced=False)
+    assert calls == [] and content == text
+    assert parse_tool_calls(json.dumps({"name": "f", "arguments": nested(MAX_JSON_DEPTH + 1)}), forced=True)[1] == []
