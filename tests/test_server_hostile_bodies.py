@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from localspec.server import ServerSettings
-from localspec.server.schemas import MAX_JSON_DEPTH
+from localspec.server.errors import APIError
+from localspec.server.routes.plans import valid_or_400
+from localspec.server.schemas import MAX_JSON_DEPTH, ChatCompletionRequest
 from localspec.server.translate import parse_tool_calls
 from tests.fake_tier import scripted_app, scripted_backend, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread, request
@@ -115,3 +117,27 @@ def test_an_answer_nested_too_deep_is_text_not_a_call():
     content, calls = parse_tool_calls(text, forced=False)
     assert calls == [] and content == text
     assert parse_tool_calls(json.dumps({"name": "f", "arguments": nested(MAX_JSON_DEPTH + 1)}), forced=True)[1] == []
+
+
+STOPS = [f"s{i}" for i in range(17)]  # one over the chat route's limit
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/api/chat", {"model": MODEL, "stream": False, "messages": HI}),
+    ("/api/generate", {"model": MODEL, "stream": False, "prompt": "hi"}),
+    ("/api/generate", {"model": MODEL, "stream": False, "prompt": "hi", "raw": True}),
+], ids=["chat", "generate", "generate-raw"])
+def test_ollama_stop_strings_past_the_limit_are_a_400_naming_options_stop(served, path, body):
+    """options.stop went unchecked into the chat request, whose own check then raised a
+    ValidationError in the handler: a 500 and a traceback."""
+    r = request(served.base_url, "POST", path, json_body=body | {"options": {"stop": STOPS}})
+    assert r.status_code == 400, r.text[:300]
+    assert error_text(r).startswith("options.stop") and "at most 16 stop strings" in error_text(r)
+
+
+def test_a_request_built_in_a_handler_that_fails_validation_is_a_400():
+    """The translated routes build the chat request in the handler: what its checks refuse is the
+    client's, a 400 naming the field, whichever check was missed before it."""
+    with pytest.raises(APIError) as caught:
+        valid_or_400(lambda: ChatCompletionRequest(model=MODEL, messages=HI, stop=STOPS))
+    assert caught.value.status == 400 and caught.value.param == "stop"

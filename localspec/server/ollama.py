@@ -24,7 +24,7 @@ from localspec.server.errors import APIError
 from localspec.server.keepalive import parse_keep_alive
 from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, CompletionRequest, FunctionCall,
                                       JsonSchemaFormat, LocalspecOptions, ResponseFormat, Tool, ToolCall,
-                                      _Body, _Request, loads_bounded)
+                                      _Body, _Request, check_stops, loads_bounded)
 
 OLLAMA_DEFAULT_TEMPERATURE = 0.8  # Ollama's when neither the request nor the model's settings set one
 UNSERVED_OPTIONS = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}  # their "off" values
@@ -46,6 +46,11 @@ class Options(_Request):
     mirostat: int | None = None
     tfs_z: float | None = None
     typical_p: float | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: list[str] | str | None) -> list[str] | str | None:
+        return check_stops(v)  # past the chat request's own check, ValidationError made a 500
 
     def check_served(self) -> None:
         for name, off in UNSERVED_OPTIONS.items():

@@ -132,6 +132,16 @@ class PredictionIn(_Request):
     content: str | list[ContentPart] = Field(description="the predicted text, or text parts joined in order")
 
 
+MAX_STOPS = 16
+
+
+def check_stops(v: str | list[str] | None) -> str | list[str] | None:
+    """`stop` as a validator: at most MAX_STOPS strings (every route that takes stop strings)."""
+    if isinstance(v, list) and len(v) > MAX_STOPS:
+        raise ValueError(f"at most {MAX_STOPS} stop strings")
+    return v
+
+
 class _Sampling(_Body):
     model: str = Field(..., max_length=512, description="a model id or alias from /v1/models, or 'auto'")
     max_tokens: int | None = Field(None, ge=1, description="default: the server's cap")
@@ -168,9 +178,7 @@ class _Sampling(_Body):
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 16:
-            raise ValueError("at most 16 stop strings")
-        return v
+        return check_stops(v)
 
     @property
     def stops(self) -> list[str]:

@@ -27,7 +27,7 @@ from localspec.server.replies import StreamedReply
 from localspec.server.routes import embeddings as openai_embeddings
 from localspec.server.routes.completions import fim_supported
 from localspec.server.routes.models import cards
-from localspec.server.routes.plans import plan
+from localspec.server.routes.plans import plan, valid_or_400
 from localspec.server.routes.ps import ps as openai_ps
 from localspec.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ToolCall
 from localspec.server.state import Principal, ServerState, State
@@ -48,7 +48,7 @@ class Shape(Enum):
 async def chat(body: OllamaChatRequest, request: Request, state: State, who: Principal) -> JSONResponse | EventStream:
     if not body.messages:  # Ollama's way to load (or, keep_alive 0, unload) a model
         return await load_only(state, body.model, body.keep_alive, Shape.CHAT)
-    return await answer(state, request, who, chat_request(body), Shape.CHAT)
+    return await answer(state, request, who, valid_or_400(chat_request, body), Shape.CHAT)
 
 
 @router.post("/api/generate", response_model=None)
@@ -56,7 +56,7 @@ async def generate(body: OllamaGenerateRequest, request: Request, state: State,
                    who: Principal) -> JSONResponse | EventStream:
     if not body.prompt and body.suffix is None:
         return await load_only(state, body.model, body.keep_alive, Shape.GENERATE)
-    return await answer(state, request, who, generate_request(body), Shape.GENERATE)
+    return await answer(state, request, who, valid_or_400(generate_request, body), Shape.GENERATE)
 
 
 async def answer(state: ServerState, request: Request, who: str, body: ChatCompletionRequest | CompletionRequest,

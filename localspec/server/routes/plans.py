@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TypeVar
 
 from pydantic import ValidationError
 
 from localspec.server.errors import APIError
 from localspec.server.translate import Plan
+
+T = TypeVar("T")
 
 # Before OpenAPI 3.2 an event stream's `schema` describes one event (its `data:` field), not the whole body.
 SSE_CONTENT = {"text/event-stream": {"schema": {
@@ -18,7 +21,9 @@ SSE_CONTENT = {"text/event-stream": {"schema": {
 }}}
 
 
-def _plan_or_400(build: Callable[..., Plan], *args: object) -> Plan:
+def valid_or_400(build: Callable[..., T], *args: object) -> T:
+    """`build(*args)`, with a ValidationError it raises (a request built from another, a plan) as a
+    400 naming the field: uncaught, it was a 500 and a traceback."""
     try:
         return build(*args)
     except ValidationError as exc:
@@ -29,4 +34,4 @@ def _plan_or_400(build: Callable[..., Plan], *args: object) -> Plan:
 
 async def plan(build: Callable[..., Plan], *args: object) -> Plan:
     """Schema checks and grammar conversion cost CPU: never on the event loop."""
-    return await asyncio.to_thread(_plan_or_400, build, *args)
+    return await asyncio.to_thread(valid_or_400, build, *args)

@@ -24,7 +24,7 @@ from localspec.server.replies import StreamedReply, extension, origin_of
 from localspec.server.responses import (IncompleteDetails, InputTokensDetails, OutputFunctionCall, OutputItem,
                                         OutputMessage, OutputText, ResponseError, ResponseObject, ResponsesRequest,
                                         ResponseUsage, answer_message, as_chat, input_messages)
-from localspec.server.routes.plans import SSE_CONTENT, plan
+from localspec.server.routes.plans import SSE_CONTENT, plan, valid_or_400
 from localspec.server.schemas import ChatCompletionRequest, ChatMessageIn, ToolCall
 from localspec.server.state import Principal, ServerState, State
 from localspec.server.streaming import EventStream, Piece
@@ -40,7 +40,7 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
                           who: Principal) -> ResponseObject | EventStream:
     history = state.responses.history(body.previous_response_id, owner=who)  # 404 for one it does not hold
     conversation = [*history, *input_messages(body)]
-    chat = as_chat(body, conversation)
+    chat = valid_or_400(as_chat, body, conversation)
     async with state.serving(chat.model, chat.keep_alive) as (b, hold):
         plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap)
         job = await state.submit(b, plan_, model=chat.model, owner=who)
