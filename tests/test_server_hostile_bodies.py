@@ -141,3 +141,22 @@ def test_a_request_built_in_a_handler_that_fails_validation_is_a_400():
     with pytest.raises(APIError) as caught:
         valid_or_400(lambda: ChatCompletionRequest(model=MODEL, messages=HI, stop=STOPS))
     assert caught.value.status == 400 and caught.value.param == "stop"
+
+
+BAD_ITEMS = [  # an input item the Responses API refuses, and the start of the error that names it
+    ({"role": "tool", "content": "x"}, "input[1].role: Input should be 'user', 'system', 'developer' or 'assistant'"),
+    ({"role": "user", "content": 5}, "input[1].content: send a string, or a list of text parts"),
+    ({"role": "user", "content": [{"type": "input_text", "text": 5}]}, "input[1].content.0.text: "),
+    ({"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}, "input[1].arguments: "),
+    ({"type": "function_call_output", "call_id": "c", "output": {"a": 1}}, "input[1].output: send a string"),
+    ({"type": "function_call", "name": "f", "arguments": "{}"}, "input[1].call_id: Field required"),
+]
+
+
+@pytest.mark.parametrize(("item", "named"), BAD_ITEMS, ids=[n.split(":")[0] for _, n in BAD_ITEMS])
+def test_a_bad_input_item_is_named_by_its_own_field(served, item, named):
+    """Every bad item was "input.str: Input should be a valid string" (the string branch of `input`),
+    naming neither the item nor the field."""
+    r = request(served.base_url, "POST", "/v1/responses", json_body={"model": MODEL, "input": [*HI, item]})
+    assert r.status_code == 400 and "input.str" not in error_text(r)
+    assert named in error_text(r), error_text(r)

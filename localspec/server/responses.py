@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from localspec.server.errors import APIError
 from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, Extension, FunctionCall,
@@ -77,6 +77,24 @@ class ReasoningItem(_Request):
 
 InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
                       Field(discriminator="type")]
+
+
+_ITEM_MODELS: dict[str, type[_Request]] = {"message": MessageItem, "function_call": FunctionCallItem,
+                                           "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem}
+_TEXT_FIX = "send a string, or a list of text parts ({\"type\": \"input_text\", \"text\": \"...\"})"
+
+
+def item_error(index: int, exc: ValidationError) -> str:
+    """What is wrong with input[index], named by its own fields. Pydantic's first error named the
+    string branch of `input` ("input.str: Input should be a valid string") for any bad item."""
+    found: dict[str, list[str]] = {}
+    for err in exc.errors():
+        # a union's branch ('str', 'list[...TextPart]') is pydantic's label, not a field the client sent
+        path = [str(p) for p in err["loc"] if not (isinstance(p, str) and (p == "str" or "[" in p))]
+        found.setdefault(".".join(path), []).append(err["msg"])
+    where, messages = max(found.items(), key=lambda kv: kv[0].count(".") + bool(kv[0]))
+    why = _TEXT_FIX if len(messages) > 1 else messages[0]  # a text field's two branches both refused it
+    return f"input[{index}]{'.' + where if where else ''}: {why}"
 
 
 class FunctionTool(_Request):
@@ -163,6 +181,10 @@ class ResponsesRequest(_Body):
                 if isinstance(part, dict) and part.get("type") not in TEXT_PARTS:
                     raise ValueError(f"input[{i}] holds content of type {part.get('type')!r}, which is not served: "
                                      f"this server's models read text only ({', '.join(TEXT_PARTS)})")
+            try:
+                _ITEM_MODELS[kind].model_validate(item)
+            except ValidationError as exc:
+                raise ValueError(item_error(i, exc)) from None
         return items
 
     @field_validator("tools", mode="before")
