@@ -160,3 +160,35 @@ def test_a_bad_input_item_is_named_by_its_own_field(served, item, named):
     r = request(served.base_url, "POST", "/v1/responses", json_body={"model": MODEL, "input": [*HI, item]})
     assert r.status_code == 400 and "input.str" not in error_text(r)
     assert named in error_text(r), error_text(r)
+
+
+CRASHER = {"type": "string", "maxLength": 20000}  # the 188-byte request that once segfaulted the server
+FIELD_NAMED = {  # a value the chat path refuses, sent in a translated route's own field: that field is named
+    "responses max_output_tokens": ("/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 10**6},
+                                    "max_output_tokens=1000000 is above this server's cap of 256"),
+    "responses text.format": ("/v1/responses", {"model": MODEL, "input": "hi", "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": CRASHER}}}, "text.format.schema.maxLength: maxLength is 20000"),
+    "responses tool parameters": ("/v1/responses", {
+        "model": MODEL, "input": "hi", "tool_choice": "required",
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"s": CRASHER}}}]},
+        "tools[0].parameters.properties.s.maxLength: maxLength is 20000"),
+    "ollama num_predict": ("/api/chat", {"model": MODEL, "stream": False, "messages": HI,
+                                         "options": {"num_predict": 10**6}},
+                           "options.num_predict=1000000 is above this server's cap of 256"),
+    "ollama raw num_predict": ("/api/generate", {"model": MODEL, "stream": False, "prompt": "hi", "raw": True,
+                                                 "options": {"num_predict": 10**6}},
+                               "options.num_predict=1000000 is above this server's cap of 256"),
+    "ollama format": ("/api/chat", {"model": MODEL, "stream": False, "messages": HI, "format": CRASHER},
+                      "format.maxLength: maxLength is 20000"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FIELD_NAMED))
+def test_a_refusal_names_the_field_the_client_sent(served, case):
+    """The translated routes' refusals named the chat request's fields instead ("max_tokens=...",
+    "response_format.json_schema.schema.maxLength", "tools[0].function.parameters"), which the
+    client never sent."""
+    path, body, named = FIELD_NAMED[case]
+    r = request(served.base_url, "POST", path, json_body=body)
+    assert r.status_code == 400 and error_text(r).startswith(named), error_text(r)
+    assert "max_tokens" not in error_text(r) and "response_format" not in error_text(r)

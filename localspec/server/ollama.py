@@ -22,11 +22,13 @@ from pydantic import BaseModel, Field, field_validator
 from localspec.engine.events import Done
 from localspec.server.errors import APIError
 from localspec.server.keepalive import parse_keep_alive
+from localspec.server.translate import FieldNames
 from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, CompletionRequest, FunctionCall,
                                       JsonSchemaFormat, LocalspecOptions, ResponseFormat, Tool, ToolCall,
                                       _Body, _Request, check_stops, loads_bounded)
 
 OLLAMA_DEFAULT_TEMPERATURE = 0.8  # Ollama's when neither the request nor the model's settings set one
+OLLAMA_FIELDS = FieldNames(max_tokens="options.num_predict", schema="format")
 UNSERVED_OPTIONS = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}  # their "off" values
 
 

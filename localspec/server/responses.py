@@ -25,6 +25,7 @@ from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, Exte
                                       FunctionDef, JsonSchemaFormat, LocalspecOptions, ResponseFormat, Tool, ToolCall,
                                       ToolChoiceFunction, ToolChoiceNamed, _Body, _Request)
 from localspec.server.keepalive import parse_keep_alive
+from localspec.server.translate import FieldNames
 
 # ---------------------------------------------------------------- the request
 
@@ -208,6 +209,9 @@ class ResponsesRequest(_Body):
 
 
 # ---------------------------------------------------------------- to a chat request
+
+RESPONSES_FIELDS = FieldNames(max_tokens="max_output_tokens", schema="text.format.schema",
+                              tool_parameters="tools[{i}].parameters")
 
 
 def _joined(content: str | list[TextPart]) -> str:

@@ -37,6 +37,19 @@ FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
+@dataclass(frozen=True)
+class FieldNames:
+    """What the request's own API calls the fields the plan checks, for its errors to name: a
+    Responses or Ollama request becomes a chat request, and its client never sent `max_tokens`."""
+
+    max_tokens: str = "max_tokens"
+    schema: str = "response_format.json_schema.schema"  # a JSON schema for the answer
+    tool_parameters: str = "tools[{i}].function.parameters"  # {i}: the tool's index
+
+
+CHAT_FIELDS = FieldNames()
+
+
 @dataclass
 class Plan:
     """The engine request plus what the response needs to know about how it was built."""
@@ -75,7 +88,7 @@ def _sampling(body: _Sampling) -> SamplingParams:
                           temperature=DEFAULT_TEMPERATURE if own is None else own)
 
 
-def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict[str, Any]:
+def _common(body: _Sampling, max_tokens: int | None, cap: int, names: FieldNames) -> dict[str, Any]:
     if body.n != 1:
         raise APIError(400, f"n={body.n} is not supported; this server returns one choice (n=1).",
                        "unsupported_value", "n")
@@ -83,8 +96,8 @@ def _common(body: _Sampling, max_tokens: int | None, cap: int) -> dict[str, Any]
         raise APIError(400, "logit_bias is not supported by this server; remove it (a stop string or a "
                        "response_format grammar can steer the output instead).", "unsupported_value", "logit_bias")
     if max_tokens is not None and max_tokens > cap:
-        raise APIError(400, f"max_tokens={max_tokens} is above this server's cap of {cap}; ask for at most {cap}, "
-                       "or start the server with a larger --max-tokens-cap.", "invalid_value", "max_tokens")
+        raise APIError(400, f"{names.max_tokens}={max_tokens} is above this server's cap of {cap}; ask for at most "
+                       f"{cap}, or start the server with a larger --max-tokens-cap.", "invalid_value", names.max_tokens)
     opts = body.localspec
     return dict(
         max_tokens=max_tokens or cap, sampling=_sampling(body), stop=body.stops,
@@ -187,7 +200,7 @@ def _messages(body: ChatCompletionRequest) -> list[ChatMessage]:
     return out
 
 
-def _tool_grammar(body: ChatCompletionRequest) -> SchemaGrammar:
+def _tool_grammar(body: ChatCompletionRequest, names: FieldNames) -> SchemaGrammar:
     tools = body.tools or []
     if isinstance(body.tool_choice, ToolChoiceNamed):
         tools = [t for t in tools if t.function.name == body.tool_choice.function.name]
@@ -197,7 +210,7 @@ def _tool_grammar(body: ChatCompletionRequest) -> SchemaGrammar:
     options, defs, dropped = [], {}, []
     for i, t in enumerate(tools):
         params = t.function.parameters or {"type": "object"}
-        field = f"tools[{i}].function.parameters"
+        field = names.tool_parameters.format(i=i)
         try:
             check_schema(params, field)
             check_refs(params, field)
@@ -220,8 +233,9 @@ def _tool_grammar(body: ChatCompletionRequest) -> SchemaGrammar:
     return schema_grammar(combined, "tools", checked=tuple(dropped))
 
 
-def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
-    common = _common(body, body.max_completion_tokens or body.max_tokens, cap)
+def chat_plan(body: ChatCompletionRequest, cap: int, names: FieldNames = CHAT_FIELDS) -> Plan:
+    """`names`: what the request's own API calls the fields its errors name (FieldNames)."""
+    common = _common(body, body.max_completion_tokens or body.max_tokens, cap, names)
     schema: SchemaGrammar | None = None
     tool_mode = None
     tools = None
@@ -235,7 +249,7 @@ def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
     if body.tools and body.tool_choice != "none":
         tools = [t.model_dump(exclude_none=True) for t in body.tools]
         if forced:
-            schema, tool_mode = _tool_grammar(body), "forced"
+            schema, tool_mode = _tool_grammar(body, names), "forced"
         else:
             tool_mode = "auto"  # free text; <tool_call> blocks in the answer become tool_calls
     if body.response_format and body.response_format.type != "text":
@@ -249,7 +263,7 @@ def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
             if js is None:
                 raise APIError(400, "response_format json_schema needs a 'json_schema' object.",
                                "invalid_value", "response_format")
-            schema = schema_grammar(js.schema_)
+            schema = schema_grammar(js.schema_, names.schema)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     request = GenerationRequest(
         messages=_messages(body), grammar=schema.gbnf if schema else None, logprobs=logprobs, tools=tools, **common
@@ -260,8 +274,8 @@ def chat_plan(body: ChatCompletionRequest, cap: int) -> Plan:
                 one_tool_call=body.parallel_tool_calls is False)
 
 
-def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool) -> Plan:
-    common = _common(body, body.max_tokens, cap)
+def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool, names: FieldNames = CHAT_FIELDS) -> Plan:
+    common = _common(body, body.max_tokens, cap, names)
     if body.best_of not in (None, 1):
         raise APIError(400, f"best_of={body.best_of} is not supported; this server generates one completion "
                        "(best_of=1).", "unsupported_value", "best_of")

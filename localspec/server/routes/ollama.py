@@ -20,7 +20,7 @@ from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import APIError
 from localspec.server.keepalive import parse_keep_alive
-from localspec.server.ollama import (AssistantMessage, ChatLine, GenerateLine, LegacyEmbeddingRequest,
+from localspec.server.ollama import (OLLAMA_FIELDS, AssistantMessage, ChatLine, GenerateLine, LegacyEmbeddingRequest,
                                      OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest, ShowRequest,
                                      Timings, chat_request, done_reason, generate_request, ndjson, ollama_calls)
 from localspec.server.replies import StreamedReply
@@ -65,9 +65,10 @@ async def answer(state: ServerState, request: Request, who: str, body: ChatCompl
     t0 = time.perf_counter()
     async with state.serving(body.model, body.keep_alive) as (b, hold):
         if isinstance(body, ChatCompletionRequest):
-            plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
+            plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap, OLLAMA_FIELDS)
         else:
-            plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b))
+            plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b),
+                               OLLAMA_FIELDS)
         job = await state.submit(b, plan_, model=body.model, owner=who)
         kept = state.keep(hold)
     reply = OllamaReply(state, b, plan_, job, who, model=body.model, shape=shape, t0=t0)

@@ -21,9 +21,9 @@ from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES, APIError
 from localspec.server.replies import StreamedReply, extension, origin_of
-from localspec.server.responses import (IncompleteDetails, InputTokensDetails, OutputFunctionCall, OutputItem,
-                                        OutputMessage, OutputText, ResponseError, ResponseObject, ResponsesRequest,
-                                        ResponseUsage, answer_message, as_chat, input_messages)
+from localspec.server.responses import (RESPONSES_FIELDS, IncompleteDetails, InputTokensDetails, OutputFunctionCall,
+                                        OutputItem, OutputMessage, OutputText, ResponseError, ResponseObject,
+                                        ResponsesRequest, ResponseUsage, answer_message, as_chat, input_messages)
 from localspec.server.routes.plans import SSE_CONTENT, plan, valid_or_400
 from localspec.server.schemas import ChatCompletionRequest, ChatMessageIn, ToolCall
 from localspec.server.state import Principal, ServerState, State
@@ -42,7 +42,7 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
     conversation = [*history, *input_messages(body)]
     chat = valid_or_400(as_chat, body, conversation)
     async with state.serving(chat.model, chat.keep_alive) as (b, hold):
-        plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap)
+        plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap, RESPONSES_FIELDS)
         job = await state.submit(b, plan_, model=chat.model, owner=who)
         kept = state.keep(hold)
     reply = ResponsesReply(state, b, body, chat, conversation, plan_, job, who)
