@@ -192,3 +192,19 @@ def test_a_refusal_names_the_field_the_client_sent(served, case):
     r = request(served.base_url, "POST", path, json_body=body)
     assert r.status_code == 400 and error_text(r).startswith(named), error_text(r)
     assert "max_tokens" not in error_text(r) and "response_format" not in error_text(r)
+
+
+@pytest.mark.parametrize(("method", "path", "status", "said"), [
+    ("GET", "/api/chat", 405, "/api/chat takes POST, not GET"),
+    ("POST", "/api/tags", 405, "/api/tags takes GET, not POST"),
+    ("DELETE", "/api/show", 405, "/api/show takes POST, not DELETE"),
+    ("POST", "/api/chat/", 404, "send it to /api/chat, without the trailing slash"),
+    ("POST", "/api/pull", 404, "/api/pull is not served"),
+])
+def test_ollamas_routes_asked_the_wrong_way_say_how_to_ask(served, method, path, status, said):
+    """The catch-all answered a served route asked with another method "/api/chat is not served:
+    localspec serves Ollama's /api/chat, ...", contradicting itself."""
+    r = request(served.base_url, method, path, json_body={} if method == "POST" else None)
+    assert r.status_code == status and said in error_text(r), r.text
+    if status == 405:
+        assert r.headers["allow"] in ("GET", "POST")

@@ -194,12 +194,23 @@ def _iso(unix: float | None) -> str:
     return datetime.fromtimestamp(unix, UTC).isoformat().replace("+00:00", "Z") if unix else "0001-01-01T00:00:00Z"
 
 
-SERVED = ("chat", "generate", "embed", "embeddings", "tags", "show", "ps", "version")
+SERVED = {"chat": "POST", "generate": "POST", "embed": "POST", "embeddings": "POST", "show": "POST",
+          "tags": "GET", "ps": "GET", "version": "GET"}  # each of Ollama's routes served, and its method
 
 
 @router.api_route("/api/{rest:path}", methods=["GET", "POST", "DELETE", "HEAD"], include_in_schema=False)
-async def unserved(rest: str) -> None:
-    """The rest of Ollama's API (pull, push, create, copy, delete, blobs) manages Ollama's own store."""
+async def unserved(rest: str, request: Request) -> None:
+    """The rest of Ollama's API (pull, push, create, copy, delete, blobs) manages Ollama's own store.
+    A served route asked with another method is a 405 naming its own: the 404 said "/api/chat is
+    not served" and listed /api/chat among those served."""
+    name = rest.rstrip("/")
+    method = SERVED.get(name)
+    if method is not None and request.method == method:  # only a trailing slash is wrong
+        raise APIError(404, f"/api/{rest} is not served: send it to /api/{name}, without the trailing slash.",
+                       "not_found")
+    if method is not None:
+        raise APIError(405, f"/api/{name} takes {method}, not {request.method}; send a {method} request.",
+                       "method_not_allowed", headers={"allow": method})
     raise APIError(404, f"/api/{rest[:100]} is not served: localspec serves Ollama's "
                    f"{', '.join('/api/' + s for s in SERVED)}; manage models with `localspec models` "
                    "(pull, rm, list).", "not_found")
