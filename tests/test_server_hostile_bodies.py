@@ -208,3 +208,34 @@ def test_ollamas_routes_asked_the_wrong_way_say_how_to_ask(served, method, path,
     assert r.status_code == status and said in error_text(r), r.text
     if status == 405:
         assert r.headers["allow"] in ("GET", "POST")
+
+
+KEY = "hostile-key"
+
+
+@pytest.fixture(scope="module")
+def keyed(module_home):
+    tier = scripted_tier(model_id=MODEL, script=lambda prompt: "Red, green, blue.")
+    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[tier]))
+    settings = ServerSettings(api_key=KEY, cache=False, router=False, max_tokens_cap=256, max_body_bytes=1024)
+    with ServerThread(scripted_app(backend=backend, settings=settings)) as srv:
+        yield srv
+
+
+def test_the_guards_answer_ollamas_routes_in_ollamas_shape(served, keyed):
+    """The guards before any route (key, Host/Origin, body limit) answered /api/ in OpenAI's shape,
+    which Ollama's clients print as a dict ("{'message': 'Missing or incorrect API key ...', ...}")."""
+    refused = [
+        (request(keyed.base_url, "GET", "/api/tags"), 401, "Missing or incorrect API key"),
+        (request(keyed.base_url, "GET", "/api/tags", key="wrong"), 401, "Missing or incorrect API key"),
+        (request(served.base_url, "GET", "/api/tags", headers={"Host": "evil.example"}), 403, "Host 'evil.example'"),
+        (request(served.base_url, "POST", "/api/chat", headers={"Origin": "http://evil.example"},
+                 json_body={"model": MODEL, "messages": HI}), 403, "Origin 'http://evil.example'"),
+        (request(keyed.base_url, "POST", "/api/chat", key=KEY,
+                 json_body={"model": MODEL, "messages": [{"role": "user", "content": "x" * 2000}]}), 413, "limit"),
+    ]
+    for r, status, said in refused:
+        assert r.status_code == status and isinstance(r.json()["error"], str) and said in r.json()["error"], r.text
+    r = request(keyed.base_url, "GET", "/v1/models")  # the OpenAI routes keep OpenAI's
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert request(keyed.base_url, "GET", "/api/tags", key=KEY).status_code == 200

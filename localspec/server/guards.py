@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from fastapi import HTTPException
 
 from localspec.cache.scope import LOCAL_OWNER
-from localspec.server.errors import error_json
+from localspec.server.errors import OLLAMA_PREFIX, error_json
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,8 +43,12 @@ PRINCIPAL_KEY = "localspec.principal"  # where Auth leaves the principal in the 
 OPEN_PATHS = frozenset({"/health", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
 
 
-async def send_error(send: Send, status: int, message: str, code: str, headers: dict[str, str] | None = None) -> None:
-    body = json.dumps(error_json(status, message, code)).encode()
+async def send_error(scope: Scope, send: Send, status: int, message: str, code: str,
+                     headers: dict[str, str] | None = None) -> None:
+    """An error before any route: in the shape of the API the path belongs to, as the routes' own
+    (Ollama's `{"error": "..."}` on /api/, which its clients print; OpenAI's object elsewhere)."""
+    ollama = str(scope.get("path", "")).startswith(OLLAMA_PREFIX)
+    body = json.dumps({"error": message} if ollama else error_json(status, message, code)).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -104,13 +108,13 @@ class HostGuard:
         if not self.allowed.host_ok(host):
             name = host_name(host) if host else "(none)"
             return await send_error(
-                send, 403, f"Host '{name}' is not allowed: without an API key this server answers only to "
+                scope, send, 403, f"Host '{name}' is not allowed: without an API key this server answers only to "
                 f"{', '.join(sorted(self.allowed.hosts))} (a guard against DNS rebinding). "
                 f"Fix: start it with --allowed-hosts {name}, or use an API key.", "host_not_allowed")
         origin = _header(scope, b"origin")
         if origin is not None and not self.allowed.origin_ok(origin):
             return await send_error(
-                send, 403, f"Origin '{origin[:200]}' is not allowed: web pages may use this server only from "
+                scope, send, 403, f"Origin '{origin[:200]}' is not allowed: web pages may use this server only from "
                 f"its own names. Fix: start it with --allowed-origins {origin[:200]}, or use an API key.",
                 "origin_not_allowed")
         return await self.app(scope, receive, send)
@@ -130,7 +134,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await send_error(send, 413, self.message, "body_too_large")
+            return await send_error(scope, send, 413, self.message, "body_too_large")
         seen = 0
         complete = False
         deadline = asyncio.get_running_loop().time() + self.timeout_s
@@ -180,8 +184,8 @@ class Auth:
             if hmac.compare_digest(given, key):
                 principal = name
         if principal is None:
-            return await send_error(send, 401, "Missing or incorrect API key (send Authorization: Bearer <key>).",
-                                    "invalid_api_key", {"www-authenticate": "Bearer"})
+            return await send_error(scope, send, 401, "Missing or incorrect API key (send Authorization: Bearer "
+                                    "<key>).", "invalid_api_key", {"www-authenticate": "Bearer"})
         scope[PRINCIPAL_KEY] = principal
         return await self.app(scope, receive, send)
 
