@@ -202,6 +202,26 @@ def test_the_response_store_keeps_each_keys_own_and_forgets_the_oldest():
     assert store.history("resp_2", owner="key:a")[0].content == "hi"  # a request gets a copy
 
 
+def test_one_keys_flood_forgets_its_own_responses_not_another_keys():
+    """The store's room is shared: 256 tiny requests from one key forgot every other key's
+    conversation, oldest first. Now the key holding the most gives up its own oldest."""
+    said = [ChatMessageIn(role="user", content="hi")]
+    store = ResponseStore(max_responses=4, max_chars=10_000)
+    store.keep("resp_b", owner="key:b", messages=said)
+    for n in range(10):
+        store.keep(f"resp_a{n}", owner="key:a", messages=said)
+    assert store.history("resp_b", owner="key:b")[0].content == "hi"
+    assert len(store) == 4 and store.history("resp_a9", owner="key:a")
+    with pytest.raises(APIError, match="not known here"):
+        store.history("resp_a6", owner="key:a")  # its own oldest went
+    big = [ChatMessageIn(role="user", content="x" * 4000)]
+    by_size = ResponseStore(max_responses=100, max_chars=10_000)
+    by_size.keep("resp_b", owner="key:b", messages=said)
+    for n in range(5):
+        by_size.keep(f"resp_a{n}", owner="key:a", messages=big)
+    assert by_size.history("resp_b", owner="key:b")[0].content == "hi"  # over the characters: the same
+
+
 def test_function_calls_join_the_assistant_turn_before_them():
     body = ResponsesRequest.model_validate({"model": "m", "instructions": "Be brief.", "input": [
         {"role": "user", "content": "Two cities?"},

@@ -14,7 +14,7 @@ background runs, stored prompts and conversations, images and files) is a 400 na
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -371,12 +371,16 @@ class _Stored:
 
 class ResponseStore:
     """The conversations behind recent responses, for previous_response_id: in memory, each key's own,
-    the oldest dropped beyond `max_responses` or `max_chars` (a server restart forgets them all)."""
+    at most `max_responses` and `max_chars` in all (a server restart forgets them all). Past either,
+    the oldest response of the key holding the most goes: one key's many requests forget its own
+    conversations, not another key's (they all went, oldest first, to the busiest key's flood)."""
 
     def __init__(self, *, max_responses: int = 256, max_chars: int = 16 << 20) -> None:
         self.max_responses, self.max_chars = max_responses, max_chars
         self._items: OrderedDict[str, _Stored] = OrderedDict()
         self._chars = 0
+        self._held: Counter[str] = Counter()  # responses kept per owner
+        self._held_chars: Counter[str] = Counter()
 
     def history(self, response_id: str | None, *, owner: str) -> list[ChatMessageIn]:
         if response_id is None:
@@ -396,9 +400,23 @@ class ResponseStore:
             return  # one conversation bigger than all the room: not kept (previous_response_id then 404s)
         self._items[response_id] = _Stored(owner, messages, chars)
         self._chars += chars
+        self._held[owner] += 1
+        self._held_chars[owner] += chars
         while len(self._items) > self.max_responses or self._chars > self.max_chars:
-            _, old = self._items.popitem(last=False)
-            self._chars -= old.chars
+            self._forget_one(by_chars=len(self._items) <= self.max_responses)
+
+    def _forget_one(self, *, by_chars: bool) -> None:
+        """The least recently used response of the owner holding the most (responses, or characters
+        when those are over)."""
+        held = self._held_chars if by_chars else self._held
+        heaviest = max(held, key=held.__getitem__)
+        victim = next(rid for rid, item in self._items.items() if item.owner == heaviest)
+        old = self._items.pop(victim)
+        self._chars -= old.chars
+        self._held[old.owner] -= 1
+        self._held_chars[old.owner] -= old.chars
+        if not self._held[old.owner]:
+            del self._held[old.owner], self._held_chars[old.owner]
 
     def __len__(self) -> int:
         return len(self._items)
