@@ -191,6 +191,26 @@ def test_the_render_limits_leave_real_templates_alone():
     assert out.startswith("<s>") and "get_weather" in out and "Turn 199" in out and len(out) > 400_000
 
 
+def test_tools_nested_deeper_than_the_limit_are_named_as_such_and_moderate_nesting_renders():
+    """A tool's parameters 40 objects deep rendered as "a tojson result of 4,000,130 characters" (a dict's
+    (key, value) pairs counted as a level each, and the depth limit read as a size) with a fix blaming
+    the model's template; the nesting is now counted as it is and named."""
+
+    def nested(levels: int) -> dict:
+        node: dict = {"type": "string"}
+        for _ in range(levels):
+            node = {"type": "object", "properties": {"x": node}}
+        return node
+
+    def tool(levels: int) -> dict:
+        return {"type": "function", "function": {"name": "f", "parameters": nested(levels)}}
+
+    assert '"x"' in render_chat(LLAMA_STYLE, LONG_MESSAGE, tools=[tool(20)])  # 41 containers deep: renders
+    with pytest.raises(RequestError) as err:
+        render_chat(LLAMA_STYLE, LONG_MESSAGE, tools=[tool(40)])
+    assert "nested more than 64 levels deep" in str(err.value) and "flatter" in str(err.value)
+
+
 # Written for these tests in the shape of common chat templates: tools, a system prompt, loop state.
 LLAMA_STYLE = (
     "{{ bos_token }}{% if tools %}<|system|>You may call these tools:\n{% for t in tools %}"

@@ -86,8 +86,9 @@ def render_chat(
         return template_sandbox.render(template or CHATML, variables)
     except RenderLimitError as exc:
         raise RequestError(
-            f"The model's chat template ran past a safety limit and was stopped: {exc}.",
-            "Use a GGUF with a trustworthy chat template, or pass a raw prompt instead of messages.",
+            f"The chat template ran past a safety limit and was stopped: {exc}.",
+            "Send smaller or flatter messages and tools; if a small request does this, the model's template is "
+            "at fault: use a GGUF with a trustworthy chat template, or pass a raw prompt instead of messages.",
         ) from exc
     except SecurityError as exc:
         raise RequestError(

@@ -107,11 +107,12 @@ class Budget:
             return len(value)
         if not isinstance(value, (list, tuple, dict)):
             return 1
-        if depth > MAX_NESTING:
-            return MAX_CHARS + 1
+        if depth > MAX_NESTING:  # said as such: "a tojson result of 4,000,130 characters" named no cause
+            raise RenderLimitError(f"a value nested more than {MAX_NESTING} levels deep")
         self.step(len(value))
         total = len(value)
-        for item in value.items() if isinstance(value, dict) else value:
+        # A dict's key and value sit one level down, as a list's items do (not two, as a (key, value) pair would).
+        for item in (x for kv in value.items() for x in kv) if isinstance(value, dict) else value:
             total += self.weight(item, depth + 1)
             if total > MAX_CHARS:
                 break
