@@ -74,17 +74,18 @@ class Reply:
 
 def request(
     base_url: str, method: str, path: str, key: str | None = None, json_body=None, timeout: float = 300,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None, json_text: str | None = None,
 ) -> Reply:
-    """One plain HTTP request with the standard library (no client library between us and the wire)."""
+    """One plain HTTP request with the standard library (no client library between us and the wire).
+    `json_text`: a body already written, for JSON that json.dumps cannot write (nested past its recursion)."""
     host, port = base_url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     headers = dict(headers or {})
     if key:
         headers["Authorization"] = f"Bearer {key}"
     body = None
-    if json_body is not None:
-        body = json.dumps(json_body).encode()
+    if json_body is not None or json_text is not None:
+        body = (json.dumps(json_body) if json_text is None else json_text).encode()
         headers["Content-Type"] = "application/json"
     try:
         conn.request(method, path, body=body, headers=headers)
