@@ -440,17 +440,48 @@ def test_a_reload_in_the_same_process_starts_from_what_the_last_engine_learned(t
     Runtime.path.write_bytes(b"GGUF")
     monkeypatch.setattr(calibrate, "measure_verify", disturbed)
     monkeypatch.setattr(calibrate, "cache_key", lambda *a: "reload")
-    first, _ = calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
+    first, first_file = calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
     runs = len(measured)
     first.passes = 7  # what the first engine's passes taught, in its own curve
+    first_file.save(first, every=calibrate.SAVE_EVERY)  # reported, as the engine does at each request's end
     second, cost_file = calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
     assert len(measured) == runs and not (tmp_path / "calibration-reload.json").exists()
     assert second is not first and second.passes == 7 and second.verify == first.verify
     assert cost_file is not None and cost_file.path == tmp_path / "calibration-reload.json"
     second.passes = 9
+    cost_file.save(second, every=calibrate.SAVE_EVERY)
     assert calibrate.load_or_measure(Runtime(), None, 8, tmp_path)[0].passes == 9  # the latest engine's
     calibrate.forget_learned()  # as a new process
     calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
+    assert len(measured) > runs
+
+
+def test_a_reload_never_copies_a_curve_another_engine_is_still_learning_in(tmp_path, monkeypatch):
+    """Two engines of the same models at once: the second load copied the first engine's live curve from
+    another thread, so it could copy one half-updated (a shape grown a row its weights had not yet), and
+    every later multi-row pass of the second engine raised. A load copies the last reported snapshot.
+    The memo is also per calibration directory: a fresh one (a noisy bench's) measures afresh."""
+    measured: list[int] = []
+
+    def quiet(rt, sizes, seq=0, rounds=4, tick=lambda: None):
+        measured.append(1)
+        return calibrate.Measurement({n: quiet_box(n) for n in sizes}, [])
+
+    class Runtime:
+        path = tmp_path / "target.gguf"
+        n_threads = 2
+        config = type("C", (), {"n_gpu_layers": 0})()
+
+    Runtime.path.write_bytes(b"GGUF")
+    monkeypatch.setattr(calibrate, "measure_verify", quiet)
+    monkeypatch.setattr(calibrate, "cache_key", lambda *a: "live")
+    first, _ = calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
+    first.shape.append(first.shape[-1] + 1.0)  # the first engine mid-pass, on its own thread
+    second, _ = calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
+    assert len(second.shape) == len(second.shape_weight)
+    second.observe_verify(len(second.shape) + 2, quiet_box(len(second.shape) + 2))  # raised on a torn copy
+    runs = len(measured)
+    calibrate.load_or_measure(Runtime(), None, 8, tmp_path / "fresh")
     assert len(measured) > runs
 
 

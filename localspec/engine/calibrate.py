@@ -203,18 +203,39 @@ def cache_key(target: ModelRuntime, draft: ModelRuntime | None, k_max: int) -> s
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+# This process's cost curves, by calibration directory and cache key: a reload (an idle unload,
+# keep_alive 0, `stop`) starts from the one its last engine of these models reported. A disturbed
+# calibration is not saved to disk until real passes have corrected it, so every reload on a busy box
+# measured again: 20-26 s before each answer with keep_alive 0 (field test). A new process still gets
+# its chance at a quiet measure. Each is a snapshot no engine learns in: an engine reports copies from
+# its own thread (CostFile.save), and a load copies the snapshot. Copying a curve an engine is still
+# learning in from another thread (two engines of the same models at once) read it half-updated: a
+# shape longer than its weights, which broke every later pass of the engine that started from it.
+_MemoKey = tuple[str, str]  # (the calibration directory, or "" for none; the cache key)
+_LEARNED: dict[_MemoKey, Costs] = {}
+_LEARNED_LOCK = threading.Lock()
+
+
 @dataclass
 class CostFile:
-    """Where an engine's learned costs persist, and how many of their passes are saved there."""
+    """Where an engine's learned costs go: this process's snapshot of them (`memo`, for a reload), and the
+    file the next process starts from (`path`: none without a calibration directory, nor once the disk
+    refused), with how many of their passes each holds."""
 
-    path: Path
+    path: Path | None
     passes_saved: int = 0
+    memo: _MemoKey | None = None
+    passes_remembered: int = -1
 
     def save(self, learned: Costs, *, every: int = 0) -> bool:
-        """Persist what the passes taught (atomically) once more than `every` passes were learned
-        since the last save. A disturbed calibration waits until real passes have corrected it.
-        False when the disk refused: a read-only or full disk only costs re-learning next time."""
-        if learned.passes - self.passes_saved <= every:
+        """Report what the passes taught to this process's memo, and persist it (atomically) once more
+        than `every` passes were learned since the last save; call it from the engine's thread. A disturbed
+        calibration waits until real passes have corrected it before it is written. False when the disk
+        refused: a read-only or full disk only costs re-learning next time (the memo still follows)."""
+        if self.memo is not None and learned.passes != self.passes_remembered:
+            _remember(self.memo, learned)
+            self.passes_remembered = learned.passes
+        if self.path is None or learned.passes - self.passes_saved <= every:
             return True
         if learned.obtained is Obtained.UNSETTLED and learned.passes < SAVE_EVERY:
             return True
@@ -222,34 +243,28 @@ class CostFile:
             learned.save(self.path)
         except OSError as exc:
             logger.warning("could not save speculative costs to %s: %s", self.path, exc)
+            self.path = None
             return False
         self.passes_saved = learned.passes
         return True
 
 
-# This process's cost curves by cache key, each the one its latest engine is learning in: a reload (an
-# idle unload, keep_alive 0, `stop`) starts from there. A disturbed calibration is not saved to disk
-# until real passes have corrected it, so every reload on a busy box measured again: 20-26 s before
-# each answer with keep_alive 0 (field test). A new process still gets its chance at a quiet measure.
-_LEARNED: dict[str, Costs] = {}
-_LEARNED_LOCK = threading.Lock()
-
-
 def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, cache_dir: Path | None, *,
-                    on_progress: ProgressFn | None = None) -> tuple[Costs, CostFile | None]:
-    """This machine's costs as this process's last engine of these models left them, else as the last
-    process saved them, else a fresh measurement (reported to `on_progress`); and where to persist what
-    the engine learns from here on."""
+                    on_progress: ProgressFn | None = None) -> tuple[Costs, CostFile]:
+    """This machine's costs as this process's last engine of these models (with this calibration
+    directory) reported them, else as the last process saved them, else a fresh measurement (reported to
+    `on_progress`); and where the engine reports and persists what it learns from here on."""
     key = cache_key(target, draft, k_max)
     path = cache_dir / f"calibration-{key}.json" if cache_dir else None
+    memo: _MemoKey = (str(cache_dir) if cache_dir else "", key)
     with _LEARNED_LOCK:
-        held = _LEARNED.get(key)
-        if held is not None:
-            # A copy: an engine learns in its own, from its own thread; the next reload starts from this one.
-            _LEARNED[key] = learned = copy.deepcopy(held)
-            return learned, CostFile(path) if path else None
+        held = _LEARNED.get(memo)
+        if held is not None:  # the engine learns in its own copy
+            learned = copy.deepcopy(held)
+            return learned, CostFile(path, memo=memo, passes_remembered=learned.passes)
     if path is not None and (known := costs.load(path)) is not None:
-        return _remember(key, known), CostFile(path, passes_saved=known.passes)
+        _remember(memo, known)
+        return known, CostFile(path, passes_saved=known.passes, memo=memo, passes_remembered=known.passes)
     logger.info("calibrating speculative costs (one-time per model, build and thread count)")
     progress = StageReporter(on_progress, LoadStage.CALIBRATE, target.path.stem) if on_progress else None
     t0 = time.perf_counter()
@@ -261,13 +276,16 @@ def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int
             measured.save(path)
         except OSError as exc:  # a read-only or full disk only costs a re-measure next time
             logger.warning("could not save calibration to %s: %s", path, exc)
-    return _remember(key, measured), CostFile(path, passes_saved=measured.passes) if path else None
+    _remember(memo, measured)
+    return measured, CostFile(path, passes_saved=measured.passes, memo=memo, passes_remembered=measured.passes)
 
 
-def _remember(key: str, learned: Costs) -> Costs:
+def _remember(memo: _MemoKey, learned: Costs) -> None:
+    """Keep a copy of `learned` as this process's latest curve of these models (the caller's thread is
+    the only one changing `learned`)."""
+    snapshot = copy.deepcopy(learned)
     with _LEARNED_LOCK:
-        _LEARNED[key] = learned
-    return learned
+        _LEARNED[memo] = snapshot
 
 
 def forget_learned() -> None:

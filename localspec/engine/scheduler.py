@@ -83,7 +83,7 @@ class Engine:
                                           LookupHistory(self.config.lookup_history_tokens))
         self.acceptance = AcceptanceBook()  # auto's drafter statistics, learned across requests
         self.explorer = Explorer(budget=self.config.auto_explore)  # shared: the budget is the engine's time
-        self.cost_file: calibrate.CostFile | None = None  # where learned costs persist (set by calibrate)
+        self.cost_file: calibrate.CostFile | None = None  # where learned costs go (set by calibrate)
         self.slots = [Slot(seq=i) for i in range(self.config.parallel)]
         # One prompt prefix that many requests share (the cache judge's) lives in a sequence past the
         # slots: a slot used since for other work gets it back by a zero-copy seq_cp, not a prefill.
@@ -142,9 +142,9 @@ class Engine:
         return self.costs
 
     def save_costs(self, *, every: int = 0) -> None:
-        """Persist what the passes taught, so the next process starts from it (see CostFile.save)."""
-        if self.costs is not None and self.cost_file is not None and not self.cost_file.save(self.costs, every=every):
-            self.cost_file = None
+        """Report what the passes taught: a reload and the next process start from it (CostFile.save)."""
+        if self.costs is not None and self.cost_file is not None:
+            self.cost_file.save(self.costs, every=every)
 
     def close(self) -> None:
         self.save_costs()
