@@ -13,10 +13,12 @@ import re
 
 import openai
 import pytest
+from fastapi.encoders import jsonable_encoder
 
 from localspec.server import ServerSettings
 from localspec.server.errors import APIError
-from localspec.server.responses import ResponsesRequest, ResponseStore, as_chat, input_messages
+from localspec.server.responses import ResponseObject, ResponsesRequest, ResponseStore, as_chat, input_messages
+from localspec.server.routes.responses import event
 from localspec.server.schemas import ChatMessageIn
 from tests.fake_tier import Reply, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread, request
@@ -97,6 +99,19 @@ def test_a_streamed_answer_is_the_typed_events_in_order(client, served):
     raw = request(served.base_url, "POST", "/v1/responses", KEY, {"model": MODEL, "input": "hi", "stream": True})
     assert raw.text.rstrip().splitlines()[-1].startswith("data: {") and "[DONE]" not in raw.text
     assert raw.text.startswith("event: response.created\ndata: ")
+
+
+def test_a_streamed_response_object_is_spelled_as_the_whole_one():
+    """The events' response is the whole answer's JSON: text.format's schema under its API name
+    ("schema_", the attribute, went out before), and its null fields present."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = ResponsesRequest.model_validate({"model": MODEL, "input": "hi", "text": {"format": {
+        "type": "json_schema", "name": "thing", "schema": schema, "strict": True}}})
+    started = ResponseObject.started(body, id="resp_1", created_at=1)
+    data = json.loads(event("response.created", 0, response=started).split(b"data: ", 1)[1])
+    assert data["response"]["text"]["format"] == {"type": "json_schema", "name": "thing", "schema": schema,
+                                                  "strict": True}
+    assert data["response"] == json.loads(json.dumps(jsonable_encoder(started, by_alias=True)))
 
 
 def test_max_output_tokens_makes_an_incomplete_response(client):

@@ -56,9 +56,11 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
 
 
 def event(kind: str, sequence_number: int, **fields: Any) -> bytes:
-    """One server-sent event of the Responses API: its type named twice, as OpenAI sends it."""
+    """One server-sent event of the Responses API: its type named twice, as OpenAI sends it. Objects
+    are spelled as the whole answer spells them (FastAPI's response_model): by alias (`text.format`'s
+    `schema`, not the attribute `schema_`), their null fields kept."""
     data = {"type": kind, "sequence_number": sequence_number,
-            **{k: v.model_dump(mode="json", exclude_none=True) if isinstance(v, BaseModel) else v
+            **{k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
                for k, v in fields.items()}}
     return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
