@@ -107,6 +107,7 @@ class ScriptedRuntime:
         self.n_threads = 1
         self.config = RuntimeConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=1)
         self.offload = None  # no GPU split: as a CPU build loads
+        self.metadata = {"general.architecture": "scripted"}
         self.kv: dict[int, dict[int, int]] = {}
         self.decode_calls = 0
         self.rows_decoded = 0
@@ -119,6 +120,9 @@ class ScriptedRuntime:
         self._pace = 0.0  # the longest pace_s among the current batch's answers
 
     # ------------------------------------------------------------------ metadata / text
+
+    def meta(self, key: str) -> str | None:
+        return self.metadata.get(key)
 
     @property
     def chat_template(self) -> str | None:

@@ -83,7 +83,7 @@ def test_generate_is_a_chat_turn_with_its_system_and_raw_is_the_prompt_itself(cl
     assert "".join(p.response for p in streamed) == STORY and streamed[-1].done
 
 
-def test_tool_calls_come_back_with_object_arguments_and_tool_results_answer_them(client):
+def test_tool_calls_come_back_with_object_arguments_and_tool_results_answer_them(client, served):
     messages = [{"role": "user", "content": "Look up two cities."}]
     r = client.chat(model=MODEL, messages=messages, tools=WEATHER)
     calls = r.message.tool_calls
@@ -93,6 +93,11 @@ def test_tool_calls_come_back_with_object_arguments_and_tool_results_answer_them
     messages += [r.message.model_dump(exclude_none=True),
                  *({"role": "tool", "content": "sunny, 21C", "tool_name": "weather"} for _ in calls)]
     assert client.chat(model=MODEL, messages=messages, tools=WEATHER).message.content == "Paris is sunny."
+    # Some clients send the calls' turn with "content": null (the ollama client leaves it out): that is no text.
+    raw = [messages[0], {**messages[1], "content": None}, *messages[2:]]
+    r = request(served.base_url, "POST", "/api/chat", json_body={"model": MODEL, "stream": False,
+                                                                 "messages": raw, "tools": WEATHER})
+    assert r.status_code == 200 and r.json()["message"]["content"] == "Paris is sunny.", r.text
     [last] = [p for p in client.chat(model=MODEL, messages=messages[:1], tools=WEATHER, stream=True) if p.done]
     assert len(last.message.tool_calls) == 2  # streamed: held to the end, on the last line
 
@@ -134,6 +139,8 @@ def test_listings_and_embeddings(client, served):
     assert {MODEL, EMBEDDER} <= names
     show = client.show(MODEL)
     assert "completion" in show.capabilities and client.show(EMBEDDER).capabilities == ["embedding"]
+    # Where Ollama's clients read a model's context window: "<arch>.context_length", the slot's.
+    assert show.modelinfo == {"general.architecture": "scripted", "scripted.context_length": 1024}
     with pytest.raises(ollama.ResponseError) as caught:
         client.show("nope")
     assert caught.value.status_code == 404

@@ -91,6 +91,11 @@ class OllamaMessage(_Request):
     tool_name: str | None = None  # a tool message's: which tool answered
     thinking: str | None = None  # another model's reasoning, sent back by clients: dropped
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any) -> Any:
+        return "" if value is None else value  # clients send null on an assistant turn of tool calls alone
+
 
 class _Generation(_Body):
     model: str = Field(..., max_length=512)

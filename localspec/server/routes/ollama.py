@@ -175,11 +175,23 @@ async def show(body: ShowRequest, state: State) -> dict[str, Any]:
         raise APIError(404, f"model '{body.model[:200]}' not found; GET /api/tags lists the served names.",
                        "model_not_found", "model")
     embedding = bool(card.localspec and card.localspec.role == "embedding")
-    n_ctx = state.settings.n_ctx
     details = _tag(body.model, embedding=embedding)["details"]
     return {"modelfile": "", "parameters": "", "template": "", "details": details,
-            "model_info": {"general.architecture": "", **({"context_length": n_ctx} if n_ctx else {})},
+            "model_info": {} if embedding else model_info(state, body.model),
             "capabilities": ["embedding"] if embedding else ["completion", "tools", "insert"]}
+
+
+def model_info(state: ServerState, name: str) -> dict[str, Any]:
+    """The GGUF's architecture and the context a request gets, as Ollama keys them
+    (`<arch>.context_length`: clients read their context window there), from the loaded engine that
+    answers `name`; a model not loaded yet has only the server's --n-ctx, when set."""
+    for r in state.residents():
+        b = r.loader.backend
+        if b is not None and (name in b.target_names or name in r.names):
+            arch = b.engine.target.meta("general.architecture") or "unknown"
+            return {"general.architecture": arch, f"{arch}.context_length": b.engine.target.n_ctx_seq}
+    n_ctx = state.settings.n_ctx
+    return {"general.architecture": "unknown", "unknown.context_length": n_ctx} if n_ctx else {}
 
 
 @router.get("/api/ps")
