@@ -189,6 +189,7 @@ def test_previous_response_id_continues_the_conversation_without_its_instruction
      "input", "'input_image'"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input", "'item_reference' item"),
     ({"background": True}, "background", "background runs"),
+    ({"background": True, "previous_response_id": "resp_gone"}, "background", "background runs"),  # not its 404
     ({"conversation": "conv_1"}, "conversation", "stored conversations"),
     ({"include": ["message.output_text.logprobs"]}, "include", "Log probabilities"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "'schema'"),

@@ -340,7 +340,7 @@ class ResponseObject(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     parallel_tool_calls: bool = True
-    tool_choice: Any = "auto"
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction = "auto"
     tools: list[FunctionTool] = Field(default_factory=list)
     text: TextConfig = Field(default_factory=TextConfig)
     store: bool = True
@@ -362,7 +362,7 @@ class ResponseObject(BaseModel):
 # ---------------------------------------------------------------- previous_response_id
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class _Stored:
     owner: str
     messages: list[ChatMessageIn]
@@ -398,7 +398,7 @@ class ResponseStore:
         chars = sum(len(m.model_dump_json()) for m in messages)
         if chars > self.max_chars:
             return  # one conversation bigger than all the room: not kept (previous_response_id then 404s)
-        self._items[response_id] = _Stored(owner, messages, chars)
+        self._items[response_id] = _Stored(owner=owner, messages=messages, chars=chars)
         self._chars += chars
         self._held[owner] += 1
         self._held_chars[owner] += chars

@@ -38,6 +38,7 @@ router = APIRouter()
 )
 async def create_response(body: ResponsesRequest, request: Request, state: State,
                           who: Principal) -> ResponseObject | EventStream:
+    body.check_served()  # a field no local server can honour is the answer, before any lookup
     history = state.responses.history(body.previous_response_id, owner=who)  # 404 for one it does not hold
     conversation = [*history, *input_messages(body)]
     chat = valid_or_400(as_chat, body, conversation)
@@ -45,7 +46,7 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
         plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap, RESPONSES_FIELDS)
         job = await state.submit(b, plan_, model=chat.model, owner=who)
         kept = state.keep(hold)
-    reply = ResponsesReply(state, b, body, chat, conversation, plan_, job, who)
+    reply = ResponsesReply(state, b, plan_, job, who, body=body, chat=chat, conversation=conversation)
     if body.stream:
         return EventStream(reply.stream(), on_close=kept.release)
     try:
@@ -70,8 +71,8 @@ class ResponsesReply(StreamedReply):
 
     closing = None  # the last event is response.completed (or .incomplete, .failed): no [DONE]
 
-    def __init__(self, state: ServerState, b: Backend, body: ResponsesRequest, chat: ChatCompletionRequest,
-                 conversation: list[ChatMessageIn], plan_: translate.Plan, job: Job, who: str) -> None:
+    def __init__(self, state: ServerState, b: Backend, plan_: translate.Plan, job: Job, who: str, *,
+                 body: ResponsesRequest, chat: ChatCompletionRequest, conversation: list[ChatMessageIn]) -> None:
         super().__init__(state, b, plan_, job, who)
         self.body, self.chat = body, chat
         self.conversation = conversation  # what previous_response_id will mean: no instructions
@@ -169,9 +170,10 @@ class ResponsesReply(StreamedReply):
         """The message's .done events; in tool mode its text was held, and goes as one delta here."""
         text = item.content[0].text
         out = self.open_text()
-        if text != self.text:
+        # Streamed text is the answer's (no tools), or nothing was streamed (tools: held): a prefix either way.
+        if text != self.text and text.startswith(self.text):
             out.append(self.next("response.output_text.delta", item_id=item.id, output_index=0, content_index=0,
-                                 delta=text[len(self.text):] if text.startswith(self.text) else text, logprobs=[]))
+                                 delta=text[len(self.text):], logprobs=[]))
         out.append(self.next("response.output_text.done", item_id=item.id, output_index=0, content_index=0,
                              text=text, logprobs=[]))
         out.append(self.next("response.content_part.done", item_id=item.id, output_index=0, content_index=0,
