@@ -189,6 +189,9 @@ FIELD_NAMED = {  # a value the chat path refuses, sent in a translated route's o
                                "options.num_predict=1000000 is above this server's cap of 256"),
     "ollama format": ("/api/chat", {"model": MODEL, "stream": False, "messages": HI, "format": CRASHER},
                       "format.maxLength: maxLength is 20000"),
+    "chat max_completion_tokens": ("/v1/chat/completions", {"model": MODEL, "messages": HI,
+                                                            "max_completion_tokens": 10**6},
+                                   "max_completion_tokens=1000000 is above this server's cap of 256"),
 }
 
 

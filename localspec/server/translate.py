@@ -5,6 +5,7 @@ Everything here is pure (no engine state) except the FIM check, which asks the t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
@@ -235,6 +236,8 @@ def _tool_grammar(body: ChatCompletionRequest, names: FieldNames) -> SchemaGramm
 
 def chat_plan(body: ChatCompletionRequest, cap: int, names: FieldNames = CHAT_FIELDS) -> Plan:
     """`names`: what the request's own API calls the fields its errors name (FieldNames)."""
+    if body.max_completion_tokens and names is CHAT_FIELDS:  # OpenAI's newer name, when the client sent it
+        names = dataclasses.replace(names, max_tokens="max_completion_tokens")
     common = _common(body, body.max_completion_tokens or body.max_tokens, cap, names)
     schema: SchemaGrammar | None = None
     tool_mode = None
