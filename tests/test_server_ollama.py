@@ -157,3 +157,13 @@ def test_listings_and_embeddings(client, served):
 
 def test_an_empty_request_with_keep_alive_zero_unloads(client):  # last: the models unload after it
     assert client.chat(model=MODEL, messages=[], keep_alive="0m").done_reason == "unload"
+
+
+def test_show_reads_name_as_continue_sends_it(served):
+    """Continue's Ollama provider asks /api/show with {"name": ...} (the field's older spelling, which
+    Ollama still reads) and reads the context window and FIM support from the answer."""
+    r = request(served.base_url, "POST", "/api/show", json_body={"name": MODEL})
+    assert r.status_code == 200, r.text
+    assert r.json()["model_info"]["scripted.context_length"] == 1024
+    r = request(served.base_url, "POST", "/api/show", json_body={})
+    assert r.status_code == 400 and "model" in r.json()["error"]

@@ -17,7 +17,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from localspec.engine.events import Done
 from localspec.server.errors import APIError
@@ -195,6 +195,14 @@ class LegacyEmbeddingRequest(_Body):
 
 class ShowRequest(_Body):
     model: str = Field(max_length=512)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_is_model(cls, data: Any) -> Any:
+        """`name`: the field's older spelling, which Ollama still reads and Continue sends."""
+        if isinstance(data, dict) and data.get("model") is None and "name" in data:
+            return {**data, "model": data["name"]}
+        return data
 
 
 
