@@ -148,7 +148,6 @@ def test_listings_and_embeddings(client, served):
     assert len(vectors) == 2 and len(vectors[0]) == len(vectors[1]) > 0
     legacy = request(served.base_url, "POST", "/api/embeddings", json_body={"model": EMBEDDER, "prompt": "red"})
     assert legacy.json()["embedding"] == vectors[0]
-    assert json.loads(request(served.base_url, "GET", "/api/version").text)["version"]
     assert {m.model for m in client.ps().models} == {MODEL, EMBEDDER}  # loaded now, with their expiry
     with pytest.raises(ollama.ResponseError, match="localspec models") as caught:
         client.pull(MODEL)  # Ollama's store is not ours
@@ -167,3 +166,10 @@ def test_show_reads_name_as_continue_sends_it(served):
     assert r.json()["model_info"]["scripted.context_length"] == 1024
     r = request(served.base_url, "POST", "/api/show", json_body={})
     assert r.status_code == 400 and "model" in r.json()["error"]
+
+
+def test_version_is_the_ollama_api_version_clients_check(served):
+    """VS Code Copilot's Ollama provider reads /api/version and refuses a server below Ollama 0.6.4
+    (it compared localspec's own 0.1.0, and listed no models)."""
+    version = json.loads(request(served.base_url, "GET", "/api/version").text)["version"]
+    assert tuple(int(p) for p in version.split(".")) >= (0, 6, 4)

@@ -27,6 +27,11 @@ from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, Comp
                                       JsonSchemaFormat, LocalspecOptions, ResponseFormat, Tool, ToolCall,
                                       _Body, _Request, check_stops, loads_bounded)
 
+OLLAMA_API_VERSION = "0.9.0"
+"""The Ollama release whose API these routes follow (`think`, `tool_name`, /api/show's
+`capabilities`), as `/api/version` reports it: clients compare it with the least version they work
+with (VS Code Copilot's Ollama provider refuses below 0.6.4), so localspec's own version there
+(0.1.0) locked them out. localspec's version is /health's."""
 OLLAMA_DEFAULT_TEMPERATURE = 0.8  # Ollama's when neither the request nor the model's settings set one
 OLLAMA_FIELDS = FieldNames(max_tokens="options.num_predict", schema="format")
 UNSERVED_OPTIONS = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}  # their "off" values

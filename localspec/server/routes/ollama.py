@@ -13,16 +13,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from localspec import __version__
 from localspec.engine.events import Done
 from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import APIError
 from localspec.server.keepalive import parse_keep_alive
-from localspec.server.ollama import (OLLAMA_FIELDS, AssistantMessage, ChatLine, GenerateLine, LegacyEmbeddingRequest,
-                                     OllamaChatRequest, OllamaEmbedRequest, OllamaGenerateRequest, ShowRequest,
-                                     Timings, chat_request, done_reason, generate_request, ndjson, ollama_calls)
+from localspec.server.ollama import (OLLAMA_API_VERSION, OLLAMA_FIELDS, AssistantMessage, ChatLine, GenerateLine,
+                                     LegacyEmbeddingRequest, OllamaChatRequest, OllamaEmbedRequest,
+                                     OllamaGenerateRequest, ShowRequest, Timings, chat_request, done_reason,
+                                     generate_request, ndjson, ollama_calls)
 from localspec.server.replies import StreamedReply
 from localspec.server.routes import embeddings as openai_embeddings
 from localspec.server.routes.completions import fim_supported
@@ -149,8 +149,9 @@ async def legacy_embeddings(body: LegacyEmbeddingRequest, state: State) -> dict[
 
 
 @router.get("/api/version")
-async def version() -> dict[str, Any]:
-    return {"version": __version__}
+async def version() -> dict[str, str]:
+    """The Ollama API version these routes follow, which clients check (see OLLAMA_API_VERSION)."""
+    return {"version": OLLAMA_API_VERSION}
 
 
 @router.get("/api/tags")
