@@ -173,3 +173,16 @@ def test_version_is_the_ollama_api_version_clients_check(served):
     (it compared localspec's own 0.1.0, and listed no models)."""
     version = json.loads(request(served.base_url, "GET", "/api/version").text)["version"]
     assert tuple(int(p) for p in version.split(".")) >= (0, 6, 4)
+
+
+def test_a_name_with_ollamas_default_tag_is_the_name(client):
+    """Ollama reads `x:latest` as `x`; names copied from Ollama (or tagged by a client) carry it."""
+    tagged = MODEL + ":latest"
+    r = client.chat(model=tagged, messages=[{"role": "user", "content": "Name three colours."}])
+    assert r.message.content == "Red, green, blue."
+    assert client.generate(model=tagged, prompt="Greet me.").response == "Hello."
+    assert "completion" in client.show(tagged).capabilities
+    assert len(client.embed(model=EMBEDDER + ":latest", input="red").embeddings) == 1
+    with pytest.raises(ollama.ResponseError) as caught:  # another tag is another model
+        client.chat(model=MODEL + ":7b", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 404

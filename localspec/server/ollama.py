@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
 
 from localspec.engine.events import Done
 from localspec.server.errors import APIError
@@ -35,6 +35,19 @@ with (VS Code Copilot's Ollama provider refuses below 0.6.4), so localspec's own
 OLLAMA_DEFAULT_TEMPERATURE = 0.8  # Ollama's when neither the request nor the model's settings set one
 OLLAMA_FIELDS = FieldNames(max_tokens="options.num_predict", schema="format")
 UNSERVED_OPTIONS = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}  # their "off" values
+
+
+DEFAULT_TAG = ":latest"
+
+
+def untagged(name: str) -> str:
+    """A model name without Ollama's default tag: Ollama reads `x` and `x:latest` as one model, and
+    clients send either (a name copied from Ollama, or `:latest` added to a listed one)."""
+    return name.removesuffix(DEFAULT_TAG) or name
+
+
+ModelName = Annotated[str, Field(max_length=512), AfterValidator(untagged)]
+"""A request's `model`, in the endpoint's spelling (see `untagged`)."""
 
 
 class Options(_Request):
@@ -103,7 +116,7 @@ class OllamaMessage(_Request):
 
 
 class _Generation(_Body):
-    model: str = Field(..., max_length=512)
+    model: ModelName
     format: Literal["json", ""] | dict[str, Any] | None = None
     options: Options | None = None
     stream: bool = True  # Ollama's default
@@ -187,19 +200,19 @@ def generate_request(body: OllamaGenerateRequest) -> ChatCompletionRequest | Com
 
 
 class OllamaEmbedRequest(_Body):
-    model: str = Field(max_length=512)
+    model: ModelName
     input: str | list[str]
     truncate: bool = True  # the embedder truncates to its window either way
     keep_alive: str | float | None = None
 
 
 class LegacyEmbeddingRequest(_Body):
-    model: str = Field(max_length=512)
+    model: ModelName
     prompt: str
 
 
 class ShowRequest(_Body):
-    model: str = Field(max_length=512)
+    model: ModelName
 
     @model_validator(mode="before")
     @classmethod
