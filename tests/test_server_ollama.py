@@ -186,3 +186,11 @@ def test_a_name_with_ollamas_default_tag_is_the_name(client):
     with pytest.raises(ollama.ResponseError) as caught:  # another tag is another model
         client.chat(model=MODEL + ":7b", messages=[{"role": "user", "content": "hi"}])
     assert caught.value.status_code == 404
+
+
+def test_the_root_answers_the_probe_ollamas_clients_send_first(served):
+    """The `ollama` CLI (OLLAMA_HOST=...) sends HEAD / before any command and gives up on an error."""
+    for method in ("HEAD", "GET"):
+        r = request(served.base_url, method, "/")
+        assert r.status_code == 200, (method, r.status_code)
+    assert request(served.base_url, "GET", "/").text == "Ollama is running"

@@ -10,7 +10,7 @@ from enum import Enum
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
 from localspec.engine.events import Done
@@ -35,6 +35,7 @@ from localspec.server.streaming import EventStream, Piece
 
 router = APIRouter(tags=["ollama"])
 NDJSON = "application/x-ndjson"
+RUNNING = "Ollama is running"  # Ollama's answer at its root, which its clients probe before a request
 
 
 class Shape(Enum):
@@ -146,6 +147,13 @@ async def embed(body: OllamaEmbedRequest, state: State) -> dict[str, Any]:
 async def legacy_embeddings(body: LegacyEmbeddingRequest, state: State) -> dict[str, Any]:
     vectors = await openai_embeddings.embeddings(EmbeddingRequest(model=body.model, input=body.prompt), state)
     return {"embedding": vectors.data[0].embedding}
+
+
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+async def root() -> PlainTextResponse:
+    """The probe Ollama's clients send before anything else (the `ollama` CLI's heartbeat is a HEAD
+    here, and it stops at a 404 with "could not connect to ollama app")."""
+    return PlainTextResponse(RUNNING)
 
 
 @router.get("/api/version")
