@@ -140,7 +140,8 @@ def test_listings_and_embeddings(client, served):
     show = client.show(MODEL)
     assert "completion" in show.capabilities and client.show(EMBEDDER).capabilities == ["embedding"]
     # Where Ollama's clients read a model's context window: "<arch>.context_length", the slot's.
-    assert show.modelinfo == {"general.architecture": "scripted", "scripted.context_length": 1024}
+    assert show.modelinfo == {"general.architecture": "scripted", "scripted.context_length": 1024,
+                              "general.basename": MODEL}  # Copilot's name for the model
     with pytest.raises(ollama.ResponseError) as caught:
         client.show("nope")
     assert caught.value.status_code == 404
@@ -164,6 +165,7 @@ def test_show_reads_name_as_continue_sends_it(served):
     r = request(served.base_url, "POST", "/api/show", json_body={"name": MODEL})
     assert r.status_code == 200, r.text
     assert r.json()["model_info"]["scripted.context_length"] == 1024
+    assert r.json()["parameters"] == "num_ctx 1024"  # where Continue reads it: a Modelfile's parameter lines
     r = request(served.base_url, "POST", "/api/show", json_body={})
     assert r.status_code == 400 and "model" in r.json()["error"]
 

@@ -177,7 +177,10 @@ def _tag(name: str, *, embedding: bool) -> dict[str, Any]:
 
 @router.post("/api/show")
 async def show(body: ShowRequest, state: State) -> dict[str, Any]:
-    """What a client reads before its first request: the model's context length and capabilities."""
+    """What a client reads before its first request: the model's context length and capabilities.
+    The context length is in `model_info` (`<arch>.context_length`, which Copilot and ollama-js users
+    read) and in `parameters` as a Modelfile's `num_ctx` line (which Continue reads); VS Code
+    Copilot names the model by `general.basename`."""
     listed = {card.id: card for card in await cards(state)}
     card = listed.get(body.model)
     if card is None:
@@ -185,8 +188,10 @@ async def show(body: ShowRequest, state: State) -> dict[str, Any]:
                        "model_not_found", "model")
     embedding = bool(card.localspec and card.localspec.role == "embedding")
     details = _tag(body.model, embedding=embedding)["details"]
-    return {"modelfile": "", "parameters": "", "template": "", "details": details,
-            "model_info": {} if embedding else model_info(state, body.model),
+    info = {} if embedding else model_info(state, body.model)
+    n_ctx = info.get(f"{info.get('general.architecture')}.context_length")
+    return {"modelfile": "", "parameters": f"num_ctx {n_ctx}" if n_ctx else "", "template": "", "details": details,
+            "model_info": {"general.basename": body.model, **info} if info else {},
             "capabilities": ["embedding"] if embedding else ["completion", "tools", "insert"]}
 
 
