@@ -135,8 +135,8 @@ def test_an_engine_failure_is_a_500_or_an_error_line(client):
 
 
 def test_listings_and_embeddings(client, served):
-    names = {m.model for m in client.list().models}
-    assert {MODEL, EMBEDDER} <= names
+    listed = request(served.base_url, "GET", "/api/tags").json()["models"]  # tagged, as Ollama lists them
+    assert {f"{MODEL}:latest", f"{EMBEDDER}:latest"} <= {m["model"] for m in listed} == {m["name"] for m in listed}
     show = client.show(MODEL)
     assert "completion" in show.capabilities and client.show(EMBEDDER).capabilities == ["embedding"]
     # Where Ollama's clients read a model's context window: "<arch>.context_length", the slot's.
@@ -149,7 +149,9 @@ def test_listings_and_embeddings(client, served):
     assert len(vectors) == 2 and len(vectors[0]) == len(vectors[1]) > 0
     legacy = request(served.base_url, "POST", "/api/embeddings", json_body={"model": EMBEDDER, "prompt": "red"})
     assert legacy.json()["embedding"] == vectors[0]
-    assert {m.model for m in client.ps().models} == {MODEL, EMBEDDER}  # loaded now, with their expiry
+    loaded = request(served.base_url, "GET", "/api/ps").json()["models"]  # with their expiry, named as listed
+    assert {m["model"] for m in loaded} == {m["name"] for m in loaded} == {f"{MODEL}:latest", f"{EMBEDDER}:latest"}
+    assert {m.model for m in client.ps().models} == {f"{MODEL}:latest", f"{EMBEDDER}:latest"}
     with pytest.raises(ollama.ResponseError, match="localspec models") as caught:
         client.pull(MODEL)  # Ollama's store is not ours
     assert caught.value.status_code == 404
@@ -178,7 +180,8 @@ def test_version_is_the_ollama_api_version_clients_check(served):
 
 
 def test_a_name_with_ollamas_default_tag_is_the_name(client):
-    """Ollama reads `x:latest` as `x`; names copied from Ollama (or tagged by a client) carry it."""
+    """Ollama reads `x:latest` as `x`; names copied from Ollama (or tagged by a client: Open WebUI adds
+    `:latest` to a name without a tag) carry it."""
     tagged = MODEL + ":latest"
     r = client.chat(model=tagged, messages=[{"role": "user", "content": "Name three colours."}])
     assert r.message.content == "Red, green, blue."

@@ -46,6 +46,12 @@ def untagged(name: str) -> str:
     return name.removesuffix(DEFAULT_TAG) or name
 
 
+def tagged(name: str) -> str:
+    """A served name as Ollama lists it, with its tag: clients key the listing by it and add
+    `:latest` to a bare name before they look it up (Open WebUI), so a bare listed name was no model."""
+    return name if ":" in name else name + DEFAULT_TAG
+
+
 ModelName = Annotated[str, Field(max_length=512), AfterValidator(untagged)]
 """A request's `model`, in the endpoint's spelling (see `untagged`)."""
 

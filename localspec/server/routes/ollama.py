@@ -22,7 +22,7 @@ from localspec.server.keepalive import parse_keep_alive
 from localspec.server.ollama import (OLLAMA_API_VERSION, OLLAMA_FIELDS, AssistantMessage, ChatLine, GenerateLine,
                                      LegacyEmbeddingRequest, OllamaChatRequest, OllamaEmbedRequest,
                                      OllamaGenerateRequest, ShowRequest, Timings, chat_request, done_reason,
-                                     generate_request, ndjson, ollama_calls)
+                                     generate_request, ndjson, ollama_calls, tagged)
 from localspec.server.replies import StreamedReply
 from localspec.server.routes import embeddings as openai_embeddings
 from localspec.server.routes.completions import fim_supported
@@ -164,13 +164,13 @@ async def version() -> dict[str, str]:
 
 @router.get("/api/tags")
 async def tags(state: State) -> dict[str, Any]:
-    """The names a request may use, as Ollama lists its pulled models."""
+    """The names a request may use, as Ollama lists its pulled models: tagged (`x:latest`)."""
     return {"models": [_tag(card.id, embedding=bool(card.localspec and card.localspec.role == "embedding"))
                        for card in await cards(state)]}
 
 
 def _tag(name: str, *, embedding: bool) -> dict[str, Any]:
-    return {"name": name, "model": name, "modified_at": "1970-01-01T00:00:00Z", "size": 0, "digest": "",
+    return {"name": tagged(name), "model": tagged(name), "modified_at": "1970-01-01T00:00:00Z", "size": 0, "digest": "",
             "details": {"format": "gguf", "family": "bert" if embedding else "", "families": None,
                         "parameter_size": "", "quantization_level": ""}}
 
@@ -211,7 +211,7 @@ def model_info(state: ServerState, name: str) -> dict[str, Any]:
 @router.get("/api/ps")
 async def running(state: State) -> dict[str, Any]:
     report = await openai_ps(state)
-    return {"models": [{"name": m.name, "model": m.name, "size": m.size_bytes, "digest": "",
+    return {"models": [{"name": tagged(m.name), "model": tagged(m.name), "size": m.size_bytes, "digest": "",
                         "expires_at": _iso(m.expires_at), "size_vram": 0,
                         "details": {"format": "gguf"}} for m in report.models]}
 
