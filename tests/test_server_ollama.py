@@ -68,10 +68,16 @@ def test_chat_whole_and_streamed_in_ollamas_shapes(client):
     assert parts[-1].eval_count > 0 and all(p.eval_count is None for p in parts[:-1])  # counts on the last line
 
 
-def test_num_predict_stops_the_answer_at_length(client):
+def test_num_predict_stops_the_answer_at_length_and_past_the_cap_is_the_cap(client):
     r = client.chat(model=MODEL, messages=[{"role": "user", "content": "Write a story."}],
                     options={"num_predict": 4})
     assert r.done_reason == "length" and r.eval_count == 4
+    # Ollama bounds num_predict rather than refusing it (Continue sends 4096 on every request): the cap, 256.
+    for call in (lambda o: client.chat(model=MODEL, messages=[{"role": "user", "content": "Write a story."}],
+                                       options=o),
+                 lambda o: client.generate(model=MODEL, prompt="Write a story.", raw=True, options=o)):
+        whole = call({"num_predict": 10**6})
+        assert whole.done and whole.eval_count <= 256
 
 
 def test_generate_is_a_chat_turn_with_its_system_and_raw_is_the_prompt_itself(client):

@@ -62,8 +62,13 @@ async def generate(body: OllamaGenerateRequest, request: Request, state: State,
 
 async def answer(state: ServerState, request: Request, who: str, body: ChatCompletionRequest | CompletionRequest,
                  shape: Shape) -> JSONResponse | EventStream:
-    """The endpoint's path for a translated request, answered in Ollama's shape."""
+    """The endpoint's path for a translated request, answered in Ollama's shape. A num_predict past the
+    server's cap is the cap, as Ollama bounds it by the context rather than refusing: Continue sends its
+    maxTokens (4096) and Open WebUI the user's setting on every request, and a 400 stopped them all."""
     t0 = time.perf_counter()
+    cap = state.settings.max_tokens_cap
+    if body.max_tokens is not None and body.max_tokens > cap:
+        body = body.model_copy(update={"max_tokens": cap})
     async with state.serving(body.model, body.keep_alive) as (b, hold):
         if isinstance(body, ChatCompletionRequest):
             plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap, OLLAMA_FIELDS)
