@@ -184,7 +184,8 @@ def test_previous_response_id_continues_the_conversation_without_its_instruction
 
 
 @pytest.mark.parametrize("extra, field, words", [
-    ({"tools": [{"type": "web_search"}]}, "tools", "'web_search' tool"),
+    ({"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools", "'file_search' tool"),
+    ({"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools", "'custom' tool"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
      "input", "'input_image'"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input", "'item_reference' item"),
@@ -252,3 +253,61 @@ def test_function_calls_join_the_assistant_turn_before_them():
     assistant = chat.messages[2]
     assert assistant.content == "Looking." and [c.id for c in assistant.tool_calls] == ["c1", "c2"]
     assert [(m.tool_call_id, m.content) for m in chat.messages[3:]] == [("c1", "sunny"), ("c2", "rain")]
+
+
+def sse_events(text: str) -> list[dict]:
+    """The `data:` payloads of an SSE body, as a client reading only `data:` lines (Codex) sees them."""
+    return [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+SHELL = {"type": "function", "name": "shell_command", "description": "Runs a shell command", "strict": False,
+         "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"],
+                        "additionalProperties": False}}
+
+
+def codex_request(text: str) -> dict:
+    """A turn as the Codex CLI sends it to a custom `wire_api = "responses"` provider
+    (codex-rs ResponsesApiRequest): instructions, developer and user messages as items, function
+    tools and the `web_search` tool it adds by default (web_search mode "cached" for any provider
+    but Azure), reasoning null, store false, stream, an empty include, prompt_cache_key."""
+    return {"model": MODEL, "instructions": "You are a coding agent.",
+            "input": [{"type": "message", "role": "developer",
+                       "content": [{"type": "input_text", "text": "<permissions instructions>"}]},
+                      {"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": "<environment_context/>"}]},
+                      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}],
+            "tools": [SHELL, {"type": "web_search", "external_web_access": False}, *WEATHER],
+            "tool_choice": "auto", "parallel_tool_calls": False, "reasoning": None, "store": False, "stream": True,
+            "include": [], "prompt_cache_key": "0199a6c1-codex-session"}
+
+
+def test_a_codex_turn_is_answered_with_the_events_codex_reads(served):
+    """Codex reads only `data:` lines: each item from response.output_item.done, and the turn ends at
+    response.completed with its id and usage (without it: "stream closed before response.completed")."""
+    raw = request(served.base_url, "POST", "/v1/responses", KEY, codex_request("Look up two cities."))
+    assert raw.status_code == 200, raw.text
+    events = sse_events(raw.text)
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    # parallel_tool_calls: false (Codex's for models it does not know): the first call only
+    assert [(i["type"], i["name"], json.loads(i["arguments"])) for i in done] == [
+        ("function_call", "weather", {"city": "Paris"})]
+    [completed] = [e["response"] for e in events if e["type"] == "response.completed"]
+    assert completed["id"].startswith("resp_") and completed["usage"]["output_tokens"] > 0
+    assert [t["name"] for t in completed["tools"]] == ["shell_command", "weather"]  # what the model was offered
+    # The next turn sends the whole conversation back (store: false): the calls and their outputs as items.
+    turn = codex_request("Look up two cities.")
+    turn["input"] += [*({k: i[k] for k in ("type", "call_id", "name", "arguments")} for i in done),
+                      *({"type": "function_call_output", "call_id": i["call_id"], "output": "sunny, 21C"}
+                        for i in done)]
+    events = sse_events(request(served.base_url, "POST", "/v1/responses", KEY, turn).text)
+    [message] = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert message["content"][0]["text"] == "Paris: sunny." and events[-1]["type"] == "response.completed"
+
+
+def test_a_hosted_web_search_the_model_must_use_is_refused(client):
+    """Offered, web_search is dropped (the model answers without it); forced by tool_choice, it would
+    change the answer in a way this server cannot, so it is a 400 naming tool_choice."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input="hi", tools=[{"type": "web_search"}],
+                                tool_choice={"type": "web_search"})
+    assert caught.value.body["param"] == "tool_choice" and "web_search" in caught.value.body["message"]

@@ -9,7 +9,8 @@ Responses API's typed events (routes/responses.py).
 `previous_response_id` continues a conversation this server answered: it keeps the last
 responses' conversations in memory (`ResponseStore`, per key, until it restarts), unless the
 request sent `store: false`. What the API has and a local server cannot do (hosted tools,
-background runs, stored prompts and conversations, images and files) is a 400 naming it.
+background runs, stored prompts and conversations, images and files) is a 400 naming it; an
+offered web search is dropped instead (WEB_SEARCH_TOOLS), since Codex sends one by default.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from localspec.server.translate import FieldNames
 
 TEXT_PARTS = ("input_text", "output_text", "text")  # what a message's content may hold here: text
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+WEB_SEARCH_TOOLS = ("web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11")
+"""OpenAI's hosted web search. The Codex CLI offers it on every request by default (its web_search
+mode is "cached" for any provider but Azure's), so refusing it refused every Codex turn. Offered,
+it is dropped: the model answers from what it knows, as it does on OpenAI when it chooses not to
+search. Forced (tool_choice), it would change the answer in a way this server cannot: a 400."""
 
 
 class TextPart(_Request):
@@ -191,11 +197,30 @@ class ResponsesRequest(_Body):
     @field_validator("tools", mode="before")
     @classmethod
     def _function_tools(cls, value: Any) -> Any:
-        for i, tool in enumerate(value if isinstance(value, list) else []):
+        """The function tools; an offered web search is dropped (WEB_SEARCH_TOOLS), any other hosted
+        or custom tool named."""
+        if not isinstance(value, list):
+            return value
+        kept = []
+        for i, tool in enumerate(value):
             kind = tool.get("type", "function") if isinstance(tool, dict) else None
+            if kind in WEB_SEARCH_TOOLS:
+                continue
             if kind != "function":
                 raise ValueError(f"tools[{i}] is a '{kind}' tool, which is not served: this server runs function "
                                  "tools, called by your code")
+            kept.append(tool)
+        return kept
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _function_choice(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind is not None and kind != "function":
+            search = " (web search is not served here: the model answers from what it knows)" \
+                if kind in WEB_SEARCH_TOOLS else ""
+            raise ValueError(f"a '{kind}' tool cannot be required here{search}; send 'auto', 'none', 'required' "
+                             "or {\"type\": \"function\", \"name\": ...}")
         return value
 
     def check_served(self) -> None:
