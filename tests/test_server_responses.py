@@ -311,3 +311,11 @@ def test_a_hosted_web_search_the_model_must_use_is_refused(client):
         client.responses.create(model=MODEL, input="hi", tools=[{"type": "web_search"}],
                                 tool_choice={"type": "web_search"})
     assert caught.value.body["param"] == "tool_choice" and "web_search" in caught.value.body["message"]
+
+
+def test_a_prompt_longer_than_the_context_names_input(client):
+    """Its 400 named `messages`, a field a Responses client never sent; Codex shows the body as is."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input="word " * 2000)
+    error = caught.value.body
+    assert error["code"] == "context_length_exceeded" and error["param"] == "input", error

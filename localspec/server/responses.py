@@ -236,7 +236,7 @@ class ResponsesRequest(_Body):
 # ---------------------------------------------------------------- to a chat request
 
 RESPONSES_FIELDS = FieldNames(max_tokens="max_output_tokens", schema="text.format.schema",
-                              tool_parameters="tools[{i}].parameters")
+                              tool_parameters="tools[{i}].parameters", prompt="input")
 
 
 def _joined(content: str | list[TextPart]) -> str:

@@ -378,7 +378,7 @@ class ServerState:
                 400, f"This prompt has {exc.prompt_tokens} tokens but the model's context holds {exc.n_ctx} tokens "
                 f"per request (prompt_tokens={exc.prompt_tokens}, n_ctx={exc.n_ctx}); shorten the prompt, or start the "
                 "server with a larger --n-ctx.",
-                "context_length_exceeded", "messages",
+                "context_length_exceeded", plan.prompt_field,
             ) from exc
         except PredictionTooLongError as exc:
             raise APIError(

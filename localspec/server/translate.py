@@ -46,6 +46,7 @@ class FieldNames:
     max_tokens: str = "max_tokens"
     schema: str = "response_format.json_schema.schema"  # a JSON schema for the answer
     tool_parameters: str = "tools[{i}].function.parameters"  # {i}: the tool's index
+    prompt: str = "messages"  # what the prompt is rendered from (named when it overflows the context)
 
 
 CHAT_FIELDS = FieldNames()
@@ -62,6 +63,7 @@ class Plan:
     fallback: str | None = None
     cache: bool = True  # False: the request asked to bypass the semantic cache
     one_tool_call: bool = False  # parallel_tool_calls=false: the first call only
+    prompt_field: str = "messages"  # the request's field its prompt came from (FieldNames.prompt)
 
     @property
     def grammar_kept(self) -> Literal["enforced", "partial", "none"]:
@@ -274,7 +276,7 @@ def chat_plan(body: ChatCompletionRequest, cap: int, names: FieldNames = CHAT_FI
     unkept = schema.unenforced if schema else ()
     return Plan(request, grammar_enforced=schema is not None, grammar_unenforced=unkept, tool_mode=tool_mode,
                 fallback=_fallback(request, unkept), cache=_use_cache(body),
-                one_tool_call=body.parallel_tool_calls is False)
+                one_tool_call=body.parallel_tool_calls is False, prompt_field=names.prompt)
 
 
 def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool, names: FieldNames = CHAT_FIELDS) -> Plan:
@@ -296,7 +298,7 @@ def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool, names: Fiel
     if not prompt:
         raise APIError(400, "The prompt is empty.", "invalid_value", "prompt")
     request = GenerationRequest(prompt=prompt, logprobs=body.logprobs, **common)
-    return Plan(request, cache=_use_cache(body))
+    return Plan(request, prompt_field="prompt", cache=_use_cache(body))
 
 
 def _use_cache(body: _Sampling) -> bool:
