@@ -34,6 +34,10 @@ WEATHER = [{"type": "function", "name": "weather", "description": "Weather for a
 
 def script(prompt: str) -> Reply | str:
     """Answers that show what the prompt held."""
+    if "Recall the call." in prompt:  # ChatML renders a turn of calls alone as an empty assistant turn
+        return "A turn of calls." if "<|im_start|>assistant\n<|im_end|>" in prompt else "No call seen."
+    if "What did you say?" in prompt:
+        return "I said colours." if "<|im_start|>assistant\nRed, green, blue. Yes." in prompt else "Nothing."
     if "Speak like a pirate" in prompt and "Hello again" in prompt:
         return "Arr, again."
     if "Hello again" in prompt:
@@ -188,7 +192,6 @@ def test_previous_response_id_continues_the_conversation_without_its_instruction
     ({"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools", "'custom' tool"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
      "input", "'input_image'"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input", "'item_reference' item"),
     ({"background": True}, "background", "background runs"),
     ({"background": True, "previous_response_id": "resp_gone"}, "background", "background runs"),  # not its 404
     ({"conversation": "conv_1"}, "conversation", "stored conversations"),
@@ -319,3 +322,35 @@ def test_a_prompt_longer_than_the_context_names_input(client):
         client.responses.create(model=MODEL, input="word " * 2000)
     error = caught.value.body
     assert error["code"] == "context_length_exceeded" and error["param"] == "input", error
+
+
+def test_item_references_bring_back_an_earlier_responses_items(client):
+    """The Vercel AI SDK (store on) sends an earlier answer back as {"type": "item_reference", "id": ...}
+    rather than its content: refused before, so its every second turn was a 400."""
+    said = client.responses.create(model=MODEL, input="Name three colours.")
+    assert client.responses.create(model=MODEL, input=[
+        {"role": "user", "content": "Name three colours."}, {"type": "item_reference", "id": said.output[0].id},
+        {"role": "user", "content": "What did you say?"}]).output_text == "I said colours."
+    calls = client.responses.create(model=MODEL, input="Look up two cities.", tools=WEATHER)
+    rome = calls.output[1]
+    assert client.responses.create(model=MODEL, tools=WEATHER, input=[
+        {"role": "user", "content": "Look up two cities."}, {"type": "item_reference", "id": rome.id},
+        {"role": "user", "content": "Recall the call."}]).output_text == "A turn of calls."
+    unkept = client.responses.create(model=MODEL, input="Name three colours.", store=False)
+    for missing in ("msg_nope", unkept.output[0].id):
+        with pytest.raises(openai.NotFoundError, match="item_reference"):
+            client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": missing}])
+
+
+def test_a_referenced_call_joins_the_assistant_turn_as_an_inline_call_does():
+    from localspec.server.schemas import FunctionCall, ToolCall
+
+    body = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"role": "user", "content": "Two cities?"}, {"type": "item_reference", "id": "fc_1"},
+        {"type": "function_call", "call_id": "c2", "name": "weather", "arguments": "{}"}]})
+    stored = ToolCall(id="c1", function=FunctionCall(name="weather", arguments="{}"))
+    messages = input_messages(body, referenced={"fc_1": stored}.__getitem__)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert [c.id for c in messages[1].tool_calls] == ["c1", "c2"]
+    with pytest.raises(APIError, match="item_reference"):
+        input_messages(body)  # nothing to resolve it from

@@ -16,6 +16,7 @@ offered web search is dropped instead (WEB_SEARCH_TOOLS), since Codex sends one 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -31,7 +32,7 @@ from localspec.server.translate import FieldNames
 # ---------------------------------------------------------------- the request
 
 TEXT_PARTS = ("input_text", "output_text", "text")  # what a message's content may hold here: text
-ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning", "item_reference")
 WEB_SEARCH_TOOLS = ("web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11")
 """OpenAI's hosted web search. The Codex CLI offers it on every request by default (its web_search
 mode is "cached" for any provider but Azure's), so refusing it refused every Codex turn. Offered,
@@ -82,12 +83,21 @@ class ReasoningItem(_Request):
     type: Literal["reasoning"]
 
 
-InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
+class ItemReference(_Request):
+    """An output item of an earlier response, by its id (msg_..., fc_...), instead of its content: what
+    the Vercel AI SDK sends back with store on. Resolved from this server's ResponseStore (per key)."""
+
+    type: Literal["item_reference"]
+    id: str = Field(max_length=128)
+
+
+InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | ItemReference,
                       Field(discriminator="type")]
 
 
 _ITEM_MODELS: dict[str, type[_Request]] = {"message": MessageItem, "function_call": FunctionCallItem,
-                                           "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem}
+                                           "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem,
+                                           "item_reference": ItemReference}
 _TEXT_FIX = "send a string, or a list of text parts ({\"type\": \"input_text\", \"text\": \"...\"})"
 
 
@@ -243,26 +253,44 @@ def _joined(content: str | list[TextPart]) -> str:
     return content if isinstance(content, str) else "".join(p.text or "" for p in content)
 
 
-def input_messages(body: ResponsesRequest) -> list[ChatMessageIn]:
-    """The request's input as chat messages: a function call joins the assistant turn before it."""
+StoredItem = ChatMessageIn | ToolCall  # an earlier answer's message (assistant), or one of its calls
+
+
+def input_messages(body: ResponsesRequest, *, referenced: Callable[[str], StoredItem] | None = None
+                   ) -> list[ChatMessageIn]:
+    """The request's input as chat messages: a function call joins the assistant turn before it.
+    `referenced`: an item_reference's item (ResponseStore.item, for this key); without it one is a 400."""
     if isinstance(body.input, str):
         return [ChatMessageIn(role="user", content=body.input)]
     out: list[ChatMessageIn] = []
     for item in body.input:
-        if isinstance(item, MessageItem):
+        if isinstance(item, ItemReference):
+            if referenced is None:
+                raise APIError(400, "input holds an item_reference, which needs the stored response.",
+                               "invalid_value", "input")
+            stored = referenced(item.id)
+            if isinstance(stored, ToolCall):
+                _join_call(out, stored.model_copy(deep=True))
+            else:
+                out.append(stored.model_copy(deep=True))
+        elif isinstance(item, MessageItem):
             out.append(ChatMessageIn(role=item.role, content=_joined(item.content)))
         elif isinstance(item, FunctionCallItem):
-            call = ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
-            last = out[-1] if out else None
-            if last is not None and last.role == "assistant" and last.tool_calls is not None:
-                last.tool_calls.append(call)
-            elif last is not None and last.role == "assistant":
-                last.tool_calls = [call]
-            else:
-                out.append(ChatMessageIn(role="assistant", content=None, tool_calls=[call]))
+            _join_call(out, ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments)))
         elif isinstance(item, FunctionCallOutputItem):
             out.append(ChatMessageIn(role="tool", content=_joined(item.output), tool_call_id=item.call_id))
     return out
+
+
+def _join_call(out: list[ChatMessageIn], call: ToolCall) -> None:
+    """A call joins the assistant turn just before it, or makes one."""
+    last = out[-1] if out else None
+    if last is not None and last.role == "assistant" and last.tool_calls is not None:
+        last.tool_calls.append(call)
+    elif last is not None and last.role == "assistant":
+        last.tool_calls = [call]
+    else:
+        out.append(ChatMessageIn(role="assistant", content=None, tool_calls=[call]))
 
 
 def as_chat(body: ResponsesRequest, conversation: list[ChatMessageIn]) -> ChatCompletionRequest:
@@ -392,6 +420,7 @@ class _Stored:
     owner: str
     messages: list[ChatMessageIn]
     chars: int
+    items: dict[str, StoredItem]  # its output items by id, for item_reference
 
 
 class ResponseStore:
@@ -406,6 +435,7 @@ class ResponseStore:
         self._chars = 0
         self._held: Counter[str] = Counter()  # responses kept per owner
         self._held_chars: Counter[str] = Counter()
+        self._by_item: dict[str, str] = {}  # output item id -> its response's id
 
     def history(self, response_id: str | None, *, owner: str) -> list[ChatMessageIn]:
         if response_id is None:
@@ -419,11 +449,24 @@ class ResponseStore:
         self._items.move_to_end(response_id)
         return [m.model_copy(deep=True) for m in stored.messages]
 
-    def keep(self, response_id: str, *, owner: str, messages: list[ChatMessageIn]) -> None:
+    def item(self, item_id: str, *, owner: str) -> StoredItem:
+        """An output item of a kept response (an item_reference's), or a 404 as for previous_response_id."""
+        response_id = self._by_item.get(item_id)
+        stored = self._items.get(response_id) if response_id else None
+        if stored is None or stored.owner != owner:
+            raise APIError(404, f"item_reference '{item_id[:128]}' is not known here: this server keeps the items of "
+                           f"its last {self.max_responses} responses in memory until it restarts, and not those "
+                           "sent with store: false. Fix: send the item's content instead (or store: false, "
+                           "so that clients send it).", "item_not_found", "input")
+        return stored.items[item_id]
+
+    def keep(self, response_id: str, *, owner: str, messages: list[ChatMessageIn],
+             items: dict[str, StoredItem] | None = None) -> None:
         chars = sum(len(m.model_dump_json()) for m in messages)
         if chars > self.max_chars:
             return  # one conversation bigger than all the room: not kept (previous_response_id then 404s)
-        self._items[response_id] = _Stored(owner=owner, messages=messages, chars=chars)
+        self._items[response_id] = _Stored(owner=owner, messages=messages, chars=chars, items=dict(items or {}))
+        self._by_item.update({item_id: response_id for item_id in items or {}})
         self._chars += chars
         self._held[owner] += 1
         self._held_chars[owner] += chars
@@ -437,6 +480,8 @@ class ResponseStore:
         heaviest = max(held, key=held.__getitem__)
         victim = next(rid for rid, item in self._items.items() if item.owner == heaviest)
         old = self._items.pop(victim)
+        for item_id in old.items:
+            self._by_item.pop(item_id, None)
         self._chars -= old.chars
         self._held[old.owner] -= 1
         self._held_chars[old.owner] -= old.chars

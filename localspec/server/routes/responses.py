@@ -23,9 +23,10 @@ from localspec.server.errors import ERROR_RESPONSES, APIError
 from localspec.server.replies import StreamedReply, extension, origin_of
 from localspec.server.responses import (RESPONSES_FIELDS, IncompleteDetails, InputTokensDetails, OutputFunctionCall,
                                         OutputItem, OutputMessage, OutputText, ResponseError, ResponseObject,
-                                        ResponsesRequest, ResponseUsage, answer_message, as_chat, input_messages)
+                                        ResponsesRequest, ResponseUsage, StoredItem, answer_message, as_chat,
+                                        input_messages)
 from localspec.server.routes.plans import SSE_CONTENT, plan, valid_or_400
-from localspec.server.schemas import ChatCompletionRequest, ChatMessageIn, ToolCall
+from localspec.server.schemas import ChatCompletionRequest, ChatMessageIn, FunctionCall, ToolCall
 from localspec.server.state import Principal, ServerState, State
 from localspec.server.streaming import EventStream, Piece
 
@@ -40,7 +41,10 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
                           who: Principal) -> ResponseObject | EventStream:
     body.check_served()  # a field no local server can honour is the answer, before any lookup
     history = state.responses.history(body.previous_response_id, owner=who)  # 404 for one it does not hold
-    conversation = [*history, *input_messages(body)]
+    def referenced(item_id: str) -> StoredItem:
+        return state.responses.item(item_id, owner=who)  # 404 for one it does not hold
+
+    conversation = [*history, *input_messages(body, referenced=referenced)]
     chat = valid_or_400(as_chat, body, conversation)
     async with state.serving(chat.model, chat.keep_alive) as (b, hold):
         plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap, RESPONSES_FIELDS)
@@ -114,13 +118,23 @@ class ResponsesReply(StreamedReply):
     def finished(self, done: Done) -> ResponseObject:
         """The whole Response of a finished answer, kept for previous_response_id unless store is false."""
         items, content, calls = self.output(done)
-        self.remember(content, calls)
+        self.remember(content, calls, items)
         return self.response(done, items)
 
-    def remember(self, content: str | None, calls: list[ToolCall]) -> None:
-        if self.body.store:  # instructions are not carried over: the next request sends its own (as OpenAI)
-            self.state.responses.keep(self.id, owner=self.who,
-                                      messages=[*self.conversation, answer_message(content, calls)])
+    def remember(self, content: str | None, calls: list[ToolCall], items: list[OutputItem]) -> None:
+        """Keep the conversation (previous_response_id) and each output item (item_reference)."""
+        if not self.body.store:
+            return
+        by_id: dict[str, StoredItem] = {}
+        for item in items:
+            if isinstance(item, OutputMessage):
+                by_id[item.id] = ChatMessageIn(role="assistant", content=item.content[0].text)
+            else:
+                by_id[item.id] = ToolCall(id=item.call_id, function=FunctionCall(name=item.name,
+                                                                                 arguments=item.arguments))
+        # Instructions are not carried over: the next request sends its own (as OpenAI).
+        self.state.responses.keep(self.id, owner=self.who, items=by_id,
+                                  messages=[*self.conversation, answer_message(content, calls)])
 
     # -------------------------------------------------------------- the answer, streamed
 
@@ -160,7 +174,7 @@ class ResponsesReply(StreamedReply):
                 out += self.close_text(item)
             else:
                 out += self.call_events(index, item)
-        self.remember(content, calls)
+        self.remember(content, calls, items)
         final = self.response(done, items)
         out.append(self.next("response.incomplete" if final.status == "incomplete" else "response.completed",
                              response=final))
