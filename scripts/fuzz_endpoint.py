@@ -226,7 +226,9 @@ def fuzz_schemas(base_url: str, key: str | None, cases: int, seed: int = 0, mode
             code = (r.json().get("error") or {}).get("code") if r.status_code == 400 else None
             run["refused_as_too_large"] += code == "schema_too_large"
             # 413: the body limit refused it before any schema work, which is as safe.
-            if r.status_code not in (200, 400, 413) or (over and r.status_code == 400 and code != "schema_too_large"):
+            # Over the bounds: refused as a schema too large, or, nested past the body's own limit, as too deep.
+            too_large = code in ("schema_too_large", "json_too_deep")
+            if r.status_code not in (200, 400, 413) or (over and r.status_code == 400 and not too_large):
                 findings.append({"kind": "status", "status": r.status_code, "over_bounds": over,
                                  "detail": r.text[:500], "body": json.dumps(body)[:2000]})
         try:

@@ -8,9 +8,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from localspec.server.schemas import ErrorResponse
+from localspec.server.schemas import JSON_TOO_DEEP, ErrorResponse
 
 _TYPES = {
     400: "invalid_request_error",
@@ -51,17 +52,29 @@ def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(error_json(exc.status, exc.message, exc.code, exc.param), exc.status, headers=exc.headers)
 
 
+ERROR_STATUSES = {
+    400: "Invalid request (validation, n != 1, prompt longer than the context)",
+    401: "Missing or wrong API key",
+    404: "Unknown model",
+    413: "Request body too large",
+    429: "Queue full; retry after the Retry-After header",
+    503: "Models still loading, or the request was cancelled before it finished (retry)",
+}
 # Documented on every route so that schema-driven clients and fuzzers know the error shape.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": desc}
-    for code, desc in {
-        400: "Invalid request (validation, n != 1, prompt longer than the context)",
-        401: "Missing or wrong API key",
-        404: "Unknown model",
-        413: "Request body too large",
-        429: "Queue full; retry after the Retry-After header",
-        503: "Models still loading, or the request was cancelled before it finished (retry)",
-    }.items()
+    code: {"model": ErrorResponse, "description": desc} for code, desc in ERROR_STATUSES.items()
+}
+
+
+class OllamaError(BaseModel):
+    """Ollama's error body: the message alone."""
+
+    error: str
+
+
+# The same statuses on Ollama's routes (/api/...), in Ollama's shape.
+OLLAMA_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": OllamaError, "description": desc} for code, desc in ERROR_STATUSES.items()
 }
 
 
@@ -95,7 +108,8 @@ def install(app: FastAPI) -> None:
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
         msg = f"{param}: {first['msg']}" if param else str(first["msg"])
-        return render(request, 400, msg, "invalid_value", param)
+        code = JSON_TOO_DEEP if first.get("type") == JSON_TOO_DEEP else "invalid_value"
+        return render(request, 400, msg, code, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from localspec.server.keepalive import parse_keep_alive
 
@@ -22,6 +23,7 @@ class _Request(BaseModel):
 
 
 MAX_JSON_DEPTH = 240
+JSON_TOO_DEEP = "json_too_deep"  # the error type (and the reply's code) of a body nested past it
 """Arrays and objects nested in one request body, the body itself the first. A body nested deeper
 left Python's recursion limit to whichever step walked it first (a traceback and a 500), and an
 echo of it (a Response's tools) past pydantic's serialization depth of 255; JSON schemas are
@@ -39,9 +41,10 @@ def _valid_unicode(value: Any, where: str = "") -> None:
             continue
         if not isinstance(item, dict | list):
             continue
-        if depth > MAX_JSON_DEPTH:
-            raise ValueError(f"{_short(at) or 'body'} nests arrays and objects over {MAX_JSON_DEPTH} levels deep, "
-                             "this server's limit; send flatter JSON")
+        if depth > MAX_JSON_DEPTH:  # its own error type: the reply's code says "too deep", not "invalid"
+            raise PydanticCustomError(JSON_TOO_DEEP, "{where} nests arrays and objects over {limit} levels deep, "
+                                      "this server's limit; send flatter JSON",
+                                      {"where": _short(at) or "body", "limit": MAX_JSON_DEPTH})
         if isinstance(item, dict):
             for k in item:
                 _check_text(k, at)

@@ -17,7 +17,7 @@ from localspec.engine.events import Done
 from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
-from localspec.server.errors import APIError
+from localspec.server.errors import OLLAMA_ERROR_RESPONSES, APIError
 from localspec.server.keepalive import parse_keep_alive
 from localspec.server.ollama import (OLLAMA_API_VERSION, OLLAMA_FIELDS, AssistantMessage, ChatLine, GenerateLine,
                                      LegacyEmbeddingRequest, OllamaChatRequest, OllamaEmbedRequest,
@@ -35,6 +35,9 @@ from localspec.server.streaming import EventStream, Piece
 
 router = APIRouter(tags=["ollama"])
 NDJSON = "application/x-ndjson"
+AN_OBJECT = {"schema": {"type": "object"}}
+NDJSON_OR_JSON = {"description": "NDJSON lines (stream true, the default), or one JSON object",
+                  "content": {NDJSON: AN_OBJECT, "application/json": AN_OBJECT}}
 RUNNING = "Ollama is running"  # Ollama's answer at its root, which its clients probe before a request
 
 
@@ -45,14 +48,14 @@ class Shape(Enum):
     GENERATE = "generate"
 
 
-@router.post("/api/chat", response_model=None)
+@router.post("/api/chat", response_model=None, responses={**OLLAMA_ERROR_RESPONSES, 200: NDJSON_OR_JSON})
 async def chat(body: OllamaChatRequest, request: Request, state: State, who: Principal) -> JSONResponse | EventStream:
     if not body.messages:  # Ollama's way to load (or, keep_alive 0, unload) a model
         return await load_only(state, body.model, body.keep_alive, Shape.CHAT)
     return await answer(state, request, who, valid_or_400(chat_request, body), Shape.CHAT)
 
 
-@router.post("/api/generate", response_model=None)
+@router.post("/api/generate", response_model=None, responses={**OLLAMA_ERROR_RESPONSES, 200: NDJSON_OR_JSON})
 async def generate(body: OllamaGenerateRequest, request: Request, state: State,
                    who: Principal) -> JSONResponse | EventStream:
     if not body.prompt and body.suffix is None:
@@ -140,7 +143,7 @@ class OllamaReply(StreamedReply):
 # ---------------------------------------------------------------- listings and embeddings
 
 
-@router.post("/api/embed")
+@router.post("/api/embed", responses=OLLAMA_ERROR_RESPONSES)
 async def embed(body: OllamaEmbedRequest, state: State) -> dict[str, Any]:
     t0 = time.perf_counter()
     vectors = await openai_embeddings.embeddings(EmbeddingRequest(model=body.model, input=body.input), state)
@@ -148,7 +151,7 @@ async def embed(body: OllamaEmbedRequest, state: State) -> dict[str, Any]:
             "total_duration": int((time.perf_counter() - t0) * 1e9), "prompt_eval_count": vectors.usage.prompt_tokens}
 
 
-@router.post("/api/embeddings")
+@router.post("/api/embeddings", responses=OLLAMA_ERROR_RESPONSES)
 async def legacy_embeddings(body: LegacyEmbeddingRequest, state: State) -> dict[str, Any]:
     vectors = await openai_embeddings.embeddings(EmbeddingRequest(model=body.model, input=body.prompt), state)
     return {"embedding": vectors.data[0].embedding}
@@ -161,13 +164,13 @@ async def root() -> PlainTextResponse:
     return PlainTextResponse(RUNNING)
 
 
-@router.get("/api/version")
+@router.get("/api/version", responses=OLLAMA_ERROR_RESPONSES)
 async def version() -> dict[str, str]:
     """The Ollama API version these routes follow, which clients check (see OLLAMA_API_VERSION)."""
     return {"version": OLLAMA_API_VERSION}
 
 
-@router.get("/api/tags")
+@router.get("/api/tags", responses=OLLAMA_ERROR_RESPONSES)
 async def tags(state: State) -> dict[str, Any]:
     """The names a request may use, as Ollama lists its pulled models: tagged (`x:latest`)."""
     return {"models": [_tag(card.id, embedding=bool(card.localspec and card.localspec.role == "embedding"))
@@ -180,7 +183,7 @@ def _tag(name: str, *, embedding: bool) -> dict[str, Any]:
                         "parameter_size": "", "quantization_level": ""}}
 
 
-@router.post("/api/show")
+@router.post("/api/show", responses=OLLAMA_ERROR_RESPONSES)
 async def show(body: ShowRequest, state: State) -> dict[str, Any]:
     """What a client reads before its first request: the model's context length and capabilities.
     The context length is in `model_info` (`<arch>.context_length`, which Copilot and ollama-js users
@@ -213,7 +216,7 @@ def model_info(state: ServerState, name: str) -> dict[str, Any]:
     return {"general.architecture": "unknown", "unknown.context_length": n_ctx} if n_ctx else {}
 
 
-@router.get("/api/ps")
+@router.get("/api/ps", responses=OLLAMA_ERROR_RESPONSES)
 async def running(state: State) -> dict[str, Any]:
     report = await openai_ps(state)
     return {"models": [{"name": tagged(m.name), "model": tagged(m.name), "size": m.size_bytes, "digest": "",
