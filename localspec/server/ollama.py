@@ -21,11 +21,10 @@ from pydantic import AfterValidator, BaseModel, Field, field_validator, model_va
 
 from localspec.engine.events import Done
 from localspec.server.errors import APIError
-from localspec.server.keepalive import parse_keep_alive
 from localspec.server.translate import FieldNames
 from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, CompletionRequest, FunctionCall,
-                                      JsonSchemaFormat, LocalspecOptions, ResponseFormat, Tool, ToolCall,
-                                      _Body, _Request, check_stops, loads_bounded)
+                                      JsonSchemaFormat, KeepAliveField, LocalspecOptions, ResponseFormat, Tool,
+                                      ToolCall, _Body, _Request, check_stops, loads_bounded)
 
 OLLAMA_API_VERSION = "0.9.0"
 """The Ollama release whose API these routes follow (`think`, `tool_name`, /api/show's
@@ -126,15 +125,8 @@ class _Generation(_Body):
     format: Literal["json", ""] | dict[str, Any] | None = None
     options: Options | None = None
     stream: bool = True  # Ollama's default
-    keep_alive: str | float | None = None
+    keep_alive: KeepAliveField = None
     think: bool | str | None = None  # these models do not think aloud: accepted, no effect
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _keep_alive(cls, v: str | float | None) -> str | float | None:
-        if v is not None:
-            parse_keep_alive(v)
-        return v
 
     def response_format(self) -> ResponseFormat | None:
         if not self.format:
@@ -278,20 +270,21 @@ def ollama_calls(calls: list[ToolCall]) -> list[OllamaCall] | None:
     return out or None
 
 
-class ChatLine(BaseModel):
+class _Line(BaseModel):
+    """What every line of Ollama's answers carries; the last has done and its reason."""
+
     model: str
     created_at: str = Field(default_factory=now_iso)
+    done: bool
+    done_reason: Literal["stop", "length", "load", "unload"] | None = None
+
+
+class ChatLine(_Line):
     message: AssistantMessage
-    done: bool
-    done_reason: Literal["stop", "length", "load", "unload"] | None = None
 
 
-class GenerateLine(BaseModel):
-    model: str
-    created_at: str = Field(default_factory=now_iso)
+class GenerateLine(_Line):
     response: str
-    done: bool
-    done_reason: Literal["stop", "length", "load", "unload"] | None = None
 
 
 def done_reason(done: Done) -> Literal["stop", "length"]:

@@ -23,10 +23,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from localspec.server.errors import APIError
-from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, Extension, FunctionCall,
-                                      FunctionDef, JsonSchemaFormat, LocalspecOptions, ResponseFormat, Tool, ToolCall,
-                                      ToolChoiceFunction, ToolChoiceNamed, _Body, _Request)
-from localspec.server.keepalive import parse_keep_alive
+from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, Extension, FunctionCall, FunctionDef,
+                                      JsonSchemaFormat, KeepAliveField, LocalspecOptions, ResponseFormat, Tool,
+                                      ToolCall, ToolChoiceFunction, ToolChoiceNamed, _Body, _Request)
 from localspec.server.translate import FieldNames
 
 # ---------------------------------------------------------------- the request
@@ -169,14 +168,7 @@ class ResponsesRequest(_Body):
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
     localspec: LocalspecOptions | None = None
-    keep_alive: str | float | None = None
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _keep_alive(cls, v: str | float | None) -> str | float | None:
-        if v is not None:
-            parse_keep_alive(v)
-        return v
+    keep_alive: KeepAliveField = None
 
     @field_validator("input", mode="before")
     @classmethod

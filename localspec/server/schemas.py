@@ -8,14 +8,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from localspec.server.keepalive import parse_keep_alive
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when `temperature` is omitted
+
+
+def _checked_keep_alive(value: str | float | None) -> str | float | None:
+    if value is not None:
+        parse_keep_alive(value)  # ValueError: a 400 naming the forms
+    return value
+
+
+# A request's keep_alive (every API's: OpenAI's routes as an extension, Responses, Ollama's), checked.
+KeepAliveField = Annotated[str | float | None, AfterValidator(_checked_keep_alive)]
 
 
 class _Request(BaseModel):
@@ -168,15 +178,8 @@ class _Sampling(_Body):
     prediction: PredictionIn | None = Field(None, description="Predicted Outputs (on /v1/completions: a localspec "
                                                               "extension)")
     localspec: LocalspecOptions | None = None
-    keep_alive: str | float | None = Field(None, description="(localspec, as Ollama) how long the models stay loaded "
-                                                             "after this request: 5m, seconds, 0, -1 = forever")
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _keep_alive(cls, v: str | float | None) -> str | float | None:
-        if v is not None:
-            parse_keep_alive(v)  # ValueError: a 400 naming the forms
-        return v
+    keep_alive: KeepAliveField = Field(None, description="(localspec, as Ollama) how long the models stay loaded "
+                                                         "after this request: 5m, seconds, 0, -1 = forever")
 
     @field_validator("stop")
     @classmethod
