@@ -422,6 +422,18 @@ def test_a_disturbed_calibration_is_retried_then_used_but_not_saved(tmp_path, mo
     assert costs.steps(3) >= costs.steps(2)  # the dip after the bad 2-row point is fitted away
 
 
+def fake_model_file(tmp_path):
+    """What load_or_measure reads of a model before measuring: its file, threads and GPU layers."""
+
+    class Runtime:
+        path = tmp_path / "target.gguf"
+        n_threads = 2
+        config = type("C", (), {"n_gpu_layers": 0})()
+
+    Runtime.path.write_bytes(b"GGUF")
+    return Runtime
+
+
 def test_a_reload_in_the_same_process_starts_from_what_the_last_engine_learned(tmp_path, monkeypatch):
     """A disturbed calibration is not saved: each reload (idle unload, keep_alive 0, stop) measured
     again, 20-26 s before the answer on a busy box (field test). Now a reload reuses this process's
@@ -432,12 +444,7 @@ def test_a_reload_in_the_same_process_starts_from_what_the_last_engine_learned(t
         measured.append(1)
         return calibrate.Measurement({n: quiet_box(n) for n in sizes}, ["a single step took 30 ms before and 90 ms after"])
 
-    class Runtime:
-        path = tmp_path / "target.gguf"
-        n_threads = 2
-        config = type("C", (), {"n_gpu_layers": 0})()
-
-    Runtime.path.write_bytes(b"GGUF")
+    Runtime = fake_model_file(tmp_path)
     monkeypatch.setattr(calibrate, "measure_verify", disturbed)
     monkeypatch.setattr(calibrate, "cache_key", lambda *a: "reload")
     first, first_file = calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
@@ -467,12 +474,7 @@ def test_a_reload_never_copies_a_curve_another_engine_is_still_learning_in(tmp_p
         measured.append(1)
         return calibrate.Measurement({n: quiet_box(n) for n in sizes}, [])
 
-    class Runtime:
-        path = tmp_path / "target.gguf"
-        n_threads = 2
-        config = type("C", (), {"n_gpu_layers": 0})()
-
-    Runtime.path.write_bytes(b"GGUF")
+    Runtime = fake_model_file(tmp_path)
     monkeypatch.setattr(calibrate, "measure_verify", quiet)
     monkeypatch.setattr(calibrate, "cache_key", lambda *a: "live")
     first, _ = calibrate.load_or_measure(Runtime(), None, 8, tmp_path)
