@@ -231,9 +231,9 @@ def test_the_apis_clients_md_lists_as_not_served_answer_404(docs_server, method,
 
 @pytest.mark.models
 def test_the_responses_apis_hosted_parts_answer_400_naming_the_field(docs_server):
-    body = {"model": TEST_MODEL, "input": "hi", "tools": [{"type": "web_search"}]}
+    body = {"model": TEST_MODEL, "input": "hi", "tools": [{"type": "file_search"}]}
     r = request(docs_server.base_url, "POST", "/v1/responses", json_body=body)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tools" and "web_search" in r.text
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools" and "file_search" in r.text
 
 
 @pytest.mark.models
