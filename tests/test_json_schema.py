@@ -1,18 +1,21 @@
-"""A client's JSON schema before the grammar converter: refs re-rooted, an integer's bounds as digit ranges.
+"""A client's JSON schema before the grammar converter: refs re-rooted, an integer's and a number's bounds
+as digit ranges.
 
-The integer ranges are checked by brute force: the same alternatives written as a regex (here, in the
-test) must match exactly the integers within the bounds, each written as JSON writes it.
+The ranges are checked by brute force: the same alternatives written as a regex (here, in the test) must
+match exactly the integers (numbers) within the bounds, each written as JSON writes it.
 """
 
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any
 
 import llama_cpp
 import pytest
 
-from localspec.engine.json_schema import Digits, integer_alternatives, integer_gbnf, integer_ranges, with_integer_rules
+from localspec.engine.json_schema import (Bound, Digits, bounded_ranges, integer_alternatives, integer_gbnf, number_bounds,
+                                          number_gbnf, with_range_rules)
 
 
 def _regex(alternatives: list[Digits]) -> str:
@@ -54,11 +57,11 @@ def test_a_bounded_integer_in_a_schema_becomes_its_rule_and_other_nodes_stay():
         "n": {"type": "integer", "minimum": 1.5, "exclusiveMaximum": 4, "description": "kept out"},
         "tagged": {"type": "integer", "minimum": 0, "enum": [0, 1]},  # not plain: left to the refusal
         "free": {"type": "integer"}}}
-    ranged, rules = integer_ranges(schema, "schema")
+    ranged, rules = bounded_ranges(schema, "schema")
     assert list(rules.values()) == [integer_gbnf(2, 3)] and ranged["properties"]["n"] == {"const": next(iter(rules))}
     assert ranged["properties"]["tagged"] == schema["properties"]["tagged"] and schema["properties"]["n"]["minimum"] == 1.5
     marker = next(iter(rules))
-    assert with_integer_rules(f'n ::= "\\"{marker}\\""\n', rules) == f"n ::= {integer_gbnf(2, 3)} space\n"
+    assert with_range_rules(f'n ::= "\\"{marker}\\""\n', rules) == f"n ::= {integer_gbnf(2, 3)} space\n"
 
 
 def test_a_marker_the_converter_wrote_otherwise_is_not_left_for_the_model_to_write(monkeypatch):
@@ -67,13 +70,84 @@ def test_a_marker_the_converter_wrote_otherwise_is_not_left_for_the_model_to_wri
     from localspec.server import translate
     from localspec.server.schemas import ChatCompletionRequest
 
-    _, rules = integer_ranges({"type": "integer", "minimum": 1}, "schema")
+    _, rules = bounded_ranges({"type": "integer", "minimum": 1}, "schema")
     marker = next(iter(rules))
-    assert with_integer_rules(f"n ::= \"{marker}\"\n", rules) is None  # written without the JSON quotes
-    monkeypatch.setattr(translate, "with_integer_rules", lambda gbnf, rules: None)
+    assert with_range_rules(f"n ::= \"{marker}\"\n", rules) is None  # written without the JSON quotes
+    monkeypatch.setattr(translate, "with_range_rules", lambda gbnf, rules: None)
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}}
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}],
             "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
     plan = translate.chat_plan(ChatCompletionRequest.model_validate(body), 16)
-    assert "localspec-integer" not in (plan.request.grammar or "") and plan.grammar_kept == "partial"
+    assert "localspec-range" not in (plan.request.grammar or "") and plan.grammar_kept == "partial"
     assert [p.rsplit(".", 1)[-1] for p in plan.grammar_unenforced] == ["minimum", "maximum"]
+
+
+# ---------------------------------------------------------------- number ranges
+
+
+def _number_matcher(rule: str) -> re.Pattern[str]:
+    """The number rule as a regex: it is built of literals, classes, groups, `?` and `{m,n}` only."""
+    return re.compile(re.sub(r'"(.)"', lambda m: re.escape(m.group(1)), rule).replace(" ", ""))
+
+
+def _near(values: list[Decimal]) -> set[str]:
+    """Numbers around each value and zero, in steps from 1 down to 0.0001, each written several ways
+    (trailing zeros, no fraction) as JSON writes a number without an exponent."""
+    out = set()
+    for centre in [*values, Decimal(0)]:
+        for step in (Decimal(1), Decimal("0.1"), Decimal("0.01"), Decimal("0.001"), Decimal("0.0001")):
+            for k in range(-30, 31):
+                v = centre + k * step
+                out.update(text for text in (f"{v:f}", f"{v:.4f}", f"{v:.6f}", f"{v:.0f}")
+                           if not (text.startswith("-") and Decimal(text) == 0))  # "-0": JSON, and no bound's business
+    return out
+
+
+def _b(value: str, strict: bool = False) -> Bound:
+    return Bound(Decimal(value), strict)
+
+
+NUMBER_BOUNDS = [(_b("0"), _b("1")), (_b("0"), None), (_b("0", True), None), (None, _b("0")), (None, _b("0", True)),
+                 (_b("-1.5"), _b("2.25")), (_b("0.1"), _b("0.2")), (_b("0.15"), _b("0.15")),
+                 (_b("-3.75", True), _b("-1.05", True)), (_b("12.5"), _b("130.007")), (_b("-0.001"), _b("0.001", True)),
+                 (None, _b("-2.5")), (_b("99.99"), None), (_b("0.5", True), _b("1", True)), (_b("1e-10"), _b("1")),
+                 (_b("7", True), _b("8", True)), (_b("-5"), _b("-5"))]
+
+
+@pytest.mark.parametrize(("lo", "hi"), NUMBER_BOUNDS)
+def test_a_number_rule_matches_exactly_the_numbers_within_the_bounds(lo, hi):
+    rule = number_gbnf(lo, hi)
+    assert rule is not None
+    matcher = _number_matcher(rule)
+    for text in _near([b.value for b in (lo, hi) if b is not None]):
+        value = Decimal(text)
+        inside = (lo is None or value > lo.value or (value == lo.value and not lo.strict)) and (
+            hi is None or value < hi.value or (value == hi.value and not hi.strict))
+        assert bool(matcher.fullmatch(text)) is inside, (lo, hi, text)
+    for text in ("-0", "-0.0", "00", "01", "1.", ".5", "1e3", "1E-2", "+1", "", "-", "0." + "0" * 17):
+        assert not matcher.fullmatch(text), (lo, hi, text)  # not JSON, or an exponent, "-0", 17 decimals
+    llama_cpp.LlamaGrammar.from_string(f"root ::= {rule}\n", verbose=False)
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(_b("0.15", True), _b("0.15")), (_b("2"), _b("1")), (_b("0", True), _b("0"))])
+def test_bounds_that_leave_no_number_have_no_rule(lo, hi):
+    assert number_gbnf(lo, hi) is None
+
+
+def test_a_numbers_bounds_are_the_tightest_and_exact():
+    """0.1 is the decimal the client wrote, not its binary float; of two bounds at one value, the exclusive."""
+    lo, hi = number_bounds({"type": "number", "minimum": 0.1, "exclusiveMinimum": 0.1, "maximum": 3, "exclusiveMaximum": 2.5})
+    assert lo == _b("0.1", True) and hi == _b("2.5", True)
+
+
+def test_a_bounded_number_in_a_schema_becomes_its_rule_and_unkeepable_bounds_stay():
+    """pydantic's Field(ge=0, le=1) on a float; bounds with more decimals than the grammar's fraction, or
+    draft 4's boolean exclusiveMinimum, stay for the converter and are named as not kept."""
+    schema: dict[str, Any] = {"type": "object", "properties": {
+        "p": {"type": "number", "minimum": 0, "maximum": 1, "title": "P"},
+        "fine": {"type": "number", "minimum": 0.12345678901234566},
+        "draft4": {"type": "number", "minimum": 0, "exclusiveMinimum": True}}}
+    ranged, rules = bounded_ranges(schema, "schema")
+    assert list(rules.values()) == [number_gbnf(_b("0"), _b("1"))] and ranged["properties"]["p"] == {"const": next(iter(rules))}
+    assert ranged["properties"]["fine"] == schema["properties"]["fine"]
+    assert ranged["properties"]["draft4"] == schema["properties"]["draft4"]

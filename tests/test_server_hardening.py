@@ -133,7 +133,8 @@ def test_pydantic_schemas_with_defs_are_enforced_in_forced_tools_and_response_fo
 
 
 @pytest.mark.parametrize("where", ["response_format", "tool"])
-@pytest.mark.parametrize(("n", "keywords"), [({"type": "number", "minimum": 0, "maximum": 1}, ["minimum", "maximum"]),
+@pytest.mark.parametrize(("n", "keywords"), [({"type": "number", "minimum": 0, "exclusiveMinimum": True}, ["minimum", "exclusiveMinimum"]),
+                                              ({"type": "number", "multipleOf": 0.5}, ["multipleOf"]),
                                               ({"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                                                ["uniqueItems"]),
                                               ({"type": "integer", "minimum": 1, "enum": [0, 1, 2]}, ["minimum"]),
@@ -155,13 +156,20 @@ def test_a_schema_keyword_the_grammar_cannot_keep_is_named_and_the_grammar_is_pa
     assert "check those values" in (plan.fallback or "")
 
 
-def test_a_schema_the_grammar_keeps_whole_says_enforced():
+@pytest.mark.parametrize("where", ["response_format", "tool"])
+@pytest.mark.parametrize("n", [{"type": "integer", "minimum": 1, "maximum": 5},
+                               {"type": "number", "minimum": 0, "maximum": 1},  # pydantic's Field(ge=0, le=1)
+                               {"type": "number", "exclusiveMinimum": 0}])
+def test_a_schema_the_grammar_keeps_whole_says_enforced(where, n):
+    """A number's bounds were named as not kept (grammar "partial") until they became a rule of ours."""
     from localspec.server.schemas import ChatCompletionRequest
     from localspec.server.translate import chat_plan
 
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}}}
-    plan = chat_plan(ChatCompletionRequest.model_validate(chat_with_schema(schema)), 16)
+    schema = {"type": "object", "properties": {"n": n}}
+    body = chat_with_schema(schema) if where == "response_format" else forced_tool(schema)
+    plan = chat_plan(ChatCompletionRequest.model_validate(body), 16)
     assert plan.grammar_kept == "enforced" and not plan.grammar_unenforced and plan.fallback is None
+    assert "localspec-range" not in (plan.request.grammar or "")
 
 
 @pytest.mark.models
@@ -176,6 +184,31 @@ def test_an_integers_bounds_are_kept_by_the_grammar(served):
     assert r.status_code == 200 and r.json()["localspec"]["grammar"] == "enforced", r.text
     assert 100 <= json.loads(r.json()["choices"][0]["message"]["content"])["n"] <= 200, r.text
     _alive(proc, base)
+
+
+@pytest.mark.models
+def test_a_numbers_bounds_are_kept_by_the_grammar(served):
+    """Asked for {"p": 7.5} against 0..1 (pydantic's Field(ge=0, le=1) on a float), the grammar made the
+    model write a number in range; the converter alone let it write 7.5."""
+    proc, base = served
+    schema = {"type": "object", "properties": {"p": {"type": "number", "minimum": 0, "maximum": 1}}, "required": ["p"]}
+    body = chat_with_schema(schema) | {"messages": [{"role": "user", "content": 'Reply with the JSON {"p": 7.5}.'}],
+                                       "max_tokens": 16}
+    r = request(base, "POST", "/v1/chat/completions", json_body=body)
+    assert r.status_code == 200 and r.json()["localspec"]["grammar"] == "enforced", r.text
+    assert 0 <= json.loads(r.json()["choices"][0]["message"]["content"])["p"] <= 1, r.text
+    _alive(proc, base)
+
+
+def test_bounds_that_leave_no_number_are_a_400():
+    from localspec.server.errors import APIError
+    from localspec.server.schemas import ChatCompletionRequest
+    from localspec.server.translate import chat_plan
+
+    body = chat_with_schema({"type": "number", "exclusiveMinimum": 0.5, "maximum": 0.5})
+    with pytest.raises(APIError) as err:
+        chat_plan(ChatCompletionRequest.model_validate(body), 16)
+    assert err.value.code == "invalid_schema" and "no number meets maximum 0.5, exclusiveMinimum 0.5" in err.value.message
 
 
 def test_bounds_that_leave_no_integer_are_a_400():

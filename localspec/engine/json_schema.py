@@ -9,9 +9,9 @@ formats. Two things it gets wrong are fixed here, and one is refused:
 * a schema nested under another (a tool's parameters under the forced call's `arguments`) keeps
   refs like `#/$defs/Addr` that point at the new root. Its definitions move there (`hoisted`).
 * keywords that restrict values and that it drops without a word (`minimum`, `uniqueItems`, ...):
-  the reply said "grammar: enforced" while `{"n": 5}` broke `"minimum": 100`. An integer's bounds
-  become a rule of our own (`integer_ranges`); the rest are named (`unenforced`), and the reply says
-  "grammar: partial" with their paths rather than promise them.
+  the reply said "grammar: enforced" while `{"n": 5}` broke `"minimum": 100`. An integer's or a
+  number's bounds become a rule of our own (`bounded_ranges`); the rest are named (`unenforced`), and
+  the reply says "grammar: partial" with their paths rather than promise them.
 """
 
 from __future__ import annotations
@@ -21,16 +21,18 @@ import math
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from localspec.engine.grammar_limits import subschemas
 from localspec.errors import RequestError
 
 # Keywords that narrow what is valid and that the converter ignores. Annotations (title, description,
-# default, examples, $comment, deprecated, unknown formats) change nothing and pass. An integer's bounds
-# are kept by a grammar of our own (`integer_ranges`); a number's are not.
+# default, examples, $comment, deprecated, unknown formats) change nothing and pass. An integer's and a
+# number's bounds are kept by a grammar of our own (`bounded_ranges`).
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 INTEGER_LIMIT = 10**18  # bounds past this are not enforced: each digit of a bound is a group in the grammar
+FRACTION_DIGITS = 16  # digits after a bounded number's point, as many as the converter's own numbers have
 UNENFORCED = (
     *BOUNDS, "multipleOf", "uniqueItems",
     "minProperties", "maxProperties", "not", "if", "then", "else", "contains", "minContains", "maxContains",
@@ -51,15 +53,15 @@ def _subschemas(node: Any, where: str) -> Iterator[tuple[dict[str, Any], str]]:
 
 class SchemaInvalid(RequestError):
     """A schema that says nothing as written: a local `$ref` to nothing or round a loop of refs, an
-    integer whose bounds leave no value."""
+    integer or a number whose bounds leave no value."""
 
 
-def unenforced(schema: Any, field: str, *, integer_bounds: bool = True) -> list[str]:
-    """Where the schema holds a keyword the grammar will not keep (an integer's bounds are kept, unless
-    `integer_bounds` is False), as paths: `properties.confidence.minimum`. A pydantic model writes them
-    everywhere (`Field(ge=0)` on a float, `set[str]`): the request is served, and the reply says which."""
+def unenforced(schema: Any, field: str, *, bounds_kept: bool = True) -> list[str]:
+    """Where the schema holds a keyword the grammar will not keep (an integer's or a number's bounds are
+    kept, unless `bounds_kept` is False), as paths: `properties.tags.uniqueItems`. A pydantic model writes
+    them (`set[str]`, `Field(multiple_of=5)`): the request is served, and the reply says which."""
     return [f"{where}.{keyword}" for node, where in _subschemas(schema, field) for keyword in UNENFORCED
-            if keyword in node and not (integer_bounds and keyword in BOUNDS and _bounded_integer(node))]
+            if keyword in node and not (bounds_kept and keyword in BOUNDS and _bounded(node))]
 
 
 def check_refs(schema: Any, field: str) -> None:
@@ -131,21 +133,33 @@ def hoisted(schema: Any, name: str) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------- integer ranges
+# ---------------------------------------------------------------- integer and number ranges
 
 
 _ANNOTATIONS = {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
                 "format"}
 
 
-def _bounded_integer(node: dict[str, Any]) -> bool:
-    """An integer with numeric bounds within ±INTEGER_LIMIT and nothing else that narrows it (an enum, a
-    combinator): the ones `integer_ranges` keeps, replacing the node."""
+def _bound_value(b: Any, *, integer: bool) -> Decimal | None:
+    """A bound as the exact decimal the client wrote (0.1 is 0.1, not its binary float), or None where the
+    grammar cannot keep it: not a number, not finite, past ±INTEGER_LIMIT or, for a number, with more
+    decimals than a fraction may have here (an integer's bound is rounded inwards, so any will do)."""
+    if not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(b) or abs(b) > INTEGER_LIMIT:
+        return None
+    value = Decimal(str(b))
+    exponent = value.normalize().as_tuple().exponent
+    decimals = -exponent if isinstance(exponent, int) and exponent < 0 else 0
+    return value if integer or decimals <= FRACTION_DIGITS else None
+
+
+def _bounded(node: dict[str, Any]) -> bool:
+    """An integer or a number with bounds the grammar can keep and nothing else that narrows it (an enum, a
+    combinator): the ones `bounded_ranges` keeps, replacing the node."""
     bounds = [node[k] for k in BOUNDS if k in node]
     plain = set(node) <= {"type", *BOUNDS, *_ANNOTATIONS}
-    return plain and node.get("type") == "integer" and bool(bounds) and all(
-        isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and abs(b) <= INTEGER_LIMIT
-        for b in bounds)
+    kind = node.get("type")
+    return plain and kind in ("integer", "number") and bool(bounds) and all(
+        _bound_value(b, integer=kind == "integer") is not None for b in bounds)
 
 
 def integer_bounds(node: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -155,6 +169,25 @@ def integer_bounds(node: dict[str, Any]) -> tuple[int | None, int | None]:
     his = [math.floor(node["maximum"])] if "maximum" in node else []
     his += [math.ceil(node["exclusiveMaximum"]) - 1] if "exclusiveMaximum" in node else []
     return max(los, default=None), min(his, default=None)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One end of a number's range: its value, and whether the value itself is excluded."""
+
+    value: Decimal
+    strict: bool = False
+
+
+def number_bounds(node: dict[str, Any]) -> tuple[Bound | None, Bound | None]:
+    """The tightest lower and upper bound of a number node (None: no bound on that side); of a minimum and
+    an exclusiveMinimum at the same value, the exclusive one."""
+    def tightest(inclusive: str, exclusive: str, pick: Any) -> Bound | None:
+        bounds = ([Bound(Decimal(str(node[inclusive])))] if inclusive in node else []) + (
+            [Bound(Decimal(str(node[exclusive])), strict=True)] if exclusive in node else [])
+        return pick(bounds, key=lambda b: (b.value, b.strict if pick is max else not b.strict), default=None)
+
+    return tightest("minimum", "exclusiveMinimum", max), tightest("maximum", "exclusiveMaximum", min)
 
 
 @dataclass(frozen=True)
@@ -224,28 +257,155 @@ def integer_gbnf(lo: int | None, hi: int | None) -> str:
     return "(" + " | ".join(parts) + ")"
 
 
-def integer_ranges(schema: Any, field: str) -> tuple[Any, dict[str, str]]:
-    """`schema` with each bounded integer replaced by a marker constant, and the GBNF each marker's
-    literal stands for: the converter writes integers without their bounds, so their rule is ours.
-    SchemaInvalid where no integer is within the bounds."""
-    out = copy.deepcopy(schema)
-    rules: dict[str, str] = {}
-    for node, where in _subschemas(out, field):
-        if not _bounded_integer(node):
-            continue
+# ---------------------------------------------------------------- number ranges
+#
+# A number between bounds, written as JSON writes it without an exponent: an integer part I (no leading
+# zeros) and, after a point, a fraction F of 1..FRACTION_DIGITS digits. Its range on the magnitudes splits
+# by integer part: lo = A.α, hi = B.β give I = A with 0.F >= 0.α, I in A+1..B-1 with any F, and I = B with
+# 0.F <= 0.β (I = A = B: both). The fractions are digit strings compared digit by digit (`_fraction`).
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One bound on a fraction 0.F: its digits after the point (trailing zeros dropped) and whether the
+    value itself is excluded."""
+
+    digits: str
+    strict: bool
+
+
+_FAILS = "fails"
+
+
+def _after(digit: int, lo: _Side | None, hi: _Side | None) -> tuple[_Side | None, _Side | None] | str:
+    """The bounds on the rest of a fraction once its next digit is `digit`: a side is met for good (None)
+    when the digit passes the bound's own, carried on when it equals it, and fails when it falls short."""
+    def rest(side: _Side | None, *, lower: bool) -> _Side | None | str:
+        if side is None:
+            return None
+        own = int(side.digits[0]) if side.digits else 0
+        if digit == own:
+            return _Side(side.digits[1:], side.strict)
+        return None if (digit > own) == lower else _FAILS
+
+    lo_rest, hi_rest = rest(lo, lower=True), rest(hi, lower=False)
+    if isinstance(lo_rest, str) or isinstance(hi_rest, str):
+        return _FAILS
+    return lo_rest, hi_rest
+
+
+def _fraction(lo: _Side | None, hi: _Side | None, room: int) -> tuple[bool, str | None]:
+    """The digit strings F of at most `room` digits with lo <= 0.F <= hi (strictly, where a side says so):
+    whether the empty one (no point: 0) is among them, and a GBNF expression for the others (None: none)."""
+    if lo is not None and lo.digits == "" and not lo.strict:
+        lo = None  # 0.F >= 0 holds for every F
+    empty = lo is None and not (hi is not None and hi.digits == "" and hi.strict)
+    if room == 0:
+        return empty, None
+    if lo is None and hi is None:
+        return empty, f"[0-9]{{1,{room}}}"
+    if lo is None and hi == _Side("", strict=False):  # 0.F <= 0: zeros only (a digit at a time, 16 groups deep)
+        return empty, f'"0"{{1,{room}}}'
+    digits_by_rest: dict[tuple[_Side | None, _Side | None], list[int]] = {}
+    for digit in range(10):  # each outcome's digits are a run: the bounds' own digits split 0..9 in order
+        if not isinstance(rest := _after(digit, lo, hi), str):
+            digits_by_rest.setdefault(rest, []).append(digit)
+    alternatives = []
+    for (lo_rest, hi_rest), digits in digits_by_rest.items():
+        tail_empty, tail = _fraction(lo_rest, hi_rest, room - 1)
+        first = f"[{digits[0]}]" if len(digits) == 1 else f"[{digits[0]}-{digits[-1]}]"
+        if tail is None:
+            alternatives += [first] if tail_empty else []
+        else:
+            alternatives.append(f"{first} ({tail})" + ("?" if tail_empty else ""))
+    return empty, " | ".join(alternatives) or None
+
+
+def _parts(value: Decimal) -> tuple[int, str]:
+    """A non-negative decimal's integer part and its digits after the point, trailing zeros dropped."""
+    whole, _, fraction = f"{value:f}".partition(".")
+    return int(whole), fraction.rstrip("0")
+
+
+def _magnitudes(lo: Bound, hi: Bound | None) -> list[str]:
+    """GBNF alternatives for the non-negative numbers from lo to hi (None: no end), unsigned."""
+    low, low_fraction = _parts(lo.value)
+    pieces: list[tuple[list[Digits], _Side | None, _Side | None]] = [
+        (naturals(low, low), _Side(low_fraction, lo.strict), None)]
+    if hi is None:
+        pieces.append((naturals(low + 1, None), None, None))
+    else:
+        high, high_fraction = _parts(hi.value)
+        if high == low:
+            pieces = [(naturals(low, low), _Side(low_fraction, lo.strict), _Side(high_fraction, hi.strict))]
+        else:
+            pieces += [(naturals(low + 1, high - 1), None, None)] if low + 1 <= high - 1 else []
+            pieces.append((naturals(high, high), None, _Side(high_fraction, hi.strict)))
+    out = []
+    for whole, lo_side, hi_side in pieces:
+        empty, fraction = _fraction(lo_side, hi_side, FRACTION_DIGITS)
+        point = "" if fraction is None else f' "." ({fraction})'
+        if fraction is not None and empty:
+            point = f' ("." ({fraction}))?'
+        if fraction is not None or empty:
+            out.append(f"({_gbnf(whole)}){point}")
+    return out
+
+
+def number_gbnf(lo: Bound | None, hi: Bound | None) -> str | None:
+    """A GBNF expression for the JSON numbers from lo to hi, written without an exponent; None when no
+    number is between them. Negative numbers are their magnitudes after a sign (never "-0")."""
+    zero = Decimal(0)
+    positive: list[str] = []
+    if hi is None or hi.value > zero or (hi.value == zero and not hi.strict):
+        floor = lo if lo is not None and lo.value >= zero else Bound(zero)
+        if hi is None or floor.value < hi.value or (floor.value == hi.value and not (floor.strict or hi.strict)):
+            positive = _magnitudes(floor, hi)
+    negative: list[str] = []
+    if lo is None or lo.value < zero:
+        nearest = Bound(-hi.value, hi.strict) if hi is not None and hi.value < zero else Bound(zero, strict=True)
+        farthest = None if lo is None else Bound(-lo.value, lo.strict)
+        if farthest is None or nearest.value < farthest.value or (
+                nearest.value == farthest.value and not (nearest.strict or farthest.strict)):
+            negative = _magnitudes(nearest, farthest)
+    parts = ([f'"-" ({" | ".join(negative)})'] if negative else []) + positive
+    return "(" + " | ".join(parts) + ")" if parts else None
+
+
+def _range_rule(node: dict[str, Any], where: str) -> str:
+    """The GBNF for a bounded integer or number node; SchemaInvalid where no value is within its bounds."""
+    if node.get("type") == "integer":
         lo, hi = integer_bounds(node)
         if lo is not None and hi is not None and lo > hi:
             raise SchemaInvalid(f"{where}: no integer is from {lo} to {hi}, so no reply could be valid.",
                                 "Give bounds with at least one integer between them.")
-        marker = f"localspec-integer-{uuid.uuid4().hex}"
-        rules[marker] = integer_gbnf(lo, hi)
+        return integer_gbnf(lo, hi)
+    low, high = number_bounds(node)
+    if (rule := number_gbnf(low, high)) is None:
+        said = ", ".join(f"{k} {node[k]}" for k in BOUNDS if k in node)
+        raise SchemaInvalid(f"{where}: no number meets {said}, so no reply could be valid.",
+                            "Give bounds with room for a number between them.")
+    return rule
+
+
+def bounded_ranges(schema: Any, field: str) -> tuple[Any, dict[str, str]]:
+    """`schema` with each bounded integer and number replaced by a marker constant, and the GBNF each
+    marker's literal stands for: the converter writes numbers without their bounds, so their rule is ours.
+    SchemaInvalid where no value is within a node's bounds."""
+    out = copy.deepcopy(schema)
+    rules: dict[str, str] = {}
+    for node, where in _subschemas(out, field):
+        if not _bounded(node):
+            continue
+        marker = f"localspec-range-{uuid.uuid4().hex}"
+        rules[marker] = _range_rule(node, where)
         node.clear()
         node["const"] = marker
     return out, rules
 
 
-def with_integer_rules(gbnf: str, rules: dict[str, str]) -> str | None:
-    """The converter's grammar with each marker constant's literal replaced by its integer rule; None if
+def with_range_rules(gbnf: str, rules: dict[str, str]) -> str | None:
+    """The converter's grammar with each marker constant's literal replaced by its range rule; None if
     a marker is left (a converter that writes constants otherwise), where the model would be made to
     write the marker itself."""
     for marker, rule in rules.items():

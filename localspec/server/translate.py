@@ -17,8 +17,8 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import GenerationRequest
 from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf, check_schema
-from localspec.engine.json_schema import (SchemaInvalid, check_refs, hoisted, integer_ranges, root_ref_inlined,
-                                          unenforced, with_integer_rules)
+from localspec.engine.json_schema import (SchemaInvalid, bounded_ranges, check_refs, hoisted, root_ref_inlined,
+                                          unenforced, with_range_rules)
 from localspec.engine.sampling import SamplingParams, with_fallbacks
 from localspec.server.errors import APIError
 from localspec.server.schemas import (
@@ -155,8 +155,8 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
             check_schema(schema, field)
             check_refs(schema, field)
         inlined = root_ref_inlined(schema)
-        ranged, integer_rules = integer_ranges(inlined, field)
-        gbnf = with_integer_rules(str(json_schema_to_gbnf(json.dumps(ranged))), integer_rules)
+        ranged, range_rules = bounded_ranges(inlined, field)
+        gbnf = with_range_rules(str(json_schema_to_gbnf(json.dumps(ranged))), range_rules)
         kept_bounds = gbnf is not None
         if gbnf is None:  # the bounds could not be placed: the converter's grammar, and they are named
             gbnf = str(json_schema_to_gbnf(json.dumps(inlined)))
@@ -167,9 +167,9 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
         raise APIError(400, str(exc), "invalid_schema", param) from exc
     except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
         raise APIError(400, f"Unsupported JSON schema: {exc}", "invalid_schema", param) from exc
-    named = tuple(unenforced(schema, field, integer_bounds=kept_bounds)) if checked is None else checked
+    named = tuple(unenforced(schema, field, bounds_kept=kept_bounds)) if checked is None else checked
     if checked is not None and not kept_bounds:
-        named += tuple(p for p in unenforced(schema, field, integer_bounds=False) if p not in named)
+        named += tuple(p for p in unenforced(schema, field, bounds_kept=False) if p not in named)
     return SchemaGrammar(gbnf, named)
 
 
