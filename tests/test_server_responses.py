@@ -354,3 +354,54 @@ def test_a_referenced_call_joins_the_assistant_turn_as_an_inline_call_does():
     assert [c.id for c in messages[1].tool_calls] == ["c1", "c2"]
     with pytest.raises(APIError, match="item_reference"):
         input_messages(body)  # nothing to resolve it from
+
+
+def test_a_kept_response_can_be_retrieved_listed_and_deleted(client):
+    """GET /v1/responses/{id} (client.responses.retrieve), its input_items and DELETE were 404s: a client
+    that stores a response's id to read it back later found nothing."""
+    items = [{"role": "user", "content": "The word is wombat. Say ok."},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Now say it."}]}]
+    made = client.responses.create(model=MODEL, input=items, instructions="Be brief.", metadata={"run": "7"})
+    got = client.responses.retrieve(made.id)
+    assert got.model_dump(exclude={"localspec"}) == made.model_dump(exclude={"localspec"})
+    assert got.status == "completed" and got.metadata == {"run": "7"} and got.instructions == "Be brief."
+    listed = client.responses.input_items.list(made.id, order="asc")
+    assert [i.content[0].text for i in listed.data] == ["The word is wombat. Say ok.", "Now say it."]
+    assert all(i.id for i in listed.data) and len({i.id for i in listed.data}) == 2
+    newest = client.responses.input_items.list(made.id, limit=1)  # newest first, as OpenAI pages them
+    assert [i.content[0].text for i in newest.data] == ["Now say it."] and newest.has_more
+    after = client.responses.input_items.list(made.id, limit=1, after=newest.data[0].id)
+    assert [i.content[0].text for i in after.data] == ["The word is wombat. Say ok."] and not after.has_more
+    text_input = client.responses.create(model=MODEL, input="Name three colours.")
+    [item] = client.responses.input_items.list(text_input.id).data
+    assert item.role == "user" and item.content[0].text == "Name three colours."
+
+    client.responses.delete(made.id)
+    for gone in (lambda: client.responses.retrieve(made.id), lambda: client.responses.delete(made.id),
+                 lambda: client.responses.input_items.list(made.id)):
+        with pytest.raises(openai.NotFoundError, match="No response"):
+            gone()
+    with pytest.raises(openai.NotFoundError, match="not known here"):
+        client.responses.create(model=MODEL, previous_response_id=made.id, input="What was the word?")
+    unkept = client.responses.create(model=MODEL, input="Name three colours.", store=False)
+    with pytest.raises(openai.NotFoundError, match="store: false"):
+        client.responses.retrieve(unkept.id)
+
+
+def test_a_streamed_response_is_kept_as_its_final_event_says(client):
+    with client.responses.stream(model=MODEL, input="Write a long story.", temperature=0) as stream:
+        final = stream.get_final_response()
+    got = client.responses.retrieve(final.id)
+    assert got.output_text == final.output_text == STORY and got.usage == final.usage
+
+
+def test_another_keys_response_is_as_unknown_as_a_forgotten_one():
+    store = ResponseStore()
+    body = ResponsesRequest.model_validate({"model": MODEL, "input": "hi"})
+    store.keep("resp_1", owner="key:a", messages=[], response=ResponseObject.started(body, id="resp_1", created_at=1))
+    assert store.response("resp_1", owner="key:a").id == "resp_1"
+    for read in (store.response, store.inputs, store.delete):
+        with pytest.raises(APIError, match="No response 'resp_1'"):
+            read("resp_1", owner="key:b")
+    store.delete("resp_1", owner="key:a")
+    assert len(store) == 0

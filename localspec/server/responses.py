@@ -15,9 +15,11 @@ offered web search is dropped instead (WEB_SEARCH_TOOLS), since Codex sends one 
 
 from __future__ import annotations
 
+import copy
+import json
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -413,6 +415,46 @@ class _Stored:
     messages: list[ChatMessageIn]
     chars: int
     items: dict[str, StoredItem]  # its output items by id, for item_reference
+    response: ResponseObject | None = None  # as it was answered, for GET /v1/responses/{id}
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # its input items, for .../input_items
+
+
+class InputItemList(BaseModel):
+    """GET /v1/responses/{id}/input_items: a page of the request's input items, as OpenAI lists them."""
+
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class DeletedResponse(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: bool = True
+
+
+def _listed(item: MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | ItemReference,
+            item_id: str) -> dict[str, Any]:
+    """One input item as OpenAI lists it: with an id, a message's text as input_text parts (output_text
+    for an assistant's)."""
+    if isinstance(item, ItemReference):
+        return item.model_dump(mode="json")
+    out = {"id": item_id, **item.model_dump(mode="json", exclude_none=True)}
+    if isinstance(item, MessageItem):
+        kind = "output_text" if item.role == "assistant" else "input_text"
+        out["content"] = [{"type": kind, "text": item.content}] if isinstance(item.content, str) else out["content"]
+        out["status"] = "completed"
+    return out
+
+
+def input_items(body: ResponsesRequest, *, prefix: str) -> list[dict[str, Any]]:
+    """The request's input as items, each with an id `<prefix>_<index>`: a text input is one user
+    message, as OpenAI lists it."""
+    if isinstance(body.input, str):
+        return [_listed(MessageItem(role="user", content=body.input), f"{prefix}_0")]
+    return [_listed(item, f"{prefix}_{i}") for i, item in enumerate(body.input)]
 
 
 class ResponseStore:
@@ -441,6 +483,26 @@ class ResponseStore:
         self._items.move_to_end(response_id)
         return [m.model_copy(deep=True) for m in stored.messages]
 
+    def _kept(self, response_id: str, owner: str) -> tuple[_Stored, ResponseObject]:
+        stored = self._items.get(response_id)
+        if stored is None or stored.owner != owner or stored.response is None:
+            raise APIError(404, f"No response '{response_id[:128]}' is kept here: this server keeps its last "
+                           f"{self.max_responses} responses in memory until it restarts, and not those sent with "
+                           "store: false.", "response_not_found", "response_id")
+        return stored, stored.response
+
+    def response(self, response_id: str, *, owner: str) -> ResponseObject:
+        """A kept response as it was answered (GET /v1/responses/{id}); a 404 as for previous_response_id."""
+        return self._kept(response_id, owner)[1].model_copy(deep=True)
+
+    def inputs(self, response_id: str, *, owner: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self._kept(response_id, owner)[0].inputs)
+
+    def delete(self, response_id: str, *, owner: str) -> None:
+        """Forget a kept response: its conversation, its items and itself (DELETE /v1/responses/{id})."""
+        self._kept(response_id, owner)
+        self._drop(response_id)
+
     def item(self, item_id: str, *, owner: str) -> StoredItem:
         """An output item of a kept response (an item_reference's), or a 404 as for previous_response_id."""
         response_id = self._by_item.get(item_id)
@@ -453,11 +515,17 @@ class ResponseStore:
         return stored.items[item_id]
 
     def keep(self, response_id: str, *, owner: str, messages: list[ChatMessageIn],
-             items: dict[str, StoredItem] | None = None) -> None:
+             items: dict[str, StoredItem] | None = None, response: ResponseObject | None = None,
+             inputs: list[dict[str, Any]] | None = None) -> None:
         chars = sum(len(m.model_dump_json()) for m in messages)
+        chars += len(response.model_dump_json()) if response is not None else 0
+        chars += len(json.dumps(inputs)) if inputs else 0
         if chars > self.max_chars:
             return  # one conversation bigger than all the room: not kept (previous_response_id then 404s)
-        self._items[response_id] = _Stored(owner=owner, messages=messages, chars=chars, items=dict(items or {}))
+        if response_id in self._items:
+            self._drop(response_id)
+        self._items[response_id] = _Stored(owner=owner, messages=messages, chars=chars, items=dict(items or {}),
+                                           response=response, inputs=list(inputs or []))
         self._by_item.update({item_id: response_id for item_id in items or {}})
         self._chars += chars
         self._held[owner] += 1
@@ -470,8 +538,10 @@ class ResponseStore:
         when those are over)."""
         held = self._held_chars if by_chars else self._held
         heaviest = max(held, key=held.__getitem__)
-        victim = next(rid for rid, item in self._items.items() if item.owner == heaviest)
-        old = self._items.pop(victim)
+        self._drop(next(rid for rid, item in self._items.items() if item.owner == heaviest))
+
+    def _drop(self, response_id: str) -> None:
+        old = self._items.pop(response_id)
         for item_id in old.items:
             self._by_item.pop(item_id, None)
         self._chars -= old.chars

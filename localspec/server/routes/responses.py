@@ -10,9 +10,9 @@ response.completed (or .incomplete at max_output_tokens, .failed when the engine
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel
 
 from localspec.engine.events import Done
@@ -21,10 +21,10 @@ from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES, APIError
 from localspec.server.replies import StreamedReply, extension, origin_of
-from localspec.server.responses import (RESPONSES_FIELDS, IncompleteDetails, InputTokensDetails, OutputFunctionCall,
-                                        OutputItem, OutputMessage, OutputText, ResponseError, ResponseObject,
-                                        ResponsesRequest, ResponseUsage, StoredItem, answer_message, as_chat,
-                                        input_messages)
+from localspec.server.responses import (RESPONSES_FIELDS, DeletedResponse, IncompleteDetails, InputItemList,
+                                        InputTokensDetails, OutputFunctionCall, OutputItem, OutputMessage, OutputText,
+                                        ResponseError, ResponseObject, ResponsesRequest, ResponseUsage, StoredItem,
+                                        answer_message, as_chat, input_items, input_messages)
 from localspec.server.routes.plans import SSE_CONTENT, plan, valid_or_400
 from localspec.server.schemas import ChatCompletionRequest, ChatMessageIn, FunctionCall, ToolCall
 from localspec.server.state import Principal, ServerState, State
@@ -58,6 +58,39 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
         return reply.finished(done)
     finally:
         kept.release()
+
+
+ResponseId = Annotated[str, Path(max_length=128, description="a response's id (resp_...)")]
+
+
+@router.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=ERROR_RESPONSES)
+async def get_response(response_id: ResponseId, state: State, who: Principal) -> ResponseObject:
+    """A response this server answered and kept (store: true, the default), as it was answered."""
+    return state.responses.response(response_id, owner=who)
+
+
+@router.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=ERROR_RESPONSES)
+async def delete_response(response_id: ResponseId, state: State, who: Principal) -> DeletedResponse:
+    """Forget a kept response: previous_response_id and its items' references no longer find it."""
+    state.responses.delete(response_id, owner=who)
+    return DeletedResponse(id=response_id)
+
+
+@router.get("/v1/responses/{response_id}/input_items", response_model=InputItemList, responses=ERROR_RESPONSES)
+async def list_input_items(response_id: ResponseId, state: State, who: Principal,
+                           limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                           order: Literal["asc", "desc"] = "desc",
+                           after: Annotated[str | None, Query(max_length=128)] = None) -> InputItemList:
+    """The request's input items, a page at a time as OpenAI pages them: newest first unless order is
+    asc, `limit` of them, starting after the item `after` names."""
+    items = state.responses.inputs(response_id, owner=who)
+    items = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        items = items[ids.index(after) + 1:] if after in ids else []
+    page = items[:limit]
+    return InputItemList(data=page, first_id=page[0].get("id") if page else None,
+                         last_id=page[-1].get("id") if page else None, has_more=len(items) > limit)
 
 
 def event(kind: str, sequence_number: int, **fields: Any) -> bytes:
@@ -118,13 +151,16 @@ class ResponsesReply(StreamedReply):
     def finished(self, done: Done) -> ResponseObject:
         """The whole Response of a finished answer, kept for previous_response_id unless store is false."""
         items, content, calls = self.output(done)
-        self.remember(content, calls, items)
-        return self.response(done, items)
+        final = self.response(done, items)
+        self.remember(content, calls, final)
+        return final
 
-    def remember(self, content: str | None, calls: list[ToolCall], items: list[OutputItem]) -> None:
-        """Keep the conversation (previous_response_id) and each output item (item_reference)."""
+    def remember(self, content: str | None, calls: list[ToolCall], final: ResponseObject) -> None:
+        """Keep the conversation (previous_response_id), each output item (item_reference), the response
+        itself and its input items (GET /v1/responses/{id}, .../input_items)."""
         if not self.body.store:
             return
+        items = final.output
         by_id: dict[str, StoredItem] = {}
         for item in items:
             if isinstance(item, OutputMessage):
@@ -134,7 +170,8 @@ class ResponsesReply(StreamedReply):
                                                                                  arguments=item.arguments))
         # Instructions are not carried over: the next request sends its own (as OpenAI).
         self.state.responses.keep(self.id, owner=self.who, items=by_id,
-                                  messages=[*self.conversation, answer_message(content, calls)])
+                                  messages=[*self.conversation, answer_message(content, calls)],
+                                  response=final, inputs=input_items(self.body, prefix=f"in_{self.job.id}"))
 
     # -------------------------------------------------------------- the answer, streamed
 
@@ -174,8 +211,8 @@ class ResponsesReply(StreamedReply):
                 out += self.close_text(item)
             else:
                 out += self.call_events(index, item)
-        self.remember(content, calls, items)
         final = self.response(done, items)
+        self.remember(content, calls, final)
         out.append(self.next("response.incomplete" if final.status == "incomplete" else "response.completed",
                              response=final))
         return out
