@@ -274,6 +274,7 @@ def test_ollama_api_on_the_real_pair(model_ready):
                options={"temperature": 0, "num_predict": 24})
     streamed = "".join(p.message.content for p in client.chat(**ask, stream=True))
     assert streamed == client.chat(**ask).message.content
+    assert "insert" in client.show(TARGET_ID).capabilities  # Qwen2.5-Coder has the FIM tokens suffix needs
 
 
 # ---------------------------------------------------------------- completions, FIM, models, embeddings

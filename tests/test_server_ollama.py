@@ -48,6 +48,7 @@ def served(module_home):
                                embedding_id=EMBEDDER)
     app = scripted_app(backend=backend, settings=ServerSettings(cache=False, router=False, max_tokens_cap=256))
     with ServerThread(app) as srv:
+        srv.tier = tier
         yield srv
 
 
@@ -145,6 +146,7 @@ def test_listings_and_embeddings(client, served):
     assert {f"{MODEL}:latest", f"{EMBEDDER}:latest"} <= {m["model"] for m in listed} == {m["name"] for m in listed}
     show = client.show(MODEL)
     assert "completion" in show.capabilities and client.show(EMBEDDER).capabilities == ["embedding"]
+    assert "insert" in show.capabilities  # the scripted tokenizer has the fill-in-the-middle tokens
     # Where Ollama's clients read a model's context window: "<arch>.context_length", the slot's.
     assert show.modelinfo == {"general.architecture": "scripted", "scripted.context_length": 1024,
                               "general.basename": MODEL}  # Copilot's name for the model
@@ -205,3 +207,28 @@ def test_the_root_answers_the_probe_ollamas_clients_send_first(served):
         r = request(served.base_url, method, "/")
         assert r.status_code == 200, (method, r.status_code)
     assert request(served.base_url, "GET", "/").text == "Ollama is running"
+
+
+def test_a_model_not_loaded_says_insert_as_its_vocabulary_has_the_fim_tokens(tmp_path):
+    """/api/show loads nothing: for a model not loaded, whether `suffix` works is read from its GGUF's
+    vocabulary (Continue offers autocomplete to a model that says "insert")."""
+    from tests.gguf_factory import BASE_TOKENS, make_gguf
+
+    from localspec.server.routes.completions import fim_in_vocabulary
+
+    with_fim = make_gguf(tmp_path / "fim.gguf", tokens=[*BASE_TOKENS, "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"])
+    without = make_gguf(tmp_path / "plain.gguf", tokens=[*BASE_TOKENS, "<|fim_prefix|>", "<|fim_middle|>"])
+    assert fim_in_vocabulary(with_fim) and not fim_in_vocabulary(without)
+    assert not fim_in_vocabulary(tmp_path / "gone.gguf")
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\xff" * 64)
+    assert not fim_in_vocabulary(tmp_path / "junk.gguf")  # unreadable: not claimed, and no error
+
+
+def test_a_loaded_model_without_fim_tokens_does_not_claim_insert(client, served, monkeypatch):
+    """"insert" (suffix, so autocomplete) was claimed for every model; one whose tokenizer has no
+    fill-in-the-middle tokens answers a suffix with a 400."""
+    monkeypatch.setattr(served.tier.engine.target, "tokenize",  # bytes only: no special token at all
+                        lambda text, add_special=True, parse_special=True: list(text.encode()))
+    assert client.show(MODEL).capabilities == ["completion", "tools"]
+    with pytest.raises(ollama.ResponseError, match="fill-in-the-middle"):
+        client.generate(model=MODEL, prompt="def f(", suffix="    return 1")

@@ -102,6 +102,9 @@ class FakeModels:
     def need_bytes(self, model_id: str) -> int:
         return self.sizes.get(model_id, 0)
 
+    def path_of(self, model_id: str) -> None:
+        return None
+
     def draft_for(self, model_id: str) -> str | None:
         return self.drafts.get(model_id)
 

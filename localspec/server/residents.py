@@ -10,6 +10,7 @@ that tests give fake figures and fake models; the server's own are `system_memor
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -58,6 +59,10 @@ class ModelSource(Protocol):
 
     def need_bytes(self, model_id: str) -> int: ...
 
+    def path_of(self, model_id: str) -> Path | None:
+        """The GGUF file of an installed model (None: not installed), for what its header says."""
+        ...
+
     def draft_for(self, model_id: str) -> str | None:
         """The draft a load of `model_id` is likely to pair with, when cheaply known (else None)."""
         ...
@@ -74,6 +79,9 @@ class NoModels:
 
     def need_bytes(self, model_id: str) -> int:
         return 0
+
+    def path_of(self, model_id: str) -> Path | None:
+        return None
 
     def draft_for(self, model_id: str) -> str | None:
         return None
@@ -112,6 +120,11 @@ class InstalledModels:
         if model_id not in self._need:
             self._need[model_id] = self._estimate(model_id)
         return self._need[model_id]
+
+    def path_of(self, model_id: str) -> Path | None:
+        from localspec.models import ModelManager
+
+        return ModelManager().installed_path(model_id)
 
     def draft_for(self, model_id: str) -> str | None:
         """The installed draft a registry profile pairs with `model_id` as its target: the load's

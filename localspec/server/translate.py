@@ -35,6 +35,7 @@ from localspec.server.schemas import (
 )
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
+FIM_MARKERS = (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 
+import functools
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from localspec.engine.events import Done
+from localspec.errors import IntegrityError
 from localspec.jobs import Job
+from localspec.models.gguf_info import read_header
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES
@@ -49,10 +53,29 @@ async def completions(body: CompletionRequest, request: Request, state: State,
         kept.release()
 
 
+@functools.lru_cache(maxsize=32)
+def _fim_in_file(path: Path, size: int, mtime_ns: int) -> bool:
+    try:
+        tokens = set(read_header(path).strings("tokenizer.ggml.tokens"))
+    except (OSError, IntegrityError):
+        return False  # unreadable: not claimed
+    return all(marker.encode() in tokens for marker in translate.FIM_MARKERS)
+
+
+def fim_in_vocabulary(path: Path) -> bool:
+    """Whether a GGUF's vocabulary holds the fill-in-the-middle markers, for a model not loaded; read once
+    per version of the file."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return _fim_in_file(path, st.st_size, st.st_mtime_ns)
+
+
 def fim_supported(b: Backend) -> bool:
     """Whether the target's vocabulary has the fill-in-the-middle markers as single tokens."""
     rt = b.engine.target
-    for marker in (translate.FIM_PREFIX, translate.FIM_SUFFIX, translate.FIM_MIDDLE):
+    for marker in translate.FIM_MARKERS:
         ids = rt.tokenize(marker, add_special=False, parse_special=True)
         if len(ids) != 1 or rt.token_text(ids[0]) != marker:
             return False

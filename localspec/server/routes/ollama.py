@@ -3,6 +3,7 @@ its clients read first (version, tags, show, ps). Errors here are Ollama's `{"er
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from datetime import UTC, datetime
@@ -25,11 +26,11 @@ from localspec.server.ollama import (OLLAMA_API_VERSION, OLLAMA_FIELDS, Assistan
                                      generate_request, ndjson, ollama_calls, tagged)
 from localspec.server.replies import StreamedReply
 from localspec.server.routes import embeddings as openai_embeddings
-from localspec.server.routes.completions import fim_supported
+from localspec.server.routes.completions import fim_in_vocabulary, fim_supported
 from localspec.server.routes.models import cards
 from localspec.server.routes.plans import plan, valid_or_400
 from localspec.server.routes.ps import ps as openai_ps
-from localspec.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ToolCall
+from localspec.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelInfo, ToolCall
 from localspec.server.state import Principal, ServerState, State
 from localspec.server.streaming import EventStream, Piece
 
@@ -198,20 +199,37 @@ async def show(body: ShowRequest, state: State) -> dict[str, Any]:
     details = _tag(body.model, embedding=embedding)["details"]
     info = {} if embedding else model_info(state, body.model)
     n_ctx = info.get(f"{info.get('general.architecture')}.context_length")
+    capabilities = ["embedding"] if embedding else ["completion", "tools"]
+    if not embedding and await asyncio.to_thread(fills_in_the_middle, state, body.model, card.localspec):
+        capabilities.append("insert")  # Continue offers autocomplete (suffix) for a model that says so
     return {"modelfile": "", "parameters": f"num_ctx {n_ctx}" if n_ctx else "", "template": "", "details": details,
-            "model_info": {"general.basename": body.model, **info} if info else {},
-            "capabilities": ["embedding"] if embedding else ["completion", "tools", "insert"]}
+            "model_info": {"general.basename": body.model, **info} if info else {}, "capabilities": capabilities}
+
+
+def fills_in_the_middle(state: ServerState, name: str, card: ModelInfo | None) -> bool:
+    """Whether the model behind `name` has the fill-in-the-middle tokens that `suffix` needs: asked of
+    its tokenizer when it is loaded, else read from its GGUF's vocabulary (/api/show loads nothing)."""
+    if (b := _loaded_backend(state, name)) is not None:
+        return fim_supported(b)
+    path = state.models.path_of(card.model) if card is not None and card.model else None
+    return path is not None and fim_in_vocabulary(path)
+
+
+def _loaded_backend(state: ServerState, name: str) -> Backend | None:
+    for r in state.residents():
+        b = r.loader.backend
+        if b is not None and (name in b.target_names or name in r.names):
+            return b
+    return None
 
 
 def model_info(state: ServerState, name: str) -> dict[str, Any]:
     """The GGUF's architecture and the context a request gets, as Ollama keys them
     (`<arch>.context_length`: clients read their context window there), from the loaded engine that
     answers `name`; a model not loaded yet has only the server's --n-ctx, when set."""
-    for r in state.residents():
-        b = r.loader.backend
-        if b is not None and (name in b.target_names or name in r.names):
-            arch = b.engine.target.meta("general.architecture") or "unknown"
-            return {"general.architecture": arch, f"{arch}.context_length": b.engine.target.n_ctx_seq}
+    if (b := _loaded_backend(state, name)) is not None:
+        arch = b.engine.target.meta("general.architecture") or "unknown"
+        return {"general.architecture": arch, f"{arch}.context_length": b.engine.target.n_ctx_seq}
     n_ctx = state.settings.n_ctx
     return {"general.architecture": "unknown", "unknown.context_length": n_ctx} if n_ctx else {}
 
