@@ -256,6 +256,9 @@ class ScriptedEmbedder:
     def fits(self, text: str) -> bool:
         return 0 < self.count_tokens(text) <= self.window and bool(text.strip())
 
+    def truncated(self, text: str) -> str:
+        return " ".join(text.split()[:self.window - 2])
+
     def embed(self, text: str) -> np.ndarray | None:
         if not self.fits(text):
             return None

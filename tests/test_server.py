@@ -341,6 +341,25 @@ def test_embeddings_base64_and_float(model_client, model_ready, minilm_path):
     assert r.usage.prompt_tokens > 0
 
 
+def test_ollamas_embed_cuts_a_long_text_to_the_window_unless_told_not_to(model_ready, embedder):
+    """/api/embed refused a text past MiniLM's 512 tokens (400) while Ollama's truncate, true by default,
+    cuts it to fit: Open WebUI's long chunks failed. truncate: false keeps the 400, as /v1/embeddings."""
+    long_text = "The quick brown fox jumps over the lazy dog near the riverbank. " * 80  # about 1,100 tokens
+    head = embedder.truncated(long_text)
+    assert long_text.startswith(head) and embedder.count_tokens(head) <= embedder.window
+    assert embedder.count_tokens(head) > embedder.window - 16  # the window, nearly full
+    body = {"model": "all-minilm-l6-v2-f16", "input": [long_text, "a red apple"]}
+    r = raw(model_ready, "POST", "/api/embed", json=body)
+    assert r.status_code == 200, r.text
+    cut, short = (np.array(v) for v in r.json()["embeddings"])
+    assert np.allclose(cut, embedder.embed(head), atol=1e-4) and np.allclose(short, embedder.embed("a red apple"), atol=1e-4)
+    assert r.json()["prompt_eval_count"] == embedder.count_tokens(head) + embedder.count_tokens("a red apple")
+    refused = raw(model_ready, "POST", "/api/embed", json=body | {"truncate": False})
+    assert refused.status_code == 400 and "takes at most 512" in refused.json()["error"], refused.text
+    openai_way = raw(model_ready, "POST", "/v1/embeddings", json=body)
+    assert openai_way.status_code == 400, openai_way.text
+
+
 # ---------------------------------------------------------------- concurrency
 
 

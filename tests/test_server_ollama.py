@@ -232,3 +232,17 @@ def test_a_loaded_model_without_fim_tokens_does_not_claim_insert(client, served,
     assert client.show(MODEL).capabilities == ["completion", "tools"]
     with pytest.raises(ollama.ResponseError, match="fill-in-the-middle"):
         client.generate(model=MODEL, prompt="def f(", suffix="    return 1")
+
+
+def test_embed_cuts_a_text_past_the_window_as_ollamas_truncate_says(client, served):
+    """Ollama's truncate (true by default) cuts a text to the embedding model's window; ours refused
+    it with a 400. truncate: false is still that 400."""
+    long_text = " ".join(f"word{i}" for i in range(400))  # the scripted window: 256 tokens
+    [cut] = client.embed(model=EMBEDDER, input=long_text).embeddings
+    [head] = client.embed(model=EMBEDDER, input=" ".join(f"word{i}" for i in range(254))).embeddings
+    assert cut == head
+    legacy = request(served.base_url, "POST", "/api/embeddings", json_body={"model": EMBEDDER, "prompt": long_text})
+    assert legacy.status_code == 200 and legacy.json()["embedding"] == head
+    with pytest.raises(ollama.ResponseError, match="takes at most 256") as caught:
+        client.embed(model=EMBEDDER, input=long_text, truncate=False)
+    assert caught.value.status_code == 400

@@ -81,6 +81,25 @@ class Embedder:
     def fits(self, text: str) -> bool:
         return 0 < self.count_tokens(text) <= self.window
 
+    def truncated(self, text: str) -> str:
+        """The longest start of `text` that fits the window, cut at a space where one is near (Ollama's
+        `truncate`). Searched by its length in characters: a window of tokens is at most a few
+        characters each, so only the first few KB are ever tokenized."""
+        with self._lock:
+            llm = self._model()
+
+            def fits(n: int) -> bool:
+                return len(llm.tokenize(text[:n].encode("utf-8"), add_bos=True, special=False)) <= self.window
+
+            lo, hi = 0, min(len(text), self.window * 64)  # lo fits; past hi, nothing need be read
+            if fits(hi):
+                return text[:hi]
+            while hi - lo > 1:  # the longest start that fits (counts grow with the length, near enough)
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        space = text.rfind(" ", 0, lo + 1)
+        return text[:space] if space > lo - 64 else text[:lo]  # not half a word, where a space is near
+
     def embed(self, text: str) -> np.ndarray | None:
         """The unit vector for `text`, or None when it is empty or longer than the window."""
         key = _text_key(text)

@@ -25,15 +25,20 @@ class EmbeddingModel:
     def window(self) -> int:
         return self._embedder.window
 
-    def embed(self, texts: list[str], *, max_tokens: int | None = None) -> tuple[list[np.ndarray], int]:
+    def embed(self, texts: list[str], *, max_tokens: int | None = None,
+              truncate: bool = False) -> tuple[list[np.ndarray], int]:
         """Unit vectors for `texts` and the tokens they took. Every text is measured before any is
-        embedded: a text that does not fit, or a request over `max_tokens` in all, raises RequestError
-        and costs no embedding work."""
+        embedded: a text that does not fit (unless `truncate`: its start that fits is embedded), or a
+        request over `max_tokens` in all, raises RequestError and costs no embedding work."""
         counts = []
+        texts = list(texts)
         for i, text in enumerate(texts):
-            n = self._embedder.count_tokens(text)
             if not text:
                 raise RequestError(f"Input {i} is empty.", "Leave empty texts out, or send some text in their place.")
+            n = self._embedder.count_tokens(text)
+            if n > self.window and truncate:
+                texts[i] = self._embedder.truncated(text)
+                n = self._embedder.count_tokens(texts[i])
             if n > self.window:
                 raise RequestError(f"Input {i} has {n} tokens; the embedding model takes at most {self.window}.",
                                    "Split long texts into chunks.")

@@ -200,7 +200,7 @@ def generate_request(body: OllamaGenerateRequest) -> ChatCompletionRequest | Com
 class OllamaEmbedRequest(_Body):
     model: ModelName
     input: str | list[str]
-    truncate: bool = True  # the embedder truncates to its window either way
+    truncate: bool = True  # a text past the embedding model's window is cut to fit; false: a 400
     keep_alive: str | float | None = None
 
 

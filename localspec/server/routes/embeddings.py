@@ -11,13 +11,20 @@ from localspec.server.embeddings import encode
 from localspec.server.errors import ERROR_RESPONSES, APIError
 from localspec.server.redact import redact_paths
 from localspec.server.schemas import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
-from localspec.server.state import State, check_model
+from localspec.server.state import ServerState, State, check_model
 
 router = APIRouter()
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingList, responses=ERROR_RESPONSES)
 async def embeddings(body: EmbeddingRequest, state: State) -> EmbeddingList:
+    """A text longer than the model's window is a 400, as on OpenAI."""
+    return await embed(body, state, truncate=False)
+
+
+async def embed(body: EmbeddingRequest, state: ServerState, *, truncate: bool) -> EmbeddingList:
+    """The vectors for a request's texts; `truncate`: a text longer than the window is cut to fit
+    (Ollama's default) rather than refused."""
     s = state.settings
     # Held from the model check to the last vector: the reaper, a load on demand or `stop` closes
     # these models (and the embedder with them) only once the embedding is done.
@@ -33,7 +40,8 @@ async def embeddings(body: EmbeddingRequest, state: State) -> EmbeddingList:
             if model is None:
                 raise APIError(404, "This server has no embedding model.", "model_not_found", "model")
             try:
-                vectors, n = await asyncio.to_thread(model.embed, texts, max_tokens=s.max_embedding_tokens)
+                vectors, n = await asyncio.to_thread(model.embed, texts, max_tokens=s.max_embedding_tokens,
+                                                     truncate=truncate)
             except RequestError as exc:
                 raise APIError(400, str(exc), "invalid_value", "input") from exc
     data = [Embedding(index=i, embedding=encode(v, body.encoding_format)) for i, v in enumerate(vectors)]

@@ -147,14 +147,16 @@ class OllamaReply(StreamedReply):
 @router.post("/api/embed", responses=OLLAMA_ERROR_RESPONSES)
 async def embed(body: OllamaEmbedRequest, state: State) -> dict[str, Any]:
     t0 = time.perf_counter()
-    vectors = await openai_embeddings.embeddings(EmbeddingRequest(model=body.model, input=body.input), state)
+    vectors = await openai_embeddings.embed(EmbeddingRequest(model=body.model, input=body.input), state,
+                                            truncate=body.truncate)
     return {"model": body.model, "embeddings": [v.embedding for v in vectors.data],
             "total_duration": int((time.perf_counter() - t0) * 1e9), "prompt_eval_count": vectors.usage.prompt_tokens}
 
 
 @router.post("/api/embeddings", responses=OLLAMA_ERROR_RESPONSES)
 async def legacy_embeddings(body: LegacyEmbeddingRequest, state: State) -> dict[str, Any]:
-    vectors = await openai_embeddings.embeddings(EmbeddingRequest(model=body.model, input=body.prompt), state)
+    vectors = await openai_embeddings.embed(EmbeddingRequest(model=body.model, input=body.prompt), state,
+                                            truncate=True)
     return {"embedding": vectors.data[0].embedding}
 
 
