@@ -350,6 +350,8 @@ def test_store_only_imports_are_not_offered_on_demand(monkeypatch):
 def test_the_estimate_uses_the_models_own_context_unless_the_server_sets_one(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
+    import localspec.service  # noqa: F401  imported before the patch: first imported under it (by
+    # _estimate), it bound the fake store as its ModelManager for every later test in the process
     from localspec.server.residents import InstalledModels
 
     class Store:
