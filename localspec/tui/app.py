@@ -21,6 +21,7 @@ from localspec.tui.backend import Backend, BackendFactory
 from localspec.tui.chat_screen import GLOBAL_ACTIONS, KEYS, ChatScreen
 from localspec.tui.dialogs import HelpScreen
 from localspec.tui.models_screen import ModelsChanged, ModelsScreen
+from localspec.tui.safe_text import terminal_safe
 from localspec.tui.session_metrics import SessionMetrics
 from localspec.tui.store import ChatParams, ChatStore
 from localspec.tui.widgets import NEWLINE_KEYS
@@ -124,8 +125,9 @@ class ChatApp(App[None]):
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
         """Toasts carry chat titles, model ids and error text: never parsed as markup, whatever the
-        caller asks (Textual's widgets and screens ask for markup by default)."""
-        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+        caller asks (Textual's widgets and screens ask for markup by default), nor as control characters."""
+        super().notify(terminal_safe(message), title=terminal_safe(title), severity=severity, timeout=timeout,
+                       markup=False)
 
     # ------------------------------------------------------------------ profiles and models
 

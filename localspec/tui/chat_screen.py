@@ -32,6 +32,7 @@ from localspec.tui.loading import (
     ModelsMissing,
 )
 from localspec.tui.replies import Replies
+from localspec.tui.safe_text import terminal_safe
 from localspec.tui.reply_tools import ReplyTools
 from localspec.tui.streaming import ContextTrimmed, ReplyEnded, ReplyRefused, ServerGone
 from localspec.tui.widgets import MessageView, MetricsPane, PromptInput
@@ -192,7 +193,7 @@ class ChatScreen(Screen[None]):
         self.query_one("#prompt").focus()
 
     def set_status(self, text: str, loading: bool = False) -> None:
-        self.query_one("#status", Label).update(text)
+        self.query_one("#status", Label).update(terminal_safe(text))  # model ids and servers' words
         self.query_one("#loading").display = loading
 
     def show_loading(self) -> None:

@@ -8,6 +8,7 @@ from textual.widgets import Label, ListItem, ListView
 from localspec.errors import LocalspecError
 from localspec.tui.base import ScreenPart
 from localspec.tui.dialogs import ChatSettingsDialog, ConfirmDialog, TextPrompt
+from localspec.tui.safe_text import terminal_safe
 from localspec.tui.store import Chat, ChatParams, export_chat
 from localspec.tui.widgets import MessageView
 
@@ -23,7 +24,7 @@ class Chats(ScreenPart):
         return self.store.get_chat(self.chat_id)
 
     def _set_title(self, title: str) -> None:
-        self.app.title = f"localspec — {title}"
+        self.app.title = f"localspec — {terminal_safe(title)}"
 
     async def open_first(self) -> None:
         """On mount: the chat used last, else the newest, else a new one."""
@@ -59,7 +60,7 @@ class Chats(ScreenPart):
         view = self.screen.query_one("#chat-list", ListView)
         await view.clear()
         chats = self.store.list_chats()
-        await view.extend(ListItem(Label(c.title, markup=False), id=f"chat-{c.id}") for c in chats)
+        await view.extend(ListItem(Label(terminal_safe(c.title), markup=False), id=f"chat-{c.id}") for c in chats)
         for i, c in enumerate(chats):
             if c.id == self.chat_id:
                 view.index = i
@@ -113,7 +114,7 @@ class Chats(ScreenPart):
             if title:
                 await self.rename(chat.id, title)
 
-        self.app.push_screen(TextPrompt("Rename chat", chat.title), renamed)
+        self.app.push_screen(TextPrompt("Rename chat", terminal_safe(chat.title)), renamed)
 
     def ask_delete(self) -> None:
         if self.screen.replies.generating:

@@ -1,7 +1,8 @@
 """Modal dialogs: confirm, one-line text, chat settings, key-binding help, errors.
 
 What they show (chat titles, error text, model ids, profile descriptions) is never parsed as
-markup: `markup=False` on text widgets, `Text` objects for options and table cells.
+markup: `markup=False` on text widgets, `Text` objects for options and table cells; and it is
+drawn through `terminal_safe`, so that no control character in it reaches the terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from textual.widgets import Button, Checkbox, DataTable, Input, Label, Select, S
 from textual.widgets.select import NoSelection
 
 from localspec.engine.config import MODES  # every mode a request takes, "auto" included
+from localspec.tui.safe_text import terminal_safe
 from localspec.tui.store import ChatParams
 
 
@@ -34,7 +36,7 @@ class ConfirmDialog(_Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.question, classes="question", markup=False)
+            yield Static(terminal_safe(self.question), classes="question", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button(self.yes, variant="primary", id="yes")
                 yield Button(self.no, id="no")
@@ -53,9 +55,9 @@ class ErrorDialog(_Dialog):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog error"):
             yield Label("Error", classes="dialog-title")
-            yield Static(self.cause, classes="question", markup=False)
+            yield Static(terminal_safe(self.cause), classes="question", markup=False)
             if self.fix:
-                yield Static(f"Fix: {self.fix}", classes="fix", markup=False)
+                yield Static(terminal_safe(f"Fix: {self.fix}"), classes="fix", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("OK", variant="primary", id="ok")
 
@@ -87,7 +89,7 @@ class ChoiceDialog(_Dialog):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="dialog-title", markup=False)
-            options = [(Text(label), value) for label, value in self.options]
+            options = [(Text(terminal_safe(label)), value) for label, value in self.options]
             yield Select(options, value=self.value if self.value else Select.NULL, id="choice")
             with Horizontal(classes="buttons"):
                 yield Button("OK", variant="primary", id="ok")
@@ -127,13 +129,13 @@ class ChatSettingsDialog(_Dialog):
         with VerticalScroll(classes="dialog settings"):
             yield Label("Chat settings", classes="dialog-title")
             if self.unavailable:
-                yield Static(f"Not available any more: {', '.join(self.unavailable)}. Save stores the choices "
-                             "shown instead; Cancel keeps the chat's settings as they are.",
+                yield Static(terminal_safe(f"Not available any more: {', '.join(self.unavailable)}. Save stores the "
+                                           "choices shown instead; Cancel keeps the chat's settings as they are."),
                              id="settings-notice", classes="fix", markup=False)
             yield Label("System prompt")
-            yield TextArea(self.system_prompt, id="system")
+            yield TextArea(terminal_safe(self.system_prompt), id="system")  # a TextArea draws text as written
             yield Label("Profile (models)")
-            yield Select([(Text(name), name) for name in self.profiles], value=profile, id="profile",
+            yield Select([(Text(terminal_safe(name)), name) for name in self.profiles], value=profile, id="profile",
                          prompt="active profile")
             yield Label("Temperature (0 = greedy)")
             yield Input(str(p.temperature), id="temperature")
@@ -180,7 +182,10 @@ class ChatSettingsDialog(_Dialog):
         except ValueError as exc:
             self.query_one("#settings-error", Static).update(f"Invalid value: {exc}")
             return
-        self.dismiss((self.query_one("#system", TextArea).text, params))
+        shown = self.query_one("#system", TextArea).text
+        # Unedited, the stored prompt stays as it was (the box showed its escapes as stand-ins).
+        system_prompt = self.system_prompt if shown == terminal_safe(self.system_prompt) else shown
+        self.dismiss((system_prompt, params))
 
 
 class HelpScreen(_Dialog):

@@ -21,6 +21,7 @@ from localspec.models.hub import SearchHit, parse_hub_ref
 from localspec.models.hub_search import QuantRow, default_n_ctx, quant_rows
 from localspec.models.units import human_bytes
 from localspec.tui.dialogs import ChoiceDialog, ConfirmDialog
+from localspec.tui.safe_text import terminal_safe
 
 if TYPE_CHECKING:
     from localspec.tui.app import ChatApp
@@ -126,8 +127,8 @@ class ModelsScreen(Screen):
         table.clear()
         for r in self.rows:
             cells = (r.id, r.role, r.quant or "", human_bytes(r.size), "yes" if r.installed else "no", fit_label(r))
-            table.add_row(*(Text(c) for c in cells), key=r.id)
-        self.query_one("#profile-line", Static).update(self._profile_line())
+            table.add_row(*(Text(terminal_safe(c)) for c in cells), key=r.id)
+        self.query_one("#profile-line", Static).update(terminal_safe(self._profile_line()))
 
     def _selected(self) -> ModelRow | None:
         table = self.query_one("#models-table", DataTable)
@@ -173,7 +174,7 @@ class ModelsScreen(Screen):
         table.clear()
         for r in results.rows:  # repo names are untrusted text: Text cells never parse markup
             cells = (r.repo, r.quant, human_bytes(r.size), r.fit.verdict)
-            table.add_row(*(Text(c) for c in cells))
+            table.add_row(*(Text(terminal_safe(c)) for c in cells))
         table.display = bool(results.rows)
         self._show_hub_status(hub_summary(results))
         if results.rows:
@@ -182,7 +183,7 @@ class ModelsScreen(Screen):
     def _show_hub_status(self, line: str) -> None:
         status = self.query_one("#hub-status", Static)
         status.display = True
-        status.update(line)
+        status.update(terminal_safe(line))
 
     @on(DataTable.RowSelected, "#hub-table")
     def _hub_row_chosen(self, event: DataTable.RowSelected) -> None:
@@ -241,16 +242,16 @@ class ModelsScreen(Screen):
         done = f" {human_bytes(ev.bytes_done)} / {human_bytes(ev.bytes_total)}" if ev.bytes_total else ""
         src = f" from {ev.source}" if ev.source else ""
         msg = f" — {ev.message}" if ev.message else ""
-        self.query_one("#pull-status", Static).update(f"{ev.model_id}: {ev.phase}{src}{done}{msg}")
+        self.query_one("#pull-status", Static).update(terminal_safe(f"{ev.model_id}: {ev.phase}{src}{done}{msg}"))
 
     def _pull_finished(self, message: str | None, error: LocalspecError | None) -> None:
         self.busy = False
         self.query_one("#pull-progress").display = False
         if error is not None:
-            self.query_one("#pull-status", Static).update(f"Failed: {error.cause}")
+            self.query_one("#pull-status", Static).update(terminal_safe(f"Failed: {error.cause}"))
             self.notify(str(error), title="Pull failed", severity="error", timeout=10)
         else:
-            self.query_one("#pull-status", Static).update(message or "")
+            self.query_one("#pull-status", Static).update(terminal_safe(message or ""))
             self.notify(message or "Done.")
         self.action_refresh()
         self.app.post_message(ModelsChanged())

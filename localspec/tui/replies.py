@@ -23,6 +23,7 @@ from localspec.errors import LocalspecError
 from localspec.tui.backend import Backend, ServerLost
 from localspec.tui.base import ScreenPart
 from localspec.tui.dialogs import ErrorDialog
+from localspec.tui.safe_text import terminal_safe
 from localspec.tui.store import ROLES, PartialReply, interrupted_meta
 from localspec.tui.streaming import FRAMES_PER_S, ContextTrimmed, Reply, ReplyEnded, ReplyRefused, ServerGone
 from localspec.tui.widgets import MessageView, PromptInput, add_segment, predicted_reply
@@ -266,7 +267,7 @@ class Replies(ScreenPart):
             if v.message_id is not None and v.message_id >= view.message_id:
                 await v.remove()
         prompt = self.screen.query_one("#prompt", PromptInput)
-        prompt.text = view.content
+        prompt.text = terminal_safe(view.content)  # a TextArea would draw a stored escape as written
         prompt.focus()
         self.app.notify("Edit the message and press Enter to resend it.")
 

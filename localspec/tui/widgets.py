@@ -14,6 +14,7 @@ from textual.widgets import Label, Markdown, Sparkline, Static, TextArea
 
 from localspec.engine.events import Done, Stats, Token
 from localspec.tui.backend import BackendInfo
+from localspec.tui.safe_text import terminal_safe
 from localspec.tui.session_metrics import SessionSnapshot
 from localspec.tui.store import ROLES, reply_summary, stats_from_dict
 
@@ -78,7 +79,7 @@ def origin_text(segments: Sequence[Sequence[str]]) -> Text:
     """Text coloured by origin from (text, origin) runs."""
     out = Text()
     for text, origin in segments:
-        out.append(text, style=ORIGIN_STYLES.get(origin, ""))
+        out.append(terminal_safe(text), style=ORIGIN_STYLES.get(origin, ""))
     return out
 
 
@@ -112,6 +113,14 @@ class PromptInput(TextArea):
             return
         await super()._on_key(event)
 
+    async def _on_paste(self, event: events.Paste) -> None:
+        # A TextArea draws its text as written: pasted escapes (a terminal's output, a web page's
+        # hidden text) would act on the terminal. They go in as visible stand-ins instead.
+        event.stop()
+        event.prevent_default()
+        if not self.read_only:
+            self.move_cursor(self.replace(terminal_safe(event.text), *self.selection).end_location)
+
 
 ROLE_LABELS = {"user": "You", "assistant": "Assistant"}
 
@@ -140,8 +149,8 @@ class MessageView(Vertical, can_focus=True):
         return bool(self.meta.get("interrupted"))
 
     def compose(self) -> ComposeResult:
-        yield Label(ROLE_LABELS.get(self.role, self.role), classes="role", markup=False)
-        yield Markdown(self.content, classes="body")
+        yield Label(terminal_safe(ROLE_LABELS.get(self.role, self.role)), classes="role", markup=False)
+        yield Markdown(terminal_safe(self.content), classes="body")
         if self.role == "assistant":
             yield Static(origin_text(self.segments), classes="origins")
             with Horizontal(classes="reply-footer"):
@@ -168,13 +177,13 @@ class MessageView(Vertical, can_focus=True):
         # Appended and awaited here, not through Markdown's stream: frames and the reply's end run one
         # at a time on the screen, so no append is still in flight (or cancelled half way, as a
         # stream's stop does) when `finish` replaces the document.
-        await self.query_one(".body", Markdown).append(fragment)
+        await self.query_one(".body", Markdown).append(terminal_safe(fragment))
         if self.show_origins:
             self.query_one(".origins", Static).update(origin_text(self.segments))
 
     async def finish(self, done: Done, cached: bool | None, route: str | None, cache_entry: str | None = None) -> None:
         self.content = done.text or self.content
-        await self.query_one(".body", Markdown).update(self.content)
+        await self.query_one(".body", Markdown).update(terminal_safe(self.content))
         self.meta = {
             "stats": done.stats.to_dict(), "finish_reason": done.finish_reason, "segments": self.segments,
             "cached": cached, "route": route, "error": done.error, "cache_entry": cache_entry,
@@ -271,11 +280,11 @@ def metrics_text(snap: SessionSnapshot, info: BackendInfo | None, rss_bytes: int
     if info is None:
         row("backend", "loading…")
     else:
-        row("target", info.target)
-        row("draft", info.draft or "–")
+        row("target", terminal_safe(info.target))  # a server's model ids: untrusted
+        row("draft", terminal_safe(info.draft or "–"))
         row("backend", f"{info.kind} · {info.accelerator}")
         if info.url:
-            row("server", info.url)
+            row("server", terminal_safe(info.url))
         ctx = f"{snap.last_context_tokens} / {info.n_ctx}" if info.n_ctx else str(snap.last_context_tokens)
         row("context", ctx)
     row("memory", f"RSS {_mb(rss_bytes)}")

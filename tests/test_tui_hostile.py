@@ -1,0 +1,122 @@
+"""Hostile text in the chat app: model output, stored chats and error causes are untrusted, and the
+terminal is the user's. Nothing they hold may act on the terminal (escape sequences, C1 controls),
+reorder what the user reads (bidi overrides), or cost work out of proportion to what is shown.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual import events
+from textual.widgets import Button, TextArea
+
+from localspec.engine.events import Done, Stats, Token
+from localspec.tui import ChatApp, ChatStore, ReplayBackend
+from localspec.tui.dialogs import ChatSettingsDialog
+from localspec.tui.safe_text import terminal_safe
+from tests.tui_demo import DEMO_RSS, fixed_model_rows
+from tests.tui_support import wait_for
+
+SIZE = (120, 36)
+pytestmark = pytest.mark.anyio
+
+# What a model (or a stored chat) can hold that a terminal would act on: clear the screen, retitle
+# the window, an OSC 8 link, an OSC 52 clipboard write (ST-terminated, as BEL is dropped anyway),
+# the C1 forms of CSI and OSC, and a right-to-left override.
+CLEAR, TITLE, LINK = "\x1b[2J", "\x1b]0;pwned\x1b\\", "\x1b]8;;https://evil.example\x1b\\here\x1b]8;;\x1b\\"
+CLIPBOARD, C1_CSI, C1_OSC, RLO = "\x1b]52;c;cHduZWQ=\x1b\\", "\x9b2J", "\x9d0;t\x9c", "\u202e"
+HOSTILE = f"a{CLEAR}b{TITLE}c{LINK}d{CLIPBOARD}e{C1_CSI}f{C1_OSC}g{RLO}h"
+ACTIVE = ("\x1b", "\x9b", "\x9d", "\x9c", RLO)
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _app(tmp_path: Path, backend: ReplayBackend) -> ChatApp:
+    return ChatApp(lambda _p, **_: backend, store=ChatStore(tmp_path / "chats.sqlite"), memory_probe=lambda: DEMO_RSS,
+                   model_rows=fixed_model_rows, export_dir=tmp_path / "exports")
+
+
+def _reply(text: str, reason: str = "stop", error: str | None = None) -> list:
+    tokens = [Token(text[i:i + 7], (i,), "target") for i in range(0, len(text), 7)]
+    return [*tokens, Done(reason, Stats(mode="off", completion_tokens=len(tokens)), text, error)]
+
+
+def _drawn(app: ChatApp) -> str:
+    """What the app writes to the terminal for a full repaint of the current screen, minus the
+    escape sequences Textual itself writes (styles and cursor moves)."""
+    import re
+
+    update = app.screen._compositor.render_update(full=True)
+    written = update.render_segments(app.console)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", written)
+
+
+def _active(drawn: str) -> list[str]:
+    return [c for c in ACTIVE if c in drawn]
+
+
+async def _ready(app, pilot) -> None:
+    await wait_for(pilot, lambda: app.backend is not None, 10, "the backend")
+
+
+def test_terminal_safe_shows_controls_and_keeps_the_rest():
+    assert terminal_safe("a\x1b[2Jb\x00\x7f") == "a\u241b[2Jb\u2400\u2421"
+    assert terminal_safe("x\x9by\u202ez\ud800") == "x<U+009B>y<U+202E>z\ufffd"
+    assert terminal_safe("line\r\nnext\ttab \u200d\U0001f600 עברית") == "line\nnext\ttab \u200d\U0001f600 עברית"
+
+
+async def test_escape_sequences_in_a_reply_never_reach_the_terminal(tmp_path):
+    app = _app(tmp_path, ReplayBackend([_reply(HOSTILE)]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        await app.send(f"say {HOSTILE}")
+        await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+        await pilot.pause()
+        drawn = _drawn(app)
+        assert _active(drawn) == []
+        assert "\u241b]0;pwned" in drawn  # shown, as a stand-in
+        await pilot.press("ctrl+t")  # the accepted-token view draws the same text
+        await pilot.pause()
+        assert _active(_drawn(app)) == []
+        assert [m.content for m in app.store.messages(app.chat_id)] == [f"say {HOSTILE}", HOSTILE]  # kept as written
+
+
+async def test_escape_sequences_in_a_stored_chat_and_an_error_never_reach_the_terminal(tmp_path):
+    store = ChatStore(tmp_path / "chats.sqlite")
+    chat = store.create_chat(f"t{TITLE}", system_prompt=f"sys{CLEAR}")
+    store.add_message(chat.id, HOSTILE, "a role from a newer version")
+    store.add_message(chat.id, "user", HOSTILE)
+    store.close()
+    app = _app(tmp_path, ReplayBackend([_reply("part", "error", f"decode {CLIPBOARD} failed")]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await _ready(app, pilot)
+        await app.send("hi")
+        await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+        await pilot.pause()
+        assert "\u241b]52" in _drawn(app)  # the error toast, with a stand-in
+        assert _active(_drawn(app)) == []
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatSettingsDialog), 5, "the settings")
+        await pilot.pause()
+        assert _active(_drawn(app)) == []
+        app.screen.query_one("#save", Button).press()  # unedited: the stored prompt stays as it was
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatSettingsDialog), 5, "the settings to close")
+        assert app.store.get_chat(chat.id).system_prompt == f"sys{CLEAR}"
+        await pilot.press("ctrl+o")  # edit and resend: the message goes back into the prompt box
+        await pilot.pause()
+        assert _active(_drawn(app)) == []
+
+
+async def test_pasted_escapes_go_into_the_prompt_as_stand_ins(tmp_path):
+    app = _app(tmp_path, ReplayBackend([_reply("ok")]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        prompt = app.query_one("#prompt", TextArea)
+        prompt.post_message(events.Paste(HOSTILE))
+        await pilot.pause()
+        assert prompt.text == terminal_safe(HOSTILE)
+        assert _active(_drawn(app)) == []
