@@ -13,8 +13,9 @@ from textual.widgets import Button, TextArea
 
 from localspec.engine.events import Done, Stats, Token
 from localspec.tui import ChatApp, ChatStore, ReplayBackend
-from localspec.tui.dialogs import ChatSettingsDialog
+from localspec.tui.dialogs import ChatSettingsDialog, ConfirmDialog
 from localspec.tui.safe_text import terminal_safe
+from localspec.tui.widgets import MessageView
 from tests.tui_demo import DEMO_RSS, fixed_model_rows
 from tests.tui_support import wait_for
 
@@ -120,3 +121,41 @@ async def test_pasted_escapes_go_into_the_prompt_as_stand_ins(tmp_path):
         await pilot.pause()
         assert prompt.text == terminal_safe(HOSTILE)
         assert _active(_drawn(app)) == []
+
+
+async def _click_link(app, pilot) -> None:
+    """Click the first word of the reply's paragraph (the link's text)."""
+    await app.send("links")
+    await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+    await pilot.pause()
+    view = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
+    await pilot.click(view.query_one("MarkdownParagraph"), offset=(1, 0))
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("href", ["ssh://evil.example/x", "smb://evil.example/share", "vscode://evil/x"])
+async def test_a_link_in_a_reply_to_another_scheme_is_not_opened(tmp_path, monkeypatch, href):
+    opened: list[str] = []
+    monkeypatch.setattr(ChatApp, "open_url", lambda self, url, **_: opened.append(url))
+    app = _app(tmp_path, ReplayBackend([_reply(f"[docs]({href}) for more")]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        await _click_link(app, pilot)
+        assert not isinstance(app.screen, ConfirmDialog)
+        assert opened == []
+
+
+async def test_a_web_link_in_a_reply_opens_after_the_user_saw_its_address(tmp_path, monkeypatch):
+    href = "https://evil.example/phish"
+    opened: list[str] = []
+    monkeypatch.setattr(ChatApp, "open_url", lambda self, url, **_: opened.append(url))
+    app = _app(tmp_path, ReplayBackend([_reply(f"[the official docs]({href}) for more")]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        await _click_link(app, pilot)
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), 5, "the question")
+        assert href in str(app.screen.query_one(".question").render())
+        assert opened == []
+        app.screen.query_one("#yes", Button).press()
+        await wait_for(pilot, lambda: opened, 5, "the link to open")
+        assert opened == [href]

@@ -12,6 +12,7 @@ background threads post. Each controller holds one concern's state and code:
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
+from urllib.parse import urlsplit
 
 from textual import on
 from textual.app import ComposeResult
@@ -19,11 +20,12 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Label, ListView, LoadingIndicator
+from textual.widgets import Footer, Header, Label, ListView, LoadingIndicator, Markdown
 
 from localspec.engine.events import Done
 from localspec.tui.backend import Generation
 from localspec.tui.chats import Chats
+from localspec.tui.dialogs import ConfirmDialog
 from localspec.tui.loading import (
     BackendReady,
     Loader,
@@ -60,6 +62,7 @@ KEYS: list[tuple[str, str, str, str, bool]] = [
     ("f1", "help", "Help", "Key bindings", True),
 ]
 GLOBAL_ACTIONS = {"help", "models"}  # the app's; the rest act on the chat screen only
+WEB_SCHEMES = ("http", "https")  # what a link in a message may open
 
 
 class ChatScreen(Screen[None]):
@@ -138,6 +141,10 @@ class ChatScreen(Screen[None]):
     async def _submitted(self, event: PromptInput.Submitted) -> None:
         await self.replies.send(event.text)
 
+    @on(Markdown.LinkClicked)
+    def _link_clicked(self, event: Markdown.LinkClicked) -> None:
+        self.open_link(event.href)
+
     @on(ListView.Selected, "#chat-list")
     async def _chat_selected(self, event: ListView.Selected) -> None:
         await self.chats.selected(event.item)
@@ -186,6 +193,19 @@ class ChatScreen(Screen[None]):
 
     async def action_mark_wrong(self) -> None:
         await self.tools.mark_wrong()
+
+    def open_link(self, href: str) -> None:
+        """A link in a message opens only after the user has seen the whole address and said yes,
+        and only a web one: the browser hands other schemes (ssh:, smb:, an app's own) to programs."""
+        if urlsplit(href).scheme.lower() not in WEB_SCHEMES:
+            self.app.notify(f"Not opened: {href} is not a web link.", title="Link", severity="warning")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.app.open_url(href)
+
+        self.app.push_screen(ConfirmDialog(f"Open this link in your browser?\n\n{href}", yes="Open"), answered)
 
     # ------------------------------------------------------------------ shared by the controllers
 

@@ -150,7 +150,8 @@ class MessageView(Vertical, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Label(terminal_safe(ROLE_LABELS.get(self.role, self.role)), classes="role", markup=False)
-        yield Markdown(terminal_safe(self.content), classes="body")
+        # A link's text is the model's and hides where it goes: the screen asks before opening it.
+        yield Markdown(terminal_safe(self.content), classes="body", open_links=False)
         if self.role == "assistant":
             yield Static(origin_text(self.segments), classes="origins")
             with Horizontal(classes="reply-footer"):
