@@ -159,3 +159,44 @@ async def test_a_web_link_in_a_reply_opens_after_the_user_saw_its_address(tmp_pa
         app.screen.query_one("#yes", Button).press()
         await wait_for(pilot, lambda: opened, 5, "the link to open")
         assert opened == [href]
+
+
+def _table(rows: int, cols: int) -> str:
+    line = "|" + "|".join(f"c{i}" for i in range(cols)) + "|\n"
+    return line + "|" + "---|" * cols + "\n" + line * rows
+
+
+def _widgets(view: MessageView) -> int:
+    return len(view.query("*"))
+
+
+@pytest.mark.parametrize("text", [_table(100, 20), "para\n\n" * 2000, "- item\n" * 2000],
+                         ids=["table-100x20", "2000-paragraphs", "2000-list-items"])
+async def test_a_reply_with_thousands_of_markdown_blocks_is_drawn_as_plain_text(tmp_path, text):
+    """Each block is a widget in Textual's Markdown: 2,000 cells cost 2,000 widgets to lay out on every frame."""
+    store = ChatStore(tmp_path / "chats.sqlite")
+    chat = store.create_chat("stored")
+    store.add_message(chat.id, "assistant", text, {"stats": {}})
+    store.close()
+    app = _app(tmp_path, ReplayBackend([_reply(text)]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        stored = app.query(MessageView).last()
+        assert _widgets(stored) < 20 and stored.query(".plain-note")
+        await app.send("again")
+        await wait_for(pilot, lambda: not app.generating, 30, "the reply")
+        await pilot.pause()
+        streamed = app.query(MessageView).last()
+        assert _widgets(streamed) < 20 and streamed.query(".plain-note")
+        assert str(streamed.query_one(".body").render()) == text  # all of it, as written
+
+
+async def test_a_reply_with_a_small_table_stays_markdown(tmp_path):
+    app = _app(tmp_path, ReplayBackend([_reply(_table(5, 3))]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        await app.send("table")
+        await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+        await pilot.pause()
+        view = app.query(MessageView).last()
+        assert view.query("MarkdownTable") and not view.query(".plain-note")

@@ -25,6 +25,12 @@ ORIGIN_STYLES = {"draft": "bold #0b2e13 on #7fd88f", "prediction": "bold #0a1f3d
 ORIGIN_LEGEND = ("Accepted-token view: green = drafted and accepted, blue = from the prediction (your code) "
                  "and accepted, grey = produced by the target.")
 NEWLINE_KEYS = ("ctrl+j", "shift+enter")
+# Textual's Markdown makes a widget of every block (paragraph, list item, table cell), and layout
+# and render cost grows with them all: a reply of 5,000 one-line paragraphs or a 200x200 table took
+# minutes to draw. Past this many blocks a message is shown as plain text (one widget) instead.
+MAX_MARKDOWN_BLOCKS = 500
+MAX_MARKDOWN_WIDGETS = 2 * MAX_MARKDOWN_BLOCKS  # the same bound, counted on a streaming reply's widgets
+PLAIN_NOTE = "Shown as plain text: more Markdown blocks than the view draws well (F9 copies the reply)."
 _CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 # A fence line as CommonMark has it: up to 3 spaces, then 3 or more backticks or tildes, then the info string.
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)")
@@ -73,6 +79,17 @@ def _closes(line: str, fence: str) -> bool:
     """A closing fence: the opening's character, at least as many, nothing else on the line."""
     text = line.strip()
     return len(text) >= len(fence) and text == fence[0] * len(text) and len(line) - len(line.lstrip(" ")) <= 3
+
+
+def markdown_blocks(text: str, most: int = MAX_MARKDOWN_BLOCKS) -> int:
+    """How many blocks Markdown would make of `text`, counted exactly only when more than `most` are
+    possible: every block starts a line or is a table cell, and parsing costs as much as drawing."""
+    if text.count("\n") + text.count("|") < most:
+        return 0
+    from markdown_it import MarkdownIt
+
+    tokens = MarkdownIt("gfm-like").parse(text)  # Textual's own parser
+    return sum(t.nesting == 1 or t.type in ("fence", "code_block", "hr", "html_block") for t in tokens)
 
 
 def origin_text(segments: Sequence[Sequence[str]]) -> Text:
@@ -150,8 +167,11 @@ class MessageView(Vertical, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Label(terminal_safe(ROLE_LABELS.get(self.role, self.role)), classes="role", markup=False)
-        # A link's text is the model's and hides where it goes: the screen asks before opening it.
-        yield Markdown(terminal_safe(self.content), classes="body", open_links=False)
+        if markdown_blocks(self.content) > MAX_MARKDOWN_BLOCKS:
+            yield from self._plain_body()
+        else:
+            # A link's text is the model's and hides where it goes: the screen asks before opening it.
+            yield Markdown(terminal_safe(self.content), classes="body", open_links=False)
         if self.role == "assistant":
             yield Static(origin_text(self.segments), classes="origins")
             with Horizontal(classes="reply-footer"):
@@ -175,16 +195,28 @@ class MessageView(Vertical, can_focus=True):
         if not fragment:
             return
         self.content += fragment
+        body = self._body()
+        if isinstance(body, Static):
+            body.update(Text(terminal_safe(self.content)))
         # Appended and awaited here, not through Markdown's stream: frames and the reply's end run one
         # at a time on the screen, so no append is still in flight (or cancelled half way, as a
         # stream's stop does) when `finish` replaces the document.
-        await self.query_one(".body", Markdown).append(terminal_safe(fragment))
+        elif len(body.query("*")) + markdown_blocks(fragment) > MAX_MARKDOWN_WIDGETS:
+            await self._to_plain(body)
+        else:
+            await body.append(terminal_safe(fragment))
         if self.show_origins:
             self.query_one(".origins", Static).update(origin_text(self.segments))
 
     async def finish(self, done: Done, cached: bool | None, route: str | None, cache_entry: str | None = None) -> None:
         self.content = done.text or self.content
-        await self.query_one(".body", Markdown).update(terminal_safe(self.content))
+        body = self._body()
+        if isinstance(body, Static):
+            body.update(Text(terminal_safe(self.content)))
+        elif markdown_blocks(self.content) > MAX_MARKDOWN_BLOCKS:
+            await self._to_plain(body)
+        else:
+            await body.update(terminal_safe(self.content))
         self.meta = {
             "stats": done.stats.to_dict(), "finish_reason": done.finish_reason, "segments": self.segments,
             "cached": cached, "route": route, "error": done.error, "cache_entry": cache_entry,
@@ -195,6 +227,22 @@ class MessageView(Vertical, can_focus=True):
         self.query_one(".cached").display = bool(cached)
         self.query_one(".route", Label).update(self._route_label())
         self.query_one(".origins", Static).update(origin_text(self.segments))
+
+    def _body(self) -> Markdown | Static:
+        """The message's text: Markdown, or plain text when it has too many blocks."""
+        body = self.query_one(".body")
+        assert isinstance(body, Markdown | Static)
+        return body
+
+    def _plain_body(self) -> list[Static]:
+        return [Static(PLAIN_NOTE, classes="plain-note", markup=False),
+                Static(Text(terminal_safe(self.content)), classes="body plain")]
+
+    async def _to_plain(self, markdown: Markdown) -> None:
+        body = self._plain_body()
+        body[-1].display = markdown.display
+        await self.mount_all(body, before=markdown)
+        await markdown.remove()
 
     def set_waiting(self, waiting: bool) -> None:
         self.waiting = waiting
@@ -214,7 +262,7 @@ class MessageView(Vertical, can_focus=True):
         origins = self.query_one(".origins", Static)
         origins.update(origin_text(self.segments))
         origins.display = self.show_origins
-        self.query_one(".body", Markdown).display = not self.show_origins
+        self.query_one(".body").display = not self.show_origins
 
     def stats(self) -> Stats | None:
         raw = self.meta.get("stats")
