@@ -200,3 +200,28 @@ async def test_a_reply_with_a_small_table_stays_markdown(tmp_path):
         await pilot.pause()
         view = app.query(MessageView).last()
         assert view.query("MarkdownTable") and not view.query(".plain-note")
+
+
+async def test_a_long_chat_opens_with_its_last_page_and_shows_earlier_ones_on_request(tmp_path):
+    """500 stored messages were 7,500 widgets: most of a minute to open, seconds a frame to stream into."""
+    from localspec.tui.chats import PAGE
+
+    store = ChatStore(tmp_path / "chats.sqlite")
+    chat = store.create_chat("long")
+    for i in range(100):
+        store.add_message(chat.id, "user" if i % 2 == 0 else "assistant", f"message {i}", {} if i % 2 == 0 else {"stats": {}})
+    store.close()
+    app = _app(tmp_path, ReplayBackend([_reply("the answer")]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        assert [v.content for v in app.query(MessageView)] == [f"message {i}" for i in range(100 - PAGE, 100)]
+        app.query_one("#earlier", Button).press()  # at the top: scrolled out of view
+        await pilot.pause()
+        assert [v.content for v in app.query(MessageView)][:2] == [f"message {100 - 2 * PAGE}", f"message {100 - 2 * PAGE + 1}"]
+        app.query_one("#earlier", Button).press()  # at the top: scrolled out of view
+        await pilot.pause()
+        assert [v.content for v in app.query(MessageView)] == [f"message {i}" for i in range(100)]
+        assert not app.query("#earlier")
+        await app.send("and now?")  # a reply still goes to the end
+        await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+        assert [v.content for v in app.query(MessageView)][-2:] == ["and now?", "the answer"]

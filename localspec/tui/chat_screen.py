@@ -20,7 +20,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Label, ListView, LoadingIndicator, Markdown
+from textual.widgets import Button, Footer, Header, Label, ListView, LoadingIndicator, Markdown
 
 from localspec.engine.events import Done
 from localspec.tui.backend import Generation
@@ -144,6 +144,10 @@ class ChatScreen(Screen[None]):
     @on(Markdown.LinkClicked)
     def _link_clicked(self, event: Markdown.LinkClicked) -> None:
         self.open_link(event.href)
+
+    @on(Button.Pressed, "#earlier")
+    async def _show_earlier(self) -> None:
+        await self.chats.show_earlier()
 
     @on(ListView.Selected, "#chat-list")
     async def _chat_selected(self, event: ListView.Selected) -> None:

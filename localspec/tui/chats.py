@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.containers import VerticalScroll
-from textual.widgets import Label, ListItem, ListView
+from textual.widgets import Button, Label, ListItem, ListView
 
 from localspec.errors import LocalspecError
 from localspec.tui.base import ScreenPart
 from localspec.tui.dialogs import ChatSettingsDialog, ConfirmDialog, TextPrompt
 from localspec.tui.safe_text import terminal_safe
-from localspec.tui.store import Chat, ChatParams, export_chat
+from localspec.tui.store import Chat, ChatParams, Message, export_chat
 from localspec.tui.widgets import MessageView
 
+if TYPE_CHECKING:
+    from localspec.tui.chat_screen import ChatScreen
+
 _BUSY = "Wait for the reply to finish, or press Esc to cancel it."
+# A chat opens with its last PAGE messages; older ones come a page at a time, on request. Every
+# message is a dozen widgets or more, laid out again on every frame of a reply: a chat of 500
+# messages took most of a minute to open and seconds a frame to stream into.
+PAGE = 40
 
 
 class Chats(ScreenPart):
     chat_id: int | None = None
+
+    def __init__(self, screen: ChatScreen) -> None:
+        super().__init__(screen)
+        self.earlier: list[Message] = []  # the open chat's messages not shown yet, oldest first
 
     @property
     def chat(self) -> Chat:
@@ -71,10 +84,12 @@ class Chats(ScreenPart):
         self.store.set_pref("last_chat", str(chat_id))
         box = self.screen.query_one("#messages", VerticalScroll)
         await box.remove_children()
-        show = self.screen.tools.show_origins
-        views = [MessageView(m.role, m.content, m.meta, m.id, show) for m in self.store.messages(chat_id)]
-        if views:
-            await box.mount_all(views)
+        messages = self.store.messages(chat_id)
+        self.earlier, shown = messages[:-PAGE], messages[-PAGE:]
+        if self.earlier:
+            await box.mount(Button(self._earlier_label(), id="earlier", compact=True))
+        if shown:
+            await box.mount_all(self._views(shown))
         self._set_title(self.chat.title)
         self.tell_repairs()
         box.scroll_end(animate=False)
@@ -82,6 +97,23 @@ class Chats(ScreenPart):
         for i, item in enumerate(view.children):
             if item.id == f"chat-{chat_id}":
                 view.index = i
+
+    async def show_earlier(self) -> None:
+        """The page of messages before those shown, above them."""
+        page, self.earlier = self.earlier[-PAGE:], self.earlier[:-PAGE]
+        button = self.screen.query_one("#earlier", Button)
+        await self.screen.query_one("#messages", VerticalScroll).mount_all(self._views(page), after=button)
+        if self.earlier:
+            button.label = self._earlier_label()
+        else:
+            await button.remove()
+
+    def _views(self, messages: list[Message]) -> list[MessageView]:
+        show = self.screen.tools.show_origins
+        return [MessageView(m.role, m.content, m.meta, m.id, show) for m in messages]
+
+    def _earlier_label(self) -> str:
+        return f"Show {min(PAGE, len(self.earlier))} earlier messages ({len(self.earlier)} not shown)"
 
     async def rename(self, chat_id: int, title: str) -> None:
         self.store.rename_chat(chat_id, title)
