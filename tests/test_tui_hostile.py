@@ -225,3 +225,17 @@ async def test_a_long_chat_opens_with_its_last_page_and_shows_earlier_ones_on_re
         await app.send("and now?")  # a reply still goes to the end
         await wait_for(pilot, lambda: not app.generating, 10, "the reply")
         assert [v.content for v in app.query(MessageView)][-2:] == ["and now?", "the answer"]
+
+
+def test_the_markdown_export_holds_no_escapes_and_no_open_code_block(tmp_path):
+    from localspec.tui.store import export_chat
+
+    store = ChatStore(tmp_path / "chats.sqlite")
+    chat = store.create_chat(f"t{TITLE}\n# forged")
+    store.add_message(chat.id, "user", "write code")
+    store.add_message(chat.id, "assistant", f"```python\nprint(1){CLEAR}", {"stats": {}})  # cut off by max_tokens
+    store.add_message(chat.id, "user", "thanks")
+    text = export_chat(store.get_chat(chat.id), store.messages(chat.id), tmp_path / "out").read_text(encoding="utf-8")
+    assert _active(text) == []
+    assert text.splitlines()[0] == "# t\u241b]0;pwned\u241b\\ # forged"
+    assert "print(1)\u241b[2J\n```\n\n## User\n\nthanks" in text  # the block ends before the next turn

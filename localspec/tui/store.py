@@ -23,6 +23,7 @@ from typing import Any
 from localspec.engine.events import Stats
 from localspec.errors import LocalspecError
 from localspec.paths import resolve_paths
+from localspec.tui.safe_text import terminal_safe
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -362,12 +363,41 @@ def safe_filename(title: str, suffix: str = ".md") -> str:
     return name + suffix
 
 
+_FENCE_LINE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)")
+
+
+def _fences_closed(text: str) -> str:
+    """`text` with a code fence it leaves open (a reply cut off mid-block) closed: in the export the
+    rest of the chat, headings included, would otherwise be part of that block."""
+    open_fence: str | None = None
+    for line in text.splitlines():
+        m = _FENCE_LINE.fullmatch(line)
+        if m is None or (m.group(1)[0] == "`" and "`" in m.group(2)):  # ```x``` is inline code, not a fence
+            continue
+        fence = m.group(1)
+        if open_fence is None:
+            open_fence = fence
+        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence) and not line.strip().strip(fence[0]):
+            open_fence = None
+    return text if open_fence is None else f"{text}\n{open_fence}"
+
+
+def _exported(text: str) -> str:
+    """A message as the export holds it: no control character (the file is read with `cat` too, where
+    an escape would act on the terminal), no code block left open."""
+    return _fences_closed(terminal_safe(text))
+
+
+def _heading(text: str) -> str:
+    return " ".join(_exported(text).split())  # one line: a title or role may hold newlines
+
+
 def export_markdown(chat: Chat, messages: list[Message]) -> str:
-    lines = [f"# {chat.title}", ""]
+    lines = [f"# {_heading(chat.title)}", ""]
     if chat.system_prompt:
-        lines += ["**System:**", "", chat.system_prompt, ""]
+        lines += ["**System:**", "", _exported(chat.system_prompt), ""]
     for m in messages:
-        lines += [f"## {m.role.capitalize()}", "", m.content, ""]
+        lines += [f"## {_heading(m.role.capitalize())}", "", _exported(m.content), ""]
         stats = m.meta.get("stats")
         if m.role == "assistant" and stats:
             lines += [f"*{reply_summary(stats)}*", ""]
