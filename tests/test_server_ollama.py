@@ -165,8 +165,15 @@ def test_listings_and_embeddings(client, served):
     assert caught.value.status_code == 404
 
 
-def test_an_empty_request_with_keep_alive_zero_unloads(client):  # last: the models unload after it
-    assert client.chat(model=MODEL, messages=[], keep_alive="0m").done_reason == "unload"
+def test_an_empty_request_with_keep_alive_zero_unloads():
+    """On a server of its own: the scripted load hands back the same backend, closed by the unload, so
+    a later test on the module's server hung whenever the reaper unloaded before its request came."""
+    tier = scripted_tier(model_id=MODEL, script=script)
+    app = scripted_app(backend=scripted_backend(pipeline=scripted_pipeline(tiers=[tier])),
+                       settings=ServerSettings(cache=False, router=False))
+    with ServerThread(app) as srv:
+        client = ollama.Client(host=srv.base_url, timeout=120)
+        assert client.chat(model=MODEL, messages=[], keep_alive="0m").done_reason == "unload"
 
 
 def test_show_reads_name_as_continue_sends_it(served):
