@@ -39,9 +39,11 @@ from localspec.engine.scheduler import Engine
 
 EOS = 256  # end of text
 SEP = 257  # end of prompt: appended by tokenize(add_special=True)
-# Fill-in-the-middle markers are single tokens, as in Qwen's vocabulary, so /v1/completions' suffix works.
-SPECIAL = {"<|fim_prefix|>": 258, "<|fim_suffix|>": 259, "<|fim_middle|>": 260}
-N_VOCAB = 261
+# Fill-in-the-middle markers are single tokens, as in Qwen's vocabulary, so /v1/completions' suffix works;
+# so are Qwen2.5-Coder's repo-level ones, so /infill lays out its extra context as it does for that model.
+SPECIAL = {"<|fim_prefix|>": 258, "<|fim_suffix|>": 259, "<|fim_middle|>": 260, "<|repo_name|>": 261,
+           "<|file_sep|>": 262}
+N_VOCAB = 263
 EOS_TEXT = "<|endoftext|>"
 _SPECIAL_TEXT = {EOS: EOS_TEXT, SEP: "<|sep|>", **{i: t for t, i in SPECIAL.items()}}
 _SPECIAL_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL) + ")")
@@ -137,7 +139,7 @@ class ScriptedRuntime:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         ids: list[int] = []
         for part in _SPECIAL_SPLIT.split(text) if parse_special else [text]:
-            ids.extend([SPECIAL[part]] if part in SPECIAL else part.encode("utf-8"))
+            ids.extend([SPECIAL[part]] if parse_special and part in SPECIAL else part.encode("utf-8"))
         return [*ids, *([SEP] if add_special else [])]
 
     def piece(self, token: int) -> bytes:

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec.server.schemas import JSON_TOO_DEEP, ErrorResponse
@@ -79,13 +79,44 @@ OLLAMA_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 OLLAMA_PREFIX = "/api/"  # Ollama's routes: their errors are Ollama's {"error": "message"}
+LLAMACPP_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props"})
+"""llama-server's own routes: their errors are its {"error": {"code", "message", "type"}}."""
+LLAMACPP_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                        404: "not_found_error", 500: "server_error", 501: "not_supported_error",
+                        503: "unavailable_error"}
+
+
+class LlamaCppErrorBody(BaseModel):
+    code: int = Field(description="the HTTP status")
+    message: str
+    type: str
+
+
+class LlamaCppError(BaseModel):
+    """llama-server's error body (llama.vscode shows `error.message`)."""
+
+    error: LlamaCppErrorBody
+
+
+# The same statuses on llama-server's routes, in its shape.
+LLAMACPP_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": LlamaCppError, "description": desc} for code, desc in ERROR_STATUSES.items()
+}
+
+
+def llamacpp_error(status: int, message: str) -> dict[str, Any]:
+    kind = LLAMACPP_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"code": status, "message": message, "type": kind}}
 
 
 def render(request: Request, status: int, message: str, code: str | None = None, param: str | None = None,
            headers: Mapping[str, str] | None = None) -> JSONResponse:
-    """An error in the shape the route's API has: Ollama's on /api/, OpenAI's elsewhere."""
+    """An error in the shape the route's API has: Ollama's on /api/, llama-server's on its own
+    routes, OpenAI's elsewhere."""
     if request.url.path.startswith(OLLAMA_PREFIX):
         return JSONResponse({"error": message}, status, headers=headers)
+    if request.url.path in LLAMACPP_PATHS:
+        return JSONResponse(llamacpp_error(status, message), status, headers=headers)
     return JSONResponse(error_json(status, message, code, param), status, headers=headers)
 
 

@@ -74,8 +74,13 @@ def fim_in_vocabulary(path: Path) -> bool:
 
 def fim_supported(b: Backend) -> bool:
     """Whether the target's vocabulary has the fill-in-the-middle markers as single tokens."""
+    return has_single_tokens(b, translate.FIM_MARKERS)
+
+
+def has_single_tokens(b: Backend, markers: tuple[str, ...]) -> bool:
+    """Whether the target's vocabulary has each of `markers` as one special token."""
     rt = b.engine.target
-    for marker in translate.FIM_MARKERS:
+    for marker in markers:
         ids = rt.tokenize(marker, add_special=False, parse_special=True)
         if len(ids) != 1 or rt.token_text(ids[0]) != marker:
             return False

@@ -1,0 +1,284 @@
+"""llama.cpp's server API (/infill, /completion, /tokenize, /detokenize, /props): a real server on
+loopback, driven with raw HTTP the way llama.vscode and llama.vim send their requests.
+
+The server answers from a scripted target (tests/fake_tier.py, whose vocabulary has Qwen2.5-Coder's
+fill-in-the-middle and repo-level tokens) whose answers depend on the prompt the endpoint built, so
+each test sees what the request became. What the real model says through these routes is checked
+in test_server.py (`llamacpp_*` tests).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localspec.server import ServerSettings
+from localspec.server.llamacpp import (SNIPPET_SEPARATOR, Cutoff, ExtraChunk, InfillRequest, Tokenizer,
+                                       infill_prompt, picked)
+from tests.fake_tier import SPECIAL, Reply, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+from tests.server_harness import ServerThread, request
+
+MODEL = "scripted-coder"
+PROMPTS: list[str] = []  # every prompt the scripted model read, newest last
+ADD_BODY = "    return a + b\n"
+INDENTED = "    x = 1\n    y = 2\nz = 3\n"  # its third line is indented less than the first two
+
+
+def script(prompt: str) -> Reply | str:
+    PROMPTS.append(prompt)
+    if "def add(a, b):" in prompt:
+        return ADD_BODY
+    if "def indented():" in prompt:
+        return INDENTED
+    if "Write a story" in prompt:
+        return Reply("Once upon a time. " * 4, pace_s=0.001)
+    if "Break down" in prompt:
+        return Reply("Never said.", fail="llama_decode returned -3")
+    return "OK."
+
+
+@pytest.fixture(scope="module")
+def served(module_home):
+    tier = scripted_tier(model_id=MODEL, script=script)
+    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[tier]))
+    app = scripted_app(backend=backend, settings=ServerSettings(cache=False, router=False, max_tokens_cap=256))
+    with ServerThread(app) as srv:
+        srv.tier = tier
+        yield srv
+
+
+def post(served, path: str, body: dict):
+    return request(served.base_url, "POST", path, json_body=body)
+
+
+def vscode_infill(prefix: str, suffix: str, prompt: str, chunks: list[dict], **over) -> dict:
+    """llama.vscode's /infill body (src/llama-server.ts, createRequestPayload), its defaults filled in."""
+    return {"id_slot": 0, "input_prefix": prefix, "input_suffix": suffix, "input_extra": chunks, "prompt": prompt,
+            "n_predict": 128, "n_cmpl": 1, "top_k": 40, "top_p": 0.99, "stream": False,
+            "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500,
+            "t_max_predict_ms": 500, **over}
+
+
+def sse_lines(text: str) -> list[dict]:
+    """The `data:` lines of an SSE body (keep-alive comments left out)."""
+    return [json.loads(line.removeprefix("data: ")) for line in text.split("\n\n") if line.startswith("data: ")]
+
+
+# ---------------------------------------------------------------- /infill
+
+
+def test_infill_as_llama_vscode_sends_it_lays_out_the_repo_level_prompt(served):
+    chunks = [{"text": "X = 1\n", "time": 1, "filename": "a.py"}, {"text": "Y = 2\n", "time": 2, "filename": "b.py"}]
+    r = post(served, "/infill", vscode_infill("import math\n", "\nprint(add(1, 2))\n", "def add(a, b):",
+                                              chunks, n_indent=0))
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["content"] == ADD_BODY and answer["stop"] is True and answer["stop_type"] == "eos"
+    assert PROMPTS[-1].startswith(  # llama-server's layout for a vocabulary with <|repo_name|> and <|file_sep|>
+        "<|repo_name|>myproject\n<|file_sep|>a.py\nX = 1\n<|file_sep|>b.py\nY = 2\n<|file_sep|>filename\n"
+        "<|fim_prefix|>import math\ndef add(a, b):<|fim_suffix|>\nprint(add(1, 2))\n<|fim_middle|>")
+    # What llama.vscode reads: content, tokens_cached, truncated, timings, generation_settings.n_ctx.
+    assert answer["truncated"] is False and answer["tokens_cached"] > 0
+    assert answer["generation_settings"]["n_ctx"] == served.tier.engine.target.n_ctx_seq
+    assert answer["timings"]["predicted_n"] == answer["tokens_predicted"] == len(ADD_BODY)  # a byte a token
+    assert answer["timings"]["prompt_n"] + answer["timings"]["cache_n"] == answer["tokens_evaluated"]
+
+
+def test_n_cmpl_answers_that_many_completions_in_an_array_and_past_the_slots_is_llama_servers_400(served):
+    """llama.vscode sends n_cmpl 3 (max_parallel_completions) and reads an array of answers."""
+    r = post(served, "/infill", vscode_infill("", "", "def add(a, b):", [], n_cmpl=3, temperature=0))
+    assert r.status_code == 200, r.text
+    answers = r.json()
+    assert [a["index"] for a in answers] == [0, 1, 2] and {a["content"] for a in answers} == {ADD_BODY}
+    r = post(served, "/infill", vscode_infill("", "", "def add(a, b):", [], n_cmpl=7))
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("Field 'n_cmpl': Value must be between 1 <= value <= 4")
+
+
+def test_infill_as_llama_vim_sends_it_answers_the_fields_it_asks_for_flattened(served):
+    """llama.vim (autoload/llama.vim) asks for response_fields with slashes and reads them as flat keys,
+    and tells a JSON answer by `"content":"` in the raw text."""
+    fields = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+              "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+              "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"]
+    body = {"id_slot": 0, "input_prefix": "", "input_suffix": "\n", "input_extra": [], "prompt": "def add(a, b):",
+            "n_predict": 128, "stop": [], "n_indent": 0, "top_k": 40, "top_p": 0.90,
+            "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True, "t_max_prompt_ms": 500,
+            "t_max_predict_ms": 1000, "response_fields": fields}
+    r = post(served, "/infill", body)
+    assert r.status_code == 200 and '"content":"' in r.text
+    assert set(r.json()) == set(fields) and r.json()["content"] == ADD_BODY
+    # Its ring buffer's warm-up: the extra context alone, nothing to generate, no field asked for.
+    warm = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "prompt": "", "n_predict": 0, "temperature": 0.0,
+            "input_extra": [{"text": "Z = 3\n", "time": 5, "filename": "c.py"}], "samplers": [], "stream": False,
+            "cache_prompt": True, "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
+    r = post(served, "/infill", warm)
+    assert r.status_code == 200 and r.json() == {}
+    assert "<|file_sep|>c.py\nZ = 3\n" in PROMPTS[-1]
+    r = post(served, "/infill", {**warm, "response_fields": None})
+    assert r.json()["content"] == "" and r.json()["tokens_predicted"] == 0
+
+
+def test_n_indent_ends_the_answer_at_a_line_indented_less_whole_and_streamed(served):
+    """llama-server's n_indent (both plugins send the cursor line's indentation): the line that starts
+    indented less ends the answer, its newline kept."""
+    body = vscode_infill("def indented():\n", "", "", [], n_indent=4)
+    whole = post(served, "/infill", body).json()
+    assert whole["content"] == "    x = 1\n    y = 2\n" and whole["stop_type"] == "limit"
+    lines = sse_lines(post(served, "/infill", {**body, "stream": True}).text)
+    assert "".join(line["content"] for line in lines) == whole["content"]
+    assert lines[-1]["stop"] is True and lines[-1]["stop_type"] == "limit"
+    assert post(served, "/infill", {**body, "n_indent": 0}).json()["content"] == INDENTED
+
+
+def test_a_model_without_fim_tokens_is_a_clear_400_in_llama_servers_shape(served, monkeypatch):
+    monkeypatch.setattr(served.tier.engine.target, "tokenize",  # bytes only: no special token at all
+                        lambda text, add_special=True, parse_special=True: list(text.encode()))
+    r = post(served, "/infill", vscode_infill("a", "b", "", []))
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == 400 and error["type"] == "invalid_request_error"
+    assert "fill-in-the-middle" in error["message"]
+
+
+def test_without_repo_tokens_the_extra_chunks_are_snippets_before_the_prefix(served, monkeypatch):
+    """A vocabulary with the FIM tokens but not <|repo_name|>/<|file_sep|>: the chunks' texts alone,
+    each after a separator, as llama-server does."""
+    real = served.tier.engine.target.tokenize
+
+    def no_repo_tokens(text, add_special=True, parse_special=True):
+        if text in ("<|repo_name|>", "<|file_sep|>"):
+            return list(text.encode())
+        return real(text, add_special, parse_special)
+
+    monkeypatch.setattr(served.tier.engine.target, "tokenize", no_repo_tokens)
+    r = post(served, "/infill", vscode_infill("p\n", "s\n", "def add(a, b):", [{"filename": "a.py", "text": "X\n"}]))
+    assert r.status_code == 200, r.text
+    assert PROMPTS[-1].startswith(f"{SNIPPET_SEPARATOR}X\n<|fim_prefix|>p\ndef add(a, b):<|fim_suffix|>s\n")
+
+
+def test_refused_and_bounded_fields_are_400s_naming_them(served):
+    for field, value in [("mirostat", 2), ("grammar", "root ::= \"a\""), ("n_probs", 3), ("lora", [{"id": 0}]),
+                         ("n_predict", -5)]:
+        r = post(served, "/infill", vscode_infill("a", "b", "", [], **{field: value}))
+        assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
+    too_many = [{"filename": "x", "text": "y"}] * 257
+    r = post(served, "/infill", vscode_infill("a", "b", "", too_many))
+    assert r.status_code == 400 and "input_extra" in r.json()["error"]["message"]
+    r = post(served, "/infill", vscode_infill("a", "b", "", [{"filename": "x", "text": 5}]))
+    assert r.status_code == 400 and r.json()["error"]["code"] == 400
+    r = post(served, "/infill", vscode_infill("a", "b", "", [], model="nope"))
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = post(served, "/infill", vscode_infill("a", "b", "", [], n_cmpl=2, stream=True))
+    assert r.status_code == 400 and "n_cmpl" in r.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------- /completion
+
+
+def test_completion_whole_and_streamed_agree_and_the_stream_ends_with_stop_true(served):
+    body = {"prompt": "Write a story.", "n_predict": 128, "temperature": 0}
+    whole = post(served, "/completion", body).json()
+    assert whole["content"] == "Once upon a time. " * 4 and whole["stop"] is True and whole["model"] == MODEL
+    r = post(served, "/completion", {**body, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    lines = sse_lines(r.text)
+    assert len(lines) > 3 and all(line["stop"] is False for line in lines[:-1]) and lines[-1]["stop"] is True
+    assert "".join(line["content"] for line in lines) == whole["content"] and "[DONE]" not in r.text
+    assert lines[-1]["tokens_predicted"] == whole["tokens_predicted"]
+    short = post(served, "/completions", {**body, "n_predict": 3}).json()  # llama-server's alias
+    assert short["content"] == "Onc" and short["stop_type"] == "limit"
+
+
+def test_completion_refuses_token_prompts_and_an_engine_failure_is_an_error_line(served):
+    r = post(served, "/completion", {"prompt": [1, 2, 3]})
+    assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
+    r = post(served, "/completion", {"prompt": "Break down.", "stream": True})
+    last = sse_lines(r.text)[-1]
+    assert last["error"]["code"] == 500 and "llama_decode" in last["error"]["message"]
+    r = post(served, "/completion", {"prompt": "Break down."})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+
+
+def test_cutoff_stops_at_the_first_newline_past_t_max_predict_ms():
+    """llama-server's t_max_predict_ms: the time runs from the first piece; past it, a piece with a newline
+    is the last. (A clock of our own: no test asserts on real time.)"""
+    now = [0.0]
+    cut = Cutoff(n_indent=0, t_max_predict_ms=100, clock=lambda: now[0])
+    assert cut.feed("a = 1\n") == "a = 1\n" and not cut.stopped  # within the time
+    now[0] = 0.5
+    assert cut.feed("b = ") == "b = " and not cut.stopped  # past it, but no newline yet
+    assert cut.feed("2\nc") == "2\nc" and cut.stopped
+    assert cut.feed("more") == "" and cut.text == "a = 1\nb = 2\nc"
+
+
+def test_cutoff_n_indent_keeps_the_short_lines_newline_and_indentation():
+    cut = Cutoff(n_indent=4, t_max_predict_ms=0)
+    kept = "".join(cut.feed(p) for p in ["  x", " = 1\n", "    y\n", "  \n", "  z", " = 3\n"])
+    assert kept == "  x = 1\n    y\n  \n  " and cut.stopped  # the first line and a blank one are not checked
+
+
+def test_infill_prompt_drops_the_oldest_chunks_and_cuts_prefix_and_suffix_to_fit():
+    tok = Tokenizer(encode=lambda text: list(text.encode()), decode=lambda ids: bytes(ids).decode())
+    chunks = [ExtraChunk(filename=f"f{i}.py", text=f"chunk {i}\n" * 10) for i in range(5)]
+    body = InfillRequest(input_prefix="p" * 50, input_suffix="s" * 50, prompt="x", input_extra=chunks)
+    whole = infill_prompt(body, tok, n_ctx=4096, n_predict=64, repo_level=True)
+    assert not whole.truncated and all(f"f{i}.py" in whole.text for i in range(5))
+    small = infill_prompt(body, tok, n_ctx=400, n_predict=64, repo_level=True)
+    assert small.truncated and "f4.py" in small.text and "f0.py" not in small.text  # newest kept
+    tight = infill_prompt(body, tok, n_ctx=60, n_predict=20, repo_level=False)
+    prefix = tight.text.split("<|fim_prefix|>")[1].split("<|fim_suffix|>")[0]
+    suffix = tight.text.split("<|fim_suffix|>")[1].split("<|fim_middle|>")[0]
+    assert tight.truncated and prefix.endswith("px") and set(prefix[:-1]) == {"p"} and len(prefix) < 51
+    assert suffix == "s" * len(suffix) and len(suffix) < 50 and "chunk" not in tight.text
+
+
+def test_picked_fields_unnest_paths_and_leave_out_missing_ones():
+    answer = {"content": "x", "timings": {"prompt_n": 3}}
+    assert picked(answer, ["content", "timings/prompt_n", "timings/nope", "absent", ""]) == {
+        "content": "x", "timings/prompt_n": 3}
+    assert picked(answer, None) == answer
+
+
+# ---------------------------------------------------------------- tokens, props, health
+
+
+def test_tokenize_and_detokenize_round_trip_with_pieces(served):
+    r = post(served, "/tokenize", {"content": "hé<|fim_prefix|>", "add_special": False, "parse_special": True})
+    assert r.json() == {"tokens": [ord("h"), 0xC3, 0xA9, SPECIAL["<|fim_prefix|>"]]}
+    plain = post(served, "/tokenize", {"content": "<|fim_prefix|>", "parse_special": False}).json()["tokens"]
+    assert plain == list(b"<|fim_prefix|>")
+    pieces = post(served, "/tokenize", {"content": "hé<|fim_prefix|>", "with_pieces": True}).json()["tokens"]
+    assert pieces == [{"id": 104, "piece": "h"}, {"id": 0xC3, "piece": [0xC3]}, {"id": 0xA9, "piece": [0xA9]},
+                      {"id": SPECIAL["<|fim_prefix|>"], "piece": "<|fim_prefix|>"}]
+    r = post(served, "/detokenize", {"tokens": [ord("h"), 0xC3, 0xA9]})
+    assert r.json() == {"content": "hé"}
+    r = post(served, "/detokenize", {"tokens": [1, 10**9]})
+    assert r.status_code == 400 and "1000000000" in r.json()["error"]["message"]
+    r = post(served, "/detokenize", {"tokens": [-1]})
+    assert r.status_code == 400
+
+
+def test_props_says_the_context_slots_and_model_file_by_name(served):
+    r = request(served.base_url, "GET", "/props")
+    assert r.status_code == 200, r.text
+    props = r.json()
+    assert props["default_generation_settings"]["n_ctx"] == served.tier.engine.target.n_ctx_seq
+    assert props["total_slots"] == 4 and props["model_path"] == "scripted-coder.gguf" and "/" not in props["model_path"]
+    assert request(served.base_url, "GET", f"/props?model={MODEL}").json()["model_alias"] == MODEL
+    assert request(served.base_url, "GET", "/props?model=nope").status_code == 404
+
+
+def test_health_has_the_status_llama_vscode_reads(served):
+    """llama.vscode's health check reads `status` and wants "ok"; ours is a superset that names the server."""
+    body = request(served.base_url, "GET", "/health").json()
+    assert body["status"] == "ok" and body["server"] == "localspec"
+
+
+def test_the_routes_document_llama_servers_error_shape(served):
+    spec = request(served.base_url, "GET", "/openapi.json").json()
+    for path in ("/completion", "/infill", "/tokenize", "/detokenize"):
+        ref = spec["paths"][path]["post"]["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref.endswith("/LlamaCppError"), path
+    assert "/props" in spec["paths"]
