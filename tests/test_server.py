@@ -543,3 +543,40 @@ def test_openapi_documents_errors_and_stream(ready):
     chat = spec["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert {"200", "400", "401", "404", "413", "429", "503"} <= set(chat)
     assert "text/event-stream" in chat["200"]["content"]
+
+
+def test_llamacpp_infill_with_the_real_model_fills_the_middle(model_ready):
+    """llama.vscode's /infill with Qwen2.5-Coder: the repo-level layout (its vocabulary has <|repo_name|> and
+    <|file_sep|>), the middle and not the suffix again."""
+    body = {"input_prefix": "def add(a, b):\n", "prompt": "    return ", "input_suffix": "\n\n\nprint(add(2, 3))\n",
+            "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+            "n_predict": 12, "temperature": 0, "n_indent": 4, "t_max_predict_ms": 500, "cache_prompt": True,
+            "samplers": ["top_k", "top_p", "infill"], "id_slot": 0}
+    r = raw(model_ready, "POST", "/infill", json=body)
+    assert r.status_code == 200, r.text
+    middle = r.json()["content"]
+    assert "a + b" in middle or "a+b" in middle
+    assert "print(add" not in middle
+    assert r.json()["tokens_evaluated"] > 20 and r.json()["timings"]["predicted_n"] > 0
+
+
+def test_llamacpp_tokenize_matches_the_models_tokenizer(model_ready):
+    text = "def héllo(world):\n    return '<|fim_prefix|>'"
+    r = raw(model_ready, "POST", "/tokenize", json={"content": text, "add_special": False, "parse_special": True})
+    expected = engine(model_ready).target.tokenize(text, add_special=False, parse_special=True)
+    assert r.status_code == 200 and r.json()["tokens"] == expected
+    fim = engine(model_ready).target.tokenize("<|fim_prefix|>", add_special=False, parse_special=True)
+    assert len(fim) == 1 and fim[0] in expected  # parse_special: the marker is one token
+    pieces = raw(model_ready, "POST", "/tokenize", json={"content": text, "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == expected
+    assert raw(model_ready, "POST", "/detokenize", json={"tokens": expected}).json()["content"] == text
+
+
+def test_llamacpp_completion_streamed_is_the_whole_answer_when_greedy(model_ready):
+    body = {"prompt": "def fibonacci(n):\n", "n_predict": 16, "temperature": 0}
+    whole = raw(model_ready, "POST", "/completion", json=body).json()
+    r = raw(model_ready, "POST", "/completion", json={**body, "stream": True})
+    lines = [json.loads(line.removeprefix("data: ")) for line in r.text.split("\n\n") if line.startswith("data: ")]
+    assert whole["content"] and lines[-1]["stop"] is True
+    assert "".join(line["content"] for line in lines) == whole["content"]
+    assert lines[-1]["tokens_predicted"] == whole["tokens_predicted"]
