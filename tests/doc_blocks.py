@@ -89,14 +89,16 @@ def _choice_text(choice: dict) -> str:
 
 
 def answer_in(stdout: str, kind: Kind) -> str:
-    """The answer text a block printed: a completion JSON, an SSE stream ending in [DONE], or (for
-    Python) plain text. Empty when it printed none of these."""
+    """The answer text a block printed: a completion JSON (OpenAI's, or llama-server's `content`), an SSE
+    stream ending in [DONE], or (for Python) plain text. Empty when it printed none of these."""
     out = stdout.strip()
     try:
         body = json.loads(out)
     except ValueError:
         body = None
     if isinstance(body, dict):
+        if "choices" not in body and isinstance(body.get("content"), str):  # llama-server's /infill, /completion
+            return body["content"]
         return "".join(_choice_text(c) for c in body.get("choices") or [])
     events = [line[len("data: "):] for line in out.splitlines() if line.startswith("data: ")]
     if events:

@@ -62,6 +62,7 @@ def test_the_block_rule_flags_an_unmarked_command_and_counts_a_marked_one():
 def test_an_answer_is_a_completion_a_finished_stream_or_printed_text():
     assert answer_in('{"choices": [{"message": {"content": "hi"}}]}', Kind.CURL) == "hi"
     assert answer_in('{"error": {"message": "no"}}', Kind.CURL) == ""
+    assert answer_in('{"content": "a + b", "stop": true}', Kind.CURL) == "a + b"  # llama-server's /infill
     stream = 'data: {"choices": [{"delta": {"content": "a"}}]}\n\ndata: {"choices": [], "usage": {}}\n\ndata: [DONE]\n'
     assert answer_in(stream, Kind.CURL) == "a"
     assert answer_in(stream.replace("data: [DONE]\n", ""), Kind.CURL) == ""  # cut off
