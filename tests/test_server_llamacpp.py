@@ -14,6 +14,7 @@ import json
 import pytest
 
 from localspec.server import ServerSettings
+from localspec.server.errors import APIError
 from localspec.server.llamacpp import (SNIPPET_SEPARATOR, Cutoff, ExtraChunk, InfillRequest, Tokenizer,
                                        infill_prompt, picked)
 from tests.fake_tier import SPECIAL, Reply, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
@@ -45,6 +46,7 @@ def served(module_home):
     app = scripted_app(backend=backend, settings=ServerSettings(cache=False, router=False, max_tokens_cap=256))
     with ServerThread(app) as srv:
         srv.tier = tier
+        srv.app = app
         yield srv
 
 
@@ -130,6 +132,24 @@ def test_n_indent_ends_the_answer_at_a_line_indented_less_whole_and_streamed(ser
     assert "".join(line["content"] for line in lines) == whole["content"]
     assert lines[-1]["stop"] is True and lines[-1]["stop_type"] == "limit"
     assert post(served, "/infill", {**body, "n_indent": 0}).json()["content"] == INDENTED
+
+
+def test_a_refused_completion_of_several_cancels_those_already_submitted(served, monkeypatch):
+    """n_cmpl 3 and the queue full at the third: the two running would answer nobody; they are cancelled."""
+    state = served.app.state.server
+    submit, submitted = state.submit, []
+
+    async def third_refused(*args, **kwargs):
+        if len(submitted) == 2:
+            raise APIError(429, "queue full", "queue_full")
+        job = await submit(*args, **kwargs)
+        submitted.append(job)
+        return job
+
+    monkeypatch.setattr(state, "submit", third_refused)
+    r = post(served, "/infill", vscode_infill("", "", "def add(a, b):", [], n_cmpl=3))
+    assert r.status_code == 429 and r.json()["error"]["code"] == 429
+    assert len(submitted) == 2 and all(job.cancelled for job in submitted)
 
 
 def test_a_model_without_fim_tokens_is_a_clear_400_in_llama_servers_shape(served, monkeypatch):

@@ -52,7 +52,7 @@ async def completion(body: NativeCompletionRequest, request: Request, state: Sta
     async with state.serving(model, body.keep_alive) as (b, hold):
         endpoint_body = valid_or_400(lambda: completion_request(body, model=model, cap=cap))
         plan_ = await plan(translate.completion_plan, endpoint_body, cap, False, LLAMACPP_FIELDS)
-        jobs = [await state.submit(b, plan_, model=model, owner=who) for _ in range(body.n_cmpl)]
+        jobs = await submit_all(state, b, plan_, model=model, owner=who, n=body.n_cmpl)
         kept = state.keep(hold)
     replies = [LlamaCppReply(state, b, plan_, job, body, model=model, index=i) for i, job in enumerate(jobs)]
     return await respond(request, replies, body, kept.release)
@@ -73,11 +73,26 @@ async def infill(body: InfillRequest, request: Request, state: State, who: Princ
         endpoint_body = valid_or_400(lambda: CompletionRequest(prompt=layout.text, **{**body.common(cap),
                                                                                       "model": model}))
         plan_ = await plan(translate.completion_plan, endpoint_body, cap, True, INFILL_FIELDS)
-        jobs = [await state.submit(b, plan_, model=model, owner=who) for _ in range(body.n_cmpl)]
+        jobs = await submit_all(state, b, plan_, model=model, owner=who, n=body.n_cmpl)
         kept = state.keep(hold)
     replies = [LlamaCppReply(state, b, plan_, job, body, model=model, index=i, truncated=layout.truncated)
                for i, job in enumerate(jobs)]
     return await respond(request, replies, body, kept.release)
+
+
+async def submit_all(state: ServerState, b: Backend, plan_: translate.Plan, *, model: str, owner: str,
+                     n: int) -> list[Job]:
+    """n_cmpl jobs of one plan; one refused (a full queue: 429) cancels those already running, which
+    nobody would read."""
+    jobs: list[Job] = []
+    try:
+        for _ in range(n):
+            jobs.append(await state.submit(b, plan_, model=model, owner=owner))
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        raise
+    return jobs
 
 
 def _layout(b: Backend, body: InfillRequest, cap: int) -> InfillPrompt:
@@ -103,6 +118,9 @@ async def respond(request: Request, replies: list[LlamaCppReply], body: NativeGe
                    for r, f in zip(replies, finished, strict=True)]
         return JSONResponse(answers[0] if len(answers) == 1 else answers)
     finally:
+        for r in replies:  # one failed, or the client left: the others' answers are not wanted either
+            if not r.job.done.is_set():
+                r.job.cancel()
         release()
 
 
