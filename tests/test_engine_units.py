@@ -116,6 +116,15 @@ def test_penalties_use_the_history():
     assert out.tolist() == [0.5, 2.0, -2.5]
 
 
+def test_a_tiny_repeat_penalty_keeps_the_distribution_finite():
+    """repeat_penalty 1e-300 (valid: > 0) divided a logit to inf, and the distribution came out NaN."""
+    logits = np.array([2.0, 3.0, -1.0, 0.5], dtype=np.float32)
+    params = SamplingParams(repeat_penalty=1e-300, temperature=1.0)
+    p = distribution(logits, params, [0, 1, 2])
+    assert np.isfinite(p).all() and abs(p.sum() - 1) < 1e-9 and p[3] < 1e-6  # the repeated ones win
+    assert np.isfinite(penalize(logits, params, [0, 1, 2])).all()
+
+
 def test_stats_positions_and_mean_accepted_length():
     s = Stats(completion_tokens=9, target_passes=2)
     s.record_position(4, 4)

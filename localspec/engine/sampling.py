@@ -51,6 +51,9 @@ def with_fallbacks(params: SamplingParams, **fallbacks: float | int | None) -> S
     return SamplingParams.model_construct(set(params.model_fields_set), **{**params.model_dump(), **unset})
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def penalize(logits: np.ndarray, params: SamplingParams, history: Sequence[int]) -> np.ndarray:
     """Apply repetition, frequency and presence penalties over the last `penalty_last_n` tokens."""
     if not params.has_penalties or params.penalty_last_n == 0 or not history:
@@ -62,11 +65,13 @@ def penalize(logits: np.ndarray, params: SamplingParams, history: Sequence[int])
     out = logits.astype(np.float32, copy=True)
     ids = np.fromiter(counts.keys(), dtype=np.int64)
     n = np.fromiter(counts.values(), dtype=np.float32)
-    z: np.ndarray = out[ids]  # float32; np.where may widen it to float64 before it is stored back
+    z: np.ndarray = out[ids].astype(np.float64)
     if params.repeat_penalty != 1.0:
         z = np.where(z > 0, z / params.repeat_penalty, z * params.repeat_penalty)
     z = z - n * params.frequency_penalty - params.presence_penalty
-    out[ids] = z
+    # A tiny penalty (1e-300 is > 0) makes logits past float32's range: stored, they were ±inf, and
+    # inf - inf is the NaN that poisoned the whole distribution. They are the largest finite ones.
+    out[ids] = np.clip(z, -_FLOAT32_MAX, _FLOAT32_MAX)
     return out
 
 
