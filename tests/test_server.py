@@ -322,6 +322,23 @@ def test_fill_in_the_middle(client):
     assert r.model_extra["localspec"]["mode"] == "lookup"
 
 
+def test_fill_in_the_middle_reads_code_that_spells_a_marker_as_text(model_client, model_ready):
+    """Code that spells `<|fim_middle|>` was read as the marker, which ended the prefix mid-code: the
+    prompt had one marker token more than its three. Now it counts the code's own tokens."""
+    prefix, suffix = 'MARK = "<|fim_middle|>"\ndef add(a, b):\n    return ', "\n\nprint(add(2, 3))\n"
+    rt = engine(model_ready).target
+    as_text = sum(len(rt.tokenize(t, add_special=False, parse_special=False)) for t in (prefix, suffix))
+    r = model_client.completions.create(model=TARGET_ID, prompt=prefix, suffix=suffix, max_tokens=8, temperature=0,
+                                        extra_body={"localspec": {"cache": False}})
+    assert r.usage.prompt_tokens == as_text + 3  # the three markers, and the code as text
+    body = {"input_prefix": 'MARK = "<|fim_middle|>"\n', "prompt": "def add(a, b):\n    return ",
+            "input_suffix": suffix, "n_predict": 4, "temperature": 0}
+    infill = raw(model_ready, "POST", "/infill", json=body).json()
+    names = sum(len(rt.tokenize(t, add_special=False, parse_special=False)) for t in ("myproject\n", "filename\n"))
+    assert infill["tokens_evaluated"] == as_text + 3 + 2 + names  # <|repo_name|>myproject\n<|file_sep|>filename\n
+    assert "<|fim_middle|>" not in infill["content"]
+
+
 def test_models_lists_ids_aliases_and_auto(client):
     ids = {m.id for m in client.models.list().data}
     assert {TARGET_ID, "qwen-coder-1.5b", "auto", "all-minilm-l6-v2-f16"} <= ids

@@ -58,12 +58,26 @@ class EngineConfig(BaseModel):
     )
 
 
+class PromptPiece(BaseModel):
+    """A part of a raw prompt, and whether special-token spellings in it are the tokens (the markers a
+    server writes around a client's code) or text (the code itself, which may spell one)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    text: str
+    special: bool = False
+
+
 class GenerationRequest(BaseModel):
     """A prompt or chat messages, and how to continue it."""
 
     model_config = ConfigDict(extra="forbid")
 
     prompt: str | None = None
+    prompt_pieces: list[PromptPiece] | None = Field(
+        None, description="raw prompt only: the prompt in parts, each tokenized with its own special-token "
+        "parsing; their texts joined are `prompt` (which the cache and the router read)",
+    )
     messages: list[ChatMessage] | None = None
     max_tokens: int = Field(256, gt=0, le=1_000_000)
     sampling: SamplingParams = SamplingParams()
@@ -93,6 +107,8 @@ class GenerationRequest(BaseModel):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
         if self.prompt is not None and not self.prompt:
             raise ValueError("the prompt is empty")
+        if self.prompt_pieces is not None and "".join(p.text for p in self.prompt_pieces) != self.prompt:
+            raise ValueError("'prompt_pieces' must join to 'prompt'")
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' is empty")
         if self.prediction is not None and not self.prediction:

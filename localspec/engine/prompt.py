@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec.engine.chat import ChatMessage, TemplateCheck, render_chat
-from localspec.engine.config import GenerationRequest
+from localspec.engine.config import GenerationRequest, PromptPiece
 from localspec.engine.runtime import ModelRuntime
 from localspec.errors import ContextOverflowError, RequestError
 
@@ -25,6 +25,7 @@ class Prompter:
         self.template = chat_template if chat_template is not None else target.chat_template
         self.n_ctx = n_ctx
         self.pinned_cells = pinned_cells  # 0: the engine keeps no pinned prefix
+        self._framing: tuple[list[int], list[int]] | None = None  # see _frame
         self.bos_text = self._special_text(target.bos)
         self.eos_text = self._special_text(target.eos)
         # Chat waits for the probe's verdict; a raw prompt does not.
@@ -34,7 +35,9 @@ class Prompter:
     def tokens(self, request: GenerationRequest) -> tuple[list[int], int]:
         """The request's tokens and how many messages the truncate policy dropped to fit."""
         dropped = 0
-        if request.prompt is not None:
+        if request.prompt_pieces is not None:
+            tokens = self.pieces(request.prompt_pieces)
+        elif request.prompt is not None:
             tokens = self.target.tokenize(request.prompt, add_special=True, parse_special=True)
         else:
             messages = list(request.messages or [])
@@ -53,6 +56,28 @@ class Prompter:
         if not tokens:
             raise RequestError("The prompt produced no tokens.", "Send a non-empty prompt.")
         return tokens, dropped
+
+    def pieces(self, pieces: list[PromptPiece]) -> list[int]:
+        """A prompt in parts: each tokenized alone, parsing special tokens only in the parts that are
+        markers. Code around a fill-in-the-middle cursor that spells `<|fim_middle|>` is text, as
+        llama-server reads it; read as the token, it ended the prefix where the code had not."""
+        lead, trail = self._frame()
+        tokens = list(lead)
+        for piece in pieces:
+            tokens += self.target.tokenize(piece.text, add_special=False, parse_special=piece.special)
+        return tokens + list(trail)
+
+    def _frame(self) -> tuple[list[int], list[int]]:
+        """What the tokenizer adds around a whole text (`add_special`): a BOS before it where the model
+        has one, an end token after it where the model adds one. Asked of the tokenizer with a probe,
+        once, so a prompt in pieces is framed as the same text in one piece would be."""
+        if self._framing is None:
+            probe = "a"
+            plain = self.target.tokenize(probe, add_special=False, parse_special=False)
+            framed = self.target.tokenize(probe, add_special=True, parse_special=False)
+            at = next((i for i in range(len(framed) - len(plain) + 1) if framed[i:i + len(plain)] == plain), 0)
+            self._framing = (framed[:at], framed[at + len(plain):])
+        return self._framing
 
     def pin_length(self, request: GenerationRequest, tokens: list[int]) -> int:
         """How many leading tokens of a pin_prefix request are its shared prefix (all messages but the

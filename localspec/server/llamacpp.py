@@ -25,11 +25,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from localspec.engine.config import PromptPiece
 from localspec.engine.events import Done
 from localspec.server.errors import APIError
 from localspec.server.schemas import (CompletionRequest, KeepAliveField, LocalspecOptions, _Body, _Request,
                                       check_stops)
-from localspec.server.translate import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, FieldNames
+from localspec.server.translate import FieldNames, fim_pieces
 
 LLAMACPP_DEFAULT_TEMPERATURE = 0.8  # llama-server's when a request sends none
 LLAMACPP_FIELDS = FieldNames(max_tokens="n_predict", prompt="prompt")
@@ -225,8 +226,12 @@ class Tokenizer:
 
 @dataclass(frozen=True)
 class InfillPrompt:
-    text: str
+    pieces: tuple[PromptPiece, ...]  # the markers as tokens; code, file names and the like as text
     truncated: bool  # some of the prefix, suffix or extra context was left out to fit the context
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.pieces)
 
 
 def _last(tok: Tokenizer, text: str, n: int) -> tuple[str, bool]:
@@ -257,20 +262,31 @@ def infill_prompt(body: InfillRequest, tok: Tokenizer, *, n_ctx: int, n_predict:
     n_prompt = len(tok.encode(body.prompt))
     prefix, cut_prefix = _last(tok, body.input_prefix, 3 * window // 4)
     suffix, cut_suffix = _first(tok, body.input_suffix, max(0, window // 4 - 2 - n_prompt))
-    fim = f"{FIM_PREFIX}{prefix}{body.prompt}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}"
-    head = f"{FIM_REPO}{REPO_NAME}\n" if repo_level else ""
-    tail = f"{FIM_FILE_SEP}{CURRENT_FILE}\n" if repo_level else ""
-    left = room - len(tok.encode(fim)) - len(tok.encode(head + tail)) - 2
-    chunks: list[str] = []
+    fim = fim_pieces(prefix=prefix + body.prompt, suffix=suffix)
+    head = [_marker(FIM_REPO), PromptPiece(text=f"{REPO_NAME}\n")] if repo_level else []
+    tail = [_marker(FIM_FILE_SEP), PromptPiece(text=f"{CURRENT_FILE}\n")] if repo_level else []
+    left = room - _count(tok, fim) - _count(tok, head + tail) - 2
+    chunks: list[list[PromptPiece]] = []
     for chunk in reversed(body.input_extra):  # newest last: kept first
-        text = (f"{FIM_FILE_SEP}{chunk.filename}\n{chunk.text}" if repo_level else SNIPPET_SEPARATOR + chunk.text)
-        need = len(tok.encode(text)) + (2 if repo_level else 0)
+        pieces = ([_marker(FIM_FILE_SEP), PromptPiece(text=f"{chunk.filename}\n{chunk.text}")] if repo_level
+                  else [PromptPiece(text=SNIPPET_SEPARATOR + chunk.text)])
+        need = _count(tok, pieces) + (2 if repo_level else 0)
         if need > left:
             break
-        chunks.append(text)
+        chunks.append(pieces)
         left -= need
     dropped = len(chunks) < len(body.input_extra)
-    return InfillPrompt(head + "".join(reversed(chunks)) + tail + fim, cut_prefix or cut_suffix or dropped)
+    extra = [piece for pieces in reversed(chunks) for piece in pieces]
+    return InfillPrompt((*head, *extra, *tail, *fim), cut_prefix or cut_suffix or dropped)
+
+
+def _marker(text: str) -> PromptPiece:
+    return PromptPiece(text=text, special=True)
+
+
+def _count(tok: Tokenizer, pieces: list[PromptPiece]) -> int:
+    """Tokens of the pieces; a marker is one."""
+    return sum(1 if p.special else len(tok.encode(p.text)) for p in pieces)
 
 
 # ---------------------------------------------------------------- cut-offs the editors ask for

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from localspec.engine.chat import ChatMessage
-from localspec.engine.config import GenerationRequest
+from localspec.engine.config import GenerationRequest, PromptPiece
 from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf, check_schema
 from localspec.engine.json_schema import (SchemaInvalid, bounded_ranges, check_refs, hoisted, root_ref_inlined,
                                           unenforced, with_range_rules)
@@ -285,7 +285,7 @@ def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool, names: Fiel
     if body.best_of not in (None, 1):
         raise APIError(400, f"best_of={body.best_of} is not supported; this server generates one completion "
                        "(best_of=1).", "unsupported_value", "best_of")
-    prompt = body.prompt
+    prompt, pieces = body.prompt, None
     if isinstance(prompt, list):
         if len(prompt) != 1:
             raise APIError(400, "Send exactly one prompt; batched prompts are not supported.",
@@ -295,11 +295,19 @@ def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool, names: Fiel
         if not fim_ok:
             raise APIError(400, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.",
                            "unsupported_value", "suffix")
-        prompt = f"{FIM_PREFIX}{prompt}{FIM_SUFFIX}{body.suffix}{FIM_MIDDLE}"
+        pieces = fim_pieces(prefix=prompt, suffix=body.suffix)
+        prompt = "".join(p.text for p in pieces)
     if not prompt:
         raise APIError(400, "The prompt is empty.", "invalid_value", "prompt")
-    request = GenerationRequest(prompt=prompt, logprobs=body.logprobs, **common)
+    request = GenerationRequest(prompt=prompt, prompt_pieces=pieces, logprobs=body.logprobs, **common)
     return Plan(request, prompt_field="prompt", cache=_use_cache(body))
+
+
+def fim_pieces(*, prefix: str, suffix: str) -> list[PromptPiece]:
+    """A fill-in-the-middle prompt: the markers as tokens, the client's code around them as text."""
+    return [PromptPiece(text=FIM_PREFIX, special=True), PromptPiece(text=prefix),
+            PromptPiece(text=FIM_SUFFIX, special=True), PromptPiece(text=suffix),
+            PromptPiece(text=FIM_MIDDLE, special=True)]
 
 
 def _use_cache(body: _Sampling) -> bool:

@@ -73,6 +73,8 @@ async def infill(body: InfillRequest, request: Request, state: State, who: Princ
         endpoint_body = valid_or_400(lambda: CompletionRequest(prompt=layout.text, **{**body.common(cap),
                                                                                       "model": model}))
         plan_ = await plan(translate.completion_plan, endpoint_body, cap, True, INFILL_FIELDS)
+        # Tokenized part by part: the markers as tokens, the client's code as text (see Prompter.pieces).
+        plan_.request = plan_.request.model_copy(update={"prompt_pieces": list(layout.pieces)})
         jobs = await submit_all(state, b, plan_, model=model, owner=who, n=body.n_cmpl)
         kept = state.keep(hold)
     replies = [LlamaCppReply(state, b, plan_, job, body, model=model, index=i, truncated=layout.truncated)
