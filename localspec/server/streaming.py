@@ -66,33 +66,45 @@ class Piece:
 
 
 async def pieces(job: Job, metrics: Metrics, *, hold_text: bool = False) -> AsyncIterator[Piece | Done | Waiting]:
-    """A streamed answer in Pieces, then its Done. Tokens not yet reported come as one Piece with no
-    text before the Done; with `hold_text` (a tool call, parsed whole) that is every token."""
+    """A streamed answer in Pieces, then its Done. With `hold_text` (a tool call, parsed whole) every
+    token comes as one Piece with no text before the Done. Logprob tokens that no text followed are
+    not reported (see `collect`)."""
     pending: list[Token] = []
+    backed = 0  # hold_text: how many of `pending` some text followed
     async for event in job_events(job, metrics, keepalive_s=KEEPALIVE_S):
         if isinstance(event, Waiting):
             yield event
         elif isinstance(event, Done):
-            if pending:
-                yield Piece("", pending)
+            if backed:
+                yield Piece("", pending[:backed])
             yield event
             return
         else:
             if event.logprob is not None:
                 pending.append(event)
-            if event.text and not hold_text:
+            if event.text and hold_text:
+                backed = len(pending)
+            elif event.text:
                 yield Piece(event.text, pending, event.origin)
                 pending = []
 
 
 async def collect(job: Job, metrics: Metrics) -> tuple[list[Token], Done]:
-    """A whole answer: its tokens that carry logprobs, and the Done."""
+    """A whole answer: its tokens that carry logprobs, and the Done.
+
+    A token's text may come with a later token's (half a UTF-8 character, the start of a possible stop
+    string), so a token is part of the answer once any text follows it. The tokens after the last text
+    spelled a stop string, which the answer leaves out: so do its logprobs (llama-server trims them too),
+    and the logprobs' tokens spell the answer. usage still counts them: they were generated."""
     tokens: list[Token] = []
+    backed = 0
     async for event in job_events(job, metrics):
         if isinstance(event, Done):
-            return tokens, event
+            return tokens[:backed], event
         if isinstance(event, Token) and event.logprob is not None:
             tokens.append(event)
+        if isinstance(event, Token) and event.text:
+            backed = len(tokens)
     raise RuntimeError("a job's events ended without a Done")
 
 

@@ -1,0 +1,66 @@
+"""The text a client receives, as each API delivers it: stop strings, multi-byte characters,
+logprobs that line up with the text.
+
+A real server on loopback and the `openai` client, over a scripted model pair (tests/fake_tier.py)
+whose tokens are single bytes: an emoji is four tokens, and a stop string always spans several, so
+every case here crosses token boundaries. The draft model says what the target says, so mode draft
+accepts whole runs of k tokens in one verify step.
+"""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from localspec.server import ServerSettings
+from tests.fake_tier import scripted, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+from tests.server_harness import ServerThread
+
+MODEL = "scripted-text"
+FOX = "The quick brown fox jumps. 🎉 Done."
+SCRIPT = scripted({"Quote the fox": FOX})
+MODES = ("off", "draft")
+
+
+@pytest.fixture(scope="module")
+def client(module_home) -> openai.OpenAI:
+    tier = scripted_tier(model_id=MODEL, script=SCRIPT, draft_script=SCRIPT, mode="draft")
+    app = scripted_app(backend=scripted_backend(pipeline=scripted_pipeline(tiers=[tier])),
+                       settings=ServerSettings(cache=False, router=False, max_tokens_cap=256))
+    with ServerThread(app) as srv:
+        yield openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def chat_kw(mode: str, **kw) -> dict:
+    return dict(model=MODEL, messages=[{"role": "user", "content": "Quote the fox."}], temperature=0,
+                extra_body={"localspec": {"mode": mode, "k": 8}}, **kw)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("stop", "answer"), [("brown f", "The quick "), ("T", ""), ("🎉", "The quick brown fox jumps. ")])
+def test_chat_logprobs_end_where_the_stop_string_cuts_the_answer(client, mode, stop, answer):
+    """The tokens that spelled the stop string are generated (usage counts them) but not in the answer,
+    so not in its logprobs either: the logprobs' bytes are the answer's, whole and streamed."""
+    whole = client.chat.completions.create(**chat_kw(mode, stop=[stop], logprobs=True, top_logprobs=2))
+    choice = whole.choices[0]
+    assert choice.message.content == answer and choice.finish_reason == "stop"
+    assert bytes(b for t in choice.logprobs.content for b in t.bytes) == answer.encode()
+    generated = len((answer + stop).encode())  # one byte a token, the stop string's last one included
+    assert whole.usage.completion_tokens == generated
+
+    chunks = list(client.chat.completions.create(**chat_kw(mode, stop=[stop], logprobs=True, stream=True)))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer
+    assert bytes(b for t in streamed for b in t.bytes) == answer.encode()
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_completion_logprobs_end_where_the_stop_string_cuts_the_answer(client, mode):
+    kw = dict(model=MODEL, prompt="Quote the fox.", temperature=0, stop=["jumps"], logprobs=1,
+              extra_body={"localspec": {"mode": mode, "k": 8}})
+    whole = client.completions.create(**kw).choices[0]
+    assert whole.text == "The quick brown fox " and "".join(whole.logprobs.tokens) == whole.text
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
+    assert "".join(c.text for c in chunks) == whole.text
+    assert [t for c in chunks if c.logprobs for t in c.logprobs.tokens] == whole.logprobs.tokens
