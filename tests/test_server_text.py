@@ -64,3 +64,18 @@ def test_completion_logprobs_end_where_the_stop_string_cuts_the_answer(client, m
     chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
     assert "".join(c.text for c in chunks) == whole.text
     assert [t for c in chunks if c.logprobs for t in c.logprobs.tokens] == whole.logprobs.tokens
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_completion_text_offsets_count_characters_through_a_multi_byte_one(client, mode):
+    """🎉 is four tokens, each one U+FFFD on its own: the offsets count the answer's characters, so the
+    emoji's tokens all start where the emoji does and the next token where the text has it."""
+    kw = dict(model=MODEL, prompt="Quote the fox.", temperature=0, logprobs=1,
+              extra_body={"localspec": {"mode": mode, "k": 8}})
+    whole = client.completions.create(**kw).choices[0]
+    assert whole.text == FOX
+    expected = [i for i, ch in enumerate(FOX) for _ in ch.encode()]  # one offset a byte, a token a byte
+    assert whole.logprobs.text_offset == expected
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
+    assert [o for c in chunks if c.logprobs for o in c.logprobs.text_offset] == expected
+    assert "\ufffd" not in "".join(c.text for c in chunks)

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 
 from localspec.engine.events import Done, Token
+from localspec.engine.text import Utf8Stream
 from localspec.jobs import Job
 from localspec.server.backend import Backend
 from localspec.server.errors import APIError, ClientGone, error_json
@@ -83,24 +84,40 @@ def chat_logprobs(b: Backend, tokens: list[Token]) -> ChoiceLogprobs:
     return ChoiceLogprobs(content=out)
 
 
-def completion_logprobs(b: Backend, tokens: list[Token], *, start: int = 0) -> CompletionLogprobs:
-    """`start`: the choice text's length before these tokens (an echoed prompt, earlier chunks), where
-    text_offset counts from; every streamed chunk counted from 0 before."""
+class TextOffsets:
+    """Where each token's text starts in the choice text, in characters, counted through a stream.
+
+    A token may hold part of a multi-byte character (an emoji is often three tokens): its own text is
+    U+FFFD, one character, while the answer has one character for the whole sequence. So the offsets
+    count the characters the bytes so far decode to, not the tokens' texts' lengths: a token inside a
+    character starts where that character does."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.offset = start  # the characters before the next token: an echoed prompt, earlier tokens
+        self._utf8 = Utf8Stream()
+
+    def take(self, raw: bytes) -> int:
+        """The next token's offset, given its bytes."""
+        at = self.offset
+        self.offset += len(self._utf8.feed(raw))
+        return at
+
+
+def completion_logprobs(b: Backend, tokens: list[Token], offsets: TextOffsets) -> CompletionLogprobs:
+    """`offsets`: the choice's text offsets so far (a stream's chunks share one, after any echo)."""
     texts: list[str] = []
     lps: list[float] = []
     tops: list[dict[str, float]] = []
-    offsets: list[int] = []
-    off = start
+    starts: list[int] = []
     for t in tokens:
         lp = t.logprob
         assert lp is not None
-        text = _piece(b, lp.token)[0]
+        text, raw = _piece(b, lp.token)
         texts.append(text)
         lps.append(lp.logprob)
         tops.append({_piece(b, i)[0]: v for i, v in lp.top})
-        offsets.append(off)
-        off += len(text)
-    return CompletionLogprobs(tokens=texts, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
+        starts.append(offsets.take(bytes(raw)))
+    return CompletionLogprobs(tokens=texts, token_logprobs=lps, top_logprobs=tops, text_offset=starts)
 
 
 

@@ -16,7 +16,8 @@ from localspec.models.gguf_info import read_header
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES
-from localspec.server.replies import StreamedReply, completion_logprobs, extension, origin_of, usage
+from localspec.server.replies import (StreamedReply, TextOffsets, completion_logprobs, extension, origin_of,
+                                     usage)
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import Completion, CompletionChoice, CompletionRequest
 from localspec.server.state import Principal, ServerState, State
@@ -46,7 +47,7 @@ async def completions(body: CompletionRequest, request: Request, state: State,
             localspec=extension(b, done, plan_, job, who),
             choices=[CompletionChoice(
                 text=echo + done.text, finish_reason=done.finish_reason,
-                logprobs=completion_logprobs(b, tokens, start=len(echo)) if body.logprobs is not None else None,
+                logprobs=completion_logprobs(b, tokens, TextOffsets(len(echo))) if body.logprobs is not None else None,
             )],
         )
     finally:
@@ -96,7 +97,7 @@ class CompletionReply(StreamedReply):
         self.body = body
         self.echo = echo
         self.id = f"cmpl-{job.id}"
-        self.offset = len(echo)  # the choice text streamed so far: where the next chunk's text_offset starts
+        self.offsets = TextOffsets(len(echo))  # one count through the chunks: text_offset is the choice's
 
     def chunk(self, text: str, **kw: Any) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.body.model,
@@ -110,8 +111,7 @@ class CompletionReply(StreamedReply):
             return None
         lp = None
         if self.body.logprobs is not None:
-            lp = completion_logprobs(self.b, piece.tokens, start=self.offset)
-            self.offset += sum(map(len, lp.tokens))
+            lp = completion_logprobs(self.b, piece.tokens, self.offsets)
         chunk = self.chunk(piece.text, finish_reason=None, logprobs=lp)
         chunk.localspec = origin_of(self.body, piece)
         return sse(chunk)
