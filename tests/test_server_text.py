@@ -9,10 +9,14 @@ accepts whole runs of k tokens in one verify step.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import openai
 import pytest
 
+from localspec.engine.events import Token, TokenLogprob
 from localspec.server import ServerSettings
+from localspec.server.replies import TextOffsets, chat_logprobs, completion_logprobs
 from tests.fake_tier import scripted, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread
 
@@ -79,3 +83,47 @@ def test_completion_text_offsets_count_characters_through_a_multi_byte_one(clien
     chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
     assert [o for c in chunks if c.logprobs for o in c.logprobs.text_offset] == expected
     assert "\ufffd" not in "".join(c.text for c in chunks)
+
+
+# ---------------------------------------------------------------- logprob token names (units)
+
+_VOCAB = {1: b" \xf0\x9f", 2: b"\x8e", 3: b"\x89", 4: b"\x8f", 5: b"\xf0\x9f", 6: b"!", 7: b"", 8: b""}
+_SPECIAL = {7: "<|im_end|>", 8: "<|endoftext|>"}
+
+
+class _Vocab:
+    def piece(self, token: int) -> bytes:
+        return _VOCAB[token]
+
+    def token_text(self, token: int) -> str:
+        return _SPECIAL.get(token) or _VOCAB[token].decode("utf-8", errors="replace")
+
+
+def _emoji_tokens() -> list[Token]:
+    """ 🎉!: three tokens for the emoji, the alternatives other emoji parts and the two end tokens."""
+    def lp(token: int, value: float, *top: tuple[int, float]) -> Token:
+        return Token(text="", ids=(token,), origin="target", logprob=TokenLogprob(token, value, top))
+
+    return [lp(1, -0.1, (1, -0.1), (5, -2.5), (6, -3.0)), lp(2, -0.2, (2, -0.2), (4, -1.9), (3, -4.0)),
+            lp(3, -0.3, (3, -0.3), (7, -2.0), (8, -2.2)), lp(6, -0.4, (6, -0.4), (7, -1.5))]
+
+
+def test_completion_logprobs_name_each_part_of_a_character_apart():
+    """Each part of a multi-byte character was U+FFFD: top_logprobs (a dict by name) kept one of them,
+    with another's logprob, and the two end tokens were both "". Now named as OpenAI names them."""
+    b = SimpleNamespace(engine=SimpleNamespace(target=_Vocab()))
+    lp = completion_logprobs(b, _emoji_tokens(), TextOffsets())
+    assert lp.tokens == ["bytes: \\xf0\\x9f", "bytes:\\x8e", "bytes:\\x89", "!"]
+    assert lp.top_logprobs == [{"bytes: \\xf0\\x9f": -0.1, "bytes:\\xf0\\x9f": -2.5, "!": -3.0},
+                               {"bytes:\\x8e": -0.2, "bytes:\\x8f": -1.9, "bytes:\\x89": -4.0},
+                               {"bytes:\\x89": -0.3, "<|im_end|>": -2.0, "<|endoftext|>": -2.2},
+                               {"!": -0.4, "<|im_end|>": -1.5}]
+    assert lp.text_offset == [0, 1, 1, 2]  # " 🎉!": the emoji's parts start where it does
+
+
+def test_chat_logprobs_name_an_end_token_among_the_alternatives():
+    b = SimpleNamespace(engine=SimpleNamespace(target=_Vocab()))
+    content = chat_logprobs(b, _emoji_tokens()).content
+    assert [t.bytes for t in content] == [[32, 0xF0, 0x9F], [0x8E], [0x89], [33]]
+    assert [(t.token, t.bytes) for t in content[2].top_logprobs][1:] == [
+        ("<|im_end|>", list(b"<|im_end|>")), ("<|endoftext|>", list(b"<|endoftext|>"))]

@@ -69,8 +69,23 @@ def origin_of(body: _Sampling, piece: Piece) -> ChunkExtension | None:
 
 
 def _piece(b: Backend, token: int) -> tuple[str, list[int]]:
+    """A token's text and bytes for logprobs. A special token (an end of turn among the alternatives)
+    adds no bytes to an answer, and each was "": its vocabulary text names it, as llama-server's does."""
     raw = b.engine.target.piece(token)
+    if not raw:
+        raw = b.engine.target.token_text(token).encode()
     return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def _completion_token(b: Backend, token: int) -> str:
+    """A token as the legacy completions API names it. A part of a multi-byte character is not text:
+    it is `bytes:` and the bytes escaped, as OpenAI spells it. As U+FFFD, every such token had the same
+    name, and top_logprobs (keyed by name) kept one of them, with another one's logprob."""
+    raw = bytes(_piece(b, token)[1])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + raw.decode("utf-8", errors="backslashreplace")
 
 
 def chat_logprobs(b: Backend, tokens: list[Token]) -> ChoiceLogprobs:
@@ -112,11 +127,10 @@ def completion_logprobs(b: Backend, tokens: list[Token], offsets: TextOffsets) -
     for t in tokens:
         lp = t.logprob
         assert lp is not None
-        text, raw = _piece(b, lp.token)
-        texts.append(text)
+        texts.append(_completion_token(b, lp.token))
         lps.append(lp.logprob)
-        tops.append({_piece(b, i)[0]: v for i, v in lp.top})
-        starts.append(offsets.take(bytes(raw)))
+        tops.append({_completion_token(b, i): v for i, v in lp.top})
+        starts.append(offsets.take(b.engine.target.piece(lp.token)))
     return CompletionLogprobs(tokens=texts, token_logprobs=lps, top_logprobs=tops, text_offset=starts)
 
 
