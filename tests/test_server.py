@@ -277,6 +277,31 @@ def test_ollama_api_on_the_real_pair(model_ready):
     assert "insert" in client.show(TARGET_ID).capabilities  # Qwen2.5-Coder has the FIM tokens suffix needs
 
 
+def test_stop_string_inside_an_accepted_draft_run_on_the_real_pair(model_client):
+    """The real pair copying a sentence: the draft model's runs are accepted whole, and a stop string
+    ends the reply inside one (and inside an emoji's tokens). Each mode gives mode off's text, streamed
+    the same, its logprobs' bytes the reply's, the stop string's tokens in neither."""
+    quote = "The quick brown fox jumps over the lazy dog. 🎉 Pack my box with five dozen liquor jugs."
+    ask = dict(model=TARGET_ID, messages=user(f"Repeat this text exactly, nothing else:\n{quote}"), max_tokens=40,
+               temperature=0, logprobs=True, stop=["🎉 Pack", "five"])
+    replies = {}
+    for mode in ("off", "draft", "lookup"):
+        spec = {"localspec": {"mode": mode, "k": 8}}
+        whole = model_client.chat.completions.create(**ask, extra_body=spec)
+        choice = whole.choices[0]
+        chunks = [c.choices[0] for c in model_client.chat.completions.create(**ask, extra_body=spec, stream=True)
+                  if c.choices]
+        streamed = [t for c in chunks if c.logprobs for t in c.logprobs.content]
+        assert "".join(c.delta.content or "" for c in chunks) == choice.message.content, mode
+        assert [c.finish_reason for c in chunks if c.finish_reason] == [choice.finish_reason] == ["stop"], mode
+        lp_bytes = bytes(b for t in choice.logprobs.content for b in t.bytes)
+        assert lp_bytes == bytes(b for t in streamed for b in t.bytes), mode
+        lp_text = lp_bytes.decode(errors="replace")  # may end inside the emoji: its first token held the space
+        assert lp_text.startswith(choice.message.content) and "🎉" not in lp_text, (mode, lp_text)
+        replies[mode] = choice.message.content
+    assert replies["off"].endswith("lazy dog. ") and set(replies.values()) == {replies["off"]}, replies
+
+
 # ---------------------------------------------------------------- completions, FIM, models, embeddings
 
 
