@@ -59,6 +59,19 @@ def test_chat_logprobs_end_where_the_stop_string_cuts_the_answer(client, mode, s
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
 
 
+def test_held_text_keeps_its_logprobs_up_to_the_stop_string(client):
+    """With tools offered the text is held and parsed whole at the end; its logprobs come on the last
+    chunk, still only the answer's."""
+    tools = [{"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}]
+    kw = chat_kw("off", stop=["brown f"], logprobs=True, tools=tools)
+    whole = client.chat.completions.create(**kw).choices[0]
+    chunks = [c.choices[0] for c in client.chat.completions.create(**kw, stream=True) if c.choices]
+    streamed = [t for c in chunks if c.logprobs for t in c.logprobs.content]
+    assert whole.message.content == "".join(c.delta.content or "" for c in chunks) == "The quick "
+    assert bytes(b for t in streamed for b in t.bytes) == bytes(b for t in whole.logprobs.content for b in t.bytes)
+    assert bytes(b for t in streamed for b in t.bytes) == b"The quick "
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_completion_logprobs_end_where_the_stop_string_cuts_the_answer(client, mode):
     kw = dict(model=MODEL, prompt="Quote the fox.", temperature=0, stop=["jumps"], logprobs=1,
