@@ -396,3 +396,25 @@ def test_a_verdict_key_left_empty_is_never_used(tmp_path: Path) -> None:
         first.close()
         second.close()
     assert not [p.name for p in d.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_vector_index_keeps_no_rows_for_entries_the_store_evicted(tmp_path: Path) -> None:
+    """diskcache evicts past its size limit (and expires past the TTL) without telling the index, which
+    kept a row for every entry ever stored: in memory and in vectors.npy, across restarts, so a
+    long-running server's index grew for good while the store stayed at its limit (scripts/soak.py)."""
+    from tests.fake_tier import ScriptedEmbedder
+
+    d = tmp_path / "semantic"
+    stored = 0
+    for run in range(3):  # three processes in turn, each reading the index the last one saved
+        with SemanticCache(d, embedder=ScriptedEmbedder(), size_limit=200_000) as c:
+            for i in range(150):
+                c.store(scope(), f"run {run} question {i} " + "x" * 50, "answer " * 100)
+                stored += 1
+            entries = c.stats()["entries"]
+            assert entries < stored  # the store evicted: the case at hand
+            assert c._index is not None and c._index._n <= 2 * entries + 2 * 64  # rows in memory: live, and dead ones short of a rebuild
+        saved = json.loads((d / "vectors.json").read_text())["ids"]
+        with SemanticCache(d, embedder=ScriptedEmbedder(), size_limit=200_000) as c:
+            assert set(saved) <= set(c._store.ids())
+            assert c.stats()["indexed"] <= c.stats()["entries"]

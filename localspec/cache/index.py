@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -22,6 +22,7 @@ from typing import BinaryIO
 import numpy as np
 
 _DEAD = -1
+_COMPACT_MIN_DEAD = 64  # fewer dead rows than this are not worth a rebuild
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,24 @@ class VectorIndex:
             return False
         self._scope_codes[row] = _DEAD
         return True
+
+    def retain(self, entry_ids: Container[str]) -> int:
+        """Forget the rows of entries not in `entry_ids`: the store evicts (size limit) and expires (TTL)
+        entries without telling the index, which otherwise kept every row it was ever given, in memory
+        and in vectors.npy. Dead rows leave memory once they outnumber the live. Returns the rows forgotten."""
+        gone = [entry_id for entry_id in self._row if entry_id not in entry_ids]
+        for entry_id in gone:
+            self.remove(entry_id)
+        if self._n - len(self._row) > max(len(self._row), _COMPACT_MIN_DEAD):
+            self._compact()
+        return len(gone)
+
+    def _compact(self) -> None:
+        """Rebuild from the live rows alone: dead rows, and scopes no live row uses, are dropped."""
+        fresh = VectorIndex(self.dim, self.fingerprint)
+        for i in np.flatnonzero(self._scope_codes[: self._n] != _DEAD):
+            fresh.add(self._ids[i], self._scopes[self._scope_codes[i]], self._m[i])
+        vars(self).update(vars(fresh))
 
     def search(self, scope_key: str, vector: np.ndarray, threshold: float, k: int = 5) -> list[Candidate]:
         """The best `k` rows of this scope at or above `threshold`, most similar first."""

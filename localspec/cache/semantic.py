@@ -215,13 +215,15 @@ class SemanticCache:
                 if vec is not None:
                     index.add(entry["id"], entry["scope"], vec)
                     missing += 1
+        gone = index.retain(self._live_ids())  # rows of entries evicted or expired since it was saved
         if missing:
             logger.info("embedded %d cache entries missing from the vector index", missing)
+        if missing or gone:
             try:
                 index.save(self.directory)
             except OSError as exc:  # the entries are whole: the index is saved again later, never a reset
                 logger.warning("cache vector index not saved (%s); it is saved again later", exc)
-                self._unsaved = missing
+                self._unsaved = missing + gone
         return index
 
     # ------------------------------------------------------------ lookup
@@ -538,8 +540,17 @@ class SemanticCache:
 
     def _save_index(self) -> None:
         assert self._index is not None
+        if self._store is not None:
+            self._index.retain(self._live_ids())
         self._index.save(self.directory)
         self._unsaved = 0
+
+    def _live_ids(self) -> set[str]:
+        """The entries the store still holds, its expired ones dropped first (diskcache keeps those
+        until it culls): what the vector index may keep rows for."""
+        assert self._store is not None
+        self._store.expire()
+        return set(self._store.ids())
 
     def _load_counts(self) -> None:
         path = self.directory / "stats.json"
