@@ -21,7 +21,7 @@ from localspec.server.guards import LOCAL_PRINCIPAL, PRINCIPAL_KEY
 from localspec.server.keepalive import KeepAlive
 from localspec.server.redact import redact_paths
 from localspec.server.residents import (Held, MemoryProbe, ModelSource, NoModels, NoRoom, Room, plan_room,
-                                        system_memory)
+                                        release_memory, system_memory)
 from localspec.server.responses import ResponseStore
 from localspec.server.settings import ServerSettings
 from localspec.server.translate import Plan
@@ -432,12 +432,14 @@ def on_demand_settings(model_id: str) -> dict[str, object]:
 
 
 def close_all(backends: list[Backend]) -> None:
-    """Close detached models on one thread, each in its own try: a failed close is logged, the rest close."""
+    """Close detached models on one thread, each in its own try: a failed close is logged, the rest close.
+    Then what they leave (cycles holding descriptors, freed heap) goes back to the system."""
     for b in backends:
         try:
             b.close(False)
         except Exception:
             logger.exception("closing unloaded models failed")
+    release_memory()
 
 
 def server_state(request: Request) -> ServerState:
