@@ -253,3 +253,28 @@ def test_embed_cuts_a_text_past_the_window_as_ollamas_truncate_says(client, serv
     with pytest.raises(ollama.ResponseError, match="takes at most 256") as caught:
         client.embed(model=EMBEDDER, input=long_text, truncate=False)
     assert caught.value.status_code == 400
+
+
+def test_a_loaded_models_tokenizer_is_asked_on_the_event_loop(client, served, monkeypatch):
+    """/api/show asked a loaded model's tokenizer for the FIM tokens on a worker thread, holding nothing:
+    an unload (keep_alive, `stop`, room for another model) detaches and frees the model on the event
+    loop's say meanwhile, and the tokenizer read freed memory. On the loop, no close comes in between
+    finding the model and reading it (as model_info reads it)."""
+    import asyncio
+
+    from localspec.server.routes import ollama as ollama_routes
+
+    seen: list[bool] = []
+    real = ollama_routes.fim_supported
+
+    def on_the_loop(b):
+        try:
+            asyncio.get_running_loop()
+            seen.append(True)
+        except RuntimeError:  # a worker thread has no running loop
+            seen.append(False)
+        return real(b)
+
+    monkeypatch.setattr(ollama_routes, "fim_supported", on_the_loop)
+    assert "insert" in client.show(MODEL).capabilities
+    assert seen == [True]

@@ -202,18 +202,26 @@ async def show(body: ShowRequest, state: State) -> dict[str, Any]:
     info = {} if embedding else model_info(state, body.model)
     n_ctx = info.get(f"{info.get('general.architecture')}.context_length")
     capabilities = ["embedding"] if embedding else ["completion", "tools"]
-    if not embedding and await asyncio.to_thread(fills_in_the_middle, state, body.model, card.localspec):
+    if not embedding and await fills_in_the_middle(state, body.model, card.localspec):
         capabilities.append("insert")  # Continue offers autocomplete (suffix) for a model that says so
     return {"modelfile": "", "parameters": f"num_ctx {n_ctx}" if n_ctx else "", "template": "", "details": details,
             "model_info": {"general.basename": body.model, **info} if info else {}, "capabilities": capabilities}
 
 
-def fills_in_the_middle(state: ServerState, name: str, card: ModelInfo | None) -> bool:
+async def fills_in_the_middle(state: ServerState, name: str, card: ModelInfo | None) -> bool:
     """Whether the model behind `name` has the fill-in-the-middle tokens that `suffix` needs: asked of
-    its tokenizer when it is loaded, else read from its GGUF's vocabulary (/api/show loads nothing)."""
+    its tokenizer when it is loaded, else read from its GGUF's vocabulary (/api/show loads nothing).
+    The loaded one is asked on the event loop, with no await after finding it: /api/show holds nothing,
+    and an unload frees a model it detached on the loop (read from a worker thread, it was freed memory)."""
     if (b := _loaded_backend(state, name)) is not None:
         return fim_supported(b)
-    path = state.models.path_of(card.model) if card is not None and card.model else None
+    if card is None or not card.model:
+        return False
+    return await asyncio.to_thread(_fim_in_installed, state, card.model)
+
+
+def _fim_in_installed(state: ServerState, model_id: str) -> bool:
+    path = state.models.path_of(model_id)
     return path is not None and fim_in_vocabulary(path)
 
 
