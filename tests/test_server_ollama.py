@@ -278,3 +278,24 @@ def test_a_loaded_models_tokenizer_is_asked_on_the_event_loop(client, served, mo
     monkeypatch.setattr(ollama_routes, "fim_supported", on_the_loop)
     assert "insert" in client.show(MODEL).capabilities
     assert seen == [True]
+
+
+def test_a_request_over_its_token_budget_is_refused_before_cutting_every_text():
+    """Each text past the window is cut by a binary search of tokenizations: a 4 MB /api/embed body of
+    long texts, refused anyway for its tokens in all, took ~5 s of the embedder's lock (0.01 s as a 400
+    before truncate). The budget is checked as texts are measured: no text past it is cut."""
+    from localspec.errors import RequestError
+    from localspec.server.embeddings import EmbeddingModel
+
+    class Counting(ScriptedEmbedder):
+        cuts = 0
+
+        def truncated(self, text: str) -> str:
+            Counting.cuts += 1
+            return super().truncated(text)
+
+    model = EmbeddingModel("unused.gguf", embedder=Counting())  # type: ignore[arg-type]
+    texts = [" ".join(["word"] * 400)] * 1000  # each cut to the window's 256 tokens
+    with pytest.raises(RequestError, match="embeds at most 1000"):
+        model.embed(texts, max_tokens=1000, truncate=True)
+    assert Counting.cuts <= 4  # 256 tokens a text: the fourth is past 1,000

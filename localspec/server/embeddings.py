@@ -43,9 +43,12 @@ class EmbeddingModel:
                 raise RequestError(f"Input {i} has {n} tokens; the embedding model takes at most {self.window}.",
                                    "Split long texts into chunks.")
             counts.append(n)
-        if max_tokens is not None and sum(counts) > max_tokens:
-            raise RequestError(f"The inputs have {sum(counts)} tokens together; this server embeds at most "
-                               f"{max_tokens} per request.", "Send them in several requests.")
+            # As they are measured: cutting each text is a search of tokenizations, and a body of long
+            # texts over the budget cut them all (seconds of the embedder's lock) before its 400.
+            if max_tokens is not None and sum(counts) > max_tokens:
+                more = " or more" if i < len(texts) - 1 else ""
+                raise RequestError(f"The inputs have {sum(counts)}{more} tokens together; this server embeds at "
+                                   f"most {max_tokens} per request.", "Send them in several requests.")
         vectors: list[np.ndarray] = []
         for i, text in enumerate(texts):
             vec = self._embedder.embed(text)
