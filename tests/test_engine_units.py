@@ -125,6 +125,23 @@ def test_a_tiny_repeat_penalty_keeps_the_distribution_finite():
     assert np.isfinite(penalize(logits, params, [0, 1, 2])).all()
 
 
+def test_a_tiny_temperature_is_the_argmax_not_nan():
+    """temperature 1e-308 (valid: >= 0) divided the logits past float64's range: inf - inf was a NaN
+    distribution, and the draw then took the last token of the vocabulary. So did a tiny repeat_penalty
+    under temperature 1e-300 (its float32-largest logit divided again)."""
+    logits = np.array([30.0, 20.0, 29.5, -1.0], dtype=np.float32)
+    for params, history in ((SamplingParams(temperature=1e-308), []),
+                            (SamplingParams(temperature=1e-300, repeat_penalty=1e-300), [1])):
+        p = distribution(logits, params, history)
+        assert np.isfinite(p).all() and abs(p.sum() - 1) < 1e-9, (params, p)
+        assert int(np.argmax(p)) == int(np.argmax(penalize(logits, params, history))) and p.max() == 1.0
+    normal = SamplingParams(temperature=0.7, top_k=3)  # an ordinary temperature: the very same floats
+    z = logits.astype(np.float64) / 0.7
+    z[3] = -np.inf
+    expected = np.exp(z - z.max())
+    assert distribution(logits, normal, []).tolist() == (expected / expected.sum()).tolist()
+
+
 def test_stats_positions_and_mean_accepted_length():
     s = Stats(completion_tokens=9, target_passes=2)
     s.record_position(4, 4)

@@ -92,7 +92,11 @@ def distribution(
         p = np.zeros(z.shape[0], dtype=np.float64)
         p[int(np.argmax(z))] = 1.0
     else:
-        z = z / params.temperature
+        with np.errstate(over="ignore"):
+            scaled = z / params.temperature
+            if not np.isfinite(scaled.max()):  # a temperature so small (1e-308) that z / T overflows: inf - inf
+                scaled = (z - z.max()) / params.temperature  # was NaN everywhere; from the top, 0 or -inf
+        z = scaled
         if 0 < params.top_k < z.shape[0]:
             cut = np.argpartition(-z, params.top_k - 1)[: params.top_k]
             keep = np.full(z.shape[0], -np.inf)
