@@ -151,3 +151,15 @@ def test_a_bounded_number_in_a_schema_becomes_its_rule_and_unkeepable_bounds_sta
     assert list(rules.values()) == [number_gbnf(_b("0"), _b("1"))] and ranged["properties"]["p"] == {"const": next(iter(rules))}
     assert ranged["properties"]["fine"] == schema["properties"]["fine"]
     assert ranged["properties"]["draft4"] == schema["properties"]["draft4"]
+
+
+def test_a_root_ref_to_a_bounded_number_keeps_its_bounds_or_names_them():
+    """A root `$ref` is inlined beside its `$defs`, so the inlined copy was no plain bounded node: the
+    converter's unbounded number was served, while the bounds (read where the original holds them, in
+    $defs) were counted as kept: "grammar: enforced" and 7.5 against 0..1."""
+    from localspec.server.translate import schema_grammar
+
+    for kind, rule in (("number", number_gbnf(_b("0"), _b("1"))), ("integer", integer_gbnf(0, 1))):
+        schema = {"$ref": "#/$defs/P", "$defs": {"P": {"type": kind, "minimum": 0, "maximum": 1}}}
+        got = schema_grammar(schema)
+        assert f"root ::= {rule} space" in got.gbnf or got.unenforced, (kind, got)

@@ -155,12 +155,13 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
         if checked is None:
             check_schema(schema, field)
             check_refs(schema, field)
-        inlined = root_ref_inlined(schema)
-        ranged, range_rules = bounded_ranges(inlined, field)
-        gbnf = with_range_rules(str(json_schema_to_gbnf(json.dumps(ranged))), range_rules)
+        # Ranged before the root ref is inlined: the bounds replaced where `unenforced` reads them (a
+        # root ref to a bounded number, inlined first, was an unbounded number counted as kept).
+        ranged, range_rules = bounded_ranges(schema, field)
+        gbnf = with_range_rules(str(json_schema_to_gbnf(json.dumps(root_ref_inlined(ranged)))), range_rules)
         kept_bounds = gbnf is not None
         if gbnf is None:  # the bounds could not be placed: the converter's grammar, and they are named
-            gbnf = str(json_schema_to_gbnf(json.dumps(inlined)))
+            gbnf = str(json_schema_to_gbnf(json.dumps(root_ref_inlined(schema))))
         check_gbnf(gbnf)
     except GrammarTooLarge as exc:
         raise APIError(400, exc.cause, "schema_too_large", param) from exc
