@@ -163,3 +163,20 @@ def test_a_root_ref_to_a_bounded_number_keeps_its_bounds_or_names_them():
         schema = {"$ref": "#/$defs/P", "$defs": {"P": {"type": kind, "minimum": 0, "maximum": 1}}}
         got = schema_grammar(schema)
         assert f"root ::= {rule} space" in got.gbnf or got.unenforced, (kind, got)
+
+
+def test_bounds_whose_rules_outgrow_the_grammar_are_named_not_refused():
+    """A number's rule is up to a few KB (its fraction digit by digit): 400 bounded numbers, served
+    yesterday with their bounds named ("partial"), became a 400 schema_too_large. Past the grammar's
+    size, the bounds are not kept but named, as where they cannot be placed."""
+    from localspec.server.translate import schema_grammar
+
+    def group() -> dict[str, Any]:
+        return {"type": "object", "properties": {
+            f"p{i}": {"type": "number", "minimum": -123456.789, "maximum": 98765.4321} for i in range(200)}}
+
+    got = schema_grammar({"type": "object", "properties": {"a": group(), "b": group()}})
+    assert "localspec-range" not in got.gbnf and len(got.unenforced) == 800
+    assert "response_format.json_schema.schema.properties.a.properties.p0.minimum" in got.unenforced
+    one = schema_grammar({"type": "object", "properties": {"a": group()}})  # fits: kept
+    assert one.unenforced == () and number_gbnf(_b("-123456.789"), _b("98765.4321")) in one.gbnf

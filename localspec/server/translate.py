@@ -159,6 +159,8 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
         # root ref to a bounded number, inlined first, was an unbounded number counted as kept).
         ranged, range_rules = bounded_ranges(schema, field)
         gbnf = with_range_rules(str(json_schema_to_gbnf(json.dumps(root_ref_inlined(ranged)))), range_rules)
+        if gbnf is not None and range_rules and _too_large(gbnf):
+            gbnf = None  # the ranges' own rules (a few KB a number) past the grammar's bounds: named instead
         kept_bounds = gbnf is not None
         if gbnf is None:  # the bounds could not be placed: the converter's grammar, and they are named
             gbnf = str(json_schema_to_gbnf(json.dumps(root_ref_inlined(schema))))
@@ -173,6 +175,14 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
     if checked is not None and not kept_bounds:
         named += tuple(p for p in unenforced(schema, field, bounds_kept=False) if p not in named)
     return SchemaGrammar(gbnf, named)
+
+
+def _too_large(gbnf: str) -> bool:
+    try:
+        check_gbnf(gbnf)
+    except GrammarTooLarge:
+        return True
+    return False
 
 
 def _text(m: ChatMessageIn) -> str:
