@@ -180,3 +180,17 @@ def test_bounds_whose_rules_outgrow_the_grammar_are_named_not_refused():
     assert "response_format.json_schema.schema.properties.a.properties.p0.minimum" in got.unenforced
     one = schema_grammar({"type": "object", "properties": {"a": group()}})  # fits: kept
     assert one.unenforced == () and number_gbnf(_b("-123456.789"), _b("98765.4321")) in one.gbnf
+
+
+def test_bounds_with_room_only_past_16_decimals_are_named_not_refused():
+    """Between 0.1234567890123456 and ...457 (both exclusive) lie numbers, all with 17 decimals or more,
+    which the rule cannot write: that was a 400 "no number meets", a valid schema refused. Its bounds
+    are not kept but named; bounds with no number at all between them stay a 400."""
+    from localspec.server.errors import APIError
+    from localspec.server.translate import schema_grammar
+
+    tight = {"type": "number", "exclusiveMinimum": 0.1234567890123456, "exclusiveMaximum": 0.1234567890123457}
+    got = schema_grammar(tight)
+    assert sorted(p.rsplit(".", 1)[-1] for p in got.unenforced) == ["exclusiveMaximum", "exclusiveMinimum"]
+    with pytest.raises(APIError, match="no number meets"):
+        schema_grammar({"type": "number", "exclusiveMinimum": 0.5, "maximum": 0.5})

@@ -158,8 +158,17 @@ def _bounded(node: dict[str, Any]) -> bool:
     bounds = [node[k] for k in BOUNDS if k in node]
     plain = set(node) <= {"type", *BOUNDS, *_ANNOTATIONS}
     kind = node.get("type")
-    return plain and kind in ("integer", "number") and bool(bounds) and all(
+    keepable = plain and kind in ("integer", "number") and bool(bounds) and all(
         _bound_value(b, integer=kind == "integer") is not None for b in bounds)
+    return keepable and (kind == "integer" or _writable(*number_bounds(node)))
+
+
+def _writable(lo: Bound | None, hi: Bound | None) -> bool:
+    """Some number between the bounds has at most FRACTION_DIGITS decimals, or none at all does (a 400):
+    bounds with room only for longer fractions (0.1234567890123456 < x < ...457) cannot be kept."""
+    if lo is None or hi is None or number_gbnf(lo, hi) is not None:
+        return True
+    return lo.value > hi.value or (lo.value == hi.value and (lo.strict or hi.strict))
 
 
 def integer_bounds(node: dict[str, Any]) -> tuple[int | None, int | None]:
