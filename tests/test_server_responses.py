@@ -405,3 +405,18 @@ def test_another_keys_response_is_as_unknown_as_a_forgotten_one():
             read("resp_1", owner="key:b")
     store.delete("resp_1", owner="key:a")
     assert len(store) == 0
+
+
+def test_a_reference_is_listed_as_the_item_it_stands_for_and_paging_ends(client):
+    """An item_reference was listed under the id it points to: the same item referenced twice was one
+    id twice, and paging `after` it returned to the same page for ever (the SDK's auto-paging looped)."""
+    said = client.responses.create(model=MODEL, input="Name three colours.")
+    calls = client.responses.create(model=MODEL, input="Look up two cities.", tools=WEATHER)
+    ref, call_ref = ({"type": "item_reference", "id": i} for i in (said.output[0].id, calls.output[1].id))
+    made = client.responses.create(model=MODEL, tools=WEATHER, input=[
+        {"role": "user", "content": "Name three colours."}, ref, ref, call_ref, {"role": "user", "content": "Hello again"}])
+    listed = list(client.responses.input_items.list(made.id, limit=1, order="asc"))  # follows every page
+    assert len(listed) == 5 and len({i.id for i in listed}) == 5
+    assert [i.type for i in listed] == ["message", "message", "message", "function_call", "message"]
+    assert listed[1].role == "assistant" and listed[1].content[0].text == said.output_text
+    assert listed[3].name == "weather" and listed[3].call_id == calls.output[1].call_id

@@ -435,12 +435,10 @@ class DeletedResponse(BaseModel):
     deleted: bool = True
 
 
-def _listed(item: MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | ItemReference,
-            item_id: str) -> dict[str, Any]:
+def _listed(item: MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, item_id: str
+            ) -> dict[str, Any]:
     """One input item as OpenAI lists it: with an id, a message's text as input_text parts (output_text
     for an assistant's)."""
-    if isinstance(item, ItemReference):
-        return item.model_dump(mode="json")
     out = {"id": item_id, **item.model_dump(mode="json", exclude_none=True)}
     if isinstance(item, MessageItem):
         kind = "output_text" if item.role == "assistant" else "input_text"
@@ -449,12 +447,30 @@ def _listed(item: MessageItem | FunctionCallItem | FunctionCallOutputItem | Reas
     return out
 
 
-def input_items(body: ResponsesRequest, *, prefix: str) -> list[dict[str, Any]]:
+def _referenced(stored: StoredItem, item_id: str) -> dict[str, Any]:
+    """An item_reference's item, as the item it stands for: listed under the reference's id, the same
+    item referenced twice was the same id twice, and paging `after` it came back to it for ever."""
+    if isinstance(stored, ToolCall):
+        return {"id": item_id, "type": "function_call", "call_id": stored.id, "name": stored.function.name,
+                "arguments": stored.function.arguments, "status": "completed"}
+    return _listed(MessageItem(role="assistant", content=stored.content or ""), item_id)
+
+
+def input_items(body: ResponsesRequest, *, prefix: str,
+                resolve: Callable[[str], StoredItem | None] = lambda _: None) -> list[dict[str, Any]]:
     """The request's input as items, each with an id `<prefix>_<index>`: a text input is one user
-    message, as OpenAI lists it."""
+    message, as OpenAI lists it; a reference is the item it stands for (`resolve`), when still held."""
     if isinstance(body.input, str):
         return [_listed(MessageItem(role="user", content=body.input), f"{prefix}_0")]
-    return [_listed(item, f"{prefix}_{i}") for i, item in enumerate(body.input)]
+    out = []
+    for i, item in enumerate(body.input):
+        if not isinstance(item, ItemReference):
+            out.append(_listed(item, f"{prefix}_{i}"))
+        elif (stored := resolve(item.id)) is not None:
+            out.append(_referenced(stored, f"{prefix}_{i}"))
+        else:  # forgotten since: the reference as it was sent
+            out.append(item.model_dump(mode="json"))
+    return out
 
 
 class ResponseStore:
@@ -495,6 +511,12 @@ class ResponseStore:
         """A kept response as it was answered (GET /v1/responses/{id}); a 404 as for previous_response_id."""
         return self._kept(response_id, owner)[1].model_copy(deep=True)
 
+    def held_item(self, item_id: str, *, owner: str) -> StoredItem | None:
+        """An output item of a kept response, or None (forgotten, another key's)."""
+        response_id = self._by_item.get(item_id)
+        stored = self._items.get(response_id) if response_id else None
+        return stored.items[item_id] if stored is not None and stored.owner == owner else None
+
     def inputs(self, response_id: str, *, owner: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self._kept(response_id, owner)[0].inputs)
 
@@ -505,14 +527,12 @@ class ResponseStore:
 
     def item(self, item_id: str, *, owner: str) -> StoredItem:
         """An output item of a kept response (an item_reference's), or a 404 as for previous_response_id."""
-        response_id = self._by_item.get(item_id)
-        stored = self._items.get(response_id) if response_id else None
-        if stored is None or stored.owner != owner:
+        if (held := self.held_item(item_id, owner=owner)) is None:
             raise APIError(404, f"item_reference '{item_id[:128]}' is not known here: this server keeps the items of "
                            f"its last {self.max_responses} responses in memory until it restarts, and not those "
                            "sent with store: false. Fix: send the item's content instead (or store: false, "
                            "so that clients send it).", "item_not_found", "input")
-        return stored.items[item_id]
+        return held
 
     def keep(self, response_id: str, *, owner: str, messages: list[ChatMessageIn],
              items: dict[str, StoredItem] | None = None, response: ResponseObject | None = None,

@@ -171,7 +171,11 @@ class ResponsesReply(StreamedReply):
         # Instructions are not carried over: the next request sends its own (as OpenAI).
         self.state.responses.keep(self.id, owner=self.who, items=by_id,
                                   messages=[*self.conversation, answer_message(content, calls)],
-                                  response=final, inputs=input_items(self.body, prefix=f"in_{self.job.id}"))
+                                  response=final, inputs=input_items(self.body, prefix=f"in_{self.job.id}",
+                                                            resolve=self._held_item))
+
+    def _held_item(self, item_id: str) -> StoredItem | None:
+        return self.state.responses.held_item(item_id, owner=self.who)
 
     # -------------------------------------------------------------- the answer, streamed
 
