@@ -16,6 +16,7 @@ from localspec.engine.events import Done
 from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
+from localspec.server.choices import cancel_unfinished, submit_all
 from localspec.server.errors import LLAMACPP_ERROR_RESPONSES, APIError, ClientGone, llamacpp_error
 from localspec.server.llamacpp import (INFILL_FIELDS, LLAMACPP_DEFAULT_TEMPERATURE, LLAMACPP_FIELDS, REPO_MARKERS,
                                        Cutoff, DetokenizeRequest, Finished, InfillPrompt, InfillRequest,
@@ -52,7 +53,7 @@ async def completion(body: NativeCompletionRequest, request: Request, state: Sta
     async with state.serving(model, body.keep_alive) as (b, hold):
         endpoint_body = valid_or_400(lambda: completion_request(body, model=model, cap=cap))
         plan_ = await plan(translate.completion_plan, endpoint_body, cap, False, LLAMACPP_FIELDS)
-        jobs = await submit_all(state, b, plan_, model=model, owner=who, n=body.n_cmpl)
+        jobs = await submit_all(state, b, [plan_] * body.n_cmpl, model=model, owner=who)
         kept = state.keep(hold)
     replies = [LlamaCppReply(state, b, plan_, job, body, model=model, index=i) for i, job in enumerate(jobs)]
     return await respond(request, replies, body, kept.release)
@@ -75,26 +76,11 @@ async def infill(body: InfillRequest, request: Request, state: State, who: Princ
         plan_ = await plan(translate.completion_plan, endpoint_body, cap, True, INFILL_FIELDS)
         # Tokenized part by part: the markers as tokens, the client's code as text (see Prompter.pieces).
         plan_.request = plan_.request.model_copy(update={"prompt_pieces": list(layout.pieces)})
-        jobs = await submit_all(state, b, plan_, model=model, owner=who, n=body.n_cmpl)
+        jobs = await submit_all(state, b, [plan_] * body.n_cmpl, model=model, owner=who)
         kept = state.keep(hold)
     replies = [LlamaCppReply(state, b, plan_, job, body, model=model, index=i, truncated=layout.truncated)
                for i, job in enumerate(jobs)]
     return await respond(request, replies, body, kept.release)
-
-
-async def submit_all(state: ServerState, b: Backend, plan_: translate.Plan, *, model: str, owner: str,
-                     n: int) -> list[Job]:
-    """n_cmpl jobs of one plan; one refused (a full queue: 429) cancels those already running, which
-    nobody would read."""
-    jobs: list[Job] = []
-    try:
-        for _ in range(n):
-            jobs.append(await state.submit(b, plan_, model=model, owner=owner))
-    except BaseException:
-        for job in jobs:
-            job.cancel()
-        raise
-    return jobs
 
 
 def _layout(b: Backend, body: InfillRequest, cap: int) -> InfillPrompt:
@@ -120,9 +106,7 @@ async def respond(request: Request, replies: list[LlamaCppReply], body: NativeGe
                    for r, f in zip(replies, finished, strict=True)]
         return JSONResponse(answers[0] if len(answers) == 1 else answers)
     finally:
-        for r in replies:  # one failed, or the client left: the others' answers are not wanted either
-            if not r.job.done.is_set():
-                r.job.cancel()
+        cancel_unfinished(r.job for r in replies)
         release()
 
 
