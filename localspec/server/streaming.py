@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import anyio
 from fastapi import Request
@@ -108,12 +108,64 @@ async def collect(job: Job, metrics: Metrics) -> tuple[list[Token], Done]:
     raise RuntimeError("a job's events ended without a Done")
 
 
+async def _next(items: AsyncIterator[T]) -> tuple[bool, T | None]:
+    """The next item (True, it), or (False, None) at the end: a task cannot end in StopAsyncIteration."""
+    try:
+        return True, await anext(items)
+    except StopAsyncIteration:
+        return False, None
+
+
+async def interleaved(streams: Sequence[AsyncIterator[T]]) -> AsyncGenerator[tuple[int, T], None]:
+    """The items of several streams as each comes, with the index of its stream: each stream's next
+    item is awaited at once beside the others' (no polling). Closing this closes every stream, so
+    their jobs are cancelled as one stream's reader leaving cancels its job."""
+    if len(streams) == 1:  # one answer reads its stream as it always did: no task per item
+        try:
+            async for item in streams[0]:
+                yield 0, item
+        finally:
+            with anyio.CancelScope(shield=True):
+                await aclose(streams[0])
+        return
+    waiting: dict[asyncio.Task[tuple[bool, T | None]], int] = {}
+    try:
+        waiting.update({asyncio.ensure_future(_next(s)): i for i, s in enumerate(streams)})
+        while waiting:
+            ready, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(ready, key=waiting.__getitem__):  # several at once: in index order
+                i = waiting.pop(task)
+                more, got = task.result()
+                if more:
+                    yield i, cast(T, got)  # more: an item of the stream, not the end's None
+                    waiting[asyncio.ensure_future(_next(streams[i]))] = i
+    finally:
+        for task in waiting:
+            task.cancel()
+        with anyio.CancelScope(shield=True):  # a cancelled reader (a client gone) still closes them all
+            await asyncio.gather(*waiting, return_exceptions=True)
+            for s in streams:
+                await aclose(s)
+
+
+async def aclose(items: AsyncIterator[object]) -> None:
+    """Close an async generator (its `finally` runs now, not when it is collected); other iterators need nothing."""
+    close = getattr(items, "aclose", None)
+    if close is not None:
+        await close()
+
+
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None as soon as the client disconnects (which cancels `work`)."""
+    """`work`'s result, or None as soon as the client disconnects (which cancels `work`). What `work`
+    raises is raised as it is (an APIError its route answers), not inside the task group's ExceptionGroup."""
     result: list[T] = []
+    failure: list[Exception] = []
 
     async def run() -> None:
-        result.append(await work)
+        try:
+            result.append(await work)
+        except Exception as exc:
+            failure.append(exc)
         tg.cancel_scope.cancel()
 
     async def watch() -> None:
@@ -124,6 +176,8 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
         tg.start_soon(watch)
+    if failure:
+        raise failure[0]
     return result[0] if result else None
 
 
