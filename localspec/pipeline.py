@@ -222,11 +222,13 @@ class Pipeline:
             _ = self._scorer_judge  # load the weights now: a mismatch is reported at start-up
 
     def submit(self, request: GenerationRequest, *, route: str | None = None, grammar_enforced: bool = False,
-               use_cache: bool = True, owner: str = LOCAL_OWNER) -> Job:
+               use_cache: bool = True, bypass_reason: str | None = None, owner: str = LOCAL_OWNER) -> Job:
         """Route, answer from the cache or start a tier. Raises RequestError subclasses for bad input.
 
         `route`: "auto" asks the router; a tier name ("small", "large", "remote") is explicit; None
-        is the default tier. `owner`: whose cache entries this request may see and make (an API key's).
+        is the default tier. `bypass_reason`: why `use_cache` is False, for the cache's verdict, when
+        the request did not simply opt out. `owner`: whose cache entries this request may see and make
+        (an API key's).
         """
         if request.history_scope != owner:  # lookup copies only from this owner's earlier requests
             request = request.model_copy(update={"history_scope": owner})
@@ -235,7 +237,7 @@ class Pipeline:
         answering = self.tier(job.tier)
         key = self._cache_key_for(job, answering, grammar_enforced=grammar_enforced, owner=owner) if use_cache else None
         if not use_cache:
-            job.cache = CacheInfo(CacheStatus.BYPASS, reason="disabled for this request")
+            job.cache = CacheInfo(CacheStatus.BYPASS, reason=bypass_reason or "disabled for this request")
         if key is not None and self._answer_from_cache(job, key):
             return job
         if decided is not None and decided.decision is not None and decided.decision.cascade:

@@ -496,7 +496,9 @@ def test_queue_full_gives_429_with_retry_after(ready):
     "body, status, code",
     [
         ({"messages": user("hi"), "temperature": 9}, 400, "invalid_value"),
-        ({"messages": user("hi"), "n": 2}, 400, "unsupported_value"),
+        # n choices are served up to --parallel (one slot each): beyond it, and below 1, a 400 naming n
+        ({"messages": user("hi"), "n": PARALLEL + 1}, 400, "invalid_value"),
+        ({"messages": user("hi"), "n": 0}, 400, "invalid_value"),
         ({"messages": []}, 400, "invalid_value"),
         ({"messages": user("hi"), "max_tokens": CAP + 1}, 400, "invalid_value"),
         ({"messages": user("hi"), "model": "gpt-4o"}, 404, "model_not_found"),
@@ -519,6 +521,9 @@ def test_error_status_and_type(ready, body, status, code):
         assert "--n-ctx" in err["message"]  # the fix, as the endpoint's errors promise
     if body.get("max_tokens") == CAP + 1:
         assert f"at most {CAP}" in err["message"] and "--max-tokens-cap" in err["message"]
+    if body.get("n") == PARALLEL + 1:  # the cause and the fix: the slots, and the flag that sets them
+        assert err["param"] == "n" and f"--parallel {PARALLEL}" in err["message"]
+        assert f"at most {PARALLEL}" in err["message"] and "larger --parallel" in err["message"]
 
 
 def test_best_of_other_than_one_is_refused_and_an_empty_logit_bias_passes(ready):
@@ -549,7 +554,7 @@ def test_openai_client_error_classes(client):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=user("hi"))
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=TARGET_ID, messages=user("hi"), n=3)
+        client.chat.completions.create(model=TARGET_ID, messages=user("hi"), n=PARALLEL + 1)
     bad = openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()

@@ -402,7 +402,7 @@ def test_schema_conversion_runs_off_the_event_loop(monkeypatch):
 
     seen: list[threading.Thread] = []
 
-    def recording_plan(*args):
+    def recording_plan(*args, **kwargs):
         seen.append(threading.current_thread())
         raise APIError(400, "stop here", "test")
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from fastapi import Request
 
@@ -14,24 +17,30 @@ from localspec.engine.events import Done, Token
 from localspec.engine.text import Utf8Stream
 from localspec.jobs import Job
 from localspec.server.backend import Backend
+from localspec.server.choices import cancel_unfinished
 from localspec.server.errors import APIError, ClientGone, error_json
 from localspec.server.schemas import (AutoReport, ChoiceLogprobs, ChunkExtension, CompletionLogprobs,
                                       CompletionTokensDetails, Extension, TokenLogprobOut, TopLogprob, Usage, _Sampling)
 from localspec.server.state import CANCELLED, ServerState
-from localspec.server.streaming import SSE_DONE, SSE_KEEPALIVE, Piece, Waiting, collect, pieces, unless_disconnected
+from localspec.server.streaming import (SSE_DONE, SSE_KEEPALIVE, Piece, Waiting, collect, interleaved, pieces,
+                                        unless_disconnected)
 from localspec.server.translate import Plan
 
 
-def usage(done: Done, plan: Plan) -> Usage:
-    """OpenAI's usage; with a prediction, its accepted and rejected tokens too (a cache hit or a remote
-    tier reports 0 for both: nothing was drafted here). completion_tokens counts the answer's tokens only."""
-    st = done.stats
+def usage(dones: Sequence[Done], plan: Plan) -> Usage:
+    """OpenAI's usage, over an answer's choices as OpenAI counts them: the prompt once, the completion
+    tokens of every choice summed. With a prediction, its accepted and rejected tokens too (a cache hit
+    or a remote tier reports 0 for both: nothing was drafted here). completion_tokens counts the
+    answers' tokens only."""
+    prompt = dones[0].stats.prompt_tokens  # one prompt, read by each choice's job
+    completion = sum(d.stats.completion_tokens for d in dones)
     details = None
     if plan.request.prediction is not None:
-        details = CompletionTokensDetails(accepted_prediction_tokens=st.prediction_accepted,
-                                          rejected_prediction_tokens=st.prediction_rejected)
-    return Usage(prompt_tokens=st.prompt_tokens, completion_tokens=st.completion_tokens,
-                 total_tokens=st.prompt_tokens + st.completion_tokens, completion_tokens_details=details)
+        details = CompletionTokensDetails(
+            accepted_prediction_tokens=sum(d.stats.prediction_accepted for d in dones),
+            rejected_prediction_tokens=sum(d.stats.prediction_rejected for d in dones))
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 completion_tokens_details=details)
 
 
 def cache_info(b: Backend, job: Job, who: str) -> dict[str, Any] | None:
@@ -61,6 +70,13 @@ def extension(b: Backend, done: Done, plan: Plan, job: Job, who: str) -> Extensi
         auto=AutoReport(steps=st.auto_steps, explored=st.explored, why_not_draft=st.auto_why_not or None)
         if st.auto_steps else None,
     )
+
+
+def choices_extension(b: Backend, replies: Sequence[StreamedReply], dones: Sequence[Done]) -> Extension:
+    """A whole answer's `localspec`: choice 0's, as a one-choice answer has it; with several choices,
+    each one's own (how it was decoded, its timings) listed under `choices` by index."""
+    own = [extension(b, d, r.plan, r.job, r.who) for r, d in zip(replies, dones, strict=True)]
+    return own[0] if len(own) == 1 else own[0].model_copy(update={"choices": own})
 
 
 def origin_of(body: _Sampling, piece: Piece) -> ChunkExtension | None:
@@ -154,16 +170,29 @@ def sse_error(err: APIError) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+@dataclass(frozen=True)
+class Ended:
+    """How one choice's stream ended: its Done, and the error of an answer that did not finish."""
+
+    done: Done
+    error: APIError | None
+
+
+R = TypeVar("R", bound="StreamedReply")
+
+
 class StreamedReply(ABC):
-    """One answer streamed as SSE: the parts every stream shares (keep-alives while waiting, the
-    metrics record, an engine failure as an error event, [DONE]) around the route's own chunks."""
+    """One answer (one choice of it) streamed as SSE: the parts every stream shares (keep-alives while
+    waiting, the metrics record, an engine failure as an error event, [DONE]) around the route's own
+    chunks. `index`: which choice (OpenAI's n); the module's `streamed` and `wholes` read several."""
 
     hold_text = False  # True: the text is parsed whole at the end (tool calls)
     closing: bytes | None = SSE_DONE  # the stream's last event (the Responses API sends none)
     keepalive: bytes | None = SSE_KEEPALIVE  # sent while a request waits (NDJSON has no comments: none)
 
-    def __init__(self, state: ServerState, b: Backend, plan: Plan, job: Job, who: str) -> None:
+    def __init__(self, state: ServerState, b: Backend, plan: Plan, job: Job, who: str, *, index: int = 0) -> None:
         self.state, self.b, self.plan, self.job, self.who = state, b, plan, job, who
+        self.index = index
         self.created = int(time.time())
 
     id: str
@@ -178,7 +207,11 @@ class StreamedReply(ABC):
 
     @abstractmethod
     def tail(self, done: Done) -> list[bytes]:
-        """The last chunks of a finished answer: finish reason, the localspec extension, usage."""
+        """The last chunks of this choice's finished answer: finish reason, the localspec extension."""
+
+    def summary(self, dones: Sequence[Done]) -> list[bytes]:
+        """Chunks for the whole answer once every choice finished, before the closing (usage)."""
+        return []
 
     def failed(self, err: APIError) -> list[bytes]:
         """The events of an answer that did not finish, after the stream's 200 was sent."""
@@ -187,28 +220,79 @@ class StreamedReply(ABC):
     async def whole(self, request: Request) -> tuple[list[Token], Done]:
         """A non-streamed answer: its logprob tokens and its Done. Raises ClientGone when the client
         leaves first, and the APIError of an answer that did not finish."""
-        collected = await unless_disconnected(request, collect(self.job, self.state.metrics))
-        if collected is None:
-            raise ClientGone
-        if (err := unfinished(collected[1])) is not None:
-            raise err
-        return collected
+        return (await wholes(request, [self]))[0]
 
-    async def stream(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncIterator[bytes | Ended]:
+        """This choice's chunks up to its last piece, then how it ended (nothing when its events
+        stopped without a Done)."""
         for first in self.head():
             yield first
-        done: Done | None = None
         async for item in pieces(self.job, self.state.metrics, hold_text=self.hold_text):
             if isinstance(item, Waiting):
                 if self.keepalive is not None:
                     yield self.keepalive
             elif isinstance(item, Done):
-                done = item
+                yield Ended(item, unfinished(item))
+                return
             elif (chunk := self.piece(item)) is not None:
                 yield chunk
-        if done is None:
-            return
-        for last in self.failed(err) if (err := unfinished(done)) is not None else self.tail(done):
-            yield last
-        if self.closing is not None:
-            yield self.closing
+
+    def stream(self) -> AsyncIterator[bytes]:
+        return streamed([self])
+
+
+def one_answer(replies: list[R]) -> list[R]:
+    """The choices of one answer share its id and its time: the first choice's."""
+    for r in replies[1:]:
+        r.id, r.created = replies[0].id, replies[0].created
+    return replies
+
+
+async def wholes(request: Request, replies: Sequence[StreamedReply]) -> list[tuple[list[Token], Done]]:
+    """Every choice's whole answer (logprob tokens, Done), awaited together. Raises ClientGone when
+    the client leaves first, and the APIError of the first choice that did not finish; either way
+    the choices still running are cancelled."""
+    async def finished(reply: StreamedReply) -> tuple[list[Token], Done]:
+        tokens, done = await collect(reply.job, reply.state.metrics)
+        if (err := unfinished(done)) is not None:
+            raise err  # at once: the other choices are not waited for
+        return tokens, done
+
+    try:
+        collected = await unless_disconnected(request, asyncio.gather(*(finished(r) for r in replies)))
+        if collected is None:
+            raise ClientGone
+        return collected
+    finally:
+        cancel_unfinished(r.job for r in replies)
+
+
+async def streamed(replies: Sequence[StreamedReply]) -> AsyncIterator[bytes]:
+    """The choices' chunks interleaved as they come, each choice's tail when it finishes, then the
+    answer's summary (usage) and the closing. A choice that fails ends the stream with its error
+    (and the closing); the client leaving, or a failure, cancels the choices still running."""
+    first = replies[0]
+    dones: dict[int, Done] = {}
+    try:
+        async with aclosing(interleaved([r.events() for r in replies])) as items:
+            async for i, item in items:
+                if not isinstance(item, Ended):
+                    yield item
+                    continue
+                if item.error is not None:
+                    cancel_unfinished(r.job for r in replies)
+                    for last in replies[i].failed(item.error):
+                        yield last
+                    break
+                dones[i] = item.done
+                for last in replies[i].tail(item.done):
+                    yield last
+            else:
+                if len(dones) < len(replies):  # a job's events stopped without a Done: nothing to close
+                    return
+                for last in first.summary([dones[i] for i in range(len(replies))]):
+                    yield last
+        if first.closing is not None:
+            yield first.closing
+    finally:
+        cancel_unfinished(r.job for r in replies)

@@ -171,7 +171,8 @@ class _Sampling(_Body):
     min_p: float | None = Field(None, ge=0.0, le=1.0, description="(llama.cpp) drop tokens below min_p x the top one's "
                                                                   "probability")
     repeat_penalty: float | None = Field(None, gt=0.0, le=10.0, description="(llama.cpp) 1 = off")
-    n: int = Field(1, description="only 1 is supported")
+    n: int = Field(1, description="how many choices: 1 to the server's --parallel, each generated on its own (with "
+                                  "a seed, choice i samples with seed + i)")
     logit_bias: dict[str, float] | None = Field(None, description="not supported: a 400 unless empty")
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -322,6 +323,10 @@ class Extension(BaseModel):
     cache: dict[str, Any] | None = None
     route: dict[str, Any] | None = None
     auto: AutoReport | None = None
+    # Left out of a one-choice answer, which stays as it was before n was served.
+    choices: list[Extension] | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="n > 1: every choice's own object, by index (the object itself is choice 0's)")
 
 
 class ChunkExtension(BaseModel):
@@ -388,7 +393,7 @@ class CompletionRequest(_Sampling):
     suffix: str | None = Field(None, description="text after the insertion point: fill-in-the-middle")
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
-    best_of: int | None = Field(None, description="only 1 is supported")
+    best_of: int | None = Field(None, description="only 1 is supported (n gives several completions)")
 
 
 class CompletionLogprobs(BaseModel):

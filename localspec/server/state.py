@@ -371,7 +371,7 @@ class ServerState:
         try:
             return await asyncio.to_thread(
                 b.pipeline.submit, plan.request, route=b.route_for(model), grammar_enforced=plan.grammar_enforced,
-                use_cache=plan.cache, owner=owner,
+                use_cache=plan.cache, bypass_reason=plan.cache_bypass, owner=owner,
             )
         except ContextOverflowError as exc:
             raise APIError(

@@ -62,9 +62,11 @@ class Plan:
     grammar_unenforced: tuple[str, ...] = ()  # schema keywords it does not keep (their paths): "partial"
     tool_mode: str | None = None  # None | "auto" | "forced"
     fallback: str | None = None
-    cache: bool = True  # False: the request asked to bypass the semantic cache
+    cache: bool = True  # False: the semantic cache is bypassed (the request opted out, or several choices)
+    cache_bypass: str | None = None  # why, when it was not the request's own opt-out (localspec.cache.reason)
     one_tool_call: bool = False  # parallel_tool_calls=false: the first call only
     prompt_field: str = "messages"  # the request's field its prompt came from (FieldNames.prompt)
+    choices: int = 1  # the request's n: one engine job per choice (per_choice)
 
     @property
     def grammar_kept(self) -> Literal["enforced", "partial", "none"]:
@@ -72,6 +74,17 @@ class Plan:
         if not self.grammar_enforced:
             return "none"
         return "partial" if self.grammar_unenforced else "enforced"
+
+    def per_choice(self) -> list[Plan]:
+        """One plan per choice. With a seed, choice i samples with seed + i: each choice reproducible,
+        and no two alike (n jobs of one seed would draw the same answer n times). Without one, each
+        job draws its own seed in the engine."""
+        seed = self.request.sampling.seed
+        if seed is None:
+            return [self] * self.choices
+        return [dataclasses.replace(self, request=self.request.model_copy(
+                    update={"sampling": self.request.sampling.model_copy(update={"seed": seed + i})}))
+                for i in range(self.choices)]
 
     def tool_calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """The answer's tool calls (none unless tools were offered), and the text left over."""
@@ -92,10 +105,32 @@ def _sampling(body: _Sampling) -> SamplingParams:
                           temperature=DEFAULT_TEMPERATURE if own is None else own)
 
 
+def _choices(body: _Sampling, parallel: int) -> int:
+    """n, checked: each choice takes one of the --parallel slots, all decoding together."""
+    n = body.n
+    if n > 1 and body.prediction is not None:  # as OpenAI's Predicted Outputs: one answer follows the prediction
+        raise APIError(400, f"n={n} cannot be combined with a prediction (nor can it on OpenAI); ask for n=1, or "
+                       "leave the prediction out.", "unsupported_value", "n")
+    if n < 1:
+        raise APIError(400, f"n={n} asks for no choices; ask for at least 1 (the default).", "invalid_value", "n")
+    if n > parallel:
+        raise APIError(400, f"n={n} is more choices than this server decodes at once (--parallel {parallel}); ask "
+                       f"for at most {parallel}, or start the server with a larger --parallel.", "invalid_value", "n")
+    return n
+
+
+def _cache(body: _Sampling, n: int) -> dict[str, Any]:
+    """The plan's cache fields. Several choices bypass the cache: one cached answer served as every
+    choice is not n draws, and n answers to one prompt make no one entry."""
+    if not _use_cache(body):
+        return dict(cache=False)
+    if n > 1:
+        return dict(cache=False, cache_bypass=f"n={n}: each choice is generated (one cached answer would be "
+                                              "every choice)")
+    return dict(cache=True)
+
+
 def _common(body: _Sampling, max_tokens: int | None, cap: int, names: FieldNames) -> dict[str, Any]:
-    if body.n != 1:
-        raise APIError(400, f"n={body.n} is not supported; this server returns one choice (n=1).",
-                       "unsupported_value", "n")
     if body.logit_bias:  # accepted and ignored before: {"9707": -100} still answered "Hello!"
         raise APIError(400, "logit_bias is not supported by this server; remove it (a stop string or a "
                        "response_format grammar can steer the output instead).", "unsupported_value", "logit_bias")
@@ -248,8 +283,11 @@ def _tool_grammar(body: ChatCompletionRequest, names: FieldNames) -> SchemaGramm
     return schema_grammar(combined, "tools", checked=tuple(dropped))
 
 
-def chat_plan(body: ChatCompletionRequest, cap: int, names: FieldNames = CHAT_FIELDS) -> Plan:
-    """`names`: what the request's own API calls the fields its errors name (FieldNames)."""
+def chat_plan(body: ChatCompletionRequest, cap: int, names: FieldNames = CHAT_FIELDS, *, parallel: int = 1) -> Plan:
+    """`names`: what the request's own API calls the fields its errors name (FieldNames). `parallel`:
+    the server's --parallel, the most choices (n) a request may ask for (the Responses and Ollama
+    faces build their chat request with n=1)."""
+    n = _choices(body, parallel)
     if body.max_completion_tokens and names is CHAT_FIELDS:  # OpenAI's newer name, when the client sent it
         names = dataclasses.replace(names, max_tokens="max_completion_tokens")
     common = _common(body, body.max_completion_tokens or body.max_tokens, cap, names)
@@ -287,15 +325,18 @@ def chat_plan(body: ChatCompletionRequest, cap: int, names: FieldNames = CHAT_FI
     )
     unkept = schema.unenforced if schema else ()
     return Plan(request, grammar_enforced=schema is not None, grammar_unenforced=unkept, tool_mode=tool_mode,
-                fallback=_fallback(request, unkept), cache=_use_cache(body),
-                one_tool_call=body.parallel_tool_calls is False, prompt_field=names.prompt)
+                fallback=_fallback(request, unkept), one_tool_call=body.parallel_tool_calls is False,
+                prompt_field=names.prompt, choices=n, **_cache(body, n))
 
 
-def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool, names: FieldNames = CHAT_FIELDS) -> Plan:
+def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool, names: FieldNames = CHAT_FIELDS, *,
+                    parallel: int = 1) -> Plan:
+    """`parallel`: as chat_plan's (llama.cpp's n_cmpl is its own field, checked by its route)."""
+    n = _choices(body, parallel)
     common = _common(body, body.max_tokens, cap, names)
     if body.best_of not in (None, 1):
-        raise APIError(400, f"best_of={body.best_of} is not supported; this server generates one completion "
-                       "(best_of=1).", "unsupported_value", "best_of")
+        raise APIError(400, f"best_of={body.best_of} is not supported (this server does not rank candidates by "
+                       "log probability); leave it out, or ask for n choices instead.", "unsupported_value", "best_of")
     prompt, pieces = body.prompt, None
     if isinstance(prompt, list):
         if len(prompt) != 1:
@@ -311,7 +352,7 @@ def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool, names: Fiel
     if not prompt:
         raise APIError(400, "The prompt is empty.", "invalid_value", "prompt")
     request = GenerationRequest(prompt=prompt, prompt_pieces=pieces, logprobs=body.logprobs, **common)
-    return Plan(request, prompt_field="prompt", cache=_use_cache(body))
+    return Plan(request, prompt_field="prompt", choices=n, **_cache(body, n))
 
 
 def fim_pieces(*, prefix: str, suffix: str) -> list[PromptPiece]:

@@ -1,8 +1,9 @@
-"""POST /v1/chat/completions: a whole answer, or SSE chunks."""
+"""POST /v1/chat/completions: a whole answer, or SSE chunks; n choices, each its own engine job."""
 
 from __future__ import annotations
 
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,8 +12,10 @@ from localspec.engine.events import Done, Token
 from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
+from localspec.server.choices import submit_all
 from localspec.server.errors import ERROR_RESPONSES
-from localspec.server.replies import StreamedReply, chat_logprobs, extension, origin_of, usage
+from localspec.server.replies import (StreamedReply, chat_logprobs, choices_extension, extension, one_answer,
+                                      origin_of, streamed, usage, wholes)
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
                                       ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCallDelta)
@@ -29,42 +32,49 @@ router = APIRouter()
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State,
                            who: Principal) -> ChatCompletion | EventStream:
     async with state.serving(body.model, body.keep_alive) as (b, hold):  # 404 for a name it cannot serve
-        plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap)
-        job = await state.submit(b, plan_, model=body.model, owner=who)
+        plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap,
+                           parallel=state.settings.parallel)
+        plans = plan_.per_choice()
+        jobs = await submit_all(state, b, plans, model=body.model, owner=who)
         kept = state.keep(hold)  # the reply reads the model (logprob pieces) after the job is done
-    reply = ChatReply(state, b, body, plan_, job, who)
+    replies = one_answer([ChatReply(state, b, body, p, job, who, index=i)
+                          for i, (p, job) in enumerate(zip(plans, jobs, strict=True))])
     if body.stream:
-        return EventStream(reply.stream(), on_close=kept.release)
+        return EventStream(streamed(replies), on_close=kept.release)
     try:
-        tokens, done = await reply.whole(request)
-        content, calls = plan_.tool_calls(done.text)
+        answers = await wholes(request, replies)
+        dones = [done for _, done in answers]
         return ChatCompletion(
-            id=reply.id, created=reply.created, model=body.model, usage=usage(done, plan_),
-            localspec=extension(b, done, plan_, job, who),
-            choices=[ChatChoice(
-                message=ChatMessageOut(content=content, tool_calls=calls or None),
-                finish_reason="tool_calls" if calls else done.finish_reason,
-                logprobs=chat_logprobs(b, tokens) if body.logprobs else None,
-            )],
+            id=replies[0].id, created=replies[0].created, model=body.model, usage=usage(dones, plan_),
+            localspec=choices_extension(b, replies, dones),
+            choices=[r.choice(tokens, done) for r, (tokens, done) in zip(replies, answers, strict=True)],
         )
     finally:
         kept.release()
 
 
 class ChatReply(StreamedReply):
-    """One chat answer: its id, and its chunks when streamed."""
+    """One choice of a chat answer: its id, its whole choice, and its chunks when streamed."""
 
     def __init__(self, state: ServerState, b: Backend, body: ChatCompletionRequest, plan_: translate.Plan, job: Job,
-                 who: str) -> None:
-        super().__init__(state, b, plan_, job, who)
+                 who: str, *, index: int = 0) -> None:
+        super().__init__(state, b, plan_, job, who, index=index)
         self.body = body
         self.id = f"chatcmpl-{job.id}"
         self.hold_text = bool(plan_.tool_mode)
         self.unreported: list[Token] = []  # logprob tokens behind no text yet: they go on the last chunk
 
+    def choice(self, tokens: list[Token], done: Done) -> ChatChoice:
+        content, calls = self.plan.tool_calls(done.text)
+        return ChatChoice(
+            index=self.index, message=ChatMessageOut(content=content, tool_calls=calls or None),
+            finish_reason="tool_calls" if calls else done.finish_reason,
+            logprobs=chat_logprobs(self.b, tokens) if self.body.logprobs else None,
+        )
+
     def chunk(self, delta: ChatDelta, **kw: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.body.model,
-                                   choices=[ChatChunkChoice(delta=delta, **kw)])
+                                   choices=[ChatChunkChoice(index=self.index, delta=delta, **kw)])
 
     def head(self) -> list[bytes]:
         return [sse(self.chunk(ChatDelta(role="assistant", content="")))]
@@ -94,7 +104,10 @@ class ChatReply(StreamedReply):
         final = self.chunk(ChatDelta(), finish_reason=reason, logprobs=lp)
         final.localspec = extension(self.b, done, self.plan, self.job, self.who)
         out.append(sse(final))
-        if self.body.stream_options and self.body.stream_options.include_usage:
-            out.append(sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.body.model, choices=[],
-                                               usage=usage(done, self.plan))))
         return out
+
+    def summary(self, dones: Sequence[Done]) -> list[bytes]:
+        if not (self.body.stream_options and self.body.stream_options.include_usage):
+            return []
+        return [sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.body.model, choices=[],
+                                        usage=usage(dones, self.plan)))]
