@@ -19,6 +19,7 @@ import pytest
 from localspec.cache import SemanticCache
 from localspec.pipeline import PipelineSettings
 from localspec.server import ServerSettings
+from localspec.server.errors import APIError
 from localspec.server.ollama import OllamaChatRequest, chat_request
 from localspec.server.responses import ResponsesRequest, as_chat, input_messages
 from tests.fake_tier import Reply, ScriptedEmbedder, scripted_app, scripted_pipeline, scripted_tier
@@ -61,8 +62,10 @@ def srv(module_home, tmp_path_factory):
 
     pipeline.submit = recorded
     settings = ServerSettings(parallel=PARALLEL, max_tokens_cap=CAP, cache_judge=False)
-    with ServerThread(scripted_app(pipeline=pipeline, settings=settings)) as server:
+    app = scripted_app(pipeline=pipeline, settings=settings)
+    with ServerThread(app) as server:
         assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=60)
+        server.app = app
         server.jobs = jobs
         server.engine = tier.engine
         yield server
@@ -162,6 +165,27 @@ def test_n_outside_one_to_parallel_is_a_400_naming_n_and_parallel(srv, n):
         assert err["param"] == "n" and err["code"] == "invalid_value" and f"n={n}" in err["message"]
         if n > PARALLEL:
             assert f"--parallel {PARALLEL}" in err["message"] and "larger --parallel" in err["message"]
+
+
+def test_a_choice_refused_by_admission_cancels_those_already_submitted(srv, monkeypatch):
+    """n=3 and the queue full at the third: a 429, and the two admitted would answer nobody."""
+    state = srv.app.state.server
+    submit, submitted = state.submit, []
+
+    async def third_refused(*args, **kwargs):
+        if len(submitted) == 2:
+            raise APIError(429, "queue full", "queue_full")
+        job = await submit(*args, **kwargs)
+        submitted.append(job)
+        return job
+
+    monkeypatch.setattr(state, "submit", third_refused)
+    r = request(srv.base_url, "POST", "/v1/chat/completions",
+                json_body={"model": MODEL, "messages": user("Talk forever."), "n": 3, "max_tokens": CAP})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
+    assert len(submitted) == 2 and all(job.cancelled for job in submitted)
+    assert wait_until(lambda: all(job.done.is_set() for job in submitted), timeout=60)
+    assert [job.result.finish_reason for job in submitted] == ["cancelled"] * 2
 
 
 def test_a_failed_choice_fails_the_answer_in_openais_error_shape(srv, client):

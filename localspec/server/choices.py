@@ -22,7 +22,8 @@ async def submit_all(state: ServerState, b: Backend, plans: Sequence[Plan], *, m
         for plan in plans:
             jobs.append(await state.submit(b, plan, model=model, owner=owner))
     except BaseException:
-        cancel_unfinished(jobs)
+        for job in jobs:  # each marked cancelled, even one already done: nobody reads it
+            job.cancel()
         raise
     return jobs
 
