@@ -116,3 +116,22 @@ class OpenStream:
     def close(self) -> None:
         self.conn.sock and self.conn.sock.close()
         self.conn.close()
+
+
+def refuse_after(state, monkeypatch, admitted: int) -> list:
+    """Admission that lets `admitted` submissions through and answers the next with a 429 (a full
+    queue), as a burst meets it part-way through a request of several jobs: the jobs it admitted, to
+    check what became of them."""
+    from localspec.server.errors import APIError
+
+    submit, submitted = state.submit, []
+
+    async def refusing(*args, **kwargs):
+        if len(submitted) == admitted:
+            raise APIError(429, "queue full", "queue_full")
+        job = await submit(*args, **kwargs)
+        submitted.append(job)
+        return job
+
+    monkeypatch.setattr(state, "submit", refusing)
+    return submitted

@@ -19,11 +19,10 @@ import pytest
 from localspec.cache import SemanticCache
 from localspec.pipeline import PipelineSettings
 from localspec.server import ServerSettings
-from localspec.server.errors import APIError
 from localspec.server.ollama import OllamaChatRequest, chat_request
 from localspec.server.responses import ResponsesRequest, as_chat, input_messages
 from tests.fake_tier import Reply, ScriptedEmbedder, scripted_app, scripted_pipeline, scripted_tier
-from tests.server_harness import OpenStream, ServerThread, request, wait_until
+from tests.server_harness import OpenStream, ServerThread, refuse_after, request, wait_until
 
 MODEL = "scripted-choices"
 PARALLEL = 3
@@ -169,17 +168,7 @@ def test_n_outside_one_to_parallel_is_a_400_naming_n_and_parallel(srv, n):
 
 def test_a_choice_refused_by_admission_cancels_those_already_submitted(srv, monkeypatch):
     """n=3 and the queue full at the third: a 429, and the two admitted would answer nobody."""
-    state = srv.app.state.server
-    submit, submitted = state.submit, []
-
-    async def third_refused(*args, **kwargs):
-        if len(submitted) == 2:
-            raise APIError(429, "queue full", "queue_full")
-        job = await submit(*args, **kwargs)
-        submitted.append(job)
-        return job
-
-    monkeypatch.setattr(state, "submit", third_refused)
+    submitted = refuse_after(srv.app.state.server, monkeypatch, admitted=2)
     r = request(srv.base_url, "POST", "/v1/chat/completions",
                 json_body={"model": MODEL, "messages": user("Talk forever."), "n": 3, "max_tokens": CAP})
     assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text

@@ -14,11 +14,10 @@ import json
 import pytest
 
 from localspec.server import ServerSettings
-from localspec.server.errors import APIError
 from localspec.server.llamacpp import (SNIPPET_SEPARATOR, Cutoff, ExtraChunk, InfillRequest, Tokenizer,
                                        infill_prompt, picked)
 from tests.fake_tier import SPECIAL, Reply, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
-from tests.server_harness import ServerThread, request
+from tests.server_harness import ServerThread, refuse_after, request
 
 MODEL = "scripted-coder"
 PROMPTS: list[str] = []  # every prompt the scripted model read, newest last
@@ -136,17 +135,7 @@ def test_n_indent_ends_the_answer_at_a_line_indented_less_whole_and_streamed(ser
 
 def test_a_refused_completion_of_several_cancels_those_already_submitted(served, monkeypatch):
     """n_cmpl 3 and the queue full at the third: the two running would answer nobody; they are cancelled."""
-    state = served.app.state.server
-    submit, submitted = state.submit, []
-
-    async def third_refused(*args, **kwargs):
-        if len(submitted) == 2:
-            raise APIError(429, "queue full", "queue_full")
-        job = await submit(*args, **kwargs)
-        submitted.append(job)
-        return job
-
-    monkeypatch.setattr(state, "submit", third_refused)
+    submitted = refuse_after(served.app.state.server, monkeypatch, admitted=2)
     r = post(served, "/infill", vscode_infill("", "", "def add(a, b):", [], n_cmpl=3))
     assert r.status_code == 429 and r.json()["error"]["code"] == 429
     assert len(submitted) == 2 and all(job.cancelled for job in submitted)
