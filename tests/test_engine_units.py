@@ -23,16 +23,18 @@ def test_utf8_stream_holds_partial_characters():
 
 
 @pytest.mark.parametrize(
-    "chunks,stops,text",
+    "chunks,stops,text,matched",
     [
-        (["Hel", "lo W", "orld"], ["lo W"], "Hel"),
-        (["ab", "c", "d"], ["cd"], "ab"),
-        (["x", "<|e", "nd|>", "y"], ["<|end|>"], "x"),
-        (["one two"], ["zzz"], "one two"),
-        (["aa", "ab"], ["aab", "b"], "a"),
+        (["Hel", "lo W", "orld"], ["lo W"], "Hel", "lo W"),
+        (["ab", "c", "d"], ["cd"], "ab", "cd"),
+        (["x", "<|e", "nd|>", "y"], ["<|end|>"], "x", "<|end|>"),
+        (["one two"], ["zzz"], "one two", None),
+        (["aa", "ab"], ["aab", "b"], "a", "aab"),
+        (["go ab"], ["a", "ab"], "go ", "ab"),  # two starting at one place: the longer is the one that ended it
     ],
 )
-def test_stop_strings_across_chunks(chunks, stops, text):
+def test_stop_strings_across_chunks(chunks, stops, text, matched):
+    """The answer's text up to the first stop string, and which one it was (Anthropic's stop_sequence)."""
     m = StopMatcher(stops)
     out, hit = [], False
     for c in chunks:
@@ -43,6 +45,7 @@ def test_stop_strings_across_chunks(chunks, stops, text):
     if not hit:
         out.append(m.flush())
     assert "".join(out) == text
+    assert m.matched == matched
 
 
 def test_stop_matcher_releases_a_false_start():

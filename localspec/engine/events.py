@@ -131,6 +131,7 @@ class Done:
     stats: Stats
     text: str  # the whole answer
     error: str | None = None
+    stop_sequence: str | None = None  # the client's stop string that ended it ("stop"; None: an end token)
 
 
 Event = Token | Done

@@ -576,7 +576,8 @@ class Engine:
             self.lookup.history.add(a.request.history_scope, a.tokens, end=eog, gaps=a.gaps, rule=a.pick_rule)
         slot.active = None
         self.save_costs(every=calibrate.SAVE_EVERY)
-        a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error))
+        a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error,
+                             stop_sequence=a.stop.matched if reason == "stop" else None))
 
     # ------------------------------------------------------------------ KV bookkeeping
 

@@ -33,14 +33,16 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self._held = ""
+        self.matched: str | None = None  # the stop string that ended the answer (Anthropic's stop_sequence)
 
     def feed(self, text: str) -> tuple[str, bool]:
         buf = self._held + text
         if not self.stops:
             self._held = ""
             return buf, False
-        first = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if first >= 0:
+        found = [(at, -len(s), s) for s in self.stops if (at := buf.find(s)) >= 0]
+        if found:
+            first, _, self.matched = min(found)  # the earliest; of two starting there, the longer
             self._held = ""
             return buf[:first], True
         hold = 0
