@@ -58,7 +58,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-
 class Engine:
     def __init__(
         self,
@@ -577,7 +576,7 @@ class Engine:
         slot.active = None
         self.save_costs(every=calibrate.SAVE_EVERY)
         a.handle.finish(Done(finish_reason=reason, stats=a.stats, text="".join(a.text), error=error,
-                             stop_sequence=a.stop.matched if reason == "stop" else None))
+                             stop_sequence=a.stop.matched))  # set by a stop string only, which ends it "stop"
 
     # ------------------------------------------------------------------ KV bookkeeping
 

@@ -109,15 +109,52 @@ def llamacpp_error(status: int, message: str) -> dict[str, Any]:
     return {"error": {"code": status, "message": message, "type": kind}}
 
 
+ANTHROPIC_PREFIX = "/v1/messages"  # Anthropic's Messages API: its errors are {"type": "error", "error": {...}}
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+                         429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+
+
+class AnthropicErrorBody(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """Anthropic's error body (its SDK raises by status and shows `error.message`)."""
+
+    type: str = "error"
+    error: AnthropicErrorBody
+
+
+# The same statuses on the Messages API's routes, in its shape.
+ANTHROPIC_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": AnthropicError, "description": desc} for code, desc in ERROR_STATUSES.items()
+}
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_body(path: str, status: int, message: str, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    """An error in the shape of the API `path` belongs to: Ollama's on /api/, llama-server's on its own
+    routes, Anthropic's on /v1/messages, OpenAI's elsewhere."""
+    if path.startswith(OLLAMA_PREFIX):
+        return {"error": message}
+    if path in LLAMACPP_PATHS:
+        return llamacpp_error(status, message)
+    if path.startswith(ANTHROPIC_PREFIX):
+        return anthropic_error(status, message)
+    return error_json(status, message, code, param)
+
+
 def render(request: Request, status: int, message: str, code: str | None = None, param: str | None = None,
            headers: Mapping[str, str] | None = None) -> JSONResponse:
-    """An error in the shape the route's API has: Ollama's on /api/, llama-server's on its own
-    routes, OpenAI's elsewhere."""
-    if request.url.path.startswith(OLLAMA_PREFIX):
-        return JSONResponse({"error": message}, status, headers=headers)
-    if request.url.path in LLAMACPP_PATHS:
-        return JSONResponse(llamacpp_error(status, message), status, headers=headers)
-    return JSONResponse(error_json(status, message, code, param), status, headers=headers)
+    """An error in the shape the route's API has (error_body)."""
+    return JSONResponse(error_body(request.url.path, status, message, code, param), status, headers=headers)
 
 
 def install(app: FastAPI) -> None:

@@ -11,8 +11,9 @@ Outermost first:
    the cap on open connections, are the protocol's: `connections.py`).
 3. CORS (Starlette's), for loopback origins and `--allowed-origins`: it answers preflights
    itself, before the key check, so a browser client can use a key.
-4. `Auth`: `Authorization: Bearer <key>` against every configured key, in constant time; the key
-   that matched becomes the request's principal (the cache keeps each principal's entries apart).
+4. `Auth`: `Authorization: Bearer <key>` (or Anthropic's `x-api-key`) against every configured
+   key, in constant time; the key that matched becomes the request's principal (the cache keeps
+   each principal's entries apart).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 from fastapi import HTTPException
 
 from localspec.cache.scope import LOCAL_OWNER
-from localspec.server.errors import OLLAMA_PREFIX, error_json
+from localspec.server.errors import error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -46,9 +47,8 @@ OPEN_PATHS = frozenset({"/health", "/docs", "/redoc", "/openapi.json", "/docs/oa
 async def send_error(scope: Scope, send: Send, status: int, message: str, code: str,
                      headers: dict[str, str] | None = None) -> None:
     """An error before any route: in the shape of the API the path belongs to, as the routes' own
-    (Ollama's `{"error": "..."}` on /api/, which its clients print; OpenAI's object elsewhere)."""
-    ollama = str(scope.get("path", "")).startswith(OLLAMA_PREFIX)
-    body = json.dumps({"error": message} if ollama else error_json(status, message, code)).encode()
+    (Ollama's `{"error": "..."}` on /api/, which its clients print; Anthropic's on /v1/messages; ...)."""
+    body = json.dumps(error_body(str(scope.get("path", "")), status, message, code)).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -168,7 +168,7 @@ def principal_of(key: str) -> str:
 
 
 class Auth:
-    """Bearer keys, compared in constant time against every key; /health and the docs stay open."""
+    """Bearer (or x-api-key) keys, compared in constant time against every key; /health and the docs stay open."""
 
     def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
         self.app = app
@@ -178,14 +178,16 @@ class Auth:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         auth = (_header(scope, b"authorization") or "").encode("latin-1")
-        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+        # Anthropic's clients send the key as x-api-key (its SDK's api_key, Claude Code's ANTHROPIC_API_KEY)
+        api_key = (_header(scope, b"x-api-key") or "").encode("latin-1")
+        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else api_key.strip()
         principal = None
         for key, name in self.keys:  # every key is compared, whichever matches
             if hmac.compare_digest(given, key):
                 principal = name
         if principal is None:
             return await send_error(scope, send, 401, "Missing or incorrect API key (send Authorization: Bearer "
-                                    "<key>).", "invalid_api_key", {"www-authenticate": "Bearer"})
+                                    "<key>, or x-api-key: <key>).", "invalid_api_key", {"www-authenticate": "Bearer"})
         scope[PRINCIPAL_KEY] = principal
         return await self.app(scope, receive, send)
 

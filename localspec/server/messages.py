@@ -1,0 +1,344 @@
+"""Anthropic's Messages API (`POST /v1/messages`) as a chat request: its bodies, and the translation.
+
+A Messages request is a chat request spelled another way (content blocks for message text,
+`system` beside the messages, `tool_use` and `tool_result` blocks for calls and their results,
+`input_schema` for a tool's parameters, `stop_sequences`, `output_config.format` for a JSON
+schema), so it becomes a `ChatCompletionRequest` here and takes the chat path from there: the same
+plan, grammar, cache, router and engine. The answer goes back as content blocks and, streamed, as
+the API's typed events (routes/messages.py). Clients: Anthropic's SDKs, and tools that speak only
+this API (Claude Code with ANTHROPIC_BASE_URL), as llama-server and Ollama serve it.
+
+A conversation that ends on the assistant's turn is continued (Anthropic's prefill): the chat path
+continues a final assistant message. What the API has and a local server cannot do (images, PDF
+documents, server tools, MCP servers, containers) is a 400 naming it; an offered web search is
+dropped (the model answers from what it knows); `thinking` is accepted and has no effect, since
+these models do not think aloud.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from localspec.server.errors import APIError
+from localspec.server.schemas import (MAX_STOPS, ChatCompletionRequest, ChatMessageIn, Extension, FunctionCall,
+                                      FunctionDef, JsonSchemaFormat, KeepAliveField, LocalspecOptions, ResponseFormat,
+                                      Tool, ToolCall, ToolChoiceFunction, ToolChoiceNamed, _Body, _Request,
+                                      loads_bounded)
+from localspec.server.translate import FieldNames
+
+# ---------------------------------------------------------------- the request
+
+SERVED_BLOCKS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking", "document")
+"""The content blocks a message may hold here. Thinking blocks (another model's, sent back by a
+client that keeps them) are dropped; a document is served when its source is plain text."""
+WEB_SEARCH = "web_search_"  # the server tools' type prefix (web_search_20250305, ...): dropped when offered
+_TEXT_FIX = 'send a string, or a list of text blocks ({"type": "text", "text": "..."})'
+
+
+class TextBlock(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class TextSource(_Request):
+    type: Literal["text"]
+    data: str
+    media_type: str | None = None
+
+
+class DocumentBlock(_Request):
+    """A document whose source is plain text: its text is read as the message's. PDF and other
+    binary sources are refused where the blocks are checked (Messages._blocks)."""
+
+    type: Literal["document"]
+    source: TextSource
+    title: str | None = None
+
+
+class ToolUseBlock(_Request):
+    """A call the model made earlier, sent back with the conversation (assistant turns)."""
+
+    type: Literal["tool_use"]
+    id: str = Field(max_length=256)
+    name: str = Field(max_length=256)
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultBlock(_Request):
+    """A tool's result, answering the call with the same id (user turns)."""
+
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(max_length=256)
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(_Request):
+    """Another model's thinking: these models neither read nor write it, so it is dropped."""
+
+    type: Literal["thinking", "redacted_thinking"]
+
+
+Block = Annotated[TextBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock,
+                  Field(discriminator="type")]
+
+
+class Message(_Request):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class CustomTool(_Request):
+    """A tool the client runs: Anthropic's name, description and input_schema."""
+
+    type: Literal["custom"] = "custom"
+    name: str = Field(max_length=256)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class ToolChoice(_Request):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class OutputFormat(_Request):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Request):
+    format: OutputFormat | None = None
+    effort: str | None = None  # how hard a Claude model thinks: these models have one effort
+
+
+_UNSERVED = {  # fields with a value no local server can honour: the 400 names each
+    "mcp_servers": "MCP servers are not reached from this server; run the tools in your client and send them as "
+                   "tools",
+    "container": "code-execution containers are not served; run code in your client",
+}
+
+
+class MessagesRequest(_Body):
+    model: str = Field(..., max_length=512, description="a model id or alias from /v1/models, or 'auto'")
+    max_tokens: int = Field(..., ge=1, description="required, as on Anthropic's API")
+    messages: list[Message] = Field(..., min_length=1)
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOPS)
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0, description="default 1.0 (Anthropic's); 0 = greedy")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    tools: list[CustomTool] | None = None
+    tool_choice: ToolChoice | None = None
+    output_config: OutputConfig | None = None
+    thinking: dict[str, Any] | None = Field(None, description="accepted; these models do not think aloud")
+    metadata: dict[str, Any] | None = None
+    mcp_servers: list[Any] | None = None
+    container: Any = None
+    localspec: LocalspecOptions | None = None
+    keep_alive: KeepAliveField = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _blocks(cls, value: Any) -> Any:
+        """Each block this server cannot read is named here, with its place: pydantic's union error
+        would name the string branch instead ("messages.0.content.str: Input should be a valid string")."""
+        if not isinstance(value, list):
+            return value
+        for i, message in enumerate(value):
+            blocks = message.get("content") if isinstance(message, dict) else None
+            for j, block in enumerate(blocks if isinstance(blocks, list) else []):
+                kind = block.get("type") if isinstance(block, dict) else None
+                where = f"messages[{i}].content[{j}]"
+                if kind not in SERVED_BLOCKS:
+                    what = f"a {kind!r} block" if kind else "not a content block"
+                    raise ValueError(f"{where} is {what}, which is not served: this server's models read text "
+                                     f"({', '.join(SERVED_BLOCKS)} blocks)")
+                if kind == "document" and (block.get("source") or {}).get("type") != "text":
+                    raise ValueError(f"{where} is a document whose source is not plain text, which is not served: "
+                                     'send its text as {"type": "text", "media_type": "text/plain", "data": ...}')
+                if kind == "tool_result" and isinstance(block.get("content"), list):
+                    for part in block["content"]:
+                        if not isinstance(part, dict) or part.get("type") != "text":
+                            raise ValueError(f"{where} holds a tool result that is not text, which is not served: "
+                                             f"{_TEXT_FIX}")
+            try:
+                Message.model_validate(message)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                path = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p == "str")))
+                raise ValueError(f"messages[{i}]{'.' + path if path else ''}: {err['msg']}") from None
+        return value
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _client_tools(cls, value: Any) -> Any:
+        """The client's own tools; an offered web search is dropped, any other server tool named."""
+        if not isinstance(value, list):
+            return value
+        kept = []
+        for i, tool in enumerate(value):
+            kind = tool.get("type") or "custom" if isinstance(tool, dict) else None
+            if isinstance(kind, str) and kind.startswith(WEB_SEARCH):
+                continue
+            if kind != "custom":
+                raise ValueError(f"tools[{i}] is a {kind!r} tool, which is not served: this server runs the tools "
+                                 "your client defines (name, description, input_schema) and your client calls")
+            kept.append(tool)
+        return kept
+
+    def check_served(self) -> None:
+        """A 400 for a field whose value would change the answer in a way this server cannot."""
+        for name, why in _UNSERVED.items():
+            if getattr(self, name):
+                raise APIError(400, f"{name}: {why}.", "unsupported_value", name)
+
+
+MESSAGES_FIELDS = FieldNames(max_tokens="max_tokens", schema="output_config.format.schema",
+                             tool_parameters="tools[{i}].input_schema", prompt="messages")
+
+
+# ---------------------------------------------------------------- to a chat request
+
+def _text(content: str | list[TextBlock]) -> str:
+    return content if isinstance(content, str) else "\n".join(b.text for b in content)
+
+
+def _document(block: DocumentBlock) -> str:
+    return f"{block.title}\n\n{block.source.data}" if block.title else block.source.data
+
+
+def _turn(message: Message) -> list[ChatMessageIn]:
+    """One Messages turn as chat messages. A user turn's tool results come first, each a tool
+    message, then its text; an assistant turn is its text and its calls."""
+    if isinstance(message.content, str):
+        return [ChatMessageIn(role=message.role, content=message.content)]
+    texts: list[str] = []
+    results: list[ChatMessageIn] = []
+    calls: list[ToolCall] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, DocumentBlock):
+            texts.append(_document(block))
+        elif isinstance(block, ToolUseBlock):
+            calls.append(ToolCall(id=block.id, function=FunctionCall(name=block.name,
+                                                                     arguments=json.dumps(block.input))))
+        elif isinstance(block, ToolResultBlock):
+            # The model reads a failed call's result as text: say it failed, as the API tells Claude.
+            result = _text(block.content)
+            results.append(ChatMessageIn(role="tool", tool_call_id=block.tool_use_id,
+                                         content=f"Error: {result}" if block.is_error else result))
+    text = "\n".join(texts)
+    if message.role == "assistant":
+        return [ChatMessageIn(role="assistant", content=text or None, tool_calls=calls or None)] \
+            if text or calls else []
+    return [*results, *([ChatMessageIn(role="user", content=text)] if text or not results else [])]
+
+
+def chat_messages(body: MessagesRequest) -> list[ChatMessageIn]:
+    """The system prompt and the turns as chat messages (the chat template's roles)."""
+    system = _text(body.system) if body.system is not None else ""
+    out = [ChatMessageIn(role="system", content=system)] if system else []
+    for message in body.messages:
+        out += _turn(message)
+    return out
+
+
+def _tool_choice(choice: ToolChoice | None) -> Any:
+    if choice is None:
+        return None
+    if choice.type == "tool":
+        if not choice.name:
+            raise APIError(400, "tool_choice of type 'tool' needs the tool's 'name'.", "invalid_value", "tool_choice")
+        return ToolChoiceNamed(function=ToolChoiceFunction(name=choice.name))
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+
+
+def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
+    """The chat request this Messages request means."""
+    body.check_served()
+    messages = chat_messages(body)
+    if not any(m.role != "system" for m in messages):
+        raise APIError(400, "messages hold no text: send at least one user message with text.", "invalid_value",
+                       "messages")
+    fmt = body.output_config.format if body.output_config else None
+    response_format = None
+    if fmt is not None:
+        response_format = ResponseFormat(type="json_schema",
+                                         json_schema=JsonSchemaFormat(name="output", schema=fmt.schema_))
+    tools = [Tool(function=FunctionDef(name=t.name, description=t.description, parameters=t.input_schema))
+             for t in body.tools] if body.tools else None
+    return ChatCompletionRequest(
+        model=body.model, messages=messages, max_tokens=body.max_tokens, temperature=body.temperature,
+        top_p=body.top_p, top_k=body.top_k or None, stop=body.stop_sequences, stream=body.stream, tools=tools,
+        tool_choice=_tool_choice(body.tool_choice),
+        parallel_tool_calls=False if body.tool_choice and body.tool_choice.disable_parallel_tool_use else None,
+        response_format=response_format, localspec=body.localspec, keep_alive=body.keep_alive,
+    )
+
+
+# ---------------------------------------------------------------- the answer
+
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+
+
+class TextOut(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ToolUseOut(BaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+ContentOut = TextOut | ToolUseOut
+
+
+class MessageUsage(BaseModel):
+    """Anthropic's usage: input_tokens excludes what was read from the cache, so the prompt is the three
+    summed. Here the "cache" is the KV state reused from an earlier request (the same prefix)."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
+class MessageObject(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[ContentOut] = Field(default_factory=list)
+    stop_reason: StopReason | None = None
+    stop_sequence: str | None = None
+    usage: MessageUsage
+    localspec: Extension | None = None
+
+
+class TokenCount(BaseModel):
+    input_tokens: int
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the tool_use block's input object. Arguments that are no JSON object (a
+    model wrote a string) are kept whole under "arguments": the client sees what the model wrote."""
+    try:
+        parsed = loads_bounded(arguments or "{}")
+    except ValueError:
+        parsed = None
+    return parsed if isinstance(parsed, dict) else {"arguments": arguments}
+
+
+def tool_use_id(call: ToolCall) -> str:
+    """Anthropic names calls toolu_...; the chat path's ids are call_..."""
+    return "toolu_" + call.id.removeprefix("call_")

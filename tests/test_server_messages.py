@@ -1,0 +1,297 @@
+"""/v1/messages (Anthropic's Messages API): a real server on loopback, Anthropic's official `anthropic` client.
+
+The server answers from a scripted target (tests/fake_tier.py) whose answers depend on the
+prompt the endpoint rendered, so each test can see what the Messages request became: which turns,
+in which roles, with which tool results. What the real Qwen2.5-Coder writes through this route
+(the chat route's answer, a schema kept) is checked at the end (`real`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import anthropic
+import pytest
+
+from localspec.server import ServerSettings
+from localspec.server.messages import MessagesRequest, as_chat
+from tests.fake_tier import Reply, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+from tests.server_harness import ServerThread, request
+
+KEY = "messages-key"
+MODEL = "scripted-messages"
+TWO_CALLS = "".join(f'<tool_call>\n{{"name": "weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>\n'
+                    for c in ("Paris", "Rome"))
+WEATHER = [{"name": "weather", "description": "Weather for a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+GREEDY = {"temperature": 0}  # the SDK (2.x) no longer takes temperature: Claude models set their own; ours do not
+STORY = "Once upon a time there was a robot. " * 5
+
+
+def script(prompt: str) -> Reply | str:
+    """Answers that show what the prompt held."""
+    if "Speak like a pirate" in prompt and "<|im_start|>system\n" in prompt:
+        return "Arr."
+    if "Look up two cities" in prompt and "<|im_start|>tool\nsunny, 21C" in prompt:  # the results came back
+        return "Paris: sunny." if "<|im_start|>tool\nError: no such city" in prompt else "Both sunny."
+    if "Look up two cities" in prompt:
+        return TWO_CALLS
+    if "Break down" in prompt:
+        return Reply("Never said.", fail="llama_decode returned -3")
+    if "Write a long story" in prompt:
+        return Reply(STORY, pace_s=0.001)
+    if "Summarise the file" in prompt:
+        return "It says hello." if "notes.txt\n\nhello world" in prompt else "No file."
+    return "Red, green, blue. Yes."
+
+
+@pytest.fixture(scope="module")
+def served(module_home):
+    tier = scripted_tier(model_id=MODEL, script=script)
+    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[tier]))
+    app = scripted_app(backend=backend, settings=ServerSettings(api_key=KEY, cache=False, router=False,
+                                                                max_tokens_cap=256))
+    with ServerThread(app) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(served) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=served.base_url, api_key=KEY, max_retries=0, timeout=120)
+
+
+def ask(client: anthropic.Anthropic, text: str, **kw):
+    return client.messages.create(model=MODEL, max_tokens=kw.pop("max_tokens", 128), extra_body=GREEDY,
+                                  messages=[{"role": "user", "content": text}], **kw)
+
+
+def test_a_text_answer_is_the_chat_answer_as_a_message(client, served):
+    m = ask(client, "Name three colours.")
+    chat = request(served.base_url, "POST", "/v1/chat/completions", KEY, {
+        "model": MODEL, "temperature": 0, "messages": [{"role": "user", "content": "Name three colours."}]}).json()
+    assert [b.type for b in m.content] == ["text"]
+    assert m.content[0].text == chat["choices"][0]["message"]["content"] == "Red, green, blue. Yes."
+    assert m.id.startswith("msg_") and m.type == "message" and m.role == "assistant" and m.model == MODEL
+    assert m.stop_reason == "end_turn" and m.stop_sequence is None
+    assert m.usage.output_tokens == len("Red, green, blue. Yes.")  # one byte a token in the scripted vocabulary
+    # Anthropic counts the prompt as input_tokens plus what was read from the cache (the KV state reused)
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == chat["usage"]["prompt_tokens"]
+    assert m.model_extra["localspec"]["mode"]  # how it was decoded, as every answer of this server says
+
+
+def test_the_system_prompt_is_the_system_turn_as_a_string_or_blocks(client):
+    assert ask(client, "Hello.", system="Speak like a pirate.").content[0].text == "Arr."
+    blocks = [{"type": "text", "text": "You are a helpful assistant."},
+              {"type": "text", "text": "Speak like a pirate.", "cache_control": {"type": "ephemeral"}}]
+    assert ask(client, "Hello.", system=blocks).content[0].text == "Arr."
+
+
+def test_a_streamed_answer_is_the_typed_events_and_the_sdk_reads_the_whole_message(client, served):
+    with client.messages.stream(model=MODEL, max_tokens=256, extra_body=GREEDY,
+                                messages=[{"role": "user", "content": "Write a long story."}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == STORY and final.content[0].text == STORY and final.stop_reason == "end_turn"
+    assert final.usage.output_tokens == len(STORY) and final.usage.input_tokens > 0
+    # On the wire: message_start, a ping, the text block, message_delta, message_stop, each named twice.
+    raw = request(served.base_url, "POST", "/v1/messages", KEY, {
+        "model": MODEL, "max_tokens": 64, "temperature": 0, "stream": True,
+        "messages": [{"role": "user", "content": "Name three colours."}]})
+    assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/event-stream")
+    events = [(e, json.loads(d)) for e, d in re.findall(r"event: (\w+)\ndata: (.*)\n\n", raw.text)]
+    kinds = [e for e, _ in events]
+    assert kinds[:3] == ["message_start", "ping", "content_block_start"]
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(kinds[3:-3]) == {"content_block_delta"}
+    assert all(data["type"] == kind for kind, data in events)
+    assert "".join(d["delta"]["text"] for k, d in events if k == "content_block_delta") == "Red, green, blue. Yes."
+    delta = events[-2][1]
+    assert delta["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+    assert delta["usage"]["output_tokens"] == len("Red, green, blue. Yes.") and delta["usage"]["input_tokens"] > 0
+
+
+def test_tool_calls_are_tool_use_blocks_and_their_results_go_back_as_tool_turns(client):
+    m = ask(client, "Look up two cities.", tools=WEATHER, max_tokens=256)
+    assert m.stop_reason == "tool_use"
+    assert [(b.type, b.name, b.input) for b in m.content] == [("tool_use", "weather", {"city": "Paris"}),
+                                                            ("tool_use", "weather", {"city": "Rome"})]
+    assert all(b.id.startswith("toolu_") for b in m.content) and m.content[0].id != m.content[1].id
+    results = [{"type": "tool_result", "tool_use_id": m.content[0].id, "content": "sunny, 21C"},
+               {"type": "tool_result", "tool_use_id": m.content[1].id,
+                "content": [{"type": "text", "text": "no such city"}], "is_error": True}]
+    turns = [{"role": "user", "content": "Look up two cities."},
+             {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+             {"role": "user", "content": results}]
+    after = client.messages.create(model=MODEL, max_tokens=64, extra_body=GREEDY, tools=WEATHER, messages=turns)
+    assert after.content[0].text == "Paris: sunny." and after.stop_reason == "end_turn"
+
+
+def test_streamed_tool_calls_arrive_as_input_json_and_the_sdk_parses_them(client):
+    with client.messages.stream(model=MODEL, max_tokens=256, extra_body=GREEDY, tools=WEATHER,
+                                messages=[{"role": "user", "content": "Look up two cities."}]) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert [(b.type, b.input) for b in final.content] == [("tool_use", {"city": "Paris"}),
+                                                        ("tool_use", {"city": "Rome"})]
+
+
+def test_tool_choice_none_answers_in_text_and_disable_parallel_keeps_one_call(client):
+    one = ask(client, "Look up two cities.", tools=WEATHER, max_tokens=256,
+              tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    assert [b.input for b in one.content] == [{"city": "Paris"}]
+    none = ask(client, "Look up two cities.", tools=WEATHER, max_tokens=256, tool_choice={"type": "none"})
+    assert none.stop_reason == "end_turn" and "<tool_call>" in none.content[0].text
+
+
+def test_a_stop_sequence_ends_the_answer_and_is_named(client, served):
+    m = ask(client, "Name three colours.", stop_sequences=["blue", "green"])
+    assert m.content[0].text == "Red, " and m.stop_reason == "stop_sequence" and m.stop_sequence == "green"
+    with client.messages.stream(model=MODEL, max_tokens=64, extra_body=GREEDY, stop_sequences=["blue"],
+                                messages=[{"role": "user", "content": "Name three colours."}]) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].text == "Red, green, " and final.stop_reason == "stop_sequence"
+    assert final.stop_sequence == "blue"
+
+
+def test_max_tokens_ends_the_answer_as_max_tokens_even_after_a_whole_call(client):
+    m = ask(client, "Name three colours.", max_tokens=4)
+    assert m.content[0].text == "Red," and m.stop_reason == "max_tokens"
+    cut = ask(client, "Look up two cities.", tools=WEATHER, max_tokens=TWO_CALLS.index("Rome"))  # the second cut off
+    assert [b.input for b in cut.content if b.type == "tool_use"] == [{"city": "Paris"}]
+    assert cut.stop_reason == "max_tokens"
+
+
+def test_a_plain_text_document_is_read_and_thinking_blocks_are_dropped(client):
+    doc = {"type": "document", "title": "notes.txt",
+           "source": {"type": "text", "media_type": "text/plain", "data": "hello world"}}
+    m = client.messages.create(model=MODEL, max_tokens=64, extra_body=GREEDY, thinking={"type": "disabled"}, messages=[
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "x"},
+                                          {"type": "text", "text": "Hello."}]},
+        {"role": "user", "content": [doc, {"type": "text", "text": "Summarise the file."}]}])
+    assert m.content[0].text == "It says hello."
+
+
+def test_count_tokens_is_the_prompt_the_answer_reads(client):
+    messages = [{"role": "user", "content": "Name three colours."}]
+    count = client.messages.count_tokens(model=MODEL, messages=messages, system="Be brief.")
+    m = client.messages.create(model=MODEL, max_tokens=16, extra_body=GREEDY, messages=messages, system="Be brief.")
+    assert count.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens > 0
+
+
+def test_what_a_local_server_cannot_read_is_a_400_in_anthropics_shape_naming_it(client, served):
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model=MODEL, max_tokens=16, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
+    body = err.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "messages[0].content[1]" in body["error"]["message"] and "'image'" in body["error"]["message"]
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
+    with pytest.raises(anthropic.BadRequestError, match="not plain text"):
+        client.messages.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": [pdf]}])
+    with pytest.raises(anthropic.BadRequestError, match="bash_20250124"):
+        ask(client, "Hi.", tools=[{"type": "bash_20250124", "name": "bash"}])
+    with pytest.raises(anthropic.BadRequestError, match="mcp_servers"):
+        client.messages.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "Hi."}],
+                               extra_body={"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]})
+    missing = request(served.base_url, "POST", "/v1/messages", KEY, {
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi."}]})
+    assert missing.status_code == 400 and missing.json()["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in missing.json()["error"]["message"]
+
+
+def test_an_offered_web_search_is_dropped_and_the_model_answers(client):
+    m = ask(client, "Name three colours.", tools=[{"type": "web_search_20250305", "name": "web_search"}])
+    assert m.content[0].text == "Red, green, blue. Yes."
+
+
+def test_a_wrong_model_or_key_is_anthropics_error_and_either_key_header_works(client, served):
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client.messages.create(model="claude-sonnet-4-5", max_tokens=16, messages=[{"role": "user", "content": "Hi"}])
+    assert err.value.body["error"]["type"] == "not_found_error" and MODEL in err.value.body["error"]["message"]
+    wrong = anthropic.Anthropic(base_url=served.base_url, api_key="nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as err:
+        ask(wrong, "Hi.")
+    assert err.value.body["error"]["type"] == "authentication_error"
+    # the SDK's api_key travels as x-api-key (above); auth_token as Authorization: Bearer (Claude Code's
+    # ANTHROPIC_AUTH_TOKEN)
+    bearer = anthropic.Anthropic(base_url=served.base_url, auth_token=KEY, max_retries=0)
+    assert ask(bearer, "Name three colours.").content[0].text == "Red, green, blue. Yes."
+
+
+def test_an_engine_failure_is_a_500_or_an_error_event_and_the_server_goes_on(client):
+    with pytest.raises(anthropic.InternalServerError) as err:
+        ask(client, "Break down.")
+    assert err.value.body["error"]["type"] == "api_error" and "llama_decode" in err.value.body["error"]["message"]
+    with pytest.raises(anthropic.APIStatusError, match="llama_decode"):
+        with client.messages.stream(model=MODEL, max_tokens=64, extra_body=GREEDY,
+                                    messages=[{"role": "user", "content": "Break down."}]) as stream:
+            stream.get_final_message()
+    assert ask(client, "Name three colours.").content[0].text == "Red, green, blue. Yes."
+
+
+def test_turns_become_chat_messages_in_order():
+    body = MessagesRequest.model_validate({
+        "model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "Sys."}],
+        "messages": [
+            {"role": "user", "content": "Q?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Calling."},
+                                              {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"},
+                                         {"type": "text", "text": "And then?"}]}]})
+    chat = as_chat(body)
+    assert [(m.role, m.content) for m in chat.messages] == [
+        ("system", "Sys."), ("user", "Q?"), ("assistant", "Calling."), ("tool", "42"), ("user", "And then?")]
+    assert chat.messages[2].tool_calls[0].function.arguments == '{"a": 1}'
+    assert chat.messages[3].tool_call_id == "toolu_1" and chat.max_tokens == 8
+
+
+# ---------------------------------------------------------------- the real Qwen2.5-Coder pair
+
+
+@pytest.fixture(scope="module")
+def real(target_path, draft_path, module_home):
+    from localspec.server import create_app
+    from tests.common import TEST_THREADS
+    from tests.server_harness import wait_until
+
+    app = create_app(ServerSettings(api_key=KEY, n_ctx=2048, n_threads=TEST_THREADS, cache=False, router=False))
+    with ServerThread(app) as srv:
+        assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=300)
+        yield srv
+
+
+def test_real_a_greedy_message_is_the_chat_routes_answer_token_for_token(real):
+    from tests.common import TARGET_ID
+
+    client = anthropic.Anthropic(base_url=real.base_url, api_key=KEY, max_retries=0, timeout=300)
+    prompt = "Write a Python function that reverses a string."
+    m = client.messages.create(model=TARGET_ID, max_tokens=48, messages=[{"role": "user", "content": prompt}],
+                               system="You are a concise coding assistant.", extra_body=GREEDY)
+    chat = request(real.base_url, "POST", "/v1/chat/completions", KEY, {
+        "model": TARGET_ID, "max_tokens": 48, "temperature": 0, "localspec": {"mode": "off"},
+        "messages": [{"role": "system", "content": "You are a concise coding assistant."},
+                     {"role": "user", "content": prompt}]}).json()
+    assert m.content[0].text == chat["choices"][0]["message"]["content"]  # speculative (auto) = the target alone
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 48
+
+
+def test_real_a_schema_in_output_config_is_kept_and_a_forced_tool_is_called(real):
+    from tests.common import TARGET_ID
+
+    client = anthropic.Anthropic(base_url=real.base_url, api_key=KEY, max_retries=0, timeout=300)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "year": {"type": "integer"}},
+              "required": ["name", "year"], "additionalProperties": False}
+    m = client.messages.create(model=TARGET_ID, max_tokens=64, extra_body=GREEDY,
+                               output_config={"format": {"type": "json_schema", "schema": schema}},
+                               messages=[{"role": "user", "content": "Name a programming language and its year."}])
+    answer = json.loads(m.content[0].text)
+    assert set(answer) == {"name", "year"} and isinstance(answer["year"], int)
+    assert m.model_extra["localspec"]["grammar"] == "enforced"
+    called = client.messages.create(model=TARGET_ID, max_tokens=64, extra_body=GREEDY, tools=WEATHER,
+                                    tool_choice={"type": "tool", "name": "weather"},
+                                    messages=[{"role": "user", "content": "Is it raining in Lyon?"}])
+    assert [(b.type, b.name) for b in called.content] == [("tool_use", "weather")]
+    assert isinstance(called.content[0].input["city"], str) and called.stop_reason == "tool_use"
