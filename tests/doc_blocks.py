@@ -1,7 +1,7 @@
 """The fenced code blocks of the docs, which of them the docs test runs, and what counts as an answer.
 
 The rule, also written in docs/clients.md ("How these examples are tested"):
-- a ```bash block with `curl` in it and a ```python block that uses `openai` (or `ollama`) are run;
+- a ```bash block with `curl` in it and a ```python block that uses `openai` (or `ollama`, `anthropic`) are run;
 - a block whose last non-blank line before the fence is `<!-- not run: REASON -->` is not, and is counted;
 - any other bash or python block is an error: it must be made runnable or marked.
 Before running, two strings change and nothing else: the documented address and model name.
@@ -50,7 +50,7 @@ class Block:
             return Kind.NOT_RUN
         if self.lang == "bash" and re.search(r"\bcurl\s", self.code):
             return Kind.CURL
-        if self.lang == "python" and re.search(r"\b(openai|ollama)\b", self.code):
+        if self.lang == "python" and re.search(r"\b(openai|ollama|anthropic)\b", self.code):
             return Kind.PYTHON
         return Kind.UNMARKED if self.lang in EXECUTABLE_LANGS else Kind.OTHER
 
