@@ -187,7 +187,7 @@ def test_what_a_local_server_cannot_read_is_a_400_in_anthropics_shape_naming_it(
             {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
     body = err.value.body
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
-    assert "messages[0].content[1]" in body["error"]["message"] and "'image'" in body["error"]["message"]
+    assert "messages[0].content[1]" in body["error"]["message"] and "type 'image'" in body["error"]["message"]
     pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
     with pytest.raises(anthropic.BadRequestError, match="not plain text"):
         client.messages.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": [pdf]}])
@@ -200,6 +200,25 @@ def test_what_a_local_server_cannot_read_is_a_400_in_anthropics_shape_naming_it(
         "model": MODEL, "messages": [{"role": "user", "content": "Hi."}]})
     assert missing.status_code == 400 and missing.json()["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in missing.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body,named", [
+    ({"system": [{"type": "image"}]}, "system[0] is a block of type 'image'"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}]},
+     "messages[0].content[0].input: Input should be a valid dictionary"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text: Field required"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": "x"}]}]},
+     "messages[0].content[0] is a document whose source is not plain text"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role: Input should be 'user' or 'assistant'"),
+    ({"tools": [{"name": "f"}], "tool_choice": {"type": "tool"}}, "tool_choice of type 'tool' needs the tool's 'name'"),
+])
+def test_a_malformed_block_is_a_400_naming_its_place_and_field(served, body, named):
+    """Pydantic named the union's string branch for any bad block ("messages.0.content.str: Input should be a
+    valid string"), and a document's source that is not an object was an AttributeError: a 500."""
+    full = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], **body}
+    r = request(served.base_url, "POST", "/v1/messages", KEY, full)
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and named in message and "Value error" not in message and ".str" not in message
 
 
 def test_an_offered_web_search_is_dropped_and_the_model_answers(client):

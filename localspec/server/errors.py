@@ -175,7 +175,8 @@ def install(app: FastAPI) -> None:
             return render(request, 400, not_json, "invalid_json")
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
-        msg = f"{param}: {first['msg']}" if param else str(first["msg"])
+        why = str(first["msg"]).removeprefix("Value error, ")  # pydantic's words for a validator's ValueError
+        msg = f"{param}: {why}" if param else why
         code = JSON_TOO_DEEP if first.get("type") == JSON_TOO_DEEP else "invalid_value"
         return render(request, 400, msg, code, param)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
 
 from localspec.server.errors import APIError
 from localspec.server.schemas import (MAX_STOPS, ChatCompletionRequest, ChatMessageIn, Extension, FunctionCall,
@@ -156,10 +156,11 @@ class MessagesRequest(_Body):
                 kind = block.get("type") if isinstance(block, dict) else None
                 where = f"messages[{i}].content[{j}]"
                 if kind not in SERVED_BLOCKS:
-                    what = f"a {kind!r} block" if kind else "not a content block"
+                    what = f"a block of type {kind!r}" if kind else "not a content block"
                     raise ValueError(f"{where} is {what}, which is not served: this server's models read text "
                                      f"({', '.join(SERVED_BLOCKS)} blocks)")
-                if kind == "document" and (block.get("source") or {}).get("type") != "text":
+                source = block.get("source") if kind == "document" else None
+                if kind == "document" and not (isinstance(source, dict) and source.get("type") == "text"):
                     raise ValueError(f"{where} is a document whose source is not plain text, which is not served: "
                                      'send its text as {"type": "text", "media_type": "text/plain", "data": ...}')
                 if kind == "tool_result" and isinstance(block.get("content"), list):
@@ -167,12 +168,20 @@ class MessagesRequest(_Body):
                         if not isinstance(part, dict) or part.get("type") != "text":
                             raise ValueError(f"{where} holds a tool result that is not text, which is not served: "
                                              f"{_TEXT_FIX}")
-            try:
-                Message.model_validate(message)
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                path = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p == "str")))
-                raise ValueError(f"messages[{i}]{'.' + path if path else ''}: {err['msg']}") from None
+            for j, block in enumerate(blocks if isinstance(blocks, list) else []):
+                _check(_BLOCK, block, f"messages[{i}].content[{j}]")
+            _check(Message, message, f"messages[{i}]")
+        return value
+
+    @field_validator("system", mode="before")
+    @classmethod
+    def _system_text(cls, value: Any) -> Any:
+        for j, block in enumerate(value if isinstance(value, list) else []):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind != "text":
+                what = f"a block of type {kind!r}" if kind else "not a block"
+                raise ValueError(f"system[{j}] is {what}: the system prompt is text; {_TEXT_FIX}")
+            _check(TextBlock, block, f"system[{j}]")
         return value
 
     @field_validator("tools", mode="before")
@@ -197,6 +206,25 @@ class MessagesRequest(_Body):
         for name, why in _UNSERVED.items():
             if getattr(self, name):
                 raise APIError(400, f"{name}: {why}.", "unsupported_value", name)
+
+
+_BLOCK: TypeAdapter[Any] = TypeAdapter(Block)
+
+
+def _check(model: type[BaseModel] | TypeAdapter[Any], value: Any, where: str) -> None:
+    """Validate one message or block, its first error named from `where` on by the fields the client
+    sent: pydantic's would name a union's branch ("content.str: Input should be a valid string")."""
+    try:
+        model.validate_python(value) if isinstance(model, TypeAdapter) else model.model_validate(value)
+    except ValidationError as exc:
+        errs = exc.errors()
+        err = next((e for e in errs if not any(p == "str" for p in e["loc"])), errs[0])  # past the string branch
+        loc = list(err["loc"])
+        if isinstance(model, TypeAdapter) and loc and isinstance(value, dict) and loc[0] == value.get("type"):
+            loc = loc[1:]  # the discriminated union's tag: the block's type, which the client knows
+        path = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p == "str"))]
+        raise ValueError(f"{where}{''.join(f'[{p}]' if p.isdigit() else f'.{p}' for p in path)}: {err['msg']}") \
+            from None
 
 
 MESSAGES_FIELDS = FieldNames(max_tokens="max_tokens", schema="output_config.format.schema",
