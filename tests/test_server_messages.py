@@ -251,6 +251,14 @@ def test_an_engine_failure_is_a_500_or_an_error_event_and_the_server_goes_on(cli
     assert ask(client, "Name three colours.").content[0].text == "Red, green, blue. Yes."
 
 
+def test_the_anthropic_sdk_lists_and_retrieves_the_served_models(client):
+    """/v1/models answers both SDKs: Anthropic's reads type, display_name and created_at, and pages."""
+    page = client.models.list()
+    assert MODEL in [m.id for m in page.data] and not page.has_more
+    assert all(m.type == "model" and m.display_name == m.id for m in page.data)
+    assert client.models.retrieve(MODEL).id == MODEL
+
+
 def test_turns_become_chat_messages_in_order():
     body = MessagesRequest.model_validate({
         "model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "Sys."}],

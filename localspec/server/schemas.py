@@ -438,16 +438,36 @@ class ModelInfo(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """A served name as OpenAI's model object and Anthropic's at once (their fields do not collide), so
+    either SDK's `models.list()` reads the one route."""
+
     id: str
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "localspec"
+    type: Literal["model"] = "model"  # Anthropic's
+    display_name: str = ""  # Anthropic's: the id
+    created_at: str = "1970-01-01T00:00:00Z"  # Anthropic's (RFC 3339), as `created` says 0: not known
     localspec: ModelInfo | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> ModelCard:
+        self.display_name = self.display_name or self.id
+        return self
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+    has_more: bool = False  # Anthropic's paging: one page holds every name
+    first_id: str | None = None
+    last_id: str | None = None
+
+    @model_validator(mode="after")
+    def _ends(self) -> ModelList:
+        self.first_id = self.data[0].id if self.data else None
+        self.last_id = self.data[-1].id if self.data else None
+        return self
 
 
 class EmbeddingRequest(_Body):
