@@ -12,6 +12,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -229,6 +230,28 @@ def test_the_server_default_keep_alive_unloads_an_idle_server_and_minus_one_keep
     assert ps["keep_alive_s"] is None and ps["expires_at"] is None
     _complete(url)  # the server default again: one second
     assert wait_until(lambda: state.loader.state == "idle", timeout=10)
+
+
+def test_the_keep_alive_counts_from_the_end_of_a_load_slower_than_it():
+    """The expiry counted from the server's start (or the last request's end), so a load that took longer
+    than the keep-alive was unloaded the moment it was done, and the first request loaded it all again.
+    A clock the test moves stands for the slow load: ten seconds pass while the load waits, against 1 s."""
+    now = [1000.0]
+    gate = threading.Event()
+    app = scripted_app(pipeline=scripted_pipeline(tiers=[scripted_tier(model_id=TARGET, script=SCRIPT)]), gate=gate,
+                       settings=ServerSettings(cache=False, router=False, keep_alive="1s"))
+    state = app.state.server
+    state.keep_alive.clock = lambda: now[0]
+    state.keep_alive.touch()
+    with ServerThread(app):
+        now[0] += 10.0  # the load takes ten "seconds"
+        gate.set()
+        assert wait_until(lambda: state.loader.backend is not None)
+        # Deadlines about hangs, not speed: the reaper looks every quarter second.
+        assert wait_until(lambda: state.keep_alive.expires_at() == now[0] + 1.0, timeout=10)
+        assert state.loader.state == "ok"  # still loaded: the second after the load has not passed
+        now[0] += 2.0
+        assert wait_until(lambda: state.loader.state == "idle", timeout=10)
 
 
 def test_a_bad_keep_alive_is_a_400_naming_the_forms(on_demand):

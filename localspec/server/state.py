@@ -99,6 +99,7 @@ class Resident:
     names: set[str] = field(default_factory=set)  # the names requests used for it
     holds: set[Hold] = field(default_factory=set)  # requests using its models outside a running job
     jobs: set[Job] = field(default_factory=set)  # its admitted requests
+    counted: Backend | None = None  # the load its keep-alive has counted from (the reaper's)
 
     @property
     def in_hand(self) -> int:
@@ -298,10 +299,14 @@ class ServerState:
         """One pass of the keep-alive reaper (on the event loop): unload idle models past their expiry."""
         unloaded = False
         for r in self.residents():
-            if r.loader.backend is None:
+            b = r.loader.backend
+            if b is None:
                 continue
-            if r.busy():
-                r.keep_alive.touch()  # expiry counts from the last request's end
+            if r.busy() or b is not r.counted:
+                # Expiry counts from the last request's end, or from the load's: a load that took longer than
+                # the keep-alive (a large model, a slow disk) was unloaded as soon as it was done.
+                r.counted = b
+                r.keep_alive.touch()
             elif r.keep_alive.expired():
                 unloaded = await self.unload(r, idle_only=True) or unloaded
         return unloaded
