@@ -351,6 +351,14 @@ def scripted_app(*, pipeline=None, settings=None, gate: threading.Event | None =
     return create_app(settings=settings or ServerSettings(), load=load, **app_kw)
 
 
+def one_model_app(*, model_id: str, script: Script, settings=None, **backend_kw):
+    """The app serving one scripted model under `model_id` (the faces' tests: what a request became
+    shows in what the script answers), and its tier."""
+    tier = scripted_tier(model_id=model_id, script=script)
+    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[tier]), **backend_kw)
+    return scripted_app(backend=backend, settings=settings), tier
+
+
 def record_aheads(monkeypatch, drafter: str) -> list[tuple[int, int, bool | None]]:
     """(drafted, accepted, ahead) of every verify of `drafter`'s drafts that the controller hears from now on:
     what the scheduler's Active.ahead told it past each draft."""

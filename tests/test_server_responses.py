@@ -20,7 +20,7 @@ from localspec.server.errors import APIError
 from localspec.server.responses import ResponseObject, ResponsesRequest, ResponseStore, as_chat, input_messages
 from localspec.server.routes.responses import event
 from localspec.server.schemas import ChatMessageIn
-from tests.fake_tier import Reply, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+from tests.fake_tier import Reply, one_model_app
 from tests.server_harness import ServerThread, request
 
 KEY = "responses-key"
@@ -58,10 +58,8 @@ def script(prompt: str) -> Reply | str:
 
 @pytest.fixture(scope="module")
 def served(module_home):
-    tier = scripted_tier(model_id=MODEL, script=script)
-    backend = scripted_backend(pipeline=scripted_pipeline(tiers=[tier]))
-    app = scripted_app(backend=backend, settings=ServerSettings(api_key=KEY, cache=False, router=False,
-                                                                max_tokens_cap=256))
+    app, _ = one_model_app(model_id=MODEL, script=script,
+                           settings=ServerSettings(api_key=KEY, cache=False, router=False, max_tokens_cap=256))
     with ServerThread(app) as srv:
         srv.app = app
         yield srv
