@@ -630,6 +630,20 @@ def test_llamacpp_completion_streamed_is_the_whole_answer_when_greedy(model_read
     assert lines[-1]["tokens_predicted"] == whole["tokens_predicted"]
 
 
+def test_llamacpp_a_stop_string_the_real_model_reaches_is_stop_type_word(model_ready):
+    """A greedy function body reaches a newline: the answer is its first line, `stop_type` "word" and
+    `stopping_word` the newline, whole and on the stream's last line (the server drafts: the newline may
+    come inside an accepted draft run)."""
+    body = {"prompt": "def fibonacci(n):\n", "n_predict": 32, "temperature": 0, "stop": ["\n"]}
+    whole = raw(model_ready, "POST", "/completion", json=body).json()
+    assert whole["stop_type"] == "word" and whole["stopping_word"] == "\n", whole
+    assert whole["content"].strip() and "\n" not in whole["content"]
+    r = raw(model_ready, "POST", "/completion", json={**body, "stream": True})
+    lines = [json.loads(line.removeprefix("data: ")) for line in r.text.split("\n\n") if line.startswith("data: ")]
+    assert "".join(line["content"] for line in lines) == whole["content"]
+    assert lines[-1]["stop_type"] == "word" and lines[-1]["stopping_word"] == "\n"
+
+
 def test_n_choices_with_the_real_model(model_client):
     """n=3 sampled with a seed: three indexed, different answers, the prompt counted once; greedy choices
     are all the n=1 answer; streamed choices, reassembled by index, are the whole ones. (That choice i

@@ -14,8 +14,9 @@ import json
 import pytest
 
 from localspec.server import ServerSettings
-from localspec.server.llamacpp import (SNIPPET_SEPARATOR, Cutoff, ExtraChunk, InfillRequest, Tokenizer,
-                                       infill_prompt, picked)
+from localspec.engine.events import Done, Stats
+from localspec.server.llamacpp import (SNIPPET_SEPARATOR, Cutoff, ExtraChunk, InfillRequest, LlamaCppStopType,
+                                       Tokenizer, infill_prompt, picked, stop_type)
 from tests.fake_tier import SPECIAL, Reply, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread, refuse_after, request
 
@@ -198,6 +199,33 @@ def test_completion_whole_and_streamed_agree_and_the_stream_ends_with_stop_true(
     assert lines[-1]["tokens_predicted"] == whole["tokens_predicted"]
     short = post(served, "/completions", {**body, "n_predict": 3}).json()  # llama-server's alias
     assert short["content"] == "Onc" and short["stop_type"] == "limit"
+
+
+def test_a_stop_string_that_ends_the_answer_is_its_stop_type_word_and_stopping_word(served):
+    """llama-server's `stop_type` "word" and the string in `stopping_word`, on the whole answer and on the
+    stream's last line (its other lines carry neither, as llama-server's do not); an answer its end token
+    ended is "eos" with an empty `stopping_word`, one n_predict cut is "limit"."""
+    body = {"prompt": "Write a story.", "n_predict": 128, "temperature": 0, "stop": ["zebra", "time"]}
+    whole = post(served, "/completion", body).json()
+    assert whole["content"] == "Once upon a " and whole["stop_type"] == "word" and whole["stopping_word"] == "time"
+    lines = sse_lines(post(served, "/completion", {**body, "stream": True}).text)
+    assert "".join(line["content"] for line in lines) == whole["content"]
+    assert lines[-1]["stop"] is True and lines[-1]["stop_type"] == "word" and lines[-1]["stopping_word"] == "time"
+    assert not any("stop_type" in line or "stopping_word" in line for line in lines[:-1])
+    ended = post(served, "/completion", {**body, "stop": ["zebra"]}).json()
+    assert ended["stop_type"] == "eos" and ended["stopping_word"] == ""
+    cut = post(served, "/completion", {**body, "n_predict": 3}).json()
+    assert cut["stop_type"] == "limit" and cut["stopping_word"] == ""
+    infill = post(served, "/infill", vscode_infill("", "", "def add(a, b):", [], stop=["+"], n_indent=0)).json()
+    assert infill["content"] == "    return a " and infill["stop_type"] == "word" and infill["stopping_word"] == "+"
+
+
+def test_stop_type_says_none_for_an_answer_that_ended_otherwise():
+    """A cut-off cancels the job; without one, a cancelled answer is no llama-server reason: "none"."""
+    st = Stats()
+    assert stop_type(Done("cancelled", st, "x"), cut=False) is LlamaCppStopType.NONE
+    assert stop_type(Done("cancelled", st, "x"), cut=True) is LlamaCppStopType.LIMIT
+    assert stop_type(Done("stop", st, "x", stop_sequence="\n"), cut=False) is LlamaCppStopType.WORD
 
 
 def test_completion_refuses_token_prompts_and_an_engine_failure_is_an_error_line(served):

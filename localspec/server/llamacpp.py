@@ -7,7 +7,7 @@ changed. `/completion` becomes a `CompletionRequest`; `/infill` a fill-in-the-mi
 out as llama-server lays it out (the repo-level pattern of Qwen2.5-Coder where the vocabulary has
 `<|repo_name|>` and `<|file_sep|>`), then a `CompletionRequest` too: the same cache, router and
 speculation. Answers go back in llama-server's shapes: one JSON object, or SSE `data:` lines of
-`content` ending with one that says `stop: true`.
+`content` ending with one that says `stop: true` and why.
 
 Fields that only steer llama-server's own machinery (`id_slot`, `cache_prompt`, `samplers`'
 order, `t_max_prompt_ms`, `n_keep`, ...) are accepted and have no effect: this server places
@@ -54,8 +54,10 @@ MAX_RESPONSE_FIELDS = 64
 class LlamaCppStopType(StrEnum):
     """Why an answer ended, as llama-server's `stop_type` says it."""
 
-    EOS = "eos"  # the model ended it (or one of `stop`'s strings did: this engine does not tell them apart)
+    EOS = "eos"  # the model's end token
+    WORD = "word"  # one of `stop`'s strings: `stopping_word` names it
     LIMIT = "limit"  # n_predict, or n_indent / t_max_predict_ms cut it
+    NONE = "none"  # none of those (llama-server's value while an answer runs)
 
 
 # Fields with the value that means "off" in llama-server; another value changes the answer in a way
@@ -387,9 +389,19 @@ class Finished:
     stop_type: LlamaCppStopType
     truncated: bool = False
 
+    @property
+    def stopping_word(self) -> str:
+        """The stop string that ended the answer (llama-server's `stopping_word`); "" when none did."""
+        return (self.done.stop_sequence or "") if self.stop_type is LlamaCppStopType.WORD else ""
+
 
 def stop_type(done: Done, *, cut: bool) -> LlamaCppStopType:
-    return LlamaCppStopType.LIMIT if cut or done.finish_reason == "length" else LlamaCppStopType.EOS
+    """`cut`: an editor's cut-off (n_indent, t_max_predict_ms) ended it, which llama-server counts as a limit."""
+    if cut or done.finish_reason == "length":
+        return LlamaCppStopType.LIMIT
+    if done.finish_reason == "stop":
+        return LlamaCppStopType.EOS if done.stop_sequence is None else LlamaCppStopType.WORD
+    return LlamaCppStopType.NONE
 
 
 def final_answer(fin: Finished, *, model: str, n_ctx: int, settings: dict[str, Any], prompt_only: bool,
@@ -401,7 +413,7 @@ def final_answer(fin: Finished, *, model: str, n_ctx: int, settings: dict[str, A
             "stop": True, "model": model, "tokens_predicted": predicted, "tokens_evaluated": st.prompt_tokens,
             "generation_settings": {"n_ctx": n_ctx, "model": model, **settings}, "prompt": "",
             "has_new_line": "\n" in fin.text and not prompt_only, "truncated": fin.truncated,
-            "stop_type": str(fin.stop_type), "stopping_word": "",
+            "stop_type": str(fin.stop_type), "stopping_word": fin.stopping_word,
             "tokens_cached": st.prompt_tokens + predicted,
             "timings": LlamaCppTimings.of(fin.done, predicted_n=predicted).model_dump()}
 
