@@ -380,7 +380,8 @@ class Pipeline:
             completion_tokens=len(hit.token_ids) or int(hit.stats.get("completion_tokens", 0)),
             ttft_ms=lookup_ms,
         )
-        self._finish(job, Done(hit.stats.get("finish_reason", "stop"), stats, hit.answer))
+        self._finish(job, Done(hit.stats.get("finish_reason", "stop"), stats, hit.answer,
+                               stop_sequence=hit.stats.get("stop_sequence")))
 
     def _generate(self, job: Job, tier: LocalTier | RemoteRunner, request: GenerationRequest, *, forward: bool,
                   then: Then) -> None:
@@ -455,7 +456,8 @@ class Pipeline:
         if key is not None and self.cache is not None and done.finish_reason in ("stop", "length"):
             ids = [i for t in tokens for i in t.ids]
             stats = {"prompt_tokens": done.stats.prompt_tokens, "completion_tokens": done.stats.completion_tokens,
-                     "finish_reason": done.finish_reason, "tier": str(job.tier)}
+                     "finish_reason": done.finish_reason, "tier": str(job.tier),
+                     "stop_sequence": done.stop_sequence}  # a hit says which stop string ended it, as the answer did
             self.cache.store(key.scope, key.prompt, done.text, ids, stats)  # never raises
         self._finish(job, done)
 

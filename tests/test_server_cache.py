@@ -77,6 +77,17 @@ def test_a_hit_streams_like_a_generation(client):
     assert len(final) == 1 and final[0].model_extra["localspec"]["cache"]["status"] == "hit"
 
 
+def test_a_hit_says_which_stop_string_ended_the_answer(srv):
+    """llama-server's `stop_type`/`stopping_word` on a repeat answered from the cache: the stop string the
+    generation met (a hit said "eos", an end token, for every answer)."""
+    body = {"prompt": "Count: one two three", "n_predict": 48, "temperature": 0, "stop": ["two"]}
+    answers = [request(srv.base_url, "POST", "/completion", json_body=body).json() for _ in range(2)]
+    assert answers[0]["content"] == answers[1]["content"] == "You said: Count: one "
+    assert answers[1]["timings"]["predicted_ms"] == 0  # the cache's: no decoding
+    for answer in answers:
+        assert answer["stop_type"] == "word" and answer["stopping_word"] == "two", answer
+
+
 def test_a_paraphrase_hits_semantically_and_a_trap_does_not(client):
     ask(client, "How do I reverse a list in Python?")
     para = ask(client, "How can I reverse a list in Python?")
