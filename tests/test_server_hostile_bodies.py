@@ -256,3 +256,19 @@ def test_the_guards_answer_ollamas_routes_in_ollamas_shape(served, keyed):
     r = request(keyed.base_url, "GET", "/v1/models")  # the OpenAI routes keep OpenAI's
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert request(keyed.base_url, "GET", "/api/tags", key=KEY).status_code == 200
+
+
+def test_the_guards_answer_llama_servers_routes_in_its_shape(served, keyed):
+    """The guards before any route answered llama-server's routes in OpenAI's shape (`code` a string, where
+    llama-server's clients read the HTTP status); the routes themselves answer in llama-server's."""
+    refused = [
+        (request(keyed.base_url, "POST", "/tokenize", json_body={"content": "hi"}), 401),
+        (request(keyed.base_url, "POST", "/completion", key="wrong", json_body={"prompt": "hi"}), 401),
+        (request(served.base_url, "GET", "/props", headers={"Host": "evil.example"}), 403),
+        (request(keyed.base_url, "POST", "/infill", key=KEY, json_body={"input_prefix": "x" * 2000}), 413),
+    ]
+    for r, status in refused:
+        error = r.json()["error"]
+        assert r.status_code == status and error["code"] == status and error["message"], r.text
+        assert set(error) == {"code", "message", "type"}, r.text
+    assert request(keyed.base_url, "POST", "/tokenize", key=KEY, json_body={"content": "hi"}).status_code == 200
