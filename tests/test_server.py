@@ -18,6 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from localspec.engine.chat import ChatMessage
 from localspec.server import ServerSettings, create_app
 from tests.common import DRAFT_ID, EMBEDDING_ID, TARGET_ID, TEST_THREADS
 from tests.fake_tier import Reply, ScriptedEmbedder, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
@@ -642,6 +643,23 @@ def test_llamacpp_a_stop_string_the_real_model_reaches_is_stop_type_word(model_r
     lines = [json.loads(line.removeprefix("data: ")) for line in r.text.split("\n\n") if line.startswith("data: ")]
     assert "".join(line["content"] for line in lines) == whole["content"]
     assert lines[-1]["stop_type"] == "word" and lines[-1]["stopping_word"] == "\n"
+
+
+def test_llamacpp_apply_template_is_the_prompt_a_chat_request_decodes_from(model_ready):
+    """Qwen2.5-Coder's own template (its default system turn included), the assistant's turn opened: the very
+    tokens the engine decodes a chat of the same messages from. Behind the API key, in llama-server's shape."""
+    messages = [{"role": "user", "content": "Write hello world in C."}]
+    r = raw(model_ready, "POST", "/apply-template", json={"messages": messages})
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+    assert "<|im_start|>user\nWrite hello world in C.<|im_end|>\n" in prompt
+    eng = engine(model_ready)
+    chat = eng.prompter.render([ChatMessage(role="user", content="Write hello world in C.")])
+    assert eng.target.tokenize(prompt, add_special=True, parse_special=True) == chat
+    r = raw(model_ready, "POST", "/apply-template", key=None, json={"messages": messages})
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
 def test_n_choices_with_the_real_model(model_client):

@@ -263,6 +263,7 @@ def test_the_guards_answer_llama_servers_routes_in_its_shape(served, keyed):
     llama-server's clients read the HTTP status); the routes themselves answer in llama-server's."""
     refused = [
         (request(keyed.base_url, "POST", "/tokenize", json_body={"content": "hi"}), 401),
+        (request(keyed.base_url, "POST", "/apply-template", json_body={"messages": HI}), 401),
         (request(keyed.base_url, "POST", "/completion", key="wrong", json_body={"prompt": "hi"}), 401),
         (request(served.base_url, "GET", "/props", headers={"Host": "evil.example"}), 403),
         (request(keyed.base_url, "POST", "/infill", key=KEY, json_body={"input_prefix": "x" * 2000}), 413),
@@ -272,3 +273,4 @@ def test_the_guards_answer_llama_servers_routes_in_its_shape(served, keyed):
         assert r.status_code == status and error["code"] == status and error["message"], r.text
         assert set(error) == {"code", "message", "type"}, r.text
     assert request(keyed.base_url, "POST", "/tokenize", key=KEY, json_body={"content": "hi"}).status_code == 200
+    assert request(keyed.base_url, "POST", "/apply-template", key=KEY, json_body={"messages": HI}).status_code == 200

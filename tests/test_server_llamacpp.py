@@ -1,5 +1,5 @@
-"""llama.cpp's server API (/infill, /completion, /tokenize, /detokenize, /props): a real server on
-loopback, driven with raw HTTP the way llama.vscode and llama.vim send their requests.
+"""llama.cpp's server API (/infill, /completion, /tokenize, /detokenize, /apply-template, /props): a
+real server on loopback, driven with raw HTTP the way llama.vscode and llama.vim send their requests.
 
 The server answers from a scripted target (tests/fake_tier.py, whose vocabulary has Qwen2.5-Coder's
 fill-in-the-middle and repo-level tokens) whose answers depend on the prompt the endpoint built, so
@@ -297,6 +297,27 @@ def test_tokenize_and_detokenize_round_trip_with_pieces(served):
     assert r.status_code == 400
 
 
+def test_apply_template_answers_the_prompt_a_chat_request_decodes_from(served):
+    """The chat template's text, the assistant's turn opened: the very text the model reads for the same messages
+    on /v1/chat/completions. A message that spells a special token is in it as it was written."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello twice."}]
+    r = post(served, "/apply-template", {"messages": messages})
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    assert r.json() == {"prompt": prompt} and prompt.endswith("<|im_start|>assistant\n")
+    chat = post(served, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 8})
+    assert chat.status_code == 200, chat.text
+    assert PROMPTS[-1] == prompt and "<|im_start|>user\nSay hello twice.<|im_end|>" in prompt
+    spelled = [{"role": "user", "content": "Say <|fim_prefix|> twice."}]
+    prompt = post(served, "/apply-template", {"messages": spelled}).json()["prompt"]
+    assert prompt == "<|im_start|>user\nSay <|fim_prefix|> twice.<|im_end|>\n<|im_start|>assistant\n"
+    for bad in ({"messages": []}, {"messages": [{"role": "robot", "content": "hi"}]}, {}):
+        r = post(served, "/apply-template", bad)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (bad, r.text)
+    r = post(served, "/apply-template", {"messages": messages, "model": "nope"})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
 def test_props_says_the_context_slots_and_model_file_by_name(served):
     r = request(served.base_url, "GET", "/props")
     assert r.status_code == 200, r.text
@@ -315,7 +336,7 @@ def test_health_has_the_status_llama_vscode_reads(served):
 
 def test_the_routes_document_llama_servers_error_shape(served):
     spec = request(served.base_url, "GET", "/openapi.json").json()
-    for path in ("/completion", "/infill", "/tokenize", "/detokenize"):
+    for path in ("/completion", "/infill", "/tokenize", "/detokenize", "/apply-template"):
         ref = spec["paths"][path]["post"]["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
         assert ref.endswith("/LlamaCppError"), path
     assert "/props" in spec["paths"]

@@ -95,13 +95,7 @@ class Prompter:
         document, a tool's result) stands in the template as a marker, and its text is tokenized as text.
         Parsed as specials, it was a system turn the model obeyed (field test). Such a message is what the
         template writes around it, untransformed (a template that trims it does not, here)."""
-        self.chat_check.require()
-        spelling = [i for i, m in enumerate(messages) if self._spells_special(m.content)]
-        markers = {f"\ue000{i}\ue001": messages[i].content for i in spelling}  # private-use: no vocabulary's special
-        shown = [m.model_copy(update={"content": f"\ue000{i}\ue001"}) if i in spelling else m
-                 for i, m in enumerate(messages)]
-        text = render_chat(self.template, shown, bos_token=self.bos_text, eos_token=self.eos_text,
-                           tools=tools, add_generation_prompt=add_generation_prompt)
+        text, markers = self._rendered(messages, tools, add_generation_prompt)
         # A template that writes the BOS itself must not get a second one from the tokenizer.
         add_special = not (self.bos_text and text.startswith(self.bos_text))
         if not markers:  # nearly always: one pass tokenizes it all
@@ -113,6 +107,28 @@ class Prompter:
             elif piece:
                 tokens += self.target.tokenize(piece, add_special=add_special and n == 0, parse_special=True)
         return tokens
+
+    def text(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
+             add_generation_prompt: bool = True) -> str:
+        """The messages through the chat template, as the text `render` tokenizes (llama-server's
+        /apply-template): a message that spells a special token stands in it as it was written."""
+        text, markers = self._rendered(messages, tools, add_generation_prompt)
+        if not markers:
+            return text
+        return "".join(markers.get(piece, piece) for piece in _MARKER.split(text))
+
+    def _rendered(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                  add_generation_prompt: bool) -> tuple[str, dict[str, str]]:
+        """The template's text, with a marker where each message that spells a special token stands,
+        and those messages' contents by marker."""
+        self.chat_check.require()
+        spelling = [i for i, m in enumerate(messages) if self._spells_special(m.content)]
+        markers = {f"\ue000{i}\ue001": messages[i].content for i in spelling}  # private-use: no vocabulary's special
+        shown = [m.model_copy(update={"content": f"\ue000{i}\ue001"}) if i in spelling else m
+                 for i, m in enumerate(messages)]
+        text = render_chat(self.template, shown, bos_token=self.bos_text, eos_token=self.eos_text,
+                           tools=tools, add_generation_prompt=add_generation_prompt)
+        return text, markers
 
     def _spells_special(self, content: str) -> bool:
         # Special tokens are spelled with brackets in every chat format we know (<|im_end|>, </s>, [INST]):

@@ -79,7 +79,8 @@ OLLAMA_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 OLLAMA_PREFIX = "/api/"  # Ollama's routes: their errors are Ollama's {"error": "message"}
-LLAMACPP_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props"})
+LLAMACPP_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template",
+                            "/props"})
 """llama-server's own routes: their errors are its {"error": {"code", "message", "type"}}."""
 LLAMACPP_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                         404: "not_found_error", 500: "server_error", 501: "not_supported_error",

@@ -1,5 +1,5 @@
 """llama.cpp's own server API (llama-server's `/completion`, `/infill`, `/tokenize`, `/detokenize`,
-`/props`) as the endpoint's own requests.
+`/apply-template`, `/props`) as the endpoint's own requests.
 
 The tools written for llama-server (ggml-org's llama.vscode and llama.vim autocomplete through
 `/infill`, token counters through `/tokenize`) reach the same models with only their address
@@ -28,8 +28,8 @@ from pydantic import BaseModel, Field, field_validator
 from localspec.engine.config import PromptPiece
 from localspec.engine.events import Done
 from localspec.server.errors import APIError
-from localspec.server.schemas import (CompletionRequest, KeepAliveField, LocalspecOptions, _Body, _Request,
-                                      check_stops)
+from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, CompletionRequest, KeepAliveField,
+                                      LocalspecOptions, Tool, _Body, _Request, check_stops)
 from localspec.server.translate import FieldNames, fim_pieces
 
 LLAMACPP_DEFAULT_TEMPERATURE = 0.8  # llama-server's when a request sends none
@@ -213,6 +213,17 @@ class DetokenizeRequest(_Body):
 
 def completion_request(body: NativeCompletionRequest, *, model: str, cap: int) -> CompletionRequest:
     return CompletionRequest(prompt=body.text(), **{**body.common(cap), "model": model})
+
+
+class ApplyTemplateRequest(_Body):
+    """POST /apply-template: a chat as /v1/chat/completions takes it, to render and not answer."""
+
+    model: str | None = Field(None, max_length=512, description="default: the server's model")
+    messages: list[ChatMessageIn] = Field(..., min_length=1)
+    tools: list[Tool] | None = None
+
+    def chat(self, *, model: str) -> ChatCompletionRequest:
+        return ChatCompletionRequest(model=model, messages=self.messages, tools=self.tools)
 
 
 # ---------------------------------------------------------------- the infill prompt

@@ -1,5 +1,6 @@
 """llama.cpp's server API on the endpoint (see server/llamacpp.py): /completion, /infill, /tokenize,
-/detokenize and /props. Errors here are llama-server's `{"error": {"code", "message", "type"}}`."""
+/detokenize, /apply-template and /props. Errors here are llama-server's
+`{"error": {"code", "message", "type"}}`."""
 
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ from fastapi.responses import JSONResponse
 
 from localspec import __version__
 from localspec.engine.events import Done
+from localspec.errors import RequestError
 from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.choices import cancel_unfinished, submit_all
 from localspec.server.errors import LLAMACPP_ERROR_RESPONSES, APIError, ClientGone, llamacpp_error
 from localspec.server.llamacpp import (INFILL_FIELDS, LLAMACPP_DEFAULT_TEMPERATURE, LLAMACPP_FIELDS, REPO_MARKERS,
-                                       Cutoff, DetokenizeRequest, Finished, InfillPrompt, InfillRequest,
-                                       NativeCompletionRequest, TokenizeRequest, Tokenizer, NativeGeneration,
-                                       completion_request, final_answer, infill_prompt, partial_answer, picked,
-                                       stop_type, token_piece)
+                                       ApplyTemplateRequest, Cutoff, DetokenizeRequest, Finished, InfillPrompt,
+                                       InfillRequest, NativeCompletionRequest, NativeGeneration, TokenizeRequest,
+                                       Tokenizer, completion_request, final_answer, infill_prompt, partial_answer,
+                                       picked, stop_type, token_piece)
 from localspec.server.replies import unfinished
 from localspec.server.routes.completions import has_single_tokens
 from localspec.server.routes.models import catalog
@@ -203,6 +205,22 @@ async def detokenize(body: DetokenizeRequest, state: State) -> dict[str, str]:
                            "invalid_value", "tokens")
         text = b"".join(_piece(b, t) for t in body.tokens).decode("utf-8", errors="replace")
         return {"content": text}
+
+
+@router.post("/apply-template", responses=LLAMACPP_ERROR_RESPONSES)
+async def apply_template(body: ApplyTemplateRequest, state: State) -> dict[str, str]:
+    """The prompt a chat request decodes from, as text: the messages (and tools) through the model's chat
+    template, sandboxed as for chat, the assistant's turn opened. Nothing is generated; a client edits it
+    (an answer's first words) and sends it to /completion."""
+    model = body.model or default_model(state)
+    async with state.serving(model, None) as (b, _):
+        chat = valid_or_400(body.chat, model=model)
+        request = (await plan(translate.chat_plan, chat, state.settings.max_tokens_cap)).request
+        try:
+            text = await asyncio.to_thread(b.engine.prompter.text, request.messages or [], request.tools)
+        except RequestError as exc:  # the template failed, or was refused when the model loaded
+            raise APIError(400, str(exc), "invalid_request", "messages") from exc
+    return {"prompt": text}
 
 
 @router.get("/props", responses=LLAMACPP_ERROR_RESPONSES)
