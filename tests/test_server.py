@@ -662,6 +662,29 @@ def test_llamacpp_apply_template_is_the_prompt_a_chat_request_decodes_from(model
     assert r.json()["error"]["code"] == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
+def test_llamacpp_grammar_and_json_schema_constrain_the_real_models_answer(model_ready):
+    """llama-server's `json_schema` and `grammar` on /completion (and /infill); a GBNF llama.cpp cannot parse
+    is a 400 naming `grammar`, and the server answers the next request."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    body = {"prompt": "A JSON object with the number of legs of a spider:\n", "n_predict": 48, "temperature": 0}
+    r = raw(model_ready, "POST", "/completion", json={**body, "json_schema": schema})
+    assert r.status_code == 200, r.text
+    assert isinstance(json.loads(r.json()["content"])["n"], int) and r.json()["stop_type"] == "eos"
+    yes_no = {"prompt": "Is Python a programming language? Answer yes or no.\nAnswer: ", "n_predict": 8,
+              "temperature": 0, "grammar": 'root ::= "yes" | "no"'}
+    r = raw(model_ready, "POST", "/completion", json=yes_no)
+    assert r.status_code == 200 and r.json()["content"] in ("yes", "no"), r.text
+    fim = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n", "n_predict": 8, "temperature": 0,
+           "grammar": 'root ::= "a + b" | "b - a"'}
+    r = raw(model_ready, "POST", "/infill", json=fim)
+    assert r.status_code == 200 and r.json()["content"] in ("a + b", "b - a"), r.text
+    r = raw(model_ready, "POST", "/completion", json={**yes_no, "grammar": 'root ::= "yes'})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == 400 and error["type"] == "invalid_request_error"
+    assert error["message"].startswith("grammar: ") and "Fix:" in error["message"]
+    assert raw(model_ready, "POST", "/completion", json=yes_no).status_code == 200
+
+
 def test_n_choices_with_the_real_model(model_client):
     """n=3 sampled with a seed: three indexed, different answers, the prompt counted once; greedy choices
     are all the n=1 answer; streamed choices, reassembled by index, are the whole ones. (That choice i

@@ -15,6 +15,7 @@ import pytest
 
 from localspec.server import ServerSettings
 from localspec.engine.events import Done, Stats
+from localspec.engine.grammar_limits import LIMITS
 from localspec.server.llamacpp import (SNIPPET_SEPARATOR, Cutoff, ExtraChunk, InfillRequest, LlamaCppStopType,
                                        Tokenizer, infill_prompt, picked, stop_type)
 from tests.fake_tier import SPECIAL, Reply, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
@@ -169,7 +170,7 @@ def test_without_repo_tokens_the_extra_chunks_are_snippets_before_the_prefix(ser
 
 
 def test_refused_and_bounded_fields_are_400s_naming_them(served):
-    for field, value in [("mirostat", 2), ("grammar", "root ::= \"a\""), ("n_probs", 3), ("lora", [{"id": 0}]),
+    for field, value in [("mirostat", 2), ("logit_bias", [[1, -100]]), ("n_probs", 3), ("lora", [{"id": 0}]),
                          ("n_predict", -5)]:
         r = post(served, "/infill", vscode_infill("a", "b", "", [], **{field: value}))
         assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
@@ -226,6 +227,21 @@ def test_stop_type_says_none_for_an_answer_that_ended_otherwise():
     assert stop_type(Done("cancelled", st, "x"), cut=False) is LlamaCppStopType.NONE
     assert stop_type(Done("cancelled", st, "x"), cut=True) is LlamaCppStopType.LIMIT
     assert stop_type(Done("stop", st, "x", stop_sequence="\n"), cut=False) is LlamaCppStopType.WORD
+
+
+def test_grammar_and_json_schema_out_of_bounds_or_together_are_400s_naming_the_field(served):
+    """Checked before the request is queued, in llama-server's error shape (the grammars themselves are applied by the
+    real model: test_server.py's llamacpp tests)."""
+    huge = "root ::= " + " | ".join(f'"w{i}"' for i in range(LIMITS.max_grammar_bytes // 6))
+    r = post(served, "/completion", {"prompt": "Write a story.", "grammar": huge})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == 400 and error["type"] == "invalid_request_error"
+    assert error["message"].startswith("grammar: the grammar's size in bytes") and "Fix:" in error["message"]
+    deep = {"type": "string", "maxLength": LIMITS.max_string_length + 1}
+    r = post(served, "/infill", vscode_infill("a", "b", "", [], json_schema=deep))
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("json_schema.maxLength")
+    r = post(served, "/completion", {"prompt": "x", "grammar": 'root ::= "a"', "json_schema": {"type": "integer"}})
+    assert r.status_code == 400 and "not both" in r.json()["error"]["message"]
 
 
 def test_completion_refuses_token_prompts_and_an_engine_failure_is_an_error_line(served):

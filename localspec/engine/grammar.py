@@ -76,6 +76,11 @@ _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float3
 _CANDIDATES = 32  # logits checked per round when looking for the allowed argmax
 
 
+class GrammarUnparsable(RequestError):
+    """A GBNF text llama.cpp's parser refused: bad syntax, no `root` rule, a rule named and not defined,
+    left recursion. Its own type so a face can name the field a client's grammar came in."""
+
+
 class Grammar:
     """One request's grammar state. Not thread-safe: the engine thread owns it after submit."""
 
@@ -86,15 +91,16 @@ class Grammar:
 
     @classmethod
     def compile(cls, vocab, n_vocab: int, gbnf: str, eos: int, root: str = "root") -> Grammar:
-        """Parse GBNF for a vocabulary (a `llama_vocab` pointer). Raises RequestError when the grammar
-        is over the bounds (GrammarTooLarge) or has bad syntax."""
+        """Parse GBNF for a vocabulary (a `llama_vocab` pointer). Raises GrammarTooLarge when the grammar
+        is over the bounds, GrammarUnparsable when llama.cpp cannot parse it."""
         check_gbnf(gbnf)
         text, start = gbnf.encode("utf-8"), root.encode("utf-8")
         smpl = _PARSER.run(lambda: llama_cpp.llama_sampler_init_grammar(vocab, text, start))
         if not smpl:
-            raise RequestError(
+            raise GrammarUnparsable(
                 "The grammar could not be parsed by llama.cpp.",
-                "Check the JSON schema or GBNF (the server log has llama.cpp's message).",
+                "Check the GBNF (a `root ::= ...` rule, every rule it names defined, no left recursion) or the "
+                "JSON schema it came from; the server log has llama.cpp's message.",
             )
         return cls(smpl, n_vocab, eos)
 

@@ -6,13 +6,14 @@ The tools written for llama-server (ggml-org's llama.vscode and llama.vim autoco
 changed. `/completion` becomes a `CompletionRequest`; `/infill` a fill-in-the-middle prompt laid
 out as llama-server lays it out (the repo-level pattern of Qwen2.5-Coder where the vocabulary has
 `<|repo_name|>` and `<|file_sep|>`), then a `CompletionRequest` too: the same cache, router and
-speculation. Answers go back in llama-server's shapes: one JSON object, or SSE `data:` lines of
-`content` ending with one that says `stop: true` and why.
+speculation; `grammar` and `json_schema` become the engine's grammar as `response_format` does on
+the OpenAI routes (the same converter and bounds). Answers go back in llama-server's shapes: one
+JSON object, or SSE `data:` lines of `content` ending with one that says `stop: true` and why.
 
 Fields that only steer llama-server's own machinery (`id_slot`, `cache_prompt`, `samplers`'
 order, `t_max_prompt_ms`, `n_keep`, ...) are accepted and have no effect: this server places
 requests and reuses prefixes itself. Fields whose value would change the answer in a way this
-engine cannot (`mirostat`, `grammar`, `lora`, token-id prompts, ...) are a 400 naming them.
+engine cannot (`mirostat`, `logit_bias`, `lora`, token-id prompts, ...) are a 400 naming them.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from pydantic import BaseModel, Field, field_validator
 
 from localspec.engine.config import PromptPiece
 from localspec.engine.events import Done
+from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf
 from localspec.server.errors import APIError
 from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, CompletionRequest, KeepAliveField,
                                       LocalspecOptions, Tool, _Body, _Request, check_stops)
-from localspec.server.translate import FieldNames, fim_pieces
+from localspec.server.translate import FieldNames, Plan, SchemaGrammar, completion_plan, fim_pieces, schema_grammar
 
 LLAMACPP_DEFAULT_TEMPERATURE = 0.8  # llama-server's when a request sends none
 LLAMACPP_FIELDS = FieldNames(max_tokens="n_predict", prompt="prompt")
@@ -64,7 +66,7 @@ class LlamaCppStopType(StrEnum):
 # this engine cannot, so it is a 400 naming the field.
 UNSERVED = {"mirostat": 0, "typical_p": 1.0, "dynatemp_range": 0.0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
             "top_n_sigma": -1.0, "ignore_eos": False, "n_probs": 0, "return_tokens": False}
-UNSERVED_WHEN_GIVEN = ("grammar", "json_schema", "logit_bias", "lora")  # empty means off
+UNSERVED_WHEN_GIVEN = ("logit_bias", "lora")  # empty means off
 
 
 class ExtraChunk(_Request):
@@ -108,8 +110,8 @@ class NativeGeneration(_Body):
     ignore_eos: bool | None = None
     n_probs: int | None = None
     return_tokens: bool | None = None
-    grammar: str | None = None
-    json_schema: dict[str, Any] | None = None
+    grammar: str | None = Field(None, description="GBNF the answer must match; empty: none")
+    json_schema: dict[str, Any] | None = Field(None, description="a JSON schema the answer must match; {}: any JSON")
     logit_bias: list[Any] | dict[str, Any] | None = None
     lora: list[Any] | None = None
 
@@ -133,8 +135,7 @@ class NativeGeneration(_Body):
                                "unsupported_value", name)
         for name in UNSERVED_WHEN_GIVEN:
             if getattr(self, name):
-                raise APIError(400, f"{name} is not served by this server's llama.cpp API; leave it out (for a grammar "
-                               "or a JSON schema use /v1/completions' or /v1/chat/completions' response_format).",
+                raise APIError(400, f"{name} is not served by this server's llama.cpp API; leave it out.",
                                "unsupported_value", name)
         if not 1 <= self.n_cmpl <= parallel:  # llama-server's words, which llama.vscode reads to explain its setting
             raise APIError(400, f"Field 'n_cmpl': Value must be between 1 <= value <= {parallel}, but got "
@@ -146,6 +147,23 @@ class NativeGeneration(_Body):
         if self.n_predict is not None and self.n_predict < -2:
             raise APIError(400, f"n_predict={self.n_predict}: send a count, or -1 to let the model stop by itself.",
                            "invalid_value", "n_predict")
+
+    def constraint(self) -> SchemaGrammar | None:
+        """The grammar the answer must match: `grammar` as sent (within the grammar bounds), or
+        `json_schema`'s through the endpoint's converter; None when neither is sent. Converting costs
+        CPU: called where the plan is built, off the event loop."""
+        if self.grammar and self.json_schema is not None:  # llama-server refuses the pair too
+            raise APIError(400, 'Either "json_schema" or "grammar" can be specified, but not both; send one.',
+                           "invalid_value", "grammar")
+        if self.json_schema is not None:
+            return schema_grammar(self.json_schema, "json_schema")
+        if not self.grammar:
+            return None
+        try:
+            check_gbnf(self.grammar)  # the engine checks again; here the 400 comes before the request is queued
+        except GrammarTooLarge as exc:
+            raise APIError(400, str(exc), "grammar_too_large", "grammar") from exc
+        return SchemaGrammar(self.grammar)
 
     def max_tokens(self, cap: int) -> int:
         """The endpoint's max_tokens: n_predict within the server's cap (as llama-server bounds it by the
@@ -213,6 +231,17 @@ class DetokenizeRequest(_Body):
 
 def completion_request(body: NativeCompletionRequest, *, model: str, cap: int) -> CompletionRequest:
     return CompletionRequest(prompt=body.text(), **{**body.common(cap), "model": model})
+
+
+def native_plan(body: NativeGeneration, endpoint_body: CompletionRequest, *, cap: int, fim_ok: bool,
+                names: FieldNames) -> Plan:
+    """The endpoint's completion plan, with the request's grammar (`constraint`) in it."""
+    plan = completion_plan(endpoint_body, cap, fim_ok, names)
+    if (grammar := body.constraint()) is not None:
+        plan.request = plan.request.model_copy(update={"grammar": grammar.gbnf})
+        plan.grammar_enforced, plan.grammar_unenforced = True, grammar.unenforced
+        plan.grammar_field = "json_schema" if body.json_schema is not None else "grammar"
+    return plan
 
 
 class ApplyTemplateRequest(_Body):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
+from localspec.engine.grammar import GrammarUnparsable
 from localspec.errors import ContextOverflowError, LocalspecError, PredictionTooLongError
 from localspec.jobs import CacheStatus, Job
 from localspec.server.backend import Backend, Loader
@@ -390,6 +391,10 @@ class ServerState:
                 400, f"The prediction has {exc.prediction_tokens} tokens but the model's context holds {exc.n_ctx} "
                 "tokens per request; send a shorter prediction.", "context_length_exceeded", "prediction",
             ) from exc
+        except GrammarUnparsable as exc:
+            if plan.grammar_field is None:  # a grammar made here from a schema: no field of the client's to name
+                raise APIError(400, str(exc), "invalid_request") from exc
+            raise APIError(400, f"{plan.grammar_field}: {exc}", "invalid_grammar", plan.grammar_field) from exc
         except LocalspecError as exc:
             raise APIError(400, str(exc), "invalid_request") from exc
 

@@ -66,6 +66,7 @@ class Plan:
     cache_bypass: str | None = None  # why, when it was not the request's own opt-out (localspec.cache.reason)
     one_tool_call: bool = False  # parallel_tool_calls=false: the first call only
     prompt_field: str = "messages"  # the request's field its prompt came from (FieldNames.prompt)
+    grammar_field: str | None = None  # the field a client's own grammar came in (llama.cpp's), named if it won't parse
     choices: int = 1  # the request's n: one engine job per choice (per_choice)
 
     @property

@@ -23,8 +23,8 @@ from localspec.server.errors import LLAMACPP_ERROR_RESPONSES, APIError, ClientGo
 from localspec.server.llamacpp import (INFILL_FIELDS, LLAMACPP_DEFAULT_TEMPERATURE, LLAMACPP_FIELDS, REPO_MARKERS,
                                        ApplyTemplateRequest, Cutoff, DetokenizeRequest, Finished, InfillPrompt,
                                        InfillRequest, NativeCompletionRequest, NativeGeneration, TokenizeRequest,
-                                       Tokenizer, completion_request, final_answer, infill_prompt, partial_answer,
-                                       picked, stop_type, token_piece)
+                                       Tokenizer, completion_request, final_answer, infill_prompt, native_plan,
+                                       partial_answer, picked, stop_type, token_piece)
 from localspec.server.replies import unfinished
 from localspec.server.routes.completions import has_single_tokens
 from localspec.server.routes.models import catalog
@@ -54,7 +54,7 @@ async def completion(body: NativeCompletionRequest, request: Request, state: Sta
     cap = state.settings.max_tokens_cap
     async with state.serving(model, body.keep_alive) as (b, hold):
         endpoint_body = valid_or_400(lambda: completion_request(body, model=model, cap=cap))
-        plan_ = await plan(translate.completion_plan, endpoint_body, cap, False, LLAMACPP_FIELDS)
+        plan_ = await plan(native_plan, body, endpoint_body, cap=cap, fim_ok=False, names=LLAMACPP_FIELDS)
         jobs = await submit_all(state, b, [plan_] * body.n_cmpl, model=model, owner=who)
         kept = state.keep(hold)
     replies = [LlamaCppReply(state, b, plan_, job, body, model=model, index=i) for i, job in enumerate(jobs)]
@@ -75,7 +75,7 @@ async def infill(body: InfillRequest, request: Request, state: State, who: Princ
         layout = await asyncio.to_thread(_layout, b, body, cap)
         endpoint_body = valid_or_400(lambda: CompletionRequest(prompt=layout.text, **{**body.common(cap),
                                                                                       "model": model}))
-        plan_ = await plan(translate.completion_plan, endpoint_body, cap, True, INFILL_FIELDS)
+        plan_ = await plan(native_plan, body, endpoint_body, cap=cap, fim_ok=True, names=INFILL_FIELDS)
         # Tokenized part by part: the markers as tokens, the client's code as text (see Prompter.pieces).
         plan_.request = plan_.request.model_copy(update={"prompt_pieces": list(layout.pieces)})
         jobs = await submit_all(state, b, [plan_] * body.n_cmpl, model=model, owner=who)
