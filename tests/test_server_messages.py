@@ -41,6 +41,8 @@ def script(prompt: str) -> Reply | str:
         return Reply("Never said.", fail="llama_decode returned -3")
     if "Write a long story" in prompt:
         return Reply(STORY, pace_s=0.001)
+    if "Write an endless story" in prompt:
+        return STORY * 3
     if "Summarise the file" in prompt:
         return "It says hello." if "notes.txt\n\nhello world" in prompt else "No file."
     return "Red, green, blue. Yes."
@@ -150,6 +152,12 @@ def test_a_stop_sequence_ends_the_answer_and_is_named(client, served):
         final = stream.get_final_message()
     assert final.content[0].text == "Red, green, " and final.stop_reason == "stop_sequence"
     assert final.stop_sequence == "blue"
+
+
+def test_max_tokens_past_the_servers_cap_is_the_cap(client):
+    """Claude Code sends max_tokens 32000 on every request; past this server's cap (256) it was a 400."""
+    m = ask(client, "Write an endless story.", max_tokens=32000)
+    assert m.content[0].text == (STORY * 3)[:256] and m.stop_reason == "max_tokens" and m.usage.output_tokens == 256
 
 
 def test_max_tokens_ends_the_answer_as_max_tokens_even_after_a_whole_call(client):

@@ -41,7 +41,7 @@ router = APIRouter()
 )
 async def create_message(body: MessagesRequest, request: Request, state: State, who: Principal
                          ) -> MessageObject | EventStream:
-    chat = valid_or_400(as_chat, body)
+    chat = capped(valid_or_400(as_chat, body), state.settings.max_tokens_cap)
     async with state.serving(chat.model, chat.keep_alive) as (b, hold):  # 404 for a name it cannot serve
         plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap, MESSAGES_FIELDS)
         job = await state.submit(b, plan_, model=chat.model, owner=who)
@@ -54,6 +54,15 @@ async def create_message(body: MessagesRequest, request: Request, state: State, 
         return reply.message(done)
     finally:
         kept.release()
+
+
+def capped(chat: ChatCompletionRequest, cap: int) -> ChatCompletionRequest:
+    """max_tokens past the server's cap is the cap, as Ollama's num_predict is: the API requires the field
+    and clients send their model's ceiling (Claude Code 32000), which a 400 would refuse on every request.
+    An answer that reaches the cap says so (stop_reason max_tokens)."""
+    if chat.max_tokens is not None and chat.max_tokens > cap:
+        return chat.model_copy(update={"max_tokens": cap})
+    return chat
 
 
 class CountTokensRequest(MessagesRequest):
