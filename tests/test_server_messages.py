@@ -27,6 +27,8 @@ WEATHER = [{"name": "weather", "description": "Weather for a city",
             "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
 GREEDY = {"temperature": 0}  # the SDK (2.x) no longer takes temperature: Claude models set their own; ours do not
 STORY = "Once upon a time there was a robot. " * 5
+CAP = 256  # the served fixture's --max-tokens-cap
+ON_AND_ON = "and so on " * 60  # past CAP
 
 
 def script(prompt: str) -> Reply | str:
@@ -41,8 +43,8 @@ def script(prompt: str) -> Reply | str:
         return Reply("Never said.", fail="llama_decode returned -3")
     if "Write a long story" in prompt:
         return Reply(STORY, pace_s=0.001)
-    if "Write an endless story" in prompt:
-        return STORY * 3
+    if "Keep going" in prompt:
+        return ON_AND_ON
     if "Summarise the file" in prompt:
         return "It says hello." if "notes.txt\n\nhello world" in prompt else "No file."
     return "Red, green, blue. Yes."
@@ -51,7 +53,7 @@ def script(prompt: str) -> Reply | str:
 @pytest.fixture(scope="module")
 def served(module_home):
     app, _ = one_model_app(model_id=MODEL, script=script,
-                           settings=ServerSettings(api_key=KEY, cache=False, router=False, max_tokens_cap=256))
+                           settings=ServerSettings(api_key=KEY, cache=False, router=False, max_tokens_cap=CAP))
     with ServerThread(app) as srv:
         yield srv
 
@@ -152,12 +154,6 @@ def test_a_stop_sequence_ends_the_answer_and_is_named(client, served):
         final = stream.get_final_message()
     assert final.content[0].text == "Red, green, " and final.stop_reason == "stop_sequence"
     assert final.stop_sequence == "blue"
-
-
-def test_max_tokens_past_the_servers_cap_is_the_cap(client):
-    """Claude Code sends max_tokens 32000 on every request; past this server's cap (256) it was a 400."""
-    m = ask(client, "Write an endless story.", max_tokens=32000)
-    assert m.content[0].text == (STORY * 3)[:256] and m.stop_reason == "max_tokens" and m.usage.output_tokens == 256
 
 
 def test_max_tokens_ends_the_answer_as_max_tokens_even_after_a_whole_call(client):
@@ -279,6 +275,19 @@ def test_turns_become_chat_messages_in_order():
         ("system", "Sys."), ("user", "Q?"), ("assistant", "Calling."), ("tool", "42"), ("user", "And then?")]
     assert chat.messages[2].tool_calls[0].function.arguments == '{"a": 1}'
     assert chat.messages[3].tool_call_id == "toolu_1" and chat.max_tokens == 8
+
+
+def test_a_max_tokens_past_the_servers_cap_is_the_cap(client):
+    """max_tokens is required here, and clients send their own ceiling on every request (Claude Code 32000): past
+    --max-tokens-cap it was a 400 for every one of them. The cap bounds the answer instead, as on Ollama's routes."""
+    m = ask(client, "Name three colours.", max_tokens=32000)
+    assert m.content[0].text == "Red, green, blue. Yes." and m.stop_reason == "end_turn"
+    cut = ask(client, "Keep going.", max_tokens=32000)
+    assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == CAP
+    assert cut.content[0].text == ON_AND_ON[:CAP]
+    messages = [{"role": "user", "content": "Name three colours."}]
+    count = client.messages.count_tokens(model=MODEL, messages=messages, extra_body={"max_tokens": 32000})
+    assert count.input_tokens == client.messages.count_tokens(model=MODEL, messages=messages).input_tokens > 0
 
 
 # ---------------------------------------------------------------- the real Qwen2.5-Coder pair

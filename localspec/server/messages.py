@@ -288,8 +288,10 @@ def _tool_choice(choice: ToolChoice | None) -> Any:
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
 
-def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
-    """The chat request this Messages request means."""
+def as_chat(body: MessagesRequest, cap: int | None = None) -> ChatCompletionRequest:
+    """The chat request this Messages request means. `cap`: the server's --max-tokens-cap, which bounds a
+    max_tokens past it (Ollama's routes do the same): the API requires max_tokens, and its clients send their
+    own ceiling on every request (Claude Code 32000), which a 400 would refuse every time."""
     body.check_served()
     messages = chat_messages(body)
     if not any(m.role != "system" for m in messages):
@@ -303,7 +305,8 @@ def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
     tools = [Tool(function=FunctionDef(name=t.name, description=t.description, parameters=t.input_schema))
              for t in body.tools] if body.tools else None
     return ChatCompletionRequest(
-        model=body.model, messages=messages, max_tokens=body.max_tokens, temperature=body.temperature,
+        model=body.model, messages=messages, temperature=body.temperature,
+        max_tokens=min(body.max_tokens, cap) if body.max_tokens and cap else body.max_tokens,
         top_p=body.top_p, top_k=body.top_k or None, stop=body.stop_sequences, stream=body.stream, tools=tools,
         tool_choice=_tool_choice(body.tool_choice),
         parallel_tool_calls=False if body.tool_choice and body.tool_choice.disable_parallel_tool_use else None,

@@ -41,7 +41,7 @@ router = APIRouter()
 )
 async def create_message(body: MessagesRequest, request: Request, state: State, who: Principal
                          ) -> MessageObject | EventStream:
-    chat = capped(valid_or_400(as_chat, body), state.settings.max_tokens_cap)
+    chat = valid_or_400(as_chat, body, state.settings.max_tokens_cap)
     async with state.serving(chat.model, chat.keep_alive) as (b, hold):  # 404 for a name it cannot serve
         plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap, MESSAGES_FIELDS)
         job = await state.submit(b, plan_, model=chat.model, owner=who)
@@ -56,15 +56,6 @@ async def create_message(body: MessagesRequest, request: Request, state: State, 
         kept.release()
 
 
-def capped(chat: ChatCompletionRequest, cap: int) -> ChatCompletionRequest:
-    """max_tokens past the server's cap is the cap, as Ollama's num_predict is: the API requires the field
-    and clients send their model's ceiling (Claude Code 32000), which a 400 would refuse on every request.
-    An answer that reaches the cap says so (stop_reason max_tokens)."""
-    if chat.max_tokens is not None and chat.max_tokens > cap:
-        return chat.model_copy(update={"max_tokens": cap})
-    return chat
-
-
 class CountTokensRequest(MessagesRequest):
     max_tokens: int | None = None  # type: ignore[assignment]  # counting needs no answer length
 
@@ -73,7 +64,7 @@ class CountTokensRequest(MessagesRequest):
 async def count_tokens(body: CountTokensRequest, state: State) -> TokenCount:
     """The prompt's tokens as this model reads them: system, messages and tools through its chat template.
     A prompt past the context is counted too (the answer would be a 400 naming both numbers)."""
-    chat = valid_or_400(as_chat, body)
+    chat = valid_or_400(as_chat, body, state.settings.max_tokens_cap)
     async with state.serving(chat.model, chat.keep_alive) as (b, _):
         plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap, MESSAGES_FIELDS)
         try:
