@@ -29,6 +29,7 @@ GREEDY = {"temperature": 0}  # the SDK (2.x) no longer takes temperature: Claude
 STORY = "Once upon a time there was a robot. " * 5
 CAP = 256  # the served fixture's --max-tokens-cap
 ON_AND_ON = "and so on " * 60  # past CAP
+BILLING = "x-anthropic-billing-header: cc_version=2.1.37.0d9; cc_entrypoint=cli; cch={};"  # Claude Code's system[0]
 
 
 def script(prompt: str) -> Reply | str:
@@ -288,6 +289,19 @@ def test_a_max_tokens_past_the_servers_cap_is_the_cap(client):
     messages = [{"role": "user", "content": "Name three colours."}]
     count = client.messages.count_tokens(model=MODEL, messages=messages, extra_body={"max_tokens": 32000})
     assert count.input_tokens == client.messages.count_tokens(model=MODEL, messages=messages).input_tokens > 0
+
+
+def test_claude_codes_billing_header_is_dropped_so_its_prompts_reuse_their_prefix(client):
+    """Claude Code opens the system prompt with a billing line whose cch= changes on every request: kept, no two
+    prompts shared more than its first words, and each request read its whole prompt again (and missed the cache)."""
+    system = "You are a careful assistant who answers in one line. " * 4
+    first, second = (ask(client, "Name three colours.", system=[{"type": "text", "text": BILLING.format(cch)},
+                                                                 {"type": "text", "text": system}])
+                     for cch in ("fa690", "0aaa9"))
+    assert second.usage.cache_read_input_tokens > len(system)  # one byte a token: the system prompt was reused
+    as_string = MessagesRequest.model_validate({"model": "m", "max_tokens": 8, "system": BILLING.format("eb6c6") + "\n"
+                                                + system, "messages": [{"role": "user", "content": "Hi."}]})
+    assert as_chat(as_string).messages[0].content == system
 
 
 # ---------------------------------------------------------------- the real Qwen2.5-Coder pair

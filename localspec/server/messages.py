@@ -269,9 +269,21 @@ def _turn(message: Message) -> list[ChatMessageIn]:
     return [*results, *([ChatMessageIn(role="user", content=text)] if text or not results else [])]
 
 
+BILLING_HEADER = "x-anthropic-billing-header:"
+"""Claude Code's first system line: its cch= changes on every request, so kept, no two of its prompts would share
+more than a few tokens (no KV state reused, no cache hit). It tells a local model nothing."""
+
+
+def _system(system: str | list[TextBlock] | None) -> str:
+    """The system prompt's text, without Claude Code's billing line (BILLING_HEADER)."""
+    texts = [system] if isinstance(system, str) else [b.text for b in system or []]
+    kept = [t.partition("\n")[2] if t.startswith(BILLING_HEADER) else t for t in texts]
+    return "\n".join(t for t in kept if t)
+
+
 def chat_messages(body: MessagesRequest) -> list[ChatMessageIn]:
     """The system prompt and the turns as chat messages (the chat template's roles)."""
-    system = _text(body.system) if body.system is not None else ""
+    system = _system(body.system)
     out = [ChatMessageIn(role="system", content=system)] if system else []
     for message in body.messages:
         out += _turn(message)
