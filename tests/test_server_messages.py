@@ -304,6 +304,24 @@ def test_claude_codes_billing_header_is_dropped_so_its_prompts_reuse_their_prefi
     assert as_chat(as_string).messages[0].content == system
 
 
+def test_consecutive_turns_of_one_role_are_one_turn():
+    """Anthropic's API combines consecutive user (or assistant) turns into one; templates that require the roles to
+    alternate (Gemma's, Mistral's) refused them. A turn that held only thinking is no turn between them."""
+    body = MessagesRequest.model_validate({"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "First."},
+        {"role": "user", "content": [{"type": "text", "text": "Second."}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "s"}]},
+        {"role": "user", "content": "Third."},
+        {"role": "assistant", "content": "Let me look."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}]},
+        {"role": "user", "content": "Go on."}]})
+    chat = as_chat(body).messages
+    assert [(m.role, m.content) for m in chat] == [
+        ("user", "First.\nSecond.\nThird."), ("assistant", "Let me look."), ("tool", "42"), ("user", "Go on.")]
+    assert [c.id for c in chat[1].tool_calls] == ["toolu_1"]
+
+
 # ---------------------------------------------------------------- the real Qwen2.5-Coder pair
 
 

@@ -281,13 +281,30 @@ def _system(system: str | list[TextBlock] | None) -> str:
     return "\n".join(t for t in kept if t)
 
 
+def _merged(messages: list[ChatMessageIn]) -> list[ChatMessageIn]:
+    """Consecutive user (or assistant) messages as one: Anthropic's API combines consecutive turns of one role,
+    and templates that require the roles to alternate (Gemma's, Mistral's) refuse them. A turn that held only
+    thinking is no message, so the turns around it meet here too."""
+    out: list[ChatMessageIn] = []
+    for m in messages:
+        last = out[-1] if out else None
+        if last is None or m.role != last.role or m.role not in ("user", "assistant"):
+            out.append(m)
+            continue
+        text = "\n".join(t for t in (last.content, m.content) if isinstance(t, str) and t)
+        calls = [*(last.tool_calls or []), *(m.tool_calls or [])]
+        out[-1] = ChatMessageIn(role=m.role, content=text if m.role == "user" else text or None,
+                                tool_calls=calls or None)
+    return out
+
+
 def chat_messages(body: MessagesRequest) -> list[ChatMessageIn]:
     """The system prompt and the turns as chat messages (the chat template's roles)."""
     system = _system(body.system)
     out = [ChatMessageIn(role="system", content=system)] if system else []
     for message in body.messages:
         out += _turn(message)
-    return out
+    return _merged(out)
 
 
 def _tool_choice(choice: ToolChoice | None) -> Any:
