@@ -237,8 +237,8 @@ def test_a_wrong_model_or_key_is_anthropics_error_and_either_key_header_works(cl
     with pytest.raises(anthropic.AuthenticationError) as err:
         ask(wrong, "Hi.")
     assert err.value.body["error"]["type"] == "authentication_error"
-    # the SDK's api_key travels as x-api-key (above); auth_token as Authorization: Bearer (Claude Code's
-    # ANTHROPIC_AUTH_TOKEN)
+    # the SDK (2.x) sends api_key and auth_token alike as Authorization: Bearer; x-api-key (Claude Code's
+    # ANTHROPIC_API_KEY) is sent raw in test_a_key_in_x_api_key_is_taken_on_every_route_whatever_authorization_holds
     bearer = anthropic.Anthropic(base_url=served.base_url, auth_token=KEY, max_retries=0)
     assert ask(bearer, "Name three colours.").content[0].text == "Red, green, blue. Yes."
 
@@ -320,6 +320,25 @@ def test_consecutive_turns_of_one_role_are_one_turn():
     assert [(m.role, m.content) for m in chat] == [
         ("user", "First.\nSecond.\nThird."), ("assistant", "Let me look."), ("tool", "42"), ("user", "Go on.")]
     assert [c.id for c in chat[1].tool_calls] == ["toolu_1"]
+
+
+def test_a_key_in_x_api_key_is_taken_on_every_route_whatever_authorization_holds(served):
+    """Claude Code sends ANTHROPIC_API_KEY as x-api-key and ANTHROPIC_AUTH_TOKEN as Authorization: Bearer, both when
+    both are set. A valid key in one was refused for what the other held (a placeholder left in the environment)."""
+    message = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi."}]}
+    chat = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi."}]}
+    routes = [("POST", "/v1/messages", message), ("POST", "/v1/messages/count_tokens", message),
+              ("POST", "/v1/chat/completions", chat), ("GET", "/v1/models", None), ("GET", "/api/tags", None)]
+    for method, path, body in routes:
+        for headers in ({"x-api-key": KEY}, {"x-api-key": KEY, "Authorization": "Bearer unused"},
+                        {"Authorization": f"Bearer {KEY}", "x-api-key": "unused"}):
+            r = request(served.base_url, method, path, json_body=body, headers=headers)
+            assert r.status_code == 200, (path, headers, r.text)
+        wrong = request(served.base_url, method, path, json_body=body,
+                        headers={"x-api-key": "nope", "Authorization": "Bearer nope"})
+        assert wrong.status_code == 401, (path, wrong.text)
+    assert request(served.base_url, "POST", "/v1/messages", json_body=message,
+                   headers={"x-api-key": "nope"}).json()["error"]["type"] == "authentication_error"
 
 
 # ---------------------------------------------------------------- the real Qwen2.5-Coder pair

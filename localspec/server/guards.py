@@ -178,18 +178,24 @@ class Auth:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         auth = (_header(scope, b"authorization") or "").encode("latin-1")
-        # Anthropic's clients send the key as x-api-key (its SDK's api_key, Claude Code's ANTHROPIC_API_KEY)
-        api_key = (_header(scope, b"x-api-key") or "").encode("latin-1")
-        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else api_key.strip()
-        principal = None
-        for key, name in self.keys:  # every key is compared, whichever matches
-            if hmac.compare_digest(given, key):
-                principal = name
+        bearer = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+        # Anthropic's clients send the key as x-api-key (Claude Code's ANTHROPIC_API_KEY), and with
+        # ANTHROPIC_AUTH_TOKEN also set, a Bearer beside it: a valid key in either header is taken.
+        api_key = (_header(scope, b"x-api-key") or "").encode("latin-1").strip()
+        principal = next((p for p in [self._principal(bearer), self._principal(api_key)] if p), None)
         if principal is None:
             return await send_error(scope, send, 401, "Missing or incorrect API key (send Authorization: Bearer "
                                     "<key>, or x-api-key: <key>).", "invalid_api_key", {"www-authenticate": "Bearer"})
         scope[PRINCIPAL_KEY] = principal
         return await self.app(scope, receive, send)
+
+    def _principal(self, given: bytes) -> str | None:
+        """The principal of the key `given` is, or None; every key is compared, whichever matches."""
+        principal = None
+        for key, name in self.keys:
+            if hmac.compare_digest(given, key):
+                principal = name
+        return principal
 
 
 def loopback_origin_regex() -> str:
