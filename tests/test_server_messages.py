@@ -214,6 +214,12 @@ def test_what_a_local_server_cannot_read_is_a_400_in_anthropics_shape_naming_it(
      "messages[0].content[0] is a document whose source is not plain text"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role: Input should be 'user' or 'assistant'"),
     ({"tools": [{"name": "f"}], "tool_choice": {"type": "tool"}}, "tool_choice of type 'tool' needs the tool's 'name'"),
+    # Before: dropped without a word, and the model never saw them
+    ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
+     "messages[0].content[0] is a tool_use block in a user turn"),
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]},
+     "messages[1].content[0] is a tool_result block in an assistant turn"),
 ])
 def test_a_malformed_block_is_a_400_naming_its_place_and_field(served, body, named):
     """Pydantic named the union's string branch for any bad block ("messages.0.content.str: Input should be a

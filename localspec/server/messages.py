@@ -170,6 +170,7 @@ class MessagesRequest(_Body):
                                              f"{_TEXT_FIX}")
             for j, block in enumerate(blocks if isinstance(blocks, list) else []):
                 _check(_BLOCK, block, f"messages[{i}].content[{j}]")
+                _check_place(block["type"], message.get("role"), f"messages[{i}].content[{j}]")
             _check(Message, message, f"messages[{i}]")
         return value
 
@@ -225,6 +226,21 @@ def _check(model: type[BaseModel] | TypeAdapter[Any], value: Any, where: str) ->
         path = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p == "str"))]
         raise ValueError(f"{where}{''.join(f'[{p}]' if p.isdigit() else f'.{p}' for p in path)}: {err['msg']}") \
             from None
+
+
+_PLACES = {"tool_use": ("assistant", "the model's calls belong to assistant turns, each answered by a tool_result "
+                                   "block in the user turn after"),
+           "tool_result": ("user", "a call's result belongs to the user turn after the assistant turn that made "
+                                   "the call")}
+
+
+def _check_place(kind: str, role: Any, where: str) -> None:
+    """A tool_use block in a user turn, or a tool_result in an assistant turn, is a 400 (as on Anthropic's API):
+    the turn's translation has no place for it, and the model never saw it."""
+    place = _PLACES.get(kind)
+    if place is not None and role in ("user", "assistant") and role != place[0]:
+        turn = "a user" if role == "user" else "an assistant"
+        raise ValueError(f"{where} is a {kind} block in {turn} turn: {place[1]}")
 
 
 MESSAGES_FIELDS = FieldNames(max_tokens="max_tokens", schema="output_config.format.schema",
