@@ -220,6 +220,18 @@ def test_what_a_local_server_cannot_read_is_a_400_in_anthropics_shape_naming_it(
     ({"messages": [{"role": "user", "content": "hi"},
                    {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]},
      "messages[1].content[0] is a tool_result block in an assistant turn"),
+    # Before: "system.str: Input should be a valid string", "...content: Input should be a valid list", "a None tool"
+    ({"system": 5}, "system: a number is not a system prompt: send a string, or a list of text blocks"),
+    ({"system": {"type": "text", "text": "x"}}, "system: an object is not a system prompt"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content is a number: send a string, or a list"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content is null: send a string, or a list"),
+    ({"tools": ["weather"]}, "tools[0] is a string, not a tool: send"),
+    # Before: named response_format, which this API has not, and no field
+    ({"tools": WEATHER, "tool_choice": {"type": "any"},
+      "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+     "output_config.format cannot be combined with a forced tool call"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "bogus"}}}},
+     "output_config.format.schema: Unsupported JSON schema"),
 ])
 def test_a_malformed_block_is_a_400_naming_its_place_and_field(served, body, named):
     """Pydantic named the union's string branch for any bad block ("messages.0.content.str: Input should be a

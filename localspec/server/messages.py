@@ -36,6 +36,13 @@ SERVED_BLOCKS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinki
 client that keeps them) are dropped; a document is served when its source is plain text."""
 WEB_SEARCH = "web_search_"  # the server tools' type prefix (web_search_20250305, ...): dropped when offered
 _TEXT_FIX = 'send a string, or a list of text blocks ({"type": "text", "text": "..."})'
+_CONTENT_FIX = 'send a string, or a list of content blocks ({"type": "text", "text": "..."}, ...)'
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in words, for an error that names what came instead."""
+    kinds = ((type(None), "null"), (bool, "a boolean"), (int | float, "a number"), (str, "a string"), (list, "a list"))
+    return next((words for kind, words in kinds if isinstance(value, kind)), "an object")
 
 
 class TextBlock(_Request):
@@ -152,6 +159,9 @@ class MessagesRequest(_Body):
             return value
         for i, message in enumerate(value):
             blocks = message.get("content") if isinstance(message, dict) else None
+            if isinstance(message, dict) and "content" in message and not isinstance(blocks, str | list):
+                # pydantic named the union's list branch alone ("Input should be a valid list")
+                raise ValueError(f"messages[{i}].content is {_json_kind(blocks)}: {_CONTENT_FIX}")
             for j, block in enumerate(blocks if isinstance(blocks, list) else []):
                 kind = block.get("type") if isinstance(block, dict) else None
                 where = f"messages[{i}].content[{j}]"
@@ -177,6 +187,8 @@ class MessagesRequest(_Body):
     @field_validator("system", mode="before")
     @classmethod
     def _system_text(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str | list):  # pydantic named its string branch ("system.str")
+            raise ValueError(f"{_json_kind(value)} is not a system prompt: {_TEXT_FIX}")
         for j, block in enumerate(value if isinstance(value, list) else []):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind != "text":
@@ -193,7 +205,10 @@ class MessagesRequest(_Body):
             return value
         kept = []
         for i, tool in enumerate(value):
-            kind = tool.get("type") or "custom" if isinstance(tool, dict) else None
+            if not isinstance(tool, dict):
+                raise ValueError(f"tools[{i}] is {_json_kind(tool)}, not a tool: send "
+                                 '{"name": ..., "description": ..., "input_schema": {...}}')
+            kind = tool.get("type") or "custom"
             if isinstance(kind, str) and kind.startswith(WEB_SEARCH):
                 continue
             if kind != "custom":
@@ -343,6 +358,11 @@ def as_chat(body: MessagesRequest, cap: int | None = None) -> ChatCompletionRequ
         raise APIError(400, "messages hold no text: send at least one user message with text.", "invalid_value",
                        "messages")
     fmt = body.output_config.format if body.output_config else None
+    if fmt is not None and body.tools and body.tool_choice and body.tool_choice.type in ("any", "tool"):
+        # the chat path's own 400 names response_format, a field this API has not
+        raise APIError(400, "output_config.format cannot be combined with a forced tool call (tool_choice 'any' or "
+                       "'tool'): the answer is the call, or JSON of the schema; leave one out.", "invalid_value",
+                       "output_config")
     response_format = None
     if fmt is not None:
         response_format = ResponseFormat(type="json_schema",

@@ -206,7 +206,7 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
     except SchemaInvalid as exc:
         raise APIError(400, str(exc), "invalid_schema", param) from exc
     except Exception as exc:  # the converter raises plain exceptions for unsupported constructs
-        raise APIError(400, f"Unsupported JSON schema: {exc}", "invalid_schema", param) from exc
+        raise APIError(400, f"{field}: Unsupported JSON schema: {exc}", "invalid_schema", param) from exc
     named = tuple(unenforced(schema, field, bounds_kept=kept_bounds)) if checked is None else checked
     if checked is not None and not kept_bounds:
         named += tuple(p for p in unenforced(schema, field, bounds_kept=False) if p not in named)
