@@ -8,6 +8,7 @@ in which roles, with which tool results. What the real Qwen2.5-Coder writes thro
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 
@@ -17,7 +18,7 @@ import pytest
 from localspec.server import ServerSettings
 from localspec.server.messages import MessagesRequest, as_chat
 from tests.fake_tier import Reply, one_model_app
-from tests.server_harness import ServerThread, request
+from tests.server_harness import OpenStream, ServerThread, request, wait_until
 
 KEY = "messages-key"
 MODEL = "scripted-messages"
@@ -46,6 +47,8 @@ def script(prompt: str) -> Reply | str:
         return Reply(STORY, pace_s=0.001)
     if "Keep going" in prompt:
         return ON_AND_ON
+    if "Tell an endless story" in prompt:  # still streaming when its client goes away
+        return Reply(ON_AND_ON, pace_s=0.05)
     if "Summarise the file" in prompt:
         return "It says hello." if "notes.txt\n\nhello world" in prompt else "No file."
     return "Red, green, blue. Yes."
@@ -56,6 +59,7 @@ def served(module_home):
     app, _ = one_model_app(model_id=MODEL, script=script,
                            settings=ServerSettings(api_key=KEY, cache=False, router=False, max_tokens_cap=CAP))
     with ServerThread(app) as srv:
+        srv.app = app
         yield srv
 
 
@@ -357,6 +361,33 @@ def test_a_key_in_x_api_key_is_taken_on_every_route_whatever_authorization_holds
         assert wrong.status_code == 401, (path, wrong.text)
     assert request(served.base_url, "POST", "/v1/messages", json_body=message,
                    headers={"x-api-key": "nope"}).json()["error"]["type"] == "authentication_error"
+
+
+def _running(served) -> list:
+    """The server's admitted requests still unfinished (a copy: the server's loop replaces the set)."""
+    return [j for j in list(served.app.state.admission.jobs) if not j.done.is_set()]
+
+
+def test_a_client_gone_mid_answer_cancels_its_request_streamed_or_not(served, client):
+    """The engine stops an answer nobody reads: a stream closed after its first text, a whole answer's
+    connection closed before it came. The server goes on."""
+    body = {"model": MODEL, "max_tokens": CAP, "messages": [{"role": "user", "content": "Tell an endless story."}]}
+    stream = OpenStream(served.base_url, "/v1/messages", KEY, body | {"stream": True})
+    assert stream.status_code == 200
+    assert any(line == "event: content_block_delta" for line in stream.lines())  # stops at the first text
+    (job,) = _running(served)
+    stream.close()
+    assert wait_until(job.done.is_set, timeout=60) and job.result.finish_reason == "cancelled"
+
+    host, port = served.base_url.removeprefix("http://").split(":")
+    whole = http.client.HTTPConnection(host, int(port), timeout=60)
+    whole.request("POST", "/v1/messages", body=json.dumps(body).encode(),
+                  headers={"x-api-key": KEY, "Content-Type": "application/json"})
+    assert wait_until(lambda: len(_running(served)) == 1, timeout=60)
+    (job,) = _running(served)
+    whole.close()  # before the answer: the client no longer waits for it
+    assert wait_until(job.done.is_set, timeout=60) and job.result.finish_reason == "cancelled"
+    assert ask(client, "Name three colours.").content[0].text == "Red, green, blue. Yes."
 
 
 # ---------------------------------------------------------------- the real Qwen2.5-Coder pair
