@@ -230,6 +230,8 @@ def test_what_a_local_server_cannot_read_is_a_400_in_anthropics_shape_naming_it(
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content is a number: send a string, or a list"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content is null: send a string, or a list"),
     ({"tools": ["weather"]}, "tools[0] is a string, not a tool: send"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": {"a": 1}}]}]},
+     "messages[0].content[0].content is an object: the tool's result is text; send a string, or a list of text"),
     # Before: named response_format, which this API has not, and no field
     ({"tools": WEATHER, "tool_choice": {"type": "any"},
       "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},

@@ -173,8 +173,11 @@ class MessagesRequest(_Body):
                 if kind == "document" and not (isinstance(source, dict) and source.get("type") == "text"):
                     raise ValueError(f"{where} is a document whose source is not plain text, which is not served: "
                                      'send its text as {"type": "text", "media_type": "text/plain", "data": ...}')
-                if kind == "tool_result" and isinstance(block.get("content"), list):
-                    for part in block["content"]:
+                result = block.get("content", "") if kind == "tool_result" else ""
+                if not isinstance(result, str | list):  # pydantic named the list branch alone
+                    raise ValueError(f"{where}.content is {_json_kind(result)}: the tool's result is text; {_TEXT_FIX}")
+                if isinstance(result, list):
+                    for part in result:
                         if not isinstance(part, dict) or part.get("type") != "text":
                             raise ValueError(f"{where} holds a tool result that is not text, which is not served: "
                                              f"{_TEXT_FIX}")
