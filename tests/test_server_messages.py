@@ -407,18 +407,22 @@ def real(target_path, draft_path, module_home):
         yield srv
 
 
-def test_real_a_greedy_message_is_the_chat_routes_answer_token_for_token(real):
+def test_real_a_greedy_message_is_the_chat_routes_answer_to_the_same_prompt(real):
     from tests.common import TARGET_ID
 
     client = anthropic.Anthropic(base_url=real.base_url, api_key=KEY, max_retries=0, timeout=300)
     prompt = "Write a Python function that reverses a string."
+    # Both plain decoding: the check is that the two APIs mean one prompt. (auto against off may part at a near-tie,
+    # a top-two gap under 0.17, in another batch shape: docs/auto-mode.md; it did once here.)
     m = client.messages.create(model=TARGET_ID, max_tokens=48, messages=[{"role": "user", "content": prompt}],
-                               system="You are a concise coding assistant.", extra_body=GREEDY)
+                               system="You are a concise coding assistant.",
+                               extra_body={**GREEDY, "localspec": {"mode": "off"}})
     chat = request(real.base_url, "POST", "/v1/chat/completions", KEY, {
         "model": TARGET_ID, "max_tokens": 48, "temperature": 0, "localspec": {"mode": "off"},
         "messages": [{"role": "system", "content": "You are a concise coding assistant."},
                      {"role": "user", "content": prompt}]}).json()
-    assert m.content[0].text == chat["choices"][0]["message"]["content"]  # speculative (auto) = the target alone
+    assert m.content[0].text == chat["choices"][0]["message"]["content"]
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == chat["usage"]["prompt_tokens"]
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 48
 
 
