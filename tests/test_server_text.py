@@ -17,6 +17,8 @@ import pytest
 from localspec.engine.events import Token, TokenLogprob
 from localspec.server import ServerSettings
 from localspec.server.replies import TextOffsets, chat_logprobs, completion_logprobs
+from localspec.server.schemas import ChatCompletionRequest
+from localspec.server.translate import CallWatch, chat_plan, parse_tool_calls
 from tests.fake_tier import scripted, scripted_app, scripted_backend, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread
 
@@ -140,3 +142,69 @@ def test_chat_logprobs_name_an_end_token_among_the_alternatives():
     assert [t.bytes for t in content] == [[32, 0xF0, 0x9F], [0x8E], [0x89], [33]]
     assert [(t.token, t.bytes) for t in content[2].top_logprobs][1:] == [
         ("<|im_end|>", list(b"<|im_end|>")), ("<|endoftext|>", list(b"<|endoftext|>"))]
+
+
+# ---------------------------------------------------------------- text before tool calls (units)
+
+CALL = '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TOOL_ANSWERS = [
+    "Paris is the capital of France.",
+    f"Let me check.\n{CALL}",
+    f"{CALL}\nI asked for the weather.",
+    f"{CALL}\n{CALL}\n",
+    "A <tool is no tag, nor is <tool_call without its end: <tool_",
+    f"Checking:  \n\n{CALL}\n\n  Done.  \n",
+    f"  \nSure. {CALL}",
+    " Paris.\n",
+    "Paris.\n\n",
+    "<tool_call>not JSON</tool_call> Sorry.",
+    'Café ☕ <tool_call>{"name": "weather", "arguments": {}}</tool_call> ok',
+]
+
+
+def _fed(answer: str, size: int) -> list[str]:
+    """What a CallWatch has sent after each of `answer`'s chunks of `size` characters, in all."""
+    gate, sent, out = CallWatch(), "", []
+    for i in range(0, len(answer), size):
+        sent += gate.feed(answer[i:i + size])
+        out.append(sent)
+    return out
+
+
+@pytest.mark.parametrize("answer", TOOL_ANSWERS)
+def test_text_sent_before_the_end_is_always_the_start_of_the_final_content(answer):
+    """Whatever the chunks, what went out is never taken back: the content parse_tool_calls leaves
+    (the calls removed, stripped when there were any) starts with it at every point."""
+    content = parse_tool_calls(answer, forced=False)[0] or ""
+    for size in (1, 2, 3, 7, len(answer)):
+        for sent in _fed(answer, size):
+            assert content.startswith(sent), (size, sent, content)
+
+
+@pytest.mark.parametrize(("answer", "before_the_end"), [
+    ("Paris is the capital of France.", "Paris is the capital of France."),  # all of it, as it comes
+    ("Paris.\n\n", "Paris."),  # trailing whitespace: a call after it would make it the stripped end
+    (f"Let me check.\n{CALL}", "Let me check."),  # the call and the whitespace before it wait
+    (f"{CALL}\nI asked for the weather.", ""),  # everything after a call's start waits for the end
+    ("A <tool is no tag, nor is <tool_call without its end: <tool_",
+     "A <tool is no tag, nor is <tool_call without its end:"),  # a start of the marker waits, then goes
+    (" Paris.\n", ""),  # leading whitespace is content only if no call follows: held whole
+])
+def test_what_a_call_watch_sends_before_the_end(answer, before_the_end):
+    assert _fed(answer, 1)[-1] == before_the_end
+
+
+def test_a_possible_marker_is_held_until_the_text_after_it_says_it_is_not_one():
+    gate = CallWatch()
+    assert [gate.feed(t) for t in ("Use ", "<tool", "_c", " tags", " <tool_call>", "{}")] == [
+        "Use", "", "", " <tool_c tags", "", ""]
+
+
+def test_only_tools_offered_without_a_forced_call_stream_text_before_the_end():
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    ask = dict(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert chat_plan(ChatCompletionRequest(**ask), 64).text_gate() is None  # no tools: all of it, as it comes
+    assert isinstance(chat_plan(ChatCompletionRequest(**ask, tools=tools), 64).text_gate(), CallWatch)
+    for forced in ("required", {"type": "function", "function": {"name": "weather"}}):
+        gate = chat_plan(ChatCompletionRequest(**ask, tools=tools, tool_choice=forced), 64).text_gate()
+        assert gate is not None and gate.feed('{"name": "weather", "arguments": {}}') == ""  # the call's JSON

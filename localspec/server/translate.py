@@ -36,7 +36,8 @@ from localspec.server.schemas import (
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
 FIM_MARKERS = (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+TOOL_CALL = "<tool_call>"  # where a call begins in an answer (Qwen's and Hermes' format)
+_TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,15 @@ class Plan:
             return text, []
         content, calls = parse_tool_calls(text, self.tool_mode == "forced")
         return content, calls[:1] if self.one_tool_call else calls
+
+    def text_gate(self) -> CallWatch | HoldAll | None:
+        """What of a streamed answer's text may be sent as it comes (a new gate for each stream): all
+        of it without tools (None); with tools offered, what cannot be part of a call (CallWatch);
+        none of a forced call, which is the call's JSON (HoldAll). The rest goes at the end, from the
+        whole answer's content."""
+        if self.tool_mode == "auto":
+            return CallWatch()
+        return HoldAll() if self.tool_mode else None
 
 
 def _sampling(body: _Sampling) -> SamplingParams:
@@ -375,6 +385,56 @@ def _fallback(request: GenerationRequest, unenforced: tuple[str, ...] = ()) -> s
     if request.grammar and not request.sampling.greedy:
         notes.append("grammar with temperature > 0 decodes without speculation (greedy grammar requests speculate)")
     return "; ".join(notes) or None
+
+
+class HoldAll:
+    """A gate that sends nothing before the end: the text is parsed whole (a forced call's JSON)."""
+
+    def feed(self, text: str) -> str:
+        return ""
+
+
+class CallWatch:
+    """The text of an answer that may hold tool calls (tool mode "auto"), sent as it becomes certain
+    to be the start of the content that `parse_tool_calls` will leave: `feed` takes the answer's next
+    text and returns what may be sent now.
+
+    Held back: a suffix that may be the start of TOOL_CALL (as StopMatcher holds a stop string's),
+    everything from TOOL_CALL on (a call, parsed at the end), and trailing whitespace (a call after
+    it makes it the content's end, which is stripped). An answer that starts with whitespace is held
+    whole: that whitespace is content unless a call follows, which strips it, so nothing of it is
+    certain before the end."""
+
+    def __init__(self) -> None:
+        self._held = ""  # the answer's text after what was sent
+        self._started = False  # the answer's first character was seen, and it was not whitespace
+        self._closed = False  # a call began, or the answer starts with whitespace: nothing more before the end
+
+    def feed(self, text: str) -> str:
+        if self._closed or not text:
+            return ""
+        held = self._held + text
+        if not self._started:
+            self._started = not held[0].isspace()
+            self._closed = not self._started
+            if self._closed:
+                return ""
+        at = held.find(TOOL_CALL)
+        if at >= 0:
+            self._closed = True
+        else:
+            at = len(held) - _marker_start(held)
+        cut = len(held[:at].rstrip())
+        self._held = held[cut:]
+        return held[:cut]
+
+
+def _marker_start(text: str) -> int:
+    """The length of the longest end of `text` that TOOL_CALL starts with (but is not all of)."""
+    for n in range(min(len(TOOL_CALL) - 1, len(text)), 0, -1):
+        if text.endswith(TOOL_CALL[:n]):
+            return n
+    return 0
 
 
 def parse_tool_calls(text: str, forced: bool) -> tuple[str | None, list[ToolCall]]:
