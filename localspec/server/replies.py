@@ -164,6 +164,13 @@ def unfinished(done: Done) -> APIError | None:
 
 
 
+def unsent(content: str, sent: str) -> str:
+    """The part of an answer's final content that its stream has not sent yet. With tools offered
+    the stream held back only what might be a call (Plan.text_gate), so what it sent is the
+    content's start; without tools it sent the whole content."""
+    return content[len(sent):] if content.startswith(sent) else ""
+
+
 def sse_error(err: APIError) -> bytes:
     """The same error inside a stream that has already sent its 200."""
     body = error_json(err.status, err.message, err.code)

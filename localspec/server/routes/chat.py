@@ -15,7 +15,7 @@ from localspec.server.backend import Backend
 from localspec.server.choices import submit_all
 from localspec.server.errors import ERROR_RESPONSES
 from localspec.server.replies import (StreamedReply, chat_logprobs, choices_extension, extension, one_answer,
-                                      origin_of, streamed, usage, wholes)
+                                      origin_of, streamed, unsent, usage, wholes)
 from localspec.server.routes.plans import SSE_CONTENT, plan
 from localspec.server.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
                                       ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCallDelta)
@@ -62,6 +62,7 @@ class ChatReply(StreamedReply):
         self.body = body
         self.id = f"chatcmpl-{job.id}"
         self.hold_text = bool(plan_.tool_mode)
+        self.text = ""  # streamed so far
         self.unreported: list[Token] = []  # logprob tokens behind no text yet: they go on the last chunk
 
     def choice(self, tokens: list[Token], done: Done) -> ChatChoice:
@@ -83,6 +84,7 @@ class ChatReply(StreamedReply):
         if not piece.text:
             self.unreported = piece.tokens
             return None
+        self.text += piece.text
         lp = chat_logprobs(self.b, piece.tokens) if self.body.logprobs else None
         chunk = self.chunk(ChatDelta(content=piece.text), logprobs=lp)
         chunk.localspec = origin_of(self.body, piece)
@@ -93,13 +95,13 @@ class ChatReply(StreamedReply):
         reason: str = done.finish_reason
         if self.plan.tool_mode:
             content, calls = self.plan.tool_calls(done.text)
+            if rest := unsent(content or "", self.text):  # what was held back: a call's text is not content
+                out.append(sse(self.chunk(ChatDelta(content=rest))))
             if calls:
                 reason = "tool_calls"
                 deltas = [ToolCallDelta(index=i, id=c.id, type="function", function=c.function)
                           for i, c in enumerate(calls)]
                 out.append(sse(self.chunk(ChatDelta(tool_calls=deltas))))
-            if content:
-                out.append(sse(self.chunk(ChatDelta(content=content))))
         lp = chat_logprobs(self.b, self.unreported) if self.body.logprobs and self.unreported else None
         final = self.chunk(ChatDelta(), finish_reason=reason, logprobs=lp)
         final.localspec = extension(self.b, done, self.plan, self.job, self.who)

@@ -25,7 +25,7 @@ from localspec.server.backend import Backend
 from localspec.server.errors import ANTHROPIC_ERROR_RESPONSES, APIError, anthropic_error
 from localspec.server.messages import (MESSAGES_FIELDS, ContentOut, MessageObject, MessagesRequest, MessageUsage,
                                        StopReason, TextOut, TokenCount, ToolUseOut, as_chat, tool_input, tool_use_id)
-from localspec.server.replies import StreamedReply, extension, origin_of
+from localspec.server.replies import StreamedReply, extension, origin_of, unsent
 from localspec.server.routes.plans import SSE_CONTENT, plan, valid_or_400
 from localspec.server.schemas import ChatCompletionRequest, ToolCall
 from localspec.server.state import Principal, ServerState, State
@@ -166,9 +166,8 @@ class MessagesReply(StreamedReply):
         for block in blocks:
             if isinstance(block, TextOut):
                 out += self.open_text()
-                # Streamed text is the answer's (no tools), or nothing was (tools: held): a prefix either way.
-                if block.text != self.text and block.text.startswith(self.text):
-                    out.append(self.text_delta(block.text[len(self.text):]))
+                if rest := unsent(block.text, self.text):  # what was held back (tools: what might be a call)
+                    out.append(self.text_delta(rest))
                 out.append(event("content_block_stop", index=index))
             else:
                 out += [event("content_block_start", index=index, content_block=block.model_copy(update={"input": {}})),

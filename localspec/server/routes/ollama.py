@@ -24,7 +24,7 @@ from localspec.server.ollama import (OLLAMA_API_VERSION, OLLAMA_FIELDS, Assistan
                                      LegacyEmbeddingRequest, OllamaChatRequest, OllamaEmbedRequest,
                                      OllamaGenerateRequest, ShowRequest, Timings, chat_request, done_reason,
                                      generate_request, ndjson, ollama_calls, tagged)
-from localspec.server.replies import StreamedReply
+from localspec.server.replies import StreamedReply, unsent
 from localspec.server.routes import embeddings as openai_embeddings
 from localspec.server.routes.completions import fim_in_vocabulary, fim_supported
 from localspec.server.routes.models import cards
@@ -115,6 +115,7 @@ class OllamaReply(StreamedReply):
         self.model, self.shape, self.t0 = model, shape, t0
         self.id = job.id
         self.hold_text = bool(plan_.tool_mode)
+        self.text = ""  # streamed so far
 
     def line(self, text: str, *, done: Done | None = None, calls: list[ToolCall] | None = None) -> BaseModel:
         reason = done_reason(done) if done is not None else None
@@ -126,13 +127,18 @@ class OllamaReply(StreamedReply):
     def last(self, done: Done, *, whole: bool) -> dict[str, Any]:
         """The finished answer's line: the whole text (or, streamed, only what was held) and the counts."""
         content, calls = self.plan.tool_calls(done.text)
-        text = (content or "") if whole or self.hold_text else ""
+        text = content or ""
+        if not whole:  # with tools offered the stream held back what might be a call; without, nothing
+            text = unsent(text, self.text) if self.plan.tool_mode else ""
         timings = Timings.of(done, total_s=time.perf_counter() - self.t0)
         data = self.line(text, done=done, calls=calls).model_dump(mode="json", exclude_none=True)
         return {**data, **timings.model_dump()}
 
     def piece(self, piece: Piece) -> bytes | None:
-        return ndjson(self.line(piece.text)) if piece.text else None
+        if not piece.text:
+            return None
+        self.text += piece.text
+        return ndjson(self.line(piece.text))
 
     def tail(self, done: Done) -> list[bytes]:
         return [json.dumps(self.last(done, whole=False), ensure_ascii=False).encode() + b"\n"]

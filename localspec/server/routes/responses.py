@@ -20,7 +20,7 @@ from localspec.jobs import Job
 from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ERROR_RESPONSES, APIError
-from localspec.server.replies import StreamedReply, extension, origin_of
+from localspec.server.replies import StreamedReply, extension, origin_of, unsent
 from localspec.server.responses import (RESPONSES_FIELDS, DeletedResponse, IncompleteDetails, InputItemList,
                                         InputTokensDetails, OutputFunctionCall, OutputItem, OutputMessage, OutputText,
                                         ResponseError, ResponseObject, ResponsesRequest, ResponseUsage, StoredItem,
@@ -222,13 +222,12 @@ class ResponsesReply(StreamedReply):
         return out
 
     def close_text(self, item: OutputMessage) -> list[bytes]:
-        """The message's .done events; in tool mode its text was held, and goes as one delta here."""
+        """The message's .done events, after the text the stream held back (tools: what might be a call)."""
         text = item.content[0].text
         out = self.open_text()
-        # Streamed text is the answer's (no tools), or nothing was streamed (tools: held): a prefix either way.
-        if text != self.text and text.startswith(self.text):
+        if rest := unsent(text, self.text):
             out.append(self.next("response.output_text.delta", item_id=item.id, output_index=0, content_index=0,
-                                 delta=text[len(self.text):], logprobs=[]))
+                                 delta=rest, logprobs=[]))
         out.append(self.next("response.output_text.done", item_id=item.id, output_index=0, content_index=0,
                              text=text, logprobs=[]))
         out.append(self.next("response.content_part.done", item_id=item.id, output_index=0, content_index=0,
