@@ -62,8 +62,8 @@ def test_chat_logprobs_end_where_the_stop_string_cuts_the_answer(client, mode, s
 
 
 def test_held_text_keeps_its_logprobs_up_to_the_stop_string(client):
-    """With tools offered the text is held and parsed whole at the end; its logprobs come on the last
-    chunk, still only the answer's."""
+    """With tools offered the text is parsed whole at the end, and what might be part of a call (here
+    the trailing space) is held to it; the logprobs, streamed and held, are still only the answer's."""
     tools = [{"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}]
     kw = chat_kw("off", stop=["brown f"], logprobs=True, tools=tools)
     whole = client.chat.completions.create(**kw).choices[0]

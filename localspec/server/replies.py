@@ -193,7 +193,6 @@ class StreamedReply(ABC):
     waiting, the metrics record, an engine failure as an error event, [DONE]) around the route's own
     chunks. `index`: which choice (OpenAI's n); the module's `streamed` and `wholes` read several."""
 
-    hold_text = False  # True: the text is parsed whole at the end (tool calls)
     closing: bytes | None = SSE_DONE  # the stream's last event (the Responses API sends none)
     keepalive: bytes | None = SSE_KEEPALIVE  # sent while a request waits (NDJSON has no comments: none)
 
@@ -234,7 +233,7 @@ class StreamedReply(ABC):
         stopped without a Done)."""
         for first in self.head():
             yield first
-        async for item in pieces(self.job, self.state.metrics, hold_text=self.hold_text):
+        async for item in pieces(self.job, self.state.metrics, gate=self.plan.text_gate()):
             if isinstance(item, Waiting):
                 if self.keepalive is not None:
                     yield self.keepalive

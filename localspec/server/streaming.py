@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 import anyio
 from fastapi import Request
@@ -65,28 +65,41 @@ class Piece:
     origin: Origin = "target"  # the origin of the token whose text this is
 
 
-async def pieces(job: Job, metrics: Metrics, *, hold_text: bool = False) -> AsyncIterator[Piece | Done | Waiting]:
-    """A streamed answer in Pieces, then its Done. With `hold_text` (a tool call, parsed whole) every
-    token comes as one Piece with no text before the Done. Logprob tokens that no text followed are
-    not reported (see `collect`)."""
-    pending: list[Token] = []
-    backed = 0  # hold_text: how many of `pending` some text followed
+class TextGate(Protocol):
+    """Which of an answer's text may be sent as it comes: `feed` takes the next text and returns what
+    became certain; what it holds is the reply's to send at the end (translate.Plan.text_gate)."""
+
+    def feed(self, text: str) -> str: ...
+
+
+async def pieces(job: Job, metrics: Metrics, *, gate: TextGate | None = None) -> AsyncIterator[Piece | Done | Waiting]:
+    """A streamed answer in Pieces, then its Done. `gate` passes the text that is certain (None: all
+    of it): what it holds at the end (a tool call, parsed whole) comes in no Piece. A logprob token
+    comes with the first Piece whose text reaches past where the token's own text starts; those
+    behind text the gate held come in one Piece with no text before the Done. Logprob tokens that no
+    text followed are not reported (see `collect`)."""
+    pending: list[tuple[int, Token]] = []  # logprob tokens not reported yet, each with where its text starts
+    seen = sent = 0  # characters of the answer's text so far, and of those the Pieces carried
     async for event in job_events(job, metrics, keepalive_s=KEEPALIVE_S):
         if isinstance(event, Waiting):
             yield event
         elif isinstance(event, Done):
-            if backed:
-                yield Piece("", pending[:backed])
+            if backed := [t for at, t in pending if at < seen]:
+                yield Piece("", backed)
             yield event
             return
         else:
             if event.logprob is not None:
-                pending.append(event)
-            if event.text and hold_text:
-                backed = len(pending)
-            elif event.text:
-                yield Piece(event.text, pending, event.origin)
-                pending = []
+                pending.append((seen, event))
+            if not event.text:
+                continue
+            seen += len(event.text)
+            text = event.text if gate is None else gate.feed(event.text)
+            if text:
+                sent += len(text)
+                ready = [t for at, t in pending if at < sent]
+                pending = pending[len(ready):]
+                yield Piece(text, ready, event.origin)
 
 
 async def collect(job: Job, metrics: Metrics) -> tuple[list[Token], Done]:

@@ -61,7 +61,6 @@ class ChatReply(StreamedReply):
         super().__init__(state, b, plan_, job, who, index=index)
         self.body = body
         self.id = f"chatcmpl-{job.id}"
-        self.hold_text = bool(plan_.tool_mode)
         self.text = ""  # streamed so far
         self.unreported: list[Token] = []  # logprob tokens behind no text yet: they go on the last chunk
 

@@ -111,7 +111,6 @@ class MessagesReply(StreamedReply):
         super().__init__(state, b, plan_, job, who)
         self.chat = chat
         self.id = f"msg_{job.id}"
-        self.hold_text = bool(plan_.tool_mode)  # calls are parsed from the whole answer
         self.text = ""  # streamed so far
         self.text_open = False  # content block 0 (the text) was started
 

@@ -114,7 +114,6 @@ class OllamaReply(StreamedReply):
         super().__init__(state, b, plan_, job, who)
         self.model, self.shape, self.t0 = model, shape, t0
         self.id = job.id
-        self.hold_text = bool(plan_.tool_mode)
         self.text = ""  # streamed so far
 
     def line(self, text: str, *, done: Done | None = None, calls: list[ToolCall] | None = None) -> BaseModel:

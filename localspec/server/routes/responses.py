@@ -115,7 +115,6 @@ class ResponsesReply(StreamedReply):
         self.conversation = conversation  # what previous_response_id will mean: no instructions
         self.id = f"resp_{job.id}"
         self.message_id = f"msg_{job.id}"
-        self.hold_text = bool(plan_.tool_mode)
         self.sequence = 0
         self.text = ""  # streamed so far
         self.text_open = False  # the message item and its text part were announced
