@@ -219,6 +219,13 @@ def test_tool_call_round_trip(model_client):
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather"
     assert "paris" in json.loads(call.function.arguments)["city"].lower()
+    # Streamed, a forced call is the call alone: its JSON is never sent as text.
+    chunks = [c.choices[0] for c in client.chat.completions.create(
+        model=TARGET_ID, messages=messages, tools=tools, max_tokens=32, temperature=0, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}) if c.choices]
+    assert not "".join(c.delta.content or "" for c in chunks)
+    assert [(d.function.name, d.function.arguments) for c in chunks for d in c.delta.tool_calls or []] == [
+        (call.function.name, call.function.arguments)]
 
     messages = messages + [
         choice.message.model_dump(exclude_none=True),
@@ -231,6 +238,22 @@ def test_tool_call_round_trip(model_client):
     assert final.choices[0].finish_reason in ("stop", "length")
     content = final.choices[0].message.content
     assert content and ("18" in content or "sunny" in content.lower()), content
+
+
+def test_prose_with_tools_offered_streams_as_the_whole_answer_says_it(model_client):
+    """Tools offered (an agent's client offers them on every turn) and a question the model answers in
+    prose: the text streams in pieces, and they make the greedy whole answer. Mode off on both: the
+    check is the stream, not a near-tie that another batch shape may settle otherwise."""
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ask = dict(model=TARGET_ID, messages=user("In two sentences, what is a hash map?"), tools=tools, max_tokens=40,
+               temperature=0, extra_body={"localspec": {"mode": "off"}})
+    whole = model_client.chat.completions.create(**ask).choices[0].message
+    assert whole.content and not whole.tool_calls  # answered in prose
+    pieces = [c.choices[0].delta.content for c in model_client.chat.completions.create(**ask, stream=True)
+              if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 1 and "".join(pieces) == whole.content
 
 
 def test_responses_api_round_trip_on_the_real_pair(model_client):
