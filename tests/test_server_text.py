@@ -9,6 +9,7 @@ accepts whole runs of k tokens in one verify step.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import openai
@@ -160,6 +161,43 @@ TOOL_ANSWERS = [
     "<tool_call>not JSON</tool_call> Sorry.",
     'Café ☕ <tool_call>{"name": "weather", "arguments": {}}</tool_call> ok',
 ]
+
+
+UNTAGGED = [  # what Qwen2.5-Coder 1.5B wrote for a call at temperature 1, and near misses
+    'Here is the call:\n\n```json\n{"name": "weather", "arguments": {"city": "Paris"}}\n```\n\nIt reads the weather.',
+    '{"function": "weather", "arguments": {"city": "Paris"}}',
+    '```json\n{"name": "forecast", "arguments": {}}\n```',  # a tool not offered: text
+    '{"name": "weather"} is how a call looks.',  # not one JSON object: text
+    'Use ```json blocks\n```python\nprint(1)\n```',
+]
+
+
+@pytest.mark.parametrize(("answer", "content", "calls"), [
+    (UNTAGGED[0], "Here is the call:\n\n\n\nIt reads the weather.", [("weather", {"city": "Paris"})]),
+    (UNTAGGED[1], None, [("weather", {"city": "Paris"})]),
+    (UNTAGGED[2], UNTAGGED[2], []),
+    (UNTAGGED[3], UNTAGGED[3], []),
+    ('{"function": {"name": "weather", "arguments": "{\\"city\\": \\"Rome\\"}"}}', None, [("weather", {"city": "Rome"})]),
+    # where the answer has tagged calls, those are its calls: a code block beside them is text
+    (f'{CALL} and ```json\n{{"name": "weather", "arguments": {{}}}}\n```',
+     'and ```json\n{"name": "weather", "arguments": {}}\n```', [("weather", {"city": "Paris"})]),
+])
+def test_a_call_a_small_model_writes_untagged_counts_when_it_names_an_offered_tool(answer, content, calls):
+    """Qwen2.5-Coder 1.5B answered Claude Code-style tools with a ```json block or a bare object (a name under
+    "function" too) instead of <tool_call> tags: read as text, the client saw JSON and no call."""
+    got_content, got = parse_tool_calls(answer, forced=False, names={"weather"})
+    assert got_content == content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in got] == calls
+    if not answer.startswith(CALL):  # without the offered names, only tagged calls count
+        assert parse_tool_calls(answer, forced=False) == (answer, [])
+
+
+@pytest.mark.parametrize("answer", UNTAGGED)
+def test_text_sent_before_an_untagged_call_is_the_start_of_the_final_content(answer):
+    content = parse_tool_calls(answer, forced=False, names={"weather"})[0] or ""
+    for size in (1, 2, 3, 7, len(answer)):
+        for sent in _fed(answer, size):
+            assert content.startswith(sent), (size, sent, content)
 
 
 def _fed(answer: str, size: int) -> list[str]:

@@ -6,6 +6,7 @@ Everything here is pure (no engine state) except the FIM check, which asks the t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 import json
 import re
 import uuid
@@ -38,6 +39,9 @@ FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_
 FIM_MARKERS = (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)
 TOOL_CALL = "<tool_call>"  # where a call begins in an answer (Qwen's and Hermes' format)
 _TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+JSON_FENCE = "```json"  # a call a small model writes as a code block instead (see parse_tool_calls)
+_JSON_FENCE_RE = re.compile(re.escape(JSON_FENCE) + r"\s*(\{.*?\})\s*```", re.DOTALL)
+CALL_STARTS = (TOOL_CALL, JSON_FENCE)  # where a call may begin anywhere in an answer; a bare one starts it
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,8 @@ class Plan:
         """The answer's tool calls (none unless tools were offered), and the text left over."""
         if not self.tool_mode:
             return text, []
-        content, calls = parse_tool_calls(text, self.tool_mode == "forced")
+        names = {t["function"]["name"] for t in self.request.tools or ()}
+        content, calls = parse_tool_calls(text, self.tool_mode == "forced", names=names)
         return content, calls[:1] if self.one_tool_call else calls
 
     def text_gate(self) -> CallWatch | HoldAll | None:
@@ -399,15 +404,15 @@ class CallWatch:
     to be the start of the content that `parse_tool_calls` will leave: `feed` takes the answer's next
     text and returns what may be sent now.
 
-    Held back: a suffix that may be the start of TOOL_CALL (as StopMatcher holds a stop string's),
-    everything from TOOL_CALL on (a call, parsed at the end), and trailing whitespace (a call after
-    it makes it the content's end, which is stripped). An answer that starts with whitespace is held
-    whole: that whitespace is content unless a call follows, which strips it, so nothing of it is
-    certain before the end."""
+    Held back: a suffix that may be the start of a call (CALL_STARTS, as StopMatcher holds a stop
+    string's), everything from a call's start on (parsed at the end), and trailing whitespace (a call
+    after it makes it the content's end, which is stripped). An answer that starts with whitespace is
+    held whole: that whitespace is content unless a call follows, which strips it, so nothing of it is
+    certain before the end; so is one that starts with "{", which may be a bare call."""
 
     def __init__(self) -> None:
         self._held = ""  # the answer's text after what was sent
-        self._started = False  # the answer's first character was seen, and it was not whitespace
+        self._started = False  # the answer's first character was seen, and it was neither whitespace nor "{"
         self._closed = False  # a call began, or the answer starts with whitespace: nothing more before the end
 
     def feed(self, text: str) -> str:
@@ -415,45 +420,69 @@ class CallWatch:
             return ""
         held = self._held + text
         if not self._started:
-            self._started = not held[0].isspace()
+            self._started = not (held[0].isspace() or held[0] == "{")
             self._closed = not self._started
             if self._closed:
                 return ""
-        at = held.find(TOOL_CALL)
-        if at >= 0:
+        found = [at for start in CALL_STARTS if (at := held.find(start)) >= 0]
+        if found:
+            at = min(found)
             self._closed = True
         else:
-            at = len(held) - _marker_start(held)
+            at = len(held) - max(_marker_start(held, start) for start in CALL_STARTS)
         cut = len(held[:at].rstrip())
         self._held = held[cut:]
         return held[:cut]
 
 
-def _marker_start(text: str) -> int:
-    """The length of the longest end of `text` that TOOL_CALL starts with (but is not all of)."""
-    for n in range(min(len(TOOL_CALL) - 1, len(text)), 0, -1):
-        if text.endswith(TOOL_CALL[:n]):
+def _marker_start(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that `marker` starts with (but is not all of)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
             return n
     return 0
 
 
-def parse_tool_calls(text: str, forced: bool) -> tuple[str | None, list[ToolCall]]:
-    """Tool calls in the answer, and the text left over (None when only calls remain)."""
-    blobs = [text] if forced else _TOOL_CALL_RE.findall(text)
-    calls = []
-    for blob in blobs:
-        try:
-            obj = loads_bounded(blob)
-        except ValueError:  # not JSON, or nested too deep to be a call
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            continue
-        args = obj.get("arguments", {})
-        calls.append(ToolCall(
-            id=f"call_{uuid.uuid4().hex[:24]}",
-            function=FunctionCall(name=obj["name"], arguments=args if isinstance(args, str) else json.dumps(args)),
-        ))
+def parse_tool_calls(text: str, forced: bool, *, names: Collection[str] = ()) -> tuple[str | None, list[ToolCall]]:
+    """Tool calls in the answer, and the text left over (None when only calls remain).
+
+    A call is a `<tool_call>{"name": ..., "arguments": ...}</tool_call>` block, the format the chat template
+    teaches. Where the answer has none, and `names` (the offered tools) are given, two forms a small model
+    writes instead count when they name an offered tool: a ```json code block, and the whole answer as
+    one JSON object (Qwen2.5-Coder 1.5B wrote both, at temperature 1, for Claude Code-style tools; with
+    "function" for "name" too). llama-server's Hermes parser takes such forms as well."""
+    if forced:
+        call = _call(text)
+        return (None, [call]) if call else (text, [])
+    calls = [c for blob in _TOOL_CALL_RE.findall(text) if (c := _call(blob))]
+    if calls:
+        rest = _TOOL_CALL_RE.sub("", text)
+    elif names:
+        fenced = [(m, c) for m in _JSON_FENCE_RE.finditer(text) if (c := _call(m.group(1), names))]
+        calls = [c for _, c in fenced]
+        rest = "".join(text[a:b] for a, b in zip([0, *(m.end() for m, _ in fenced)],
+                                                 [*(m.start() for m, _ in fenced), len(text)], strict=True))
+        if not calls and text.lstrip().startswith("{") and (bare := _call(text.strip(), names)):
+            calls, rest = [bare], ""
     if not calls:
         return text, []
-    rest = "" if forced else _TOOL_CALL_RE.sub("", text).strip()
-    return (rest or None), calls
+    return (rest.strip() or None), calls
+
+
+def _call(blob: str, names: Collection[str] | None = None) -> ToolCall | None:
+    """One call's JSON as a ToolCall: `name` (or `function`, a name or OpenAI's {"name", "arguments"}) and
+    `arguments` (or `parameters`); with `names`, only a call of one of them."""
+    try:
+        obj = loads_bounded(blob)
+    except ValueError:  # not JSON, or nested too deep to be a call
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict) and "name" not in obj:
+        obj = obj["function"]
+    name = obj.get("name", obj.get("function"))
+    if not isinstance(name, str) or (names is not None and name not in names):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}",
+                    function=FunctionCall(name=name, arguments=args if isinstance(args, str) else json.dumps(args)))
