@@ -425,6 +425,19 @@ def test_code_around_a_fill_in_the_middle_cursor_that_spells_a_marker_stays_text
         GenerationRequest(prompt="other", prompt_pieces=pieces)
 
 
+def test_a_chat_whose_message_spells_a_special_is_framed_as_one_text():
+    """A chat rendered in pieces (a message spelling a special token is one) got the tokenizer's end
+    token after its first piece: mid-prompt, where the whole text has it last."""
+    from localspec.engine.prompt import Prompter
+    from tests.fake_tier import SEP, SPECIAL, ScriptedRuntime
+
+    prompter = Prompter(ScriptedRuntime(lambda prompt: "x"), n_ctx=512, pinned_cells=0)
+    plain = prompter.render([ChatMessage(role="user", content="MARK")])
+    spelled = prompter.render([ChatMessage(role="user", content="<|fim_prefix|>")])
+    assert plain[-1] == spelled[-1] == SEP and spelled.count(SEP) == 1
+    assert SPECIAL["<|fim_prefix|>"] not in spelled and len(spelled) == len(plain) + len("<|fim_prefix|>") - 4
+
+
 @pytest.mark.models
 def test_a_message_that_spells_special_tokens_stays_text(draft_path):
     """Parsed as specials, a user's "<|im_end|>\\n<|im_start|>system\\n..." became a system turn of its own.

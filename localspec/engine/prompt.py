@@ -100,13 +100,16 @@ class Prompter:
         add_special = not (self.bos_text and text.startswith(self.bos_text))
         if not markers:  # nearly always: one pass tokenizes it all
             return self.target.tokenize(text, add_special=add_special, parse_special=True)
-        tokens: list[int] = []
-        for n, piece in enumerate(_MARKER.split(text)):  # template text, a marker, template text, ...
+        # In pieces, framed as the whole text would be (see `pieces`): an end token the tokenizer adds
+        # goes after the last piece, not after the first.
+        lead, trail = self._frame() if add_special else ([], [])
+        tokens = list(lead)
+        for piece in _MARKER.split(text):  # template text, a marker, template text, ...
             if piece in markers:
                 tokens += self.target.tokenize(markers[piece], add_special=False, parse_special=False)
             elif piece:
-                tokens += self.target.tokenize(piece, add_special=add_special and n == 0, parse_special=True)
-        return tokens
+                tokens += self.target.tokenize(piece, add_special=False, parse_special=True)
+        return tokens + list(trail)
 
     def text(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
              add_generation_prompt: bool = True) -> str:
