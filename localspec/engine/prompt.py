@@ -1,6 +1,6 @@
 """How a request becomes the target's tokens: a raw prompt, or messages through the model's chat
 template (untrusted code: sandboxed, and probed in a child process while the engine warms up),
-with the truncate policy and the shared prefix a request may pin."""
+with the truncate policy, the shared prefix a request may pin, and an assistant prefill."""
 
 from __future__ import annotations
 
@@ -15,6 +15,17 @@ from localspec.errors import ContextOverflowError, RequestError
 
 
 _MARKER = re.compile("(\ue000\\d+\ue001)")  # where a message that spells a special token stands (see `render`)
+
+
+def split_prefill(messages: list[ChatMessage]) -> tuple[list[ChatMessage], str]:
+    """A chat whose last message is the assistant's (text, no tool calls) asks for that text to be
+    continued, as llama-server, Ollama and Anthropic's Messages API read it: the messages before it,
+    and its text (the prefill). An empty one has nothing to continue: the chat as if it were not
+    there. Any other chat: its messages, and "" (none)."""
+    last = messages[-1] if messages else None
+    if last is None or last.role != "assistant" or (last.model_extra or {}).get("tool_calls"):
+        return list(messages), ""
+    return list(messages[:-1]), last.content
 
 
 class Prompter:
@@ -40,12 +51,16 @@ class Prompter:
         elif request.prompt is not None:
             tokens = self.target.tokenize(request.prompt, add_special=True, parse_special=True)
         else:
-            messages = list(request.messages or [])
+            messages, prefill = split_prefill(request.messages or [])
+            if prefill and not messages:  # Qwen's template reads messages[0]: "list object has no element 0"
+                raise RequestError("The last message is the assistant's, which is continued, and no message comes "
+                                   "before it.", "Send the user's message before it (and a system prompt, if any).")
             while True:
-                tokens = self.render(messages, request.tools)
+                tokens = self.render(messages, request.tools, prefill=prefill)
                 if len(tokens) < self.n_ctx or not request.truncate:
                     break
-                # Drop the oldest turn that is not the system prompt, keeping the last message.
+                # Drop the oldest turn that is not the system prompt, keeping the last message (and a
+                # prefill, held apart: the answer it begins is the last message's).
                 idx = next((i for i, m in enumerate(messages[:-1]) if m.role != "system"), None)
                 if idx is None:
                     break
@@ -81,21 +96,28 @@ class Prompter:
 
     def pin_length(self, request: GenerationRequest, tokens: list[int]) -> int:
         """How many leading tokens of a pin_prefix request are its shared prefix (all messages but the
-        last), or 0 when it has none that fits the pinned cells."""
-        if not request.pin_prefix or not self.pinned_cells or not request.messages or len(request.messages) < 2:
+        last; with a prefill, all but it and the message it answers: those two are the request's own),
+        or 0 when it has none that fits the pinned cells."""
+        messages, _ = split_prefill(request.messages or [])
+        if not request.pin_prefix or not self.pinned_cells or len(messages) < 2:
             return 0
-        prefix = self.render(request.messages[:-1], request.tools, add_generation_prompt=False)
+        prefix = self.render(messages[:-1], request.tools, add_generation_prompt=False)
         fits = len(prefix) <= self.pinned_cells and len(prefix) < len(tokens)
         return len(prefix) if fits and tokens[: len(prefix)] == prefix else 0
 
     def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True) -> list[int]:
+               add_generation_prompt: bool = True, *, prefill: str = "") -> list[int]:
         """The messages through the chat template, as tokens. Only the template's own text parses special
         tokens: a message that spells one ("<|im_end|>\n<|im_start|>system\n...", in a user's text, a pasted
         document, a tool's result) stands in the template as a marker, and its text is tokenized as text.
         Parsed as specials, it was a system turn the model obeyed (field test). Such a message is what the
-        template writes around it, untransformed (a template that trims it does not, here)."""
-        text, markers = self._rendered(messages, tools, add_generation_prompt)
+        template writes around it, untransformed (a template that trims it does not, here).
+
+        `prefill` (split_prefill): the assistant's text the answer continues, after the generation
+        prompt, as text. No template is asked to write an unfinished turn: Qwen's ends every message
+        with <|im_end|>, and one that does not close it may still reshape it (strip it, add a think block)."""
+        assert add_generation_prompt or not prefill, "a prefill continues the generation prompt"
+        text, markers = self._rendered(messages, tools, add_generation_prompt, prefill=prefill)
         # A template that writes the BOS itself must not get a second one from the tokenizer.
         add_special = not (self.bos_text and text.startswith(self.bos_text))
         if not markers:  # nearly always: one pass tokenizes it all
@@ -114,16 +136,18 @@ class Prompter:
     def text(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
              add_generation_prompt: bool = True) -> str:
         """The messages through the chat template, as the text `render` tokenizes (llama-server's
-        /apply-template): a message that spells a special token stands in it as it was written."""
-        text, markers = self._rendered(messages, tools, add_generation_prompt)
+        /apply-template): a message that spells a special token stands in it as it was written; a final
+        assistant message is continued, as a chat request's is."""
+        before, prefill = split_prefill(messages) if add_generation_prompt else (messages, "")
+        text, markers = self._rendered(before, tools, add_generation_prompt, prefill=prefill)
         if not markers:
             return text
         return "".join(markers.get(piece, piece) for piece in _MARKER.split(text))
 
     def _rendered(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                  add_generation_prompt: bool) -> tuple[str, dict[str, str]]:
-        """The template's text, with a marker where each message that spells a special token stands,
-        and those messages' contents by marker."""
+                  add_generation_prompt: bool, *, prefill: str = "") -> tuple[str, dict[str, str]]:
+        """The template's text, with a marker where each message that spells a special token stands
+        (and the prefill, after it all), and those texts by marker."""
         self.chat_check.require()
         spelling = [i for i, m in enumerate(messages) if self._spells_special(m.content)]
         markers = {f"\ue000{i}\ue001": messages[i].content for i in spelling}  # private-use: no vocabulary's special
@@ -131,6 +155,9 @@ class Prompter:
                  for i, m in enumerate(messages)]
         text = render_chat(self.template, shown, bos_token=self.bos_text, eos_token=self.eos_text,
                            tools=tools, add_generation_prompt=add_generation_prompt)
+        if prefill:  # a marker after the template's text: tokenized apart, as text, whatever it spells
+            markers[f"\ue000{len(messages)}\ue001"] = prefill
+            text += f"\ue000{len(messages)}\ue001"
         return text, markers
 
     def _spells_special(self, content: str) -> bool:
