@@ -48,6 +48,7 @@ from localspec.cache.semantic import CacheHit
 from localspec.cache import CacheScope
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Event, Stats, Token
+from localspec.engine.prompt import split_prefill
 from localspec.engine.scheduler import Engine
 from localspec.engine.slots import EventSink, Handle, Lane
 from localspec.engine.worker import EngineWorker
@@ -293,11 +294,15 @@ class Pipeline:
         if request.sampling.temperature > 0:  # a seeded draw depends on the drafting path too
             sampling.update(mode=request.mode, k=request.k)
         if request.messages is not None:
-            last = request.messages[-1]
-            if last.role != "user":
+            # A prefill's answer is its continuation, not the question's: never served as, nor serving, one.
+            messages, prefill = split_prefill(request.messages)
+            if prefill:
+                return None, "an assistant prefill (the answer continues the last message)"
+            last = messages[-1] if messages else None
+            if last is None or last.role != "user":
                 return None, "the last message is not the user's"
-            system = "\n".join(m.content or "" for m in request.messages if m.role == "system")
-            earlier = [m.model_dump(exclude_none=True) for m in request.messages[:-1] if m.role != "system"]
+            system = "\n".join(m.content or "" for m in messages if m.role == "system")
+            earlier = [m.model_dump(exclude_none=True) for m in messages[:-1] if m.role != "system"]
             scope = CacheScope.from_request(
                 tier.fingerprint, system, earlier, sampling, bool(request.tools), grammar_enforced,
                 kind=PromptKind.CHAT, owner=owner,

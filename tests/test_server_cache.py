@@ -108,6 +108,23 @@ def test_scope_system_prompt_and_earlier_turns(client):
     assert cache_of(ask(client, "Say hello.", system="You are terse.", history=history))["status"] == "miss"
 
 
+def test_a_prefilled_request_and_one_without_never_share_an_entry(client):
+    """A prefill's answer continues it: served the question's cached answer, it repeated what the
+    client wrote; cached, it served a question its continuation does not answer. An empty final
+    assistant message continues nothing: the question's own entry."""
+    def prefilled(text: str, prefill: str):
+        return client.chat.completions.create(model=MODEL, max_tokens=48, temperature=0, messages=[
+            {"role": "user", "content": text}, {"role": "assistant", "content": prefill}])
+
+    assert cache_of(ask(client, "Name a planet."))["status"] == "miss"
+    after = cache_of(prefilled("Name a planet.", "You said"))
+    assert after["status"] == "bypass" and "prefill" in after["reason"], after
+    before = cache_of(prefilled("Name a moon.", "You said"))
+    assert before["status"] == "bypass" and "prefill" in before["reason"], before
+    assert cache_of(ask(client, "Name a moon."))["status"] == "miss"
+    assert cache_of(prefilled("Name a planet.", ""))["status"] == "hit"
+
+
 def test_sampled_requests_and_the_opt_out_bypass_the_cache(client):
     # The endpoint's default temperature is OpenAI's 1.0: without a seed that is a sampled draw.
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Pick a number."}],
