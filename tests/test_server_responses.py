@@ -28,12 +28,18 @@ MODEL = "scripted-responses"
 TWO_CALLS = "".join(f'<tool_call>\n{{"name": "weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>\n'
                     for c in ("Paris", "Rome"))
 STORY = "Once upon a time there was a robot. " * 5
+PREFILL, CONTINUATION = "```python\ndef reverse_string(", "s):\n    return s[::-1]\n```"
 WEATHER = [{"type": "function", "name": "weather", "description": "Weather for a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
 
 
 def script(prompt: str) -> Reply | str:
     """Answers that show what the prompt held."""
+    if prompt.endswith("<|im_start|>assistant\n" + PREFILL):  # the prefill, then no turn of its own
+        return CONTINUATION
+    if "What did the function do?" in prompt:
+        whole = f"<|im_start|>assistant\n{PREFILL}{CONTINUATION}<|im_end|>\n<|im_start|>user"
+        return "It reversed a string." if whole in prompt else "Two turns."
     if "Recall the call." in prompt:  # ChatML renders a turn of calls alone as an empty assistant turn
         return "A turn of calls." if "<|im_start|>assistant\n<|im_end|>" in prompt else "No call seen."
     if "What did you say?" in prompt:
@@ -183,6 +189,25 @@ def test_previous_response_id_continues_the_conversation_without_its_instruction
     assert client.responses.create(model=MODEL, previous_response_id=first.id, input="Hello again",
                                    instructions="Speak like a pirate.").output_text == "Arr, again."
     assert client.responses.create(model=MODEL, input="What was the word?").output_text == "I was not told."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_assistant_message_item_last_is_continued_and_kept_as_one_turn(client, stream):
+    """The input's last item the assistant's text (a prefill): the answer is its continuation, and
+    previous_response_id continues one assistant turn, the prefill and the answer."""
+    ask = dict(model=MODEL, temperature=0, input=[
+        {"role": "user", "content": "Write a Python function that reverses a string."},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": PREFILL}]}])
+    if stream:
+        with client.responses.stream(**ask) as s:
+            deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+            r = s.get_final_response()
+        assert "".join(deltas) == CONTINUATION
+    else:
+        r = client.responses.create(**ask)
+    assert r.output_text == CONTINUATION and r.status == "completed"
+    after = client.responses.create(model=MODEL, previous_response_id=r.id, input="What did the function do?")
+    assert after.output_text == "It reversed a string."
 
 
 @pytest.mark.parametrize("extra, field, words", [

@@ -574,7 +574,15 @@ class ResponseStore:
         return len(self._items)
 
 
-def answer_message(content: str | None, calls: list[ToolCall]) -> ChatMessageIn:
-    """The answer as the assistant turn the next request's history holds."""
-    return ChatMessageIn(role="assistant", content=content, tool_calls=calls or None)
+def with_answer(conversation: list[ChatMessageIn], content: str | None, calls: list[ToolCall]
+                ) -> list[ChatMessageIn]:
+    """The conversation and its answer, as the next request's history holds them: the answer's
+    assistant turn after it. Where it ended with the assistant's text (a prefill, which the answer
+    continues), that turn finished: kept apart, the next request saw two assistant turns, the
+    first cut off mid-sentence."""
+    last = conversation[-1] if conversation else None
+    if last is not None and last.role == "assistant" and not last.tool_calls and isinstance(last.content, str):
+        return [*conversation[:-1], ChatMessageIn(role="assistant", content=last.content + (content or ""),
+                                                  tool_calls=calls or None)]
+    return [*conversation, ChatMessageIn(role="assistant", content=content, tool_calls=calls or None)]
 

@@ -24,7 +24,7 @@ from localspec.server.replies import StreamedReply, extension, origin_of, unsent
 from localspec.server.responses import (RESPONSES_FIELDS, DeletedResponse, IncompleteDetails, InputItemList,
                                         InputTokensDetails, OutputFunctionCall, OutputItem, OutputMessage, OutputText,
                                         ResponseError, ResponseObject, ResponsesRequest, ResponseUsage, StoredItem,
-                                        answer_message, as_chat, input_items, input_messages)
+                                        as_chat, input_items, input_messages, with_answer)
 from localspec.server.routes.plans import SSE_CONTENT, plan, valid_or_400
 from localspec.server.schemas import ChatCompletionRequest, ChatMessageIn, FunctionCall, ToolCall
 from localspec.server.state import Principal, ServerState, State
@@ -169,7 +169,7 @@ class ResponsesReply(StreamedReply):
                                                                                  arguments=item.arguments))
         # Instructions are not carried over: the next request sends its own (as OpenAI).
         self.state.responses.keep(self.id, owner=self.who, items=by_id,
-                                  messages=[*self.conversation, answer_message(content, calls)],
+                                  messages=with_answer(self.conversation, content, calls),
                                   response=final, inputs=input_items(self.body, prefix=f"in_{self.job.id}",
                                                             resolve=self._held_item))
 
