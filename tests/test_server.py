@@ -35,6 +35,8 @@ SETTINGS = dict(
     max_tokens_cap=CAP, max_body_bytes=256 * 1024,
     cache=False, router=False,  # the engine path; the cache and router stages have modules of their own
 )
+REVERSE, PREFILL = "Write a Python function that reverses a string.", "```python\ndef reverse_string("
+CONTINUATION = "s):\n    return s[::-1]\n```"
 FIM = "<|fim_prefix|>def add(a, b):\n    return <|fim_suffix|>\n\n\nprint(add(2, 3))\n<|fim_middle|>"
 
 
@@ -42,6 +44,8 @@ def script(prompt: str) -> Reply | str:
     """The scripted target's answers: a word repeated, a story that streams for a while, a FIM middle."""
     if prompt == FIM:  # exactly the prompt the endpoint assembles from prompt and suffix
         return "a + b"
+    if prompt.endswith(f"{REVERSE}<|im_end|>\n<|im_start|>assistant\n{PREFILL}"):  # the prefill, no turn of its own
+        return Reply(CONTINUATION, pace_s=0.001)
     if word := re.search(r"Repeat this word exactly once and nothing else: (\w+)", prompt):
         return Reply(word.group(1), pace_s=0.01)  # paced: eight streams overlap in the engine's steps
     if "Look up two cities" in prompt:
@@ -153,6 +157,21 @@ def test_stream_has_no_usage_unless_asked(client):
     ))
     assert chunks and all(c.usage is None for c in chunks)
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_final_assistant_message_is_continued_whole_and_streamed(client):
+    """A chat ending with the assistant's text was closed as a finished turn and answered anew. It is
+    continued (as llama-server and Ollama do): the answer is the continuation, the prefill counted
+    in the prompt and not repeated."""
+    messages = [*user(REVERSE), {"role": "assistant", "content": PREFILL}]
+    kw = dict(model=TARGET_ID, max_tokens=64, temperature=0, extra_body=SPEC)
+    whole = client.chat.completions.create(messages=messages, **kw)
+    assert whole.choices[0].message.content == CONTINUATION and whole.choices[0].finish_reason == "stop"
+    plain = client.chat.completions.create(messages=user(REVERSE), **kw)
+    assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + len(PREFILL.encode())  # a byte a token
+    assert whole.usage.completion_tokens == len(CONTINUATION.encode())
+    chunks = list(client.chat.completions.create(messages=messages, stream=True, **kw))
+    assert len(chunks) > 3 and "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == CONTINUATION
 
 
 def test_chat_logprobs(client):
@@ -325,6 +344,24 @@ def test_stop_string_inside_an_accepted_draft_run_on_the_real_pair(model_client)
         assert lp_text.startswith(choice.message.content) and "🎉" not in lp_text, (mode, lp_text)
         replies[mode] = choice.message.content
     assert replies["off"].endswith("lazy dog. ") and set(replies.values()) == {replies["off"]}, replies
+
+
+def test_a_prefill_is_continued_by_the_real_pair_and_every_mode_says_what_off_says(model_client):
+    """Greedy with an assistant prefill: the 1.5B continues the signature it was given (a new answer
+    opens with ``` or def), and each speculative mode's text is mode off's, streamed
+    the same."""
+    ask = dict(model=TARGET_ID, max_tokens=32, temperature=0,
+               messages=[*user(REVERSE), {"role": "assistant", "content": PREFILL}])
+    replies = {}
+    for mode in ("off", "auto", "lookup", "draft"):
+        r = model_client.chat.completions.create(**ask, extra_body={"localspec": {"mode": mode}})
+        replies[mode] = r.choices[0].message.content
+    off = replies["off"]
+    signature = off.split("\n", 1)[0]  # the parameters, closed: "s: str) -> str:"
+    assert not off.lstrip().startswith(("```", "def")) and ")" in signature and signature.endswith(":"), off
+    assert set(replies.values()) == {off}, replies
+    chunks = model_client.chat.completions.create(**ask, stream=True, extra_body={"localspec": {"mode": "draft"}})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == off
 
 
 # ---------------------------------------------------------------- completions, FIM, models, embeddings

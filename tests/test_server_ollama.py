@@ -21,11 +21,14 @@ EMBEDDER = "scripted-embedder"
 STORY = "Once upon a time there was a robot. " * 3
 TWO_CALLS = "".join(f'<tool_call>\n{{"name": "weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>\n'
                     for c in ("Paris", "Rome"))
+PREFILL, CONTINUATION = "```python\ndef reverse_string(", "s):\n    return s[::-1]\n```"
 WEATHER = [{"type": "function", "function": {"name": "weather", "description": "Weather for a city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
 def script(prompt: str) -> Reply | str:
+    if prompt.endswith("<|im_start|>assistant\n" + PREFILL):  # the prefill, then no turn of its own
+        return Reply(CONTINUATION, pace_s=0.001)
     if "Be a pirate" in prompt and "Greet me" in prompt:
         return "Arr."
     if "Greet me" in prompt:
@@ -67,6 +70,16 @@ def test_chat_whole_and_streamed_in_ollamas_shapes(client):
     assert len(parts) > 5 and not any(p.done for p in parts[:-1]) and parts[-1].done
     assert "".join(p.message.content for p in parts) == STORY
     assert parts[-1].eval_count > 0 and all(p.eval_count is None for p in parts[:-1])  # counts on the last line
+
+
+def test_a_final_assistant_message_is_continued_as_ollama_does(client):
+    """Ollama continues a chat's last assistant message, and answers with the continuation alone."""
+    messages = [{"role": "user", "content": "Write a Python function that reverses a string."},
+                {"role": "assistant", "content": PREFILL}]
+    r = client.chat(model=MODEL, messages=messages, stream=False, options={"temperature": 0})
+    assert r.message.role == "assistant" and r.message.content == CONTINUATION and r.done_reason == "stop"
+    parts = list(client.chat(model=MODEL, messages=messages, stream=True, options={"temperature": 0}))
+    assert len(parts) > 2 and "".join(p.message.content for p in parts) == CONTINUATION
 
 
 def test_num_predict_stops_the_answer_at_length_and_past_the_cap_is_the_cap(client):
