@@ -327,6 +327,9 @@ def test_apply_template_answers_the_prompt_a_chat_request_decodes_from(served):
     spelled = [{"role": "user", "content": "Say <|fim_prefix|> twice."}]
     prompt = post(served, "/apply-template", {"messages": spelled}).json()["prompt"]
     assert prompt == "<|im_start|>user\nSay <|fim_prefix|> twice.<|im_end|>\n<|im_start|>assistant\n"
+    prefilled = [*messages, {"role": "assistant", "content": "Hello, hel"}]  # continued, as a chat request's is
+    prompt = post(served, "/apply-template", {"messages": prefilled}).json()["prompt"]
+    assert prompt == post(served, "/apply-template", {"messages": messages}).json()["prompt"] + "Hello, hel"
     for bad in ({"messages": []}, {"messages": [{"role": "robot", "content": "hi"}]}, {}):
         r = post(served, "/apply-template", bad)
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (bad, r.text)

@@ -35,6 +35,8 @@ BILLING = "x-anthropic-billing-header: cc_version=2.1.37.0d9; cc_entrypoint=cli;
 
 def script(prompt: str) -> Reply | str:
     """Answers that show what the prompt held."""
+    if prompt.endswith("<|im_start|>assistant\nThe best answer is ("):  # continued, no new turn after it
+        return "B) Helios."
     if "Speak like a pirate" in prompt and "<|im_start|>system\n" in prompt:
         return "Arr."
     if "Look up two cities" in prompt and "<|im_start|>tool\nsunny, 21C" in prompt:  # the results came back
@@ -178,6 +180,14 @@ def test_a_plain_text_document_is_read_and_thinking_blocks_are_dropped(client):
                                           {"type": "text", "text": "Hello."}]},
         {"role": "user", "content": [doc, {"type": "text", "text": "Summarise the file."}]}])
     assert m.content[0].text == "It says hello."
+
+
+def test_a_final_assistant_turn_is_continued_and_the_answer_is_the_continuation(client):
+    """Anthropic's prefill: the conversation ends on the assistant's turn, and the answer goes on from it."""
+    m = client.messages.create(model=MODEL, max_tokens=32, extra_body=GREEDY, messages=[
+        {"role": "user", "content": "Greek name for the Sun? (A) Sol (B) Helios (C) Sun"},
+        {"role": "assistant", "content": [{"type": "text", "text": "The best answer is ("}]}])
+    assert m.content[0].text == "B) Helios." and m.stop_reason == "end_turn"
 
 
 def test_count_tokens_is_the_prompt_the_answer_reads(client):
