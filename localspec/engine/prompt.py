@@ -4,6 +4,7 @@ with the truncate policy, the shared prefix a request may pin, and an assistant 
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,17 @@ class Prompter:
         # Chat waits for the probe's verdict; a raw prompt does not.
         self.chat_check = TemplateCheck(self.template, self.bos_text, self.eos_text,
                                         model=getattr(target, "path", Path("the target model")).name)
+
+    @functools.cached_property
+    def opens_thought(self) -> bool:
+        """Whether the generation prompt leaves the answer inside a thought (ends with `<think>`, as
+        DeepSeek-R1-Distill's template's does), so the answer holds only its `</think>`. Asked once,
+        of a one-message probe chat: a template that refuses it opens none."""
+        try:
+            text, _ = self._rendered([ChatMessage(role="user", content="Hi.")], None, True)
+        except Exception:  # a refused template: chat requests fail on their own, with its reason
+            return False
+        return re.search(r"<think>\s*$", text) is not None
 
     def tokens(self, request: GenerationRequest) -> tuple[list[int], int]:
         """The request's tokens and how many messages the truncate policy dropped to fit."""

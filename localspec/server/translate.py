@@ -22,6 +22,7 @@ from localspec.engine.json_schema import (SchemaInvalid, bounded_ranges, check_r
                                           unenforced, with_range_rules)
 from localspec.engine.sampling import SamplingParams, with_fallbacks
 from localspec.server.errors import APIError
+from localspec.server.reasoning import marker_start
 from localspec.server.schemas import (
     DEFAULT_TEMPERATURE,
     ChatCompletionRequest,
@@ -429,18 +430,10 @@ class CallWatch:
             at = min(found)
             self._closed = True
         else:
-            at = len(held) - max(_marker_start(held, start) for start in CALL_STARTS)
+            at = len(held) - max(marker_start(held, start) for start in CALL_STARTS)
         cut = len(held[:at].rstrip())
         self._held = held[cut:]
         return held[:cut]
-
-
-def _marker_start(text: str, marker: str) -> int:
-    """The length of the longest end of `text` that `marker` starts with (but is not all of)."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
 
 
 def parse_tool_calls(text: str, forced: bool, *, names: Collection[str] = ()) -> tuple[str | None, list[ToolCall]]:
