@@ -282,15 +282,18 @@ def scripted_costs() -> Costs:
 
 
 def scripted_engine(*, script: Script | None = None, draft_script: Script | None = None, mode: str = "off",
-                    parallel: int = 2, n_ctx: int = 1024, name: str = "scripted") -> Engine:
-    """A real `Engine` over scripted runtimes; `draft_script` adds a draft model (for mode draft)."""
+                    parallel: int = 2, n_ctx: int = 1024, name: str = "scripted",
+                    chat_template: str | None = None) -> Engine:
+    """A real `Engine` over scripted runtimes; `draft_script` adds a draft model (for mode draft);
+    `chat_template`: the chat template its prompts are rendered with (None: ChatML)."""
     script = script or scripted()
     target = ScriptedRuntime(script, n_seq_max=parallel, n_ctx=n_ctx, name=name)
     draft = None
     if draft_script is not None:
         draft = ScriptedRuntime(draft_script, n_seq_max=parallel, n_ctx=n_ctx, name=f"{name}-draft")
     engine = Engine(target=target, draft=draft, config=EngineConfig(n_ctx=n_ctx, parallel=parallel, mode=mode,
-                                                                    pinned_prefix_cells=0, auto_explore=0.0))
+                                                                    pinned_prefix_cells=0, auto_explore=0.0),
+                    chat_template=chat_template)
     engine.costs = scripted_costs() if mode == "auto" else None
     return engine
 

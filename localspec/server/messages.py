@@ -11,8 +11,9 @@ this API (Claude Code with ANTHROPIC_BASE_URL), as llama-server and Ollama serve
 A conversation that ends on the assistant's turn is continued (Anthropic's prefill): the chat path
 continues a final assistant message. What the API has and a local server cannot do (images, PDF
 documents, server tools, MCP servers, containers) is a 400 naming it; an offered web search is
-dropped (the model answers from what it knows); `thinking` is accepted and has no effect, since
-these models do not think aloud.
+dropped (the model answers from what it knows); `thinking` is accepted and has no effect: a
+thinking model's thought (its <think> block) comes as a `thinking` block before the text whether or
+not it was asked for, with an empty signature; one sent back in a conversation is dropped.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ class MessagesRequest(_Body):
     tools: list[CustomTool] | None = None
     tool_choice: ToolChoice | None = None
     output_config: OutputConfig | None = None
-    thinking: dict[str, Any] | None = Field(None, description="accepted; these models do not think aloud")
+    thinking: dict[str, Any] | None = Field(None, description="accepted; a thinking model's thought comes as a "
+                                                              "thinking block whether or not it is asked for")
     metadata: dict[str, Any] | None = None
     mcp_servers: list[Any] | None = None
     container: Any = None
@@ -392,6 +394,15 @@ class TextOut(BaseModel):
     text: str
 
 
+class ThinkingOut(BaseModel):
+    """A thinking model's thought. Its signature is empty: nothing here signs it (Anthropic's clients
+    send it back as it came, and it is dropped then)."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""
+
+
 class ToolUseOut(BaseModel):
     type: Literal["tool_use"] = "tool_use"
     id: str
@@ -399,7 +410,7 @@ class ToolUseOut(BaseModel):
     input: dict[str, Any]
 
 
-ContentOut = TextOut | ToolUseOut
+ContentOut = ThinkingOut | TextOut | ToolUseOut
 
 
 class MessageUsage(BaseModel):

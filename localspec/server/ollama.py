@@ -126,7 +126,9 @@ class _Generation(_Body):
     options: Options | None = None
     stream: bool = True  # Ollama's default
     keep_alive: KeepAliveField = None
-    think: bool | str | None = None  # these models do not think aloud: accepted, no effect
+    # Accepted, no effect: a thinking model's thought comes apart as `thinking` whatever it says (a
+    # model's thinking is its template's to turn off, not a request's here).
+    think: bool | str | None = None
 
     def response_format(self) -> ResponseFormat | None:
         if not self.format:
@@ -254,6 +256,7 @@ class OllamaCall(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str = ""
+    thinking: str | None = None  # a thinking model's thought, apart from the content (as Ollama's)
     tool_calls: list[OllamaCall] | None = None
 
 
@@ -285,6 +288,7 @@ class ChatLine(_Line):
 
 class GenerateLine(_Line):
     response: str
+    thinking: str | None = None
 
 
 def done_reason(done: Done) -> Literal["stop", "length"]:

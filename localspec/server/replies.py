@@ -233,7 +233,8 @@ class StreamedReply(ABC):
         stopped without a Done)."""
         for first in self.head():
             yield first
-        async for item in pieces(self.job, self.state.metrics, gate=self.plan.text_gate()):
+        async for item in pieces(self.job, self.state.metrics, gate=self.plan.text_gate(),
+                                     split=self.plan.thought_split()):
             if isinstance(item, Waiting):
                 if self.keepalive is not None:
                     yield self.keepalive

@@ -249,6 +249,9 @@ class ResponseFormat(_Request):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessageIn] = Field(..., min_length=1)
+    reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = Field(
+        None, description="(llama-server's) none: a thinking model's <think> thought stays in content; "
+                          "otherwise it comes apart, as reasoning_content")
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -275,6 +278,7 @@ class ChoiceLogprobs(BaseModel):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # a thinking model's thought, as llama-server and DeepSeek return it
     tool_calls: list[ToolCall] | None = None
 
 
@@ -365,6 +369,7 @@ class ToolCallDelta(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

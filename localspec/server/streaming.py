@@ -60,9 +60,10 @@ async def job_events(job: Job, metrics: Metrics, *, keepalive_s: float | None = 
 class Piece:
     """Streamed text as it becomes certain, with the logprob-carrying tokens behind it."""
 
-    text: str
+    text: str  # the content's
     tokens: list[Token]
     origin: Origin = "target"  # the origin of the token whose text this is
+    thought: str = ""  # a thinking model's thought, which comes before the content (reasoning.py)
 
 
 class TextGate(Protocol):
@@ -72,14 +73,27 @@ class TextGate(Protocol):
     def feed(self, text: str) -> str: ...
 
 
-async def pieces(job: Job, metrics: Metrics, *, gate: TextGate | None = None) -> AsyncIterator[Piece | Done | Waiting]:
-    """A streamed answer in Pieces, then its Done. `gate` passes the text that is certain (None: all
-    of it): what it holds at the end (a tool call, parsed whole) comes in no Piece. A logprob token
-    comes with the first Piece whose text reaches past where the token's own text starts; those
-    behind text the gate held come in one Piece with no text before the Done. Logprob tokens that no
-    text followed are not reported (see `collect`)."""
+class ThoughtGate(Protocol):
+    """What of an answer's text is thought and what content, as it comes (reasoning.ThoughtSplit):
+    `feed` returns the (thought, content) that became certain; `held` counts the characters it holds."""
+
+    @property
+    def held(self) -> int: ...
+
+    def feed(self, text: str) -> tuple[str, str]: ...
+
+
+async def pieces(job: Job, metrics: Metrics, *, gate: TextGate | None = None,
+                 split: ThoughtGate | None = None) -> AsyncIterator[Piece | Done | Waiting]:
+    """A streamed answer in Pieces, then its Done. `split` parts a thought from the content (None: all
+    content); `gate` passes the content that is certain (None: all of it): what they hold at the end
+    (a tool call, parsed whole) comes in no Piece. A logprob token comes with the first Piece whose
+    sent text (thought or content, the thought's markers counted as sent) reaches past where the
+    token's own text starts; those behind text held come in one Piece with no text before the Done.
+    Logprob tokens that no text followed are not reported (see `collect`)."""
     pending: list[tuple[int, Token]] = []  # logprob tokens not reported yet, each with where its text starts
-    seen = sent = 0  # characters of the answer's text so far, and of those the Pieces carried
+    seen = 0  # characters of the answer's text so far
+    gated = passed = 0  # characters of content fed to the gate, and of those it passed
     async for event in job_events(job, metrics, keepalive_s=KEEPALIVE_S):
         if isinstance(event, Waiting):
             yield event
@@ -94,12 +108,14 @@ async def pieces(job: Job, metrics: Metrics, *, gate: TextGate | None = None) ->
             if not event.text:
                 continue
             seen += len(event.text)
-            text = event.text if gate is None else gate.feed(event.text)
-            if text:
-                sent += len(text)
+            thought, content = ("", event.text) if split is None else split.feed(event.text)
+            text = content if gate is None else gate.feed(content)
+            gated, passed = gated + len(content), passed + len(text)
+            if thought or text:
+                sent = seen - (split.held if split is not None else 0) - (gated - passed)
                 ready = [t for at, t in pending if at < sent]
                 pending = pending[len(ready):]
-                yield Piece(text, ready, event.origin)
+                yield Piece(text, ready, event.origin, thought)
 
 
 async def collect(job: Job, metrics: Metrics) -> tuple[list[Token], Done]:

@@ -22,7 +22,7 @@ from localspec.engine.json_schema import (SchemaInvalid, bounded_ranges, check_r
                                           unenforced, with_range_rules)
 from localspec.engine.sampling import SamplingParams, with_fallbacks
 from localspec.server.errors import APIError
-from localspec.server.reasoning import marker_start
+from localspec.server.reasoning import ThoughtSplit, marker_start, split_reasoning
 from localspec.server.schemas import (
     DEFAULT_TEMPERATURE,
     ChatCompletionRequest,
@@ -74,6 +74,9 @@ class Plan:
     prompt_field: str = "messages"  # the request's field its prompt came from (FieldNames.prompt)
     grammar_field: str | None = None  # the field a client's own grammar came in (llama.cpp's), named if it won't parse
     choices: int = 1  # the request's n: one engine job per choice (per_choice)
+    # A thinking model's thought is split from the content (reasoning.py): whether the prompt opened it;
+    # None: the answer is left whole (reasoning_format "none", a raw prompt, a prefill continued).
+    thinking: bool | None = None
 
     @property
     def grammar_kept(self) -> Literal["enforced", "partial", "none"]:
@@ -93,8 +96,20 @@ class Plan:
                     update={"sampling": self.request.sampling.model_copy(update={"seed": seed + i})}))
                 for i in range(self.choices)]
 
+    def answer(self, text: str) -> tuple[str | None, str | None, list[ToolCall]]:
+        """A whole answer's thought (None: it has none, or it is not split), its content, and its tool
+        calls: read in the content only, so a thought that mentions <tool_call> makes no call."""
+        thought, content = (None, text) if self.thinking is None else split_reasoning(text, opened=self.thinking)
+        rest, calls = self.tool_calls(content)
+        return thought, rest, calls
+
+    def thought_split(self) -> ThoughtSplit | None:
+        """What of a streamed answer is thought and what content (a new splitter for each stream; None:
+        not split). It goes before the content's text_gate."""
+        return None if self.thinking is None else ThoughtSplit(opened=self.thinking)
+
     def tool_calls(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """The answer's tool calls (none unless tools were offered), and the text left over."""
+        """The content's tool calls (none unless tools were offered), and the text left over."""
         if not self.tool_mode:
             return text, []
         names = {t["function"]["name"] for t in self.request.tools or ()}

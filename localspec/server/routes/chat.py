@@ -16,7 +16,7 @@ from localspec.server.choices import submit_all
 from localspec.server.errors import ERROR_RESPONSES
 from localspec.server.replies import (StreamedReply, chat_logprobs, choices_extension, extension, one_answer,
                                       origin_of, streamed, unsent, usage, wholes)
-from localspec.server.routes.plans import SSE_CONTENT, plan
+from localspec.server.routes.plans import SSE_CONTENT, plan, with_thinking
 from localspec.server.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
                                       ChatCompletionRequest, ChatDelta, ChatMessageOut, ToolCallDelta)
 from localspec.server.state import Principal, ServerState, State
@@ -34,6 +34,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     async with state.serving(body.model, body.keep_alive) as (b, hold):  # 404 for a name it cannot serve
         plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap,
                            parallel=state.settings.parallel)
+        plan_ = await with_thinking(plan_, b, split=body.reasoning_format != "none")
         plans = plan_.per_choice()
         jobs = await submit_all(state, b, plans, model=body.model, owner=who)
         kept = state.keep(hold)  # the reply reads the model (logprob pieces) after the job is done
@@ -62,12 +63,14 @@ class ChatReply(StreamedReply):
         self.body = body
         self.id = f"chatcmpl-{job.id}"
         self.text = ""  # streamed so far
+        self.thought = ""  # of the thought, streamed so far
         self.unreported: list[Token] = []  # logprob tokens behind no text yet: they go on the last chunk
 
     def choice(self, tokens: list[Token], done: Done) -> ChatChoice:
-        content, calls = self.plan.tool_calls(done.text)
+        thought, content, calls = self.plan.answer(done.text)
         return ChatChoice(
-            index=self.index, message=ChatMessageOut(content=content, tool_calls=calls or None),
+            index=self.index, message=ChatMessageOut(content=content, reasoning_content=thought or None,
+                                                     tool_calls=calls or None),
             finish_reason="tool_calls" if calls else done.finish_reason,
             logprobs=chat_logprobs(self.b, tokens) if self.body.logprobs else None,
         )
@@ -80,20 +83,24 @@ class ChatReply(StreamedReply):
         return [sse(self.chunk(ChatDelta(role="assistant", content="")))]
 
     def piece(self, piece: Piece) -> bytes | None:
-        if not piece.text:
+        if not piece.text and not piece.thought:
             self.unreported = piece.tokens
             return None
         self.text += piece.text
+        self.thought += piece.thought
         lp = chat_logprobs(self.b, piece.tokens) if self.body.logprobs else None
-        chunk = self.chunk(ChatDelta(content=piece.text), logprobs=lp)
+        delta = ChatDelta(content=piece.text or None, reasoning_content=piece.thought or None)
+        chunk = self.chunk(delta, logprobs=lp)
         chunk.localspec = origin_of(self.body, piece)
         return sse(chunk)
 
     def tail(self, done: Done) -> list[bytes]:
         out = []
         reason: str = done.finish_reason
-        if self.plan.tool_mode:
-            content, calls = self.plan.tool_calls(done.text)
+        if self.plan.tool_mode or self.plan.thinking is not None:
+            thought, content, calls = self.plan.answer(done.text)
+            if more := unsent(thought or "", self.thought):  # held back: a possible </think>, whitespace
+                out.append(sse(self.chunk(ChatDelta(reasoning_content=more))))
             if rest := unsent(content or "", self.text):  # what was held back: a call's text is not content
                 out.append(sse(self.chunk(ChatDelta(content=rest))))
             if calls:

@@ -1,7 +1,8 @@
 """POST /v1/messages: Anthropic's Messages API, answered by the chat path (see server/messages.py).
 
 Streamed, an answer is the API's typed events, each `event: TYPE` and `data: JSON`: message_start,
-a ping; for the text, content_block_start, a text_delta per piece, content_block_stop; for each
+a ping; for a thinking model's thought, content_block_start (thinking), a thinking_delta per piece,
+content_block_stop; for the text, content_block_start, a text_delta per piece, content_block_stop; for each
 tool call, content_block_start (its id and name), one input_json_delta with the whole input,
 content_block_stop; then message_delta (stop_reason, the usage totals) and message_stop. An engine
 failure after the 200 is an `error` event. While the request waits (queued, a long prompt) pings
@@ -24,9 +25,10 @@ from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import ANTHROPIC_ERROR_RESPONSES, APIError, anthropic_error
 from localspec.server.messages import (MESSAGES_FIELDS, ContentOut, MessageObject, MessagesRequest, MessageUsage,
-                                       StopReason, TextOut, TokenCount, ToolUseOut, as_chat, tool_input, tool_use_id)
+                                       StopReason, TextOut, ThinkingOut, TokenCount, ToolUseOut, as_chat, tool_input,
+                                       tool_use_id)
 from localspec.server.replies import StreamedReply, extension, origin_of, unsent
-from localspec.server.routes.plans import SSE_CONTENT, plan, valid_or_400
+from localspec.server.routes.plans import SSE_CONTENT, plan, valid_or_400, with_thinking
 from localspec.server.schemas import ChatCompletionRequest, ToolCall
 from localspec.server.state import Principal, ServerState, State
 from localspec.server.streaming import EventStream, Piece
@@ -44,6 +46,7 @@ async def create_message(body: MessagesRequest, request: Request, state: State, 
     chat = valid_or_400(as_chat, body, state.settings.max_tokens_cap)
     async with state.serving(chat.model, chat.keep_alive) as (b, hold):  # 404 for a name it cannot serve
         plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap, MESSAGES_FIELDS)
+        plan_ = await with_thinking(plan_, b)
         job = await state.submit(b, plan_, model=chat.model, owner=who)
         kept = state.keep(hold)
     reply = MessagesReply(state, b, plan_, job, who, chat=chat)
@@ -112,13 +115,16 @@ class MessagesReply(StreamedReply):
         self.chat = chat
         self.id = f"msg_{job.id}"
         self.text = ""  # streamed so far
-        self.text_open = False  # content block 0 (the text) was started
+        self.thought = ""  # of the thought, streamed so far
+        self.thinking: bool | None = None  # a thinking block (index 0) is open (True) or was closed (False)
+        self.text_open = False  # the text block (after the thinking block, if any) was started
 
     # -------------------------------------------------------------- the answer, whole
 
     def content(self, done: Done) -> tuple[list[ContentOut], list[ToolCall]]:
-        text, calls = self.plan.tool_calls(done.text)
-        blocks: list[ContentOut] = [TextOut(text=text)] if text else []
+        thought, text, calls = self.plan.answer(done.text)
+        blocks: list[ContentOut] = [ThinkingOut(thinking=thought)] if thought else []
+        blocks += [TextOut(text=text)] if text else []
         blocks += [ToolUseOut(id=tool_use_id(c), name=c.function.name, input=tool_input(c.function.arguments))
                    for c in calls]
         return blocks, calls
@@ -142,28 +148,51 @@ class MessagesReply(StreamedReply):
         started = MessageObject(id=self.id, model=self.chat.model, usage=MessageUsage(input_tokens=0, output_tokens=0))
         return [event("message_start", message=started.model_dump(mode="json", exclude={"localspec"})), PING]
 
+    @property
+    def text_index(self) -> int:
+        return 0 if self.thinking is None else 1
+
+    def thought_delta(self, thought: str) -> list[bytes]:
+        """The thinking block's next text, the block started first if it was not."""
+        out = [] if self.thinking else [event("content_block_start", index=0, content_block=ThinkingOut(thinking=""))]
+        self.thinking = True
+        self.thought += thought
+        return [*out, event("content_block_delta", index=0, delta={"type": "thinking_delta", "thinking": thought})]
+
+    def close_thinking(self) -> list[bytes]:
+        if not self.thinking:
+            return []
+        self.thinking = False
+        return [event("content_block_stop", index=0)]
+
     def open_text(self) -> list[bytes]:
         if self.text_open:
             return []
         self.text_open = True
-        return [event("content_block_start", index=0, content_block=TextOut(text=""))]
+        # The thought is whole once its content comes (the splitter sends none before it is).
+        start = event("content_block_start", index=self.text_index, content_block=TextOut(text=""))
+        return [*self.close_thinking(), start]
 
     def text_delta(self, text: str, **extra: Any) -> bytes:
         self.text += text
-        return event("content_block_delta", index=0, delta={"type": "text_delta", "text": text}, **extra)
+        return event("content_block_delta", index=self.text_index, delta={"type": "text_delta", "text": text}, **extra)
 
     def piece(self, piece: Piece) -> bytes | None:
-        if not piece.text:
-            return None
-        origin = origin_of(self.chat, piece)  # for a client that asked (localspec.origins): the others pay nothing
-        return b"".join([*self.open_text(), self.text_delta(piece.text, **({"localspec": origin} if origin else {}))])
+        out = self.thought_delta(piece.thought) if piece.thought else []
+        if piece.text:
+            origin = origin_of(self.chat, piece)  # for a client that asked (localspec.origins): the others pay nothing
+            out += [*self.open_text(), self.text_delta(piece.text, **({"localspec": origin} if origin else {}))]
+        return b"".join(out) if out else None
 
     def tail(self, done: Done) -> list[bytes]:
         blocks, calls = self.content(done)
         out: list[bytes] = []
-        index = 0
-        for block in blocks:
-            if isinstance(block, TextOut):
+        for index, block in enumerate(blocks):
+            if isinstance(block, ThinkingOut):
+                if more := unsent(block.thinking, self.thought):  # held to the end: a cut-off marker, whitespace
+                    out += self.thought_delta(more)
+                out += self.close_thinking()
+            elif isinstance(block, TextOut):
                 out += self.open_text()
                 if rest := unsent(block.text, self.text):  # what was held back (tools: what might be a call)
                     out.append(self.text_delta(rest))
@@ -173,7 +202,6 @@ class MessagesReply(StreamedReply):
                         event("content_block_delta", index=index,
                               delta={"type": "input_json_delta", "partial_json": json.dumps(block.input)}),
                         event("content_block_stop", index=index)]
-            index += 1
         usage = self.usage(done)
         out.append(event("message_delta",
                          delta={"stop_reason": stop_reason(done, calls),

@@ -28,7 +28,7 @@ from localspec.server.replies import StreamedReply, unsent
 from localspec.server.routes import embeddings as openai_embeddings
 from localspec.server.routes.completions import fim_in_vocabulary, fim_supported
 from localspec.server.routes.models import cards
-from localspec.server.routes.plans import plan, valid_or_400
+from localspec.server.routes.plans import plan, valid_or_400, with_thinking
 from localspec.server.routes.ps import ps as openai_ps
 from localspec.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelInfo, ToolCall
 from localspec.server.state import Principal, ServerState, State
@@ -76,6 +76,7 @@ async def answer(state: ServerState, request: Request, who: str, body: ChatCompl
     async with state.serving(body.model, body.keep_alive) as (b, hold):
         if isinstance(body, ChatCompletionRequest):
             plan_ = await plan(translate.chat_plan, body, state.settings.max_tokens_cap, OLLAMA_FIELDS)
+            plan_ = await with_thinking(plan_, b)
         else:
             plan_ = await plan(translate.completion_plan, body, state.settings.max_tokens_cap, fim_supported(b),
                                OLLAMA_FIELDS)
@@ -115,29 +116,34 @@ class OllamaReply(StreamedReply):
         self.model, self.shape, self.t0 = model, shape, t0
         self.id = job.id
         self.text = ""  # streamed so far
+        self.thought = ""  # of the thought, streamed so far
 
-    def line(self, text: str, *, done: Done | None = None, calls: list[ToolCall] | None = None) -> BaseModel:
+    def line(self, text: str, *, thought: str = "", done: Done | None = None,
+             calls: list[ToolCall] | None = None) -> BaseModel:
         reason = done_reason(done) if done is not None else None
         if self.shape is Shape.CHAT:
-            message = AssistantMessage(content=text, tool_calls=ollama_calls(calls or []))
+            message = AssistantMessage(content=text, thinking=thought or None, tool_calls=ollama_calls(calls or []))
             return ChatLine(model=self.model, message=message, done=done is not None, done_reason=reason)
-        return GenerateLine(model=self.model, response=text, done=done is not None, done_reason=reason)
+        return GenerateLine(model=self.model, response=text, thinking=thought or None, done=done is not None,
+                            done_reason=reason)
 
     def last(self, done: Done, *, whole: bool) -> dict[str, Any]:
         """The finished answer's line: the whole text (or, streamed, only what was held) and the counts."""
-        content, calls = self.plan.tool_calls(done.text)
-        text = content or ""
-        if not whole:  # with tools offered the stream held back what might be a call; without, nothing
-            text = unsent(text, self.text) if self.plan.tool_mode else ""
+        thought, content, calls = self.plan.answer(done.text)
+        text, thought = content or "", thought or ""
+        if not whole:  # with tools offered or a thought split, the stream held back some; else nothing
+            held = self.plan.tool_mode or self.plan.thinking is not None
+            text, thought = (unsent(text, self.text), unsent(thought, self.thought)) if held else ("", "")
         timings = Timings.of(done, total_s=time.perf_counter() - self.t0)
-        data = self.line(text, done=done, calls=calls).model_dump(mode="json", exclude_none=True)
+        data = self.line(text, thought=thought, done=done, calls=calls).model_dump(mode="json", exclude_none=True)
         return {**data, **timings.model_dump()}
 
     def piece(self, piece: Piece) -> bytes | None:
-        if not piece.text:
+        if not piece.text and not piece.thought:
             return None
         self.text += piece.text
-        return ndjson(self.line(piece.text))
+        self.thought += piece.thought
+        return ndjson(self.line(piece.text, thought=piece.thought))
 
     def tail(self, done: Done) -> list[bytes]:
         return [json.dumps(self.last(done, whole=False), ensure_ascii=False).encode() + b"\n"]

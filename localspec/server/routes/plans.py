@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import TypeVar
 
 from pydantic import ValidationError
 
+from localspec.engine.prompt import split_prefill
+from localspec.server.backend import Backend
 from localspec.server.errors import APIError
 from localspec.server.translate import Plan
 
@@ -36,3 +39,19 @@ def valid_or_400(build: Callable[..., T], *args: object, **kwargs: object) -> T:
 async def plan(build: Callable[..., Plan], *args: object, **kwargs: object) -> Plan:
     """Schema checks and grammar conversion cost CPU: never on the event loop."""
     return await asyncio.to_thread(functools.partial(valid_or_400, build, *args, **kwargs))
+
+
+async def with_thinking(plan_: Plan, b: Backend, *, split: bool = True) -> Plan:
+    """`plan_` with a thinking model's thought split from its content (Plan.thinking), where `split` (the
+    request did not ask for the raw text) and it is a chat that continues no prefill (whose answer goes
+    on from the client's own text, not from the generation prompt the probe asks about). Whether the
+    prompt opens the thought is the default tier's template's (rendered off the event loop, once)."""
+    messages = plan_.request.messages
+    if not split or not messages or split_prefill(messages)[1]:
+        return plan_
+    try:
+        prompter = b.engine.prompter
+    except TypeError:  # the default tier is not in this process: a thought, if any, starts with <think>
+        return dataclasses.replace(plan_, thinking=False)
+    opened = await asyncio.to_thread(lambda: prompter.opens_thought)
+    return dataclasses.replace(plan_, thinking=opened)
