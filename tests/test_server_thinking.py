@@ -1,5 +1,5 @@
 """A thinking model's thought apart from its answer, on every chat face: OpenAI's reasoning_content,
-Anthropic's thinking block, Ollama's thinking; whole and streamed alike, tool calls read in the
+the Responses API's reasoning item, Anthropic's thinking block, Ollama's thinking; whole and streamed alike, tool calls read in the
 content only, and an answer with no thought exactly as it was.
 
 A real server on loopback and each API's official client, over scripted targets (tests/fake_tier.py)
@@ -26,6 +26,7 @@ KEY = "thinking-key"
 MODEL = "scripted-thinker"
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CHAT_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": PARAMETERS}}]
+RESPONSES_TOOLS = [{"type": "function", "name": "weather", "parameters": PARAMETERS}]
 MESSAGES_TOOLS = [{"name": "weather", "input_schema": PARAMETERS}]
 # DeepSeek-R1-Distill's shape: the generation prompt opens the thought.
 OPENING = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -97,6 +98,27 @@ def chat(srv, question: str, *, stream: bool, **extra) -> tuple[str | None, str,
     return thought, text, [(named[i], json.loads(args[i])) for i in sorted(named)]
 
 
+def responses(srv, question: str, *, stream: bool) -> tuple[str | None, str, Calls]:
+    ask = dict(model=MODEL, input=question, temperature=0, tools=RESPONSES_TOOLS)
+    if not stream:
+        output = _openai(srv).responses.create(**ask).output
+        kinds = [o.type for o in output]
+        assert kinds == sorted(kinds, key=["reasoning", "message", "function_call"].index)  # the thought first
+        thoughts = [c.text for o in output if o.type == "reasoning" for c in o.content]
+        return (thoughts[0] if thoughts else None,
+                "".join(p.text for o in output if o.type == "message" for p in o.content),
+                [(o.name, json.loads(o.arguments)) for o in output if o.type == "function_call"])
+    thought, text, calls = None, "", []
+    for e in _openai(srv).responses.create(**ask, stream=True):
+        if e.type == "response.reasoning_text.delta":
+            thought = (thought or "") + e.delta
+        elif e.type == "response.output_text.delta":
+            text += e.delta
+        elif e.type == "response.output_item.done" and e.item.type == "function_call":
+            calls.append((e.item.name, json.loads(e.item.arguments)))
+    return thought, text, calls
+
+
 def messages(srv, question: str, *, stream: bool) -> tuple[str | None, str, Calls]:
     client = anthropic.Anthropic(base_url=srv.base_url, api_key=KEY, max_retries=0, timeout=120)
     ask = dict(model=MODEL, max_tokens=256, messages=[{"role": "user", "content": question}], tools=MESSAGES_TOOLS,
@@ -132,12 +154,12 @@ def ollama_generate(srv, question: str, *, stream: bool) -> tuple[str | None, st
     return "".join(thoughts) if thoughts else None, "".join(p.response for p in parts), []
 
 
-FACES = {"chat": chat, "messages": messages, "ollama": ollama_chat}
+FACES = {"chat": chat, "responses": responses, "messages": messages, "ollama": ollama_chat}
 
 
 def _expected(face, name: str) -> tuple[str | None, str, Calls]:
     thought, content, calls = ANSWERS[name][2]
-    if face is messages and not thought:  # no thinking block for an empty thought; text blocks are not padded
+    if face in (messages, responses) and not thought:  # no thinking block for an empty thought; text blocks are not padded
         return None, content, calls
     return thought, content, calls
 
@@ -201,3 +223,22 @@ def test_the_stream_sends_the_thought_as_typed_events_before_the_text(servers):
     assert starts == [("content_block_start", 0, "thinking"), ("content_block_start", 1, "text")]
     assert blocks.index(("content_block_stop", 0, None)) < blocks.index(starts[1])
     assert {b[2] for b in blocks if b[1] == 0 and b[0] == "content_block_delta"} == {"thinking_delta"}
+
+
+@pytest.mark.parametrize("name", ["thought", "thought-then-call", "cut-off-thought", "plain"])
+def test_the_responses_stream_builds_the_whole_responses_output(servers, name):
+    """The SDK's stream accumulator reads the reasoning item, the message and the calls at the output
+    indexes the whole response has them."""
+    client = _openai(servers[ANSWERS[name][1]])
+    ask = dict(model=MODEL, input=f"Answer {name}.", temperature=0, tools=RESPONSES_TOOLS)
+    whole = client.responses.create(**ask).output
+    with client.responses.stream(**ask) as events:
+        streamed = events.get_final_response().output
+    assert [_item(o) for o in streamed] == [_item(o) for o in whole]
+    assert [o.type for o in whole][0] == ("reasoning" if ANSWERS[name][2][0] else "message")
+
+
+def _item(o) -> tuple:
+    """An output item as both answers must agree on it (ids are each answer's own)."""
+    texts = [c.text for c in getattr(o, "content", None) or []]
+    return o.type, o.status, texts, getattr(o, "name", None), getattr(o, "arguments", None)

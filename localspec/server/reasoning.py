@@ -6,6 +6,10 @@ inside it and holds only `</think>`: `opened` (the engine's Prompter.opens_thoug
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -79,6 +83,22 @@ class ThoughtSplit:
             return keep, buf[at + len(CLOSE):], True
         self._held = body[len(keep):] + buf[len(buf) - marker_start(buf, CLOSE):]
         return keep, "", False
+
+
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class OutputReasoning(BaseModel):
+    """The Responses API's reasoning output item, before the message: the thought as its text (nothing
+    here summarizes or encrypts it)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[dict[str, str]] = Field(default_factory=list)  # none: the thought is whole in content
+    content: list[ReasoningText]
+    status: Literal["in_progress", "completed", "incomplete"]
 
 
 def marker_start(text: str, marker: str) -> int:

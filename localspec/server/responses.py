@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from localspec.server.errors import APIError
+from localspec.server.reasoning import OutputReasoning
 from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, Extension, FunctionCall, FunctionDef,
                                       JsonSchemaFormat, KeepAliveField, LocalspecOptions, ResponseFormat, Tool,
                                       ToolCall, ToolChoiceFunction, ToolChoiceNamed, _Body, _Request)
@@ -78,8 +79,8 @@ class FunctionCallOutputItem(_Request):
 
 
 class ReasoningItem(_Request):
-    """Another model's reasoning, sent back by clients that keep it: these models neither read nor
-    write it, so it is dropped."""
+    """Reasoning sent back by clients that keep it (another model's, or a thinking model's output
+    item): a thought is not read back, as thinking models' templates drop it from earlier turns."""
 
     type: Literal["reasoning"]
 
@@ -344,7 +345,7 @@ class OutputFunctionCall(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
-OutputItem = OutputMessage | OutputFunctionCall
+OutputItem = OutputReasoning | OutputMessage | OutputFunctionCall
 
 
 class InputTokensDetails(BaseModel):

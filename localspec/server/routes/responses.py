@@ -1,7 +1,9 @@
 """POST /v1/responses: OpenAI's Responses API, answered by the chat path (see server/responses.py).
 
 Streamed, an answer is the API's typed events, each `event: TYPE` and `data: JSON` with a
-sequence number: response.created and .in_progress; for the text, output_item.added,
+sequence number: response.created and .in_progress; for a thinking model's thought, a reasoning
+item's output_item.added, content_part.added, reasoning_text.delta per piece, then the .done of each;
+for the text, output_item.added,
 content_part.added, output_text.delta per piece, then the .done of each; for each tool call,
 output_item.added, function_call_arguments.delta and .done, output_item.done; last
 response.completed (or .incomplete at max_output_tokens, .failed when the engine failed).
@@ -25,7 +27,8 @@ from localspec.server.responses import (RESPONSES_FIELDS, DeletedResponse, Incom
                                         InputTokensDetails, OutputFunctionCall, OutputItem, OutputMessage, OutputText,
                                         ResponseError, ResponseObject, ResponsesRequest, ResponseUsage, StoredItem,
                                         as_chat, input_items, input_messages, with_answer)
-from localspec.server.routes.plans import SSE_CONTENT, plan, valid_or_400
+from localspec.server.reasoning import OutputReasoning, ReasoningText
+from localspec.server.routes.plans import SSE_CONTENT, plan, valid_or_400, with_thinking
 from localspec.server.schemas import ChatCompletionRequest, ChatMessageIn, FunctionCall, ToolCall
 from localspec.server.state import Principal, ServerState, State
 from localspec.server.streaming import EventStream, Piece
@@ -48,6 +51,7 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
     chat = valid_or_400(as_chat, body, conversation)
     async with state.serving(chat.model, chat.keep_alive) as (b, hold):
         plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap, RESPONSES_FIELDS)
+        plan_ = await with_thinking(plan_, b)
         job = await state.submit(b, plan_, model=chat.model, owner=who)
         kept = state.keep(hold)
     reply = ResponsesReply(state, b, plan_, job, who, body=body, chat=chat, conversation=conversation)
@@ -115,6 +119,9 @@ class ResponsesReply(StreamedReply):
         self.conversation = conversation  # what previous_response_id will mean: no instructions
         self.id = f"resp_{job.id}"
         self.message_id = f"msg_{job.id}"
+        self.reasoning_id = f"rs_{job.id}"
+        self.thought = ""  # of the thought, streamed so far
+        self.thinking: bool | None = None  # the reasoning item (output 0) is open (True) or was closed (False)
         self.sequence = 0
         self.text = ""  # streamed so far
         self.text_open = False  # the message item and its text part were announced
@@ -122,11 +129,15 @@ class ResponsesReply(StreamedReply):
     # -------------------------------------------------------------- the answer, whole
 
     def output(self, done: Done) -> tuple[list[OutputItem], str | None, list[ToolCall]]:
-        content, calls = self.plan.tool_calls(done.text)
+        thought, content, calls = self.plan.answer(done.text)
         if self.body.max_tool_calls is not None:
             calls = calls[:self.body.max_tool_calls]
         status = "incomplete" if done.finish_reason == "length" else "completed"
         items: list[OutputItem] = []
+        if thought:  # cut off inside it (no content): the thought is what is incomplete
+            items.append(OutputReasoning(id=self.reasoning_id, content=[ReasoningText(text=thought)],
+                                         status="incomplete" if status == "incomplete" and not content and not calls
+                                         else "completed"))
         if content or not calls:
             items.append(OutputMessage(id=self.message_id, status=status, content=[OutputText(text=content or "")]))
         items += [OutputFunctionCall(id=f"fc_{self.job.id}_{i}", call_id=c.id, name=c.function.name,
@@ -162,6 +173,8 @@ class ResponsesReply(StreamedReply):
         items = final.output
         by_id: dict[str, StoredItem] = {}
         for item in items:
+            if isinstance(item, OutputReasoning):
+                continue  # dropped when sent back, as another model's reasoning is: nothing to refer to
             if isinstance(item, OutputMessage):
                 by_id[item.id] = ChatMessageIn(role="assistant", content=item.content[0].text)
             else:
@@ -183,13 +196,45 @@ class ResponsesReply(StreamedReply):
         self.sequence += 1
         return out
 
+    @property
+    def message_index(self) -> int:
+        return 0 if self.thinking is None else 1
+
+    def thought_delta(self, thought: str) -> list[bytes]:
+        """The reasoning item's next text, the item announced first if it was not."""
+        out = []
+        if not self.thinking:
+            self.thinking = True
+            item = OutputReasoning(id=self.reasoning_id, status="in_progress", content=[])
+            out = [self.next("response.output_item.added", output_index=0, item=item),
+                   self.next("response.content_part.added", item_id=self.reasoning_id, output_index=0,
+                             content_index=0, part=ReasoningText(text=""))]
+        self.thought += thought
+        return [*out, self.next("response.reasoning_text.delta", item_id=self.reasoning_id, output_index=0,
+                                content_index=0, delta=thought)]
+
+    def close_thought(self, item: OutputReasoning | None = None) -> list[bytes]:
+        """The reasoning item's .done events (the thought is whole once its content comes)."""
+        if not self.thinking:
+            return []
+        self.thinking = False
+        item = item or OutputReasoning(id=self.reasoning_id, status="completed",
+                                       content=[ReasoningText(text=self.thought)])
+        part = item.content[0]
+        return [self.next("response.reasoning_text.done", item_id=item.id, output_index=0, content_index=0,
+                          text=part.text),
+                self.next("response.content_part.done", item_id=item.id, output_index=0, content_index=0, part=part),
+                self.next("response.output_item.done", output_index=0, item=item)]
+
     def open_text(self) -> list[bytes]:
         if self.text_open:
             return []
+        out = self.close_thought()
         self.text_open = True
         item = OutputMessage(id=self.message_id, status="in_progress", content=[])
-        return [self.next("response.output_item.added", output_index=0, item=item),
-                self.next("response.content_part.added", item_id=self.message_id, output_index=0, content_index=0,
+        at = self.message_index
+        return [*out, self.next("response.output_item.added", output_index=at, item=item),
+                self.next("response.content_part.added", item_id=self.message_id, output_index=at, content_index=0,
                           part=OutputText(text=""))]
 
     def head(self) -> list[bytes]:
@@ -197,20 +242,25 @@ class ResponsesReply(StreamedReply):
         return [self.next("response.created", response=started), self.next("response.in_progress", response=started)]
 
     def piece(self, piece: Piece) -> bytes | None:
+        out = self.thought_delta(piece.thought) if piece.thought else []
         if not piece.text:
-            return None
+            return b"".join(out) if out else None
         self.text += piece.text
         extra = origin_of(self.chat, piece)
         opening = self.open_text()  # numbered before the delta: sequence numbers are the wire's order
-        delta = self.next("response.output_text.delta", item_id=self.message_id, output_index=0, content_index=0,
-                          delta=piece.text, logprobs=[], **({"localspec": extra} if extra else {}))
-        return b"".join([*opening, delta])
+        delta = self.next("response.output_text.delta", item_id=self.message_id, output_index=self.message_index,
+                          content_index=0, delta=piece.text, logprobs=[], **({"localspec": extra} if extra else {}))
+        return b"".join([*out, *opening, delta])
 
     def tail(self, done: Done) -> list[bytes]:
         items, content, calls = self.output(done)
         out: list[bytes] = []
         for index, item in enumerate(items):
-            if isinstance(item, OutputMessage):
+            if isinstance(item, OutputReasoning):
+                if more := unsent(item.content[0].text, self.thought):  # held to the end: a cut-off marker
+                    out += self.thought_delta(more)
+                out += self.close_thought(item)
+            elif isinstance(item, OutputMessage):
                 out += self.close_text(item)
             else:
                 out += self.call_events(index, item)
@@ -224,14 +274,15 @@ class ResponsesReply(StreamedReply):
         """The message's .done events, after the text the stream held back (tools: what might be a call)."""
         text = item.content[0].text
         out = self.open_text()
+        at = self.message_index
         if rest := unsent(text, self.text):
-            out.append(self.next("response.output_text.delta", item_id=item.id, output_index=0, content_index=0,
+            out.append(self.next("response.output_text.delta", item_id=item.id, output_index=at, content_index=0,
                                  delta=rest, logprobs=[]))
-        out.append(self.next("response.output_text.done", item_id=item.id, output_index=0, content_index=0,
+        out.append(self.next("response.output_text.done", item_id=item.id, output_index=at, content_index=0,
                              text=text, logprobs=[]))
-        out.append(self.next("response.content_part.done", item_id=item.id, output_index=0, content_index=0,
+        out.append(self.next("response.content_part.done", item_id=item.id, output_index=at, content_index=0,
                              part=item.content[0]))
-        out.append(self.next("response.output_item.done", output_index=0, item=item))
+        out.append(self.next("response.output_item.done", output_index=at, item=item))
         return out
 
     def call_events(self, index: int, item: OutputFunctionCall) -> list[bytes]:
