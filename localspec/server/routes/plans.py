@@ -53,5 +53,7 @@ async def with_thinking(plan_: Plan, b: Backend, *, split: bool = True) -> Plan:
         prompter = b.engine.prompter
     except TypeError:  # the default tier is not in this process: a thought, if any, starts with <think>
         return dataclasses.replace(plan_, thinking=False)
-    opened = await asyncio.to_thread(lambda: prompter.opens_thought)
+    # Cached after the first request: only that one waits on the render (and the template's probe) off the loop.
+    cached = prompter.__dict__.get("opens_thought")
+    opened = cached if cached is not None else await asyncio.to_thread(lambda: prompter.opens_thought)
     return dataclasses.replace(plan_, thinking=opened)
