@@ -10,7 +10,9 @@ answer holds only </think>). No real thinking model is run here.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 
 import anthropic
 import httpx
@@ -19,6 +21,9 @@ import openai
 import pytest
 
 from localspec.server import ServerSettings
+from localspec.server.routes.plans import with_thinking
+from localspec.server.schemas import ChatCompletionRequest
+from localspec.server.translate import chat_plan
 from tests.fake_tier import scripted_app, scripted_backend, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread
 
@@ -242,3 +247,27 @@ def _item(o) -> tuple:
     """An output item as both answers must agree on it (ids are each answer's own)."""
     texts = [c.text for c in getattr(o, "content", None) or []]
     return o.type, o.status, texts, getattr(o, "name", None), getattr(o, "arguments", None)
+
+
+
+def _planned(opened: bool, **body) -> bool | None:
+    """Plan.thinking of a chat request, for a model whose prompt opens the thought or not."""
+    stub = SimpleNamespace(engine=SimpleNamespace(prompter=SimpleNamespace(opens_thought=opened)))
+    request = ChatCompletionRequest(model=MODEL, **{"messages": [{"role": "user", "content": "hi"}], **body})
+    split = request.reasoning_format != "none"
+    return asyncio.run(with_thinking(chat_plan(request, 64), stub, split=split)).thinking
+
+
+@pytest.mark.parametrize("opened", [False, True])
+def test_which_answers_are_split(opened):
+    """A chat's answer is split, with what the prompt says; not under a grammar (a schema or a forced call
+    shapes the answer from its first token: it has no thought, and split after a prompt that opened one
+    the JSON was all "thought"), nor a prefill's continuation, nor with reasoning_format none."""
+    assert _planned(opened) is opened
+    assert _planned(opened, tools=CHAT_TOOLS) is opened  # tool_choice auto: free text
+    assert _planned(opened, response_format={"type": "json_object"}) is None
+    assert _planned(opened, tools=CHAT_TOOLS, tool_choice="required") is None
+    assert _planned(opened, messages=[{"role": "user", "content": "hi"},
+                                      {"role": "assistant", "content": "<think>"}]) is None
+    assert _planned(opened, reasoning_format="none") is None
+    assert _planned(opened, reasoning_format="deepseek") is opened

@@ -44,10 +44,12 @@ async def plan(build: Callable[..., Plan], *args: object, **kwargs: object) -> P
 async def with_thinking(plan_: Plan, b: Backend, *, split: bool = True) -> Plan:
     """`plan_` with a thinking model's thought split from its content (Plan.thinking), where `split` (the
     request did not ask for the raw text) and it is a chat that continues no prefill (whose answer goes
-    on from the client's own text, not from the generation prompt the probe asks about). Whether the
-    prompt opens the thought is the default tier's template's (rendered off the event loop, once)."""
+    on from the client's own text, not from the generation prompt the probe asks about) and has no
+    grammar (a schema, a forced call: the grammar shapes the answer from its first token, so it has no
+    thought, and an opened prompt's answer, all "thought" without a </think>, lost its JSON). Whether
+    the prompt opens the thought is the default tier's template's (rendered off the event loop, once)."""
     messages = plan_.request.messages
-    if not split or not messages or split_prefill(messages)[1]:
+    if not split or not messages or plan_.request.grammar or split_prefill(messages)[1]:
         return plan_
     try:
         prompter = b.engine.prompter
