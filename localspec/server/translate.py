@@ -75,7 +75,7 @@ class Plan:
     grammar_field: str | None = None  # the field a client's own grammar came in (llama.cpp's), named if it won't parse
     choices: int = 1  # the request's n: one engine job per choice (per_choice)
     # A thinking model's thought is split from the content (reasoning.py): whether the prompt opened it;
-    # None: the answer is left whole (reasoning_format "none", a raw prompt, a prefill continued).
+    # None: the answer is left whole (reasoning_format "none", a raw prompt, a prefill, a grammar).
     thinking: bool | None = None
 
     @property
