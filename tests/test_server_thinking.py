@@ -271,3 +271,18 @@ def test_which_answers_are_split(opened):
                                       {"role": "assistant", "content": "<think>"}]) is None
     assert _planned(opened, reasoning_format="none") is None
     assert _planned(opened, reasoning_format="deepseek") is opened
+
+
+def test_each_choice_has_its_own_thought(servers):
+    """n choices: each one's thought apart from its content, whole and streamed (every choice's stream
+    has its own splitter)."""
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Answer thought."}], n=2)
+    thought, content, _ = ANSWERS["thought"][2]
+    whole = _openai(servers[False]).chat.completions.create(**ask).choices
+    assert [(c.message.reasoning_content, c.message.content) for c in whole] == [(thought, content)] * 2
+    got: dict[int, list[str]] = {0: ["", ""], 1: ["", ""]}
+    for chunk in _openai(servers[False]).chat.completions.create(**ask, stream=True):
+        for c in chunk.choices:
+            got[c.index][0] += getattr(c.delta, "reasoning_content", None) or ""
+            got[c.index][1] += c.delta.content or ""
+    assert got == {0: [thought, content], 1: [thought, content]}
