@@ -215,15 +215,20 @@ async def test_a_long_chat_opens_with_its_last_page_and_shows_earlier_ones_on_re
     async with app.run_test(size=SIZE) as pilot:
         await _ready(app, pilot)
         assert [v.content for v in app.query(MessageView)] == [f"message {i}" for i in range(100 - PAGE, 100)]
+        def shown() -> list[str]:
+            return [v.content for v in app.query(MessageView)]
+
+        # The earlier page mounts in the background: wait for it (one pause was not always enough on a loaded
+        # box, beside the fast suite's other worker and another process); the deadlines are about hangs.
         app.query_one("#earlier", Button).press()  # at the top: scrolled out of view
-        await pilot.pause()
-        assert [v.content for v in app.query(MessageView)][:2] == [f"message {100 - 2 * PAGE}", f"message {100 - 2 * PAGE + 1}"]
+        await wait_for(pilot, lambda: len(shown()) == 2 * PAGE, 60, "the second page")
+        assert shown()[:2] == [f"message {100 - 2 * PAGE}", f"message {100 - 2 * PAGE + 1}"]
         app.query_one("#earlier", Button).press()  # at the top: scrolled out of view
-        await pilot.pause()
-        assert [v.content for v in app.query(MessageView)] == [f"message {i}" for i in range(100)]
+        await wait_for(pilot, lambda: len(shown()) == 100, 60, "every page")
+        assert shown() == [f"message {i}" for i in range(100)]
         assert not app.query("#earlier")
         await app.send("and now?")  # a reply still goes to the end
-        await wait_for(pilot, lambda: not app.generating, 10, "the reply")
+        await wait_for(pilot, lambda: not app.generating, 60, "the reply")
         assert [v.content for v in app.query(MessageView)][-2:] == ["and now?", "the answer"]
 
 
