@@ -244,6 +244,20 @@ def test_grammar_and_json_schema_out_of_bounds_or_together_are_400s_naming_the_f
     assert r.status_code == 400 and "not both" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("grammar", ['root ::= "a"{5,2}', 'root ::= [a-z]{1,0}', 'root ::= ("ab" | "c"){3,1} "x"'])
+@pytest.mark.parametrize("path", ["/completion", "/infill"])
+def test_a_grammar_repetition_whose_minimum_passes_its_maximum_is_a_400_before_llama_cpp(served, path, grammar):
+    """`x{5,2}` sent llama.cpp's grammar parser into an unbounded allocation: the server process was
+    OOM-killed (22 GB) on one request. It is refused before anything parses it, naming the repetition."""
+    body = {"prompt": "x", "grammar": grammar} if path == "/completion" else vscode_infill("a", "b", "", [], grammar=grammar)
+    r = post(served, path, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"].startswith("grammar: "), error
+    assert "minimum" in error["message"] and "Fix:" in error["message"], error
+    assert request(served.base_url, "GET", "/health").status_code == 200
+
+
 def test_completion_refuses_token_prompts_and_an_engine_failure_is_an_error_line(served):
     r = post(served, "/completion", {"prompt": [1, 2, 3]})
     assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]

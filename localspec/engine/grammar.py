@@ -25,8 +25,7 @@ from typing import TypeVar
 import llama_cpp
 import numpy as np
 
-from localspec.engine.grammar_limits import check_gbnf
-from localspec.errors import RequestError
+from localspec.engine.grammar_limits import GrammarUnparsable, check_gbnf
 
 _T = TypeVar("_T")
 PARSER_STACK_BYTES = 256 << 20  # address space, not memory: pages are touched only as deep as a parse goes
@@ -74,11 +73,6 @@ _PARSER = _BigStackThread(PARSER_STACK_BYTES)
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 _CANDIDATES = 32  # logits checked per round when looking for the allowed argmax
-
-
-class GrammarUnparsable(RequestError):
-    """A GBNF text llama.cpp's parser refused: bad syntax, no `root` rule, a rule named and not defined,
-    left recursion. Its own type so a face can name the field a client's grammar came in."""
 
 
 class Grammar:

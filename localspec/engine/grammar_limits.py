@@ -54,11 +54,18 @@ class GrammarTooLarge(RequestError):
         self.limit = limit
 
 
+class GrammarUnparsable(RequestError):
+    """A GBNF text llama.cpp's parser refused (bad syntax, no `root` rule, a rule named and not defined,
+    left recursion), or one it must never be given (`check_gbnf`). Its own type so a face can name the
+    field a client's grammar came in."""
+
+
 _COMBINATORS = ("anyOf", "oneOf", "allOf")
 _NESTED_DICTS = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
                  "additionalItems", "unevaluatedItems", "unevaluatedProperties")
 _NESTED_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 _REPEAT_RE = re.compile(r"\{(\d*)(?:,(\d*))?\}")
+_GBNF_REPEAT_RE = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
 
 
 def subschemas(schema: dict[str, Any], field: str) -> Iterator[tuple[Any, str]]:
@@ -185,6 +192,12 @@ def check_gbnf(gbnf: str, limits: GrammarLimits = LIMITS) -> None:
             max_depth = max(max_depth, depth)
         elif ch == ")":
             depth -= 1
+        elif ch == "{" and (m := _GBNF_REPEAT_RE.match(gbnf, i)) and int(m[1]) > int(m[2]):
+            # llama.cpp's parser takes `x{5,2}` for a repeat count near 2**64 and allocates until the
+            # process is killed (out of memory): refused here, before it ever sees one.
+            raise GrammarUnparsable(
+                f"the repetition {m[0]} at character {i} has a minimum ({m[1]}) above its maximum ({m[2]}).",
+                f"Write {{min,max}} with min <= max (here {{{m[2]},{m[1]}}}, or {{{m[1]}}} for exactly {m[1]}).")
         i += 1
     if max_depth > limits.max_grammar_depth:
         raise GrammarTooLarge("grammar", "the grammar's group nesting", max_depth, limits.max_grammar_depth)

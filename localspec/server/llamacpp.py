@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from localspec.engine.config import PromptPiece
 from localspec.engine.events import Done
-from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf
+from localspec.engine.grammar_limits import GrammarTooLarge, GrammarUnparsable, check_gbnf
 from localspec.server.errors import APIError
 from localspec.server.schemas import (ChatCompletionRequest, ChatMessageIn, CompletionRequest, KeepAliveField,
                                       LocalspecOptions, Tool, _Body, _Request, check_stops)
@@ -163,6 +163,8 @@ class NativeGeneration(_Body):
             check_gbnf(self.grammar)  # the engine checks again; here the 400 comes before the request is queued
         except GrammarTooLarge as exc:
             raise APIError(400, str(exc), "grammar_too_large", "grammar") from exc
+        except GrammarUnparsable as exc:
+            raise APIError(400, f"grammar: {exc}", "invalid_grammar", "grammar") from exc
         return SchemaGrammar(self.grammar)
 
     def max_tokens(self, cap: int) -> int:
