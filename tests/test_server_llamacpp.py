@@ -351,6 +351,19 @@ def test_apply_template_answers_the_prompt_a_chat_request_decodes_from(served):
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
 
 
+@pytest.mark.parametrize("only", [[{"role": "assistant", "content": "Once upon"}],
+                                  [{"role": "assistant", "content": [{"type": "text", "text": "Once upon"}]}]])
+def test_apply_template_refuses_a_prefill_with_nothing_before_it_as_a_chat_request_does(served, only):
+    """A conversation that is only the assistant's prefill was the template's own failure ("list object has no element
+    0" from Qwen's) on /apply-template, or a prompt no chat request decodes from: the chat routes' 400, named."""
+    chat = post(served, "/v1/chat/completions", {"model": MODEL, "messages": only, "max_tokens": 8})
+    r = post(served, "/apply-template", {"messages": only})
+    assert chat.status_code == 400 and r.status_code == 400, (chat.text, r.text)
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"] == chat.json()["error"]["message"], error
+    assert "no message comes before it" in error["message"] and "Fix:" in error["message"]
+
+
 def test_props_says_the_context_slots_and_model_file_by_name(served):
     r = request(served.base_url, "GET", "/props")
     assert r.status_code == 200, r.text

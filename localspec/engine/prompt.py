@@ -18,6 +18,14 @@ from localspec.errors import ContextOverflowError, RequestError
 _MARKER = re.compile("(\ue000\\d+\ue001)")  # where a message that spells a special token stands (see `render`)
 
 
+def _check_prefill(before: list[ChatMessage], prefill: str) -> None:
+    """A prefill with no message before it is refused, the same for a chat request and /apply-template:
+    Qwen's template reads messages[0] ("list object has no element 0"), and there is no turn it answers."""
+    if prefill and not before:
+        raise RequestError("The last message is the assistant's, which is continued, and no message comes "
+                           "before it.", "Send the user's message before it (and a system prompt, if any).")
+
+
 def split_prefill(messages: list[ChatMessage]) -> tuple[list[ChatMessage], str]:
     """A chat whose last message is the assistant's (text, no tool calls) asks for that text to be
     continued, as llama-server, Ollama and Anthropic's Messages API read it: the messages before it,
@@ -64,9 +72,7 @@ class Prompter:
             tokens = self.target.tokenize(request.prompt, add_special=True, parse_special=True)
         else:
             messages, prefill = split_prefill(request.messages or [])
-            if prefill and not messages:  # Qwen's template reads messages[0]: "list object has no element 0"
-                raise RequestError("The last message is the assistant's, which is continued, and no message comes "
-                                   "before it.", "Send the user's message before it (and a system prompt, if any).")
+            _check_prefill(messages, prefill)
             while True:
                 tokens = self.render(messages, request.tools, prefill=prefill)
                 if len(tokens) < self.n_ctx or not request.truncate:
@@ -151,6 +157,7 @@ class Prompter:
         /apply-template): a message that spells a special token stands in it as it was written; a final
         assistant message is continued, as a chat request's is."""
         before, prefill = split_prefill(messages) if add_generation_prompt else (messages, "")
+        _check_prefill(before, prefill)
         text, markers = self._rendered(before, tools, add_generation_prompt, prefill=prefill)
         if not markers:
             return text
