@@ -48,7 +48,7 @@ def steer(case, cap: int, pick: int) -> None:
         case.body["model"] = EMBEDDING_MODELS[0]
         return
     case.body["model"] = CHAT_MODELS[pick % 2]
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in ("max_tokens", "max_completion_tokens", "n_predict", "num_predict"):
         value = case.body.get(field)
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             case.body[field] = 1 + value % cap
@@ -57,9 +57,11 @@ def steer(case, cap: int, pick: int) -> None:
 
 
 def fuzz(
-    base_url: str, key: str, cases: int, seed: int = 0, cap: int = 8, progress: bool = False
+    base_url: str, key: str, cases: int, seed: int = 0, cap: int = 8, progress: bool = False,
+    operations: str | None = None,
 ) -> dict[str, Any]:
-    """Run `cases` generated requests against a running server; returns the figures and findings."""
+    """Run `cases` generated requests against a running server; returns the figures and findings.
+    `operations`: a regex on the operations' paths, to fuzz some routes only (new ones, say)."""
     import hypothesis
     import schemathesis
     from hypothesis import HealthCheck, Phase, given, settings
@@ -74,6 +76,8 @@ def fuzz(
     )
 
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    if operations:
+        schema = schema.include(path_regex=operations)
     auth = {"Authorization": f"Bearer {key}"}
     checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
     strategy = st.one_of(schema.as_strategy(GenerationMode.POSITIVE), schema.as_strategy(GenerationMode.NEGATIVE))
@@ -131,6 +135,7 @@ def fuzz(
         "cases": run["n"], "seed": seed, "steered": "5 in 6 cases aimed at a served model, max_tokens <= cap", "server_errors_5xx": run["server_errors"], "server_died": run["dead"],
         "findings": findings, "statuses": dict(sorted(statuses.items())),
         "per_operation": dict(sorted(per_operation.items())), "seconds": round(time.perf_counter() - t0, 1),
+        **({"operations": operations} if operations else {}),
     }
 
 
@@ -318,15 +323,17 @@ def main() -> int:
     ap.add_argument("--schema-cases", type=int, default=400, help="hostile JSON schemas (grammar bounds)")
     ap.add_argument("--host-cases", type=int, default=600, help="Host/Origin headers against a server without a key")
     ap.add_argument("--out", type=Path, default=Path("docs/reliability/fuzz.json"))
+    ap.add_argument("--operations", help="a regex on the paths to fuzz (default: every operation)")
     args = ap.parse_args()
     if args.url:
-        result = fuzz(args.url, args.api_key, args.cases, args.seed, progress=True)
+        result = fuzz(args.url, args.api_key, args.cases, args.seed, progress=True, operations=args.operations)
         result["schemas"] = fuzz_schemas(args.url, args.api_key, args.schema_cases, args.seed, progress=True)
     else:
         isolate_home()
         settings = campaign_settings(args.api_key)
         with campaign_server(settings) as srv:
-            result = fuzz(srv.base_url, args.api_key, args.cases, args.seed, settings.max_tokens_cap, progress=True)
+            result = fuzz(srv.base_url, args.api_key, args.cases, args.seed, settings.max_tokens_cap, progress=True,
+                          operations=args.operations)
             result["schemas"] = fuzz_schemas(srv.base_url, args.api_key, args.schema_cases, args.seed, progress=True)
             result["slots_idle_after"] = wait_until(lambda: slots_idle(srv), timeout=120)
             result["server"] = settings.model_dump(exclude={"api_key"})
