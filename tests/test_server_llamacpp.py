@@ -258,6 +258,40 @@ def test_a_grammar_repetition_whose_minimum_passes_its_maximum_is_a_400_before_l
     assert request(served.base_url, "GET", "/health").status_code == 200
 
 
+def _nested_alternatives(n: int) -> str:
+    """n**3 parse stacks in ~16n bytes: each alternative of a rule opens every alternative of the rule it names."""
+    return "\n".join(["root ::= a", "a ::= " + " | ".join(f'b "{i}"' for i in range(n)),
+                      "b ::= " + " | ".join(f'c "{i}"' for i in range(n)), "c ::= " + " | ".join(f'"x{i}"' for i in range(n))])
+
+
+@pytest.mark.parametrize("grammar", [_nested_alternatives(40), _nested_alternatives(100),
+                                     "root ::= " + " | ".join(f'"w{i}"' for i in range(20000))],
+                         ids=["40x40x40", "100x100x100", "20000-flat"])
+@pytest.mark.parametrize("path", ["/completion", "/infill"])
+def test_a_grammar_that_opens_too_many_alternatives_at_once_is_a_400(served, path, grammar):
+    """Within the size, rule and nesting bounds, a grammar could still wedge the server: 40 alternatives over 40 over
+    40 (1 KB) took llama.cpp 7 s to parse, 100 of each ~25 min, on the one parser thread; 20,000 alternatives in one
+    rule stalled every other request ~35 s for a few tokens. Refused before anything parses it, naming the bound."""
+    body = {"prompt": "x", "grammar": grammar} if path == "/completion" else vscode_infill("a", "b", "", [], grammar=grammar)
+    r = post(served, path, body)
+    assert r.status_code == 400, r.text[:500]
+    error = r.json()["error"]
+    assert error["message"].startswith("grammar: the alternatives open at once in rule"), error
+    assert f"limit of {LIMITS.max_grammar_fanout}" in error["message"] and "Fix:" in error["message"], error
+
+
+def test_grammars_of_schemas_within_the_bounds_open_few_enough_alternatives():
+    """The bound leaves the schema path's own grammars alone: max_enum values, side by side four times."""
+    from localspec.engine.grammar_limits import check_gbnf
+    from localspec.server.translate import JSON_GBNF, schema_grammar
+
+    check_gbnf(JSON_GBNF)
+    enums = {"anyOf": [{"enum": [f"v{i}_{j}" for i in range(LIMITS.max_enum)]} for j in range(4)]}
+    props = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(LIMITS.max_properties)}}
+    for schema in (enums, props):
+        check_gbnf(schema_grammar(schema, "x").gbnf)
+
+
 def test_completion_refuses_token_prompts_and_an_engine_failure_is_an_error_line(served):
     r = post(served, "/completion", {"prompt": [1, 2, 3]})
     assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]

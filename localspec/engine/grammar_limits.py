@@ -36,6 +36,10 @@ class GrammarLimits:
     max_grammar_bytes: int = 512 << 10  # the GBNF text
     max_grammar_rules: int = 8192
     max_grammar_depth: int = 2000  # nested groups in the GBNF (max_string_length plus the JSON around it)
+    # Alternatives one place in the GBNF opens at once, through the rules it names (each is a parse stack
+    # llama.cpp keeps, dedups pairwise when it parses and walks for every token of the vocabulary at each
+    # sampled token): 4 schema enums of max_enum side by side.
+    max_grammar_fanout: int = 4096
 
 
 LIMITS = GrammarLimits()
@@ -201,3 +205,74 @@ def check_gbnf(gbnf: str, limits: GrammarLimits = LIMITS) -> None:
         i += 1
     if max_depth > limits.max_grammar_depth:
         raise GrammarTooLarge("grammar", "the grammar's group nesting", max_depth, limits.max_grammar_depth)
+    if "|" in gbnf:  # a grammar without alternatives opens one stack at a time
+        fanout, where = _widest_fanout(gbnf)
+        if fanout > limits.max_grammar_fanout:
+            raise GrammarTooLarge("grammar", f"the alternatives open at once in rule '{where}' (through the rules it "
+                                  "names)", fanout, limits.max_grammar_fanout)
+
+
+_GBNF_TOKEN_RE = re.compile(r"""
+    (?P<lit>"(?:\\.|[^"\\])*") | (?P<cls>\[(?:\\.|[^\]\\])*\]) | (?P<tok>!?<[^>\n]*>)
+  | (?P<comment>\#[^\r\n]*) | (?P<define>::=) | (?P<name>[A-Za-z0-9_-]+) | (?P<quant>[*+?]|\{[^}]*\})
+  | (?P<punct>[|()]) | (?P<space>\s+) | (?P<other>.)""", re.VERBOSE | re.DOTALL)
+
+
+def _widest_fanout(gbnf: str) -> tuple[int, str]:
+    """How many parse stacks one place in the grammar can open at once, and the rule where the most do: per
+    rule, its alternatives' first elements counted through the rules they name (a nullable first element, x?
+    x* x{0,n}, lets the next one count too). A rule named while its own count is being taken counts 1. An
+    estimate for bounding, not llama.cpp's exact count: `a ::= b "1" | b "2" ...` over `b ::= c "1" | ...`
+    over `c ::= "x1" | ...`, 40 of each in 1 KB, is 64,000 stacks: 7 s to parse, 25 min at 100 of each."""
+    rules: dict[str, list[tuple[str, str]]] = {}
+    tokens = [(m.lastgroup or "other", m.group()) for m in _GBNF_TOKEN_RE.finditer(gbnf)]
+    tokens = [t for t in tokens if t[0] not in ("space", "comment")]
+    current: list[tuple[str, str]] | None = None
+    for i, tok in enumerate(tokens):
+        if tok[0] == "name" and i + 1 < len(tokens) and tokens[i + 1][0] == "define":
+            current = rules.setdefault(tok[1], [])
+        elif tok[0] != "define" and current is not None:
+            current.append(tok)
+    memo: dict[str, tuple[int, bool]] = {}
+    busy: set[str] = set()
+
+    def alternatives(toks: list[tuple[str, str]], i: int) -> tuple[int, bool, int]:
+        """(fan-out, nullable, index after) of the alternatives from toks[i] to a ')' or the end."""
+        total, nullable, first, seq_null = 0, False, True, True
+        while i < len(toks) and toks[i] != ("punct", ")"):
+            kind, text = toks[i]
+            if kind == "punct" and text == "|":
+                nullable |= seq_null
+                first, seq_null = True, True
+                i += 1
+                continue
+            if kind == "punct" and text == "(":
+                fan, null, i = alternatives(toks, i + 1)
+                i += 1  # the ')'
+            else:
+                fan, null = (rule(text) if kind == "name" else (1, kind == "lit" and text == '""'))
+                i += 1
+            if i < len(toks) and toks[i][0] == "quant":
+                q = toks[i][1]
+                null |= q in ("*", "?") or q.replace(" ", "").startswith(("{0,", "{0}", "{,"))
+                i += 1
+            if first:
+                total = min(total + fan, 1 << 40)
+            first = first and null
+            seq_null = seq_null and null
+        return total, nullable or seq_null, i
+
+    def rule(name: str) -> tuple[int, bool]:
+        if name in memo:
+            return memo[name]
+        if name in busy or name not in rules:  # recursion, or a rule llama.cpp will name as undefined
+            return 1, False
+        busy.add(name)
+        fan, null, _ = alternatives(rules[name], 0)
+        busy.discard(name)
+        memo[name] = (max(fan, 1), null)
+        return memo[name]
+
+    widest = max(((rule(name)[0], name) for name in rules), default=(0, ""))
+    return widest
+
