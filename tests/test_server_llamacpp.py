@@ -420,3 +420,13 @@ def test_the_routes_document_llama_servers_error_shape(served):
         ref = spec["paths"][path]["post"]["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
         assert ref.endswith("/LlamaCppError"), path
     assert "/props" in spec["paths"]
+
+
+def test_the_fanout_estimate_never_fails_on_grammars_nested_to_the_bounds():
+    """Groups nested to max_grammar_depth, or rules naming the next 5,000 deep, pass the estimate (past Python's
+    recursion limit it is skipped): a RecursionError out of check_gbnf was a 500 on /completion."""
+    from localspec.engine.grammar_limits import check_gbnf
+
+    depth = LIMITS.max_grammar_depth - 1
+    check_gbnf("root ::= " + "(" * depth + '"a" | "b"' + ")" * depth)
+    check_gbnf("\n".join(f'r{i} ::= r{i + 1} | "x"' for i in range(5000)) + '\nroot ::= r0\nr5000 ::= "y"')

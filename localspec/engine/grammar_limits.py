@@ -206,7 +206,10 @@ def check_gbnf(gbnf: str, limits: GrammarLimits = LIMITS) -> None:
     if max_depth > limits.max_grammar_depth:
         raise GrammarTooLarge("grammar", "the grammar's group nesting", max_depth, limits.max_grammar_depth)
     if "|" in gbnf:  # a grammar without alternatives opens one stack at a time
-        fanout, where = _widest_fanout(gbnf)
+        try:
+            fanout, where = _widest_fanout(gbnf)
+        except RecursionError:  # groups or rules nested past Python's recursion limit: not estimated
+            return
         if fanout > limits.max_grammar_fanout:
             raise GrammarTooLarge("grammar", f"the alternatives open at once in rule '{where}' (through the rules it "
                                   "names)", fanout, limits.max_grammar_fanout)
