@@ -38,3 +38,10 @@ def plain_scope():
     from localspec.cache import CacheScope
 
     return CacheScope.from_request(model_hash="m", system_prompt="s", sampling={"temperature": 0.0})
+
+
+# One tool, as each API spells it: the face tests that run a case on every API (tool streams, thinking)
+WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CHAT_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": WEATHER_PARAMETERS}}]
+RESPONSES_TOOLS = [{"type": "function", "name": "weather", "parameters": WEATHER_PARAMETERS}]
+MESSAGES_TOOLS = [{"name": "weather", "input_schema": WEATHER_PARAMETERS}]

@@ -15,6 +15,7 @@ class ServerThread:
     `server`: a server built already (`localspec.server.make_server`, serve's own), run as it is."""
 
     def __init__(self, app, announce=None, protocol=None, *, server: uvicorn.Server | None = None) -> None:
+        self.app = app  # the tests read the app's state through the server they started
         # protocol: serve's (localspec.server.protocol_for), where a test is about connections
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                                 **({"http": protocol} if protocol is not None else {}))

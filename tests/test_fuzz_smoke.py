@@ -44,7 +44,6 @@ def _serve(tmp_path_factory, app_for):
         mp.setenv("LOCALSPEC_MODELS_DIR", str(SHARED_STORE))
         app = app_for(settings)
         with ServerThread(app) as server:
-            server.app = app
             assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=600), (
                 request(server.base_url, "GET", "/health").text)
             yield server

@@ -128,7 +128,6 @@ def one_slot_server(target_path, module_home):
                               cache=False, router=False)
     app = create_app(settings, load=Backend.load)
     with ServerThread(app) as srv:
-        srv.app = app
         assert wait_until(lambda: request(srv.base_url, "GET", "/health", KEY).status_code == 200, timeout=300)
         yield srv
 
@@ -240,7 +239,6 @@ def test_an_answer_cancelled_while_its_client_waits_is_a_503_naming_the_cancella
     pipe = scripted_pipeline(tiers=[scripted_tier(script=scripted(default=slow))])
     app = scripted_app(pipeline=pipe, settings=ServerSettings(cache=False, router=False))
     with ServerThread(app) as srv:
-        srv.app = app
         assert wait_until(lambda: request(srv.base_url, "GET", "/health").status_code == 200, timeout=60)
         body = {"model": "scripted-large", "max_tokens": 200, "temperature": 0}
         body |= {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}

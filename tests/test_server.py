@@ -66,7 +66,6 @@ def server(module_home):
     app = scripted_app(backend=backend, settings=ServerSettings(**SETTINGS), gate=gate)
     with ServerThread(app) as srv:
         srv.gate = gate
-        srv.app = app
         yield srv
         gate.set()
 
@@ -90,7 +89,6 @@ def model_ready(target_path, draft_path, module_home):
     """The real model pair, for the tests that check what a model says."""
     app = create_app(ServerSettings(**SETTINGS))
     with ServerThread(app) as srv:
-        srv.app = app
         assert wait_until(lambda: raw(srv, "GET", "/health").status_code == 200, timeout=300), (
             raw(srv, "GET", "/health").text
         )

@@ -64,7 +64,6 @@ def srv(module_home, tmp_path_factory):
     app = scripted_app(pipeline=pipeline, settings=settings)
     with ServerThread(app) as server:
         assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=60)
-        server.app = app
         server.jobs = jobs
         server.engine = tier.engine
         yield server

@@ -47,7 +47,6 @@ def served(module_home):
     app = scripted_app(backend=backend, settings=ServerSettings(cache=False, router=False, max_tokens_cap=256))
     with ServerThread(app) as srv:
         srv.tier = tier
-        srv.app = app
         yield srv
 
 

@@ -67,7 +67,6 @@ def served(module_home):
     app, _ = one_model_app(model_id=MODEL, script=script,
                            settings=ServerSettings(api_key=KEY, cache=False, router=False, max_tokens_cap=256))
     with ServerThread(app) as srv:
-        srv.app = app
         yield srv
 
 

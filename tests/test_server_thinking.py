@@ -25,14 +25,11 @@ from localspec.server.routes.plans import with_thinking
 from localspec.server.schemas import ChatCompletionRequest
 from localspec.server.translate import chat_plan
 from tests.fake_tier import scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+from tests.common import CHAT_TOOLS, MESSAGES_TOOLS, RESPONSES_TOOLS
 from tests.server_harness import ServerThread
 
 KEY = "thinking-key"
 MODEL = "scripted-thinker"
-PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-CHAT_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": PARAMETERS}}]
-RESPONSES_TOOLS = [{"type": "function", "name": "weather", "parameters": PARAMETERS}]
-MESSAGES_TOOLS = [{"name": "weather", "input_schema": PARAMETERS}]
 # DeepSeek-R1-Distill's shape: the generation prompt opens the thought.
 OPENING = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
            "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")

@@ -18,14 +18,11 @@ import pytest
 
 from localspec.server import ServerSettings
 from tests.fake_tier import Reply, one_model_app
+from tests.common import CHAT_TOOLS, MESSAGES_TOOLS, RESPONSES_TOOLS
 from tests.server_harness import OpenStream, ServerThread
 
 KEY = "tool-stream-key"
 MODEL = "scripted-tool-stream"
-PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-CHAT_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": PARAMETERS}}]
-RESPONSES_TOOLS = [{"type": "function", "name": "weather", "parameters": PARAMETERS}]
-MESSAGES_TOOLS = [{"name": "weather", "input_schema": PARAMETERS}]
 
 
 def call(city: str) -> str:
@@ -62,7 +59,6 @@ def served(module_home):
     app, _ = one_model_app(model_id=MODEL, script=script,
                            settings=ServerSettings(api_key=KEY, cache=False, router=False, max_tokens_cap=512))
     with ServerThread(app) as srv:
-        srv.app = app
         yield srv
 
 
