@@ -224,10 +224,10 @@ def test_an_open_webui_chat_request_streams_an_answer_and_a_usage_chunk(docs_ser
 
 
 @pytest.mark.models
-@pytest.mark.parametrize("method,path", [("POST", "/api/pull"), ("DELETE", "/api/delete")])
+@pytest.mark.parametrize("method,path", [("POST", "/api/push"), ("POST", "/api/copy"), ("POST", "/api/create")])
 def test_the_apis_clients_md_lists_as_not_served_answer_404(docs_server, method, path):
     r = request(docs_server.base_url, method, path, json_body={"model": TEST_MODEL})
-    assert r.status_code == 404 and "localspec models" in r.json()["error"]
+    assert r.status_code == 404 and "/api/pull" in r.json()["error"] and "localspec models" in r.json()["error"]
 
 
 @pytest.mark.models

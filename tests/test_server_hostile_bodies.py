@@ -216,7 +216,9 @@ def test_a_refusal_names_the_field_the_client_sent(served, case):
     ("POST", "/api/tags", 405, "/api/tags takes GET, not POST"),
     ("DELETE", "/api/show", 405, "/api/show takes POST, not DELETE"),
     ("POST", "/api/chat/", 404, "send it to /api/chat, without the trailing slash"),
-    ("POST", "/api/pull", 404, "/api/pull is not served"),
+    ("POST", "/api/push", 404, "/api/push is not served"),
+    ("GET", "/api/pull", 405, "/api/pull takes POST, not GET"),
+    ("POST", "/api/delete", 405, "/api/delete takes DELETE, not POST"),
 ])
 def test_ollamas_routes_asked_the_wrong_way_say_how_to_ask(served, method, path, status, said):
     """The catch-all answered a served route asked with another method "/api/chat is not served:
@@ -224,7 +226,7 @@ def test_ollamas_routes_asked_the_wrong_way_say_how_to_ask(served, method, path,
     r = request(served.base_url, method, path, json_body={} if method == "POST" else None)
     assert r.status_code == status and said in error_text(r), r.text
     if status == 405:
-        assert r.headers["allow"] in ("GET", "POST")
+        assert r.headers["allow"] in ("GET", "POST", "DELETE")
 
 
 KEY = "hostile-key"

@@ -22,6 +22,7 @@ from localspec.server.backend import Backend, Loader
 from localspec.server.errors import install as install_errors
 from localspec.server.guards import Allowed, Auth, BodyLimit, HostGuard, loopback_origin_regex
 from localspec.server.keepalive import KeepAlive, parse_keep_alive
+from localspec.server.model_store import ManagerStore, ModelStore, NoStore
 from localspec.server.residents import InstalledModels, MemoryProbe, ModelSource, NoModels, system_memory
 from localspec.server.routes import ROUTERS
 from localspec.server.settings import ServerSettings
@@ -32,11 +33,12 @@ REAP_EVERY_S = 0.25  # how often idle models are checked against their keep-aliv
 
 
 def create_app(settings: ServerSettings | None = None, load: Callable[[ServerSettings], Backend] | None = None,
-               metrics: Any | None = None, *, models: ModelSource | None = None,
+               metrics: Any | None = None, *, models: ModelSource | None = None, store: ModelStore | None = None,
                memory: MemoryProbe = system_memory) -> FastAPI:
     """The ASGI app. `load` builds the backend (default: the profile's models); it runs on a thread.
     `models`: the installed models a request may load on demand (default: the store's with the real
-    `load`, none with another); `memory`: the RAM figures that decide what must unload first."""
+    `load`, none with another); `store`: what /api/pull and /api/delete manage (likewise);
+    `memory`: the RAM figures that decide what must unload first."""
     s = settings or ServerSettings()
     if metrics is None:
         from localspec.metrics import Metrics
@@ -44,8 +46,10 @@ def create_app(settings: ServerSettings | None = None, load: Callable[[ServerSet
         metrics = Metrics.from_settings(registry=CollectorRegistry())
     if models is None:
         models = InstalledModels(s.n_ctx, s.parallel, s.profile) if load is None else NoModels()
+    if store is None:
+        store = ManagerStore() if load is None else NoStore()
     state = ServerState(s, Loader(s, load), Admission(s.parallel + s.max_queue, s.retry_after_s), metrics,
-                        KeepAlive(parse_keep_alive(s.keep_alive)), models=models, memory=memory)
+                        KeepAlive(parse_keep_alive(s.keep_alive)), models=models, store=store, memory=memory)
     state.loader.on_ready = state.attach
 
     @asynccontextmanager

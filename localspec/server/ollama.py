@@ -223,6 +223,17 @@ class ShowRequest(_Body):
         return data
 
 
+class PullRequest(ShowRequest):
+    """`/api/pull`: a registry id or alias, or a Hub reference (hf.co/USER/REPO[:QUANT], as Ollama takes it)."""
+
+    stream: bool = True
+    insecure: bool = False  # Ollama's, for its own registry over plain HTTP: the Hub is always HTTPS here
+
+
+class DeleteRequest(ShowRequest):
+    """`/api/delete`: an installed model's name."""
+
+
 
 # ---------------------------------------------------------------- answers
 
@@ -293,6 +304,10 @@ class GenerateLine(_Line):
 
 def done_reason(done: Done) -> Literal["stop", "length"]:
     return "length" if done.finish_reason == "length" else "stop"
+
+
+def ndjson_dict(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, ensure_ascii=False).encode() + b"\n"
 
 
 def ndjson(line: BaseModel, timings: Timings | None = None) -> bytes:

@@ -20,6 +20,7 @@ from localspec.server.backend import Backend, Loader
 from localspec.server.errors import APIError
 from localspec.server.guards import LOCAL_PRINCIPAL, PRINCIPAL_KEY
 from localspec.server.keepalive import KeepAlive
+from localspec.server.model_store import MAX_PULLS, ModelStore, NoStore
 from localspec.server.redact import redact_paths
 from localspec.server.residents import (Held, MemoryProbe, ModelSource, NoModels, NoRoom, Room, plan_room,
                                         release_memory, system_memory)
@@ -136,6 +137,7 @@ class ServerState:
     metrics: Metrics
     keep_alive: KeepAlive = field(default_factory=KeepAlive)  # the profile's models'
     models: ModelSource = field(default_factory=NoModels)  # installed models a request may load on demand
+    store: ModelStore = field(default_factory=NoStore)  # what /api/pull and /api/delete manage
     memory: MemoryProbe = system_memory
     extra: dict[str, Resident] = field(default_factory=dict)  # model id -> models loaded on demand
     responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses' previous_response_id
@@ -144,6 +146,7 @@ class ServerState:
     def __post_init__(self) -> None:
         self.primary = Resident("", self.loader, self.keep_alive)
         self._room = asyncio.Lock()  # one room plan and load start at a time: two loads never count the same RAM
+        self.pull_slots = asyncio.Semaphore(MAX_PULLS)
 
     def residents(self) -> list[Resident]:
         return [self.primary, *self.extra.values()]

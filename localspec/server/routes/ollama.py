@@ -20,6 +20,7 @@ from localspec.server import translate
 from localspec.server.backend import Backend
 from localspec.server.errors import OLLAMA_ERROR_RESPONSES, APIError
 from localspec.server.keepalive import parse_keep_alive
+from localspec.server.model_store import StoredModel
 from localspec.server.ollama import (OLLAMA_API_VERSION, OLLAMA_FIELDS, AssistantMessage, ChatLine, GenerateLine,
                                      LegacyEmbeddingRequest, OllamaChatRequest, OllamaEmbedRequest,
                                      OllamaGenerateRequest, ShowRequest, Timings, chat_request, done_reason,
@@ -186,15 +187,31 @@ async def version() -> dict[str, str]:
 
 @router.get("/api/tags", responses=OLLAMA_ERROR_RESPONSES)
 async def tags(state: State) -> dict[str, Any]:
-    """The names a request may use, as Ollama lists its pulled models: tagged (`x:latest`)."""
-    return {"models": [_tag(card.id, embedding=bool(card.localspec and card.localspec.role == "embedding"))
-                       for card in await cards(state)]}
+    """The names a request may use, as Ollama lists its pulled models: tagged (`x:latest`), with the
+    installed file's size, digest, family, parameter count and quant (Open WebUI shows the last two
+    beside each name); a name for no one file (`auto`, a router tier) has none of them."""
+    listed = await cards(state)
+    stored = await asyncio.to_thread(_described, state, [c.localspec.model if c.localspec else None for c in listed])
+    return {"models": [_tag(card.id, embedding=bool(card.localspec and card.localspec.role == "embedding"),
+                            stored=s) for card, s in zip(listed, stored, strict=True)]}
 
 
-def _tag(name: str, *, embedding: bool) -> dict[str, Any]:
-    return {"name": tagged(name), "model": tagged(name), "modified_at": "1970-01-01T00:00:00Z", "size": 0, "digest": "",
-            "details": {"format": "gguf", "family": "bert" if embedding else "", "families": None,
-                        "parameter_size": "", "quantization_level": ""}}
+def _described(state: ServerState, model_ids: list[str | None]) -> list[StoredModel | None]:
+    seen: dict[str, StoredModel | None] = {}
+    for mid in model_ids:
+        if mid and mid not in seen:
+            seen[mid] = state.store.describe(mid)
+    return [seen[mid] if mid else None for mid in model_ids]
+
+
+def _tag(name: str, *, embedding: bool, stored: StoredModel | None = None) -> dict[str, Any]:
+    family = stored.family if stored and stored.family else ("bert" if embedding else "")
+    return {"name": tagged(name), "model": tagged(name),
+            "modified_at": _iso(stored.modified) if stored else "1970-01-01T00:00:00Z",
+            "size": stored.size if stored else 0, "digest": stored.sha256 if stored else "",
+            "details": {"format": "gguf", "family": family, "families": [family] if family else None,
+                        "parameter_size": stored.parameter_size if stored else "",
+                        "quantization_level": stored.quantization if stored else ""}}
 
 
 @router.post("/api/show", responses=OLLAMA_ERROR_RESPONSES)
@@ -209,7 +226,8 @@ async def show(body: ShowRequest, state: State) -> dict[str, Any]:
         raise APIError(404, f"model '{body.model[:200]}' not found; GET /api/tags lists the served names.",
                        "model_not_found", "model")
     embedding = bool(card.localspec and card.localspec.role == "embedding")
-    details = _tag(body.model, embedding=embedding)["details"]
+    stored = await asyncio.to_thread(_described, state, [card.localspec.model if card.localspec else None])
+    details = _tag(body.model, embedding=embedding, stored=stored[0])["details"]
     info = {} if embedding else model_info(state, body.model)
     n_ctx = info.get(f"{info.get('general.architecture')}.context_length")
     capabilities = ["embedding"] if embedding else ["completion", "tools"]
@@ -268,12 +286,13 @@ def _iso(unix: float | None) -> str:
 
 
 SERVED = {"chat": "POST", "generate": "POST", "embed": "POST", "embeddings": "POST", "show": "POST",
-          "tags": "GET", "ps": "GET", "version": "GET"}  # each of Ollama's routes served, and its method
+          "tags": "GET", "ps": "GET", "version": "GET", "pull": "POST",
+          "delete": "DELETE"}  # each of Ollama's routes served (pull, delete: routes/ollama_store.py), and its method
 
 
 @router.api_route("/api/{rest:path}", methods=["GET", "POST", "DELETE", "HEAD"], include_in_schema=False)
 async def unserved(rest: str, request: Request) -> None:
-    """The rest of Ollama's API (pull, push, create, copy, delete, blobs) manages Ollama's own store.
+    """The rest of Ollama's API (push, create, copy, blobs) manages Ollama's own store and registry.
     A served route asked with another method is a 405 naming its own: the 404 said "/api/chat is
     not served" and listed /api/chat among those served."""
     name = rest.rstrip("/")
@@ -286,4 +305,4 @@ async def unserved(rest: str, request: Request) -> None:
                        "method_not_allowed", headers={"allow": method})
     raise APIError(404, f"/api/{rest[:100]} is not served: localspec serves Ollama's "
                    f"{', '.join('/api/' + s for s in SERVED)}; manage models with `localspec models` "
-                   "(pull, rm, list).", "not_found")
+                   "(import, pull, rm, list).", "not_found")
