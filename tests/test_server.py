@@ -301,7 +301,7 @@ def test_responses_api_round_trip_on_the_real_pair(model_client):
     assert "".join(deltas) == client.responses.create(**ask).output_text  # greedy: the same answer
 
 
-def test_ollama_api_on_the_real_pair(model_ready):
+def test_ollama_api_on_the_real_pair(model_ready, target_path):
     """The official `ollama` client on the real model: a schema kept through format, and a stream
     equal to the whole answer (greedy)."""
     import ollama
@@ -316,7 +316,12 @@ def test_ollama_api_on_the_real_pair(model_ready):
                options={"temperature": 0, "num_predict": 24})
     streamed = "".join(p.message.content for p in client.chat(**ask, stream=True))
     assert streamed == client.chat(**ask).message.content
-    assert "insert" in client.show(TARGET_ID).capabilities  # Qwen2.5-Coder has the FIM tokens suffix needs
+    shown = client.show(TARGET_ID)
+    assert "insert" in shown.capabilities  # Qwen2.5-Coder has the FIM tokens suffix needs
+    assert (shown.details.family, shown.details.parameter_size, shown.details.quantization_level) == (
+        "qwen2", "1.5B", "Q4_K_M")  # from its GGUF: Open WebUI shows them beside the name
+    listed = {m.model: m for m in client.list().models}[TARGET_ID + ":latest"]
+    assert listed.size == target_path.stat().st_size and len(listed.digest) == 64
 
 
 def test_stop_string_inside_an_accepted_draft_run_on_the_real_pair(model_client):

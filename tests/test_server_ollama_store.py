@@ -13,7 +13,8 @@ import pytest
 from localspec.models import ModelManager
 from localspec.models.progress import ProgressEvent
 from localspec.server import ServerSettings
-from localspec.server.model_store import STEP_EVERY_S, ManagerStore, PullPhase, PullStep, PullSteps
+from localspec.server.model_store import (STEP_EVERY_S, ManagerStore, PullPhase, PullStep, PullSteps, parameter_size,
+                                          size_label)
 from localspec.server.residents import InstalledModels
 from tests.fake_tier import scripted_app, scripted_backend, scripted_pipeline, scripted_tier
 from tests.gguf_factory import make_gguf
@@ -147,3 +148,14 @@ def test_download_steps_are_thinned_but_the_last_always_comes():
     steps(ProgressEvent("m", "hf", "failed", message="offline"))
     assert [s.phase for s in heard[len(downloads):]] == [PullPhase.VERIFY, PullPhase.RETRY]
     assert heard[-1].message == "offline"
+
+
+@pytest.mark.parametrize(("label", "shown"), [("1.5B", "1.5B"), ("23M", "23M"), (None, None), (15, None),
+                                              ("", None), ("[bold]" * 10, None), ("1.5B\x1b[2J", None),
+                                              (" 1.5B", None)])
+def test_a_ggufs_size_label_is_shown_only_when_it_is_a_short_printable_label(label, shown):
+    assert size_label(label) == shown
+
+
+def test_a_parameter_count_is_written_as_ollama_lists_it():
+    assert [parameter_size(n) for n in (0, 22_700_000, 494_000_000, 1_777_088_000)] == ["", "23M", "494M", "1.8B"]

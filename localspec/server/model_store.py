@@ -192,16 +192,27 @@ class ManagerStore:
         with self._lock:
             if key in self._headers:
                 return self._headers[key]
-        from localspec.models.gguf_summary import read_gguf_info
+        from localspec.models.gguf_info import read_header
+        from localspec.models.gguf_summary import info_from_meta
 
         try:
-            info = read_gguf_info(path)
-            facts = (info.architecture or "", parameter_size(info.parameters), info.quant or "")
+            meta = read_header(path)
+            info = info_from_meta(meta)
+            facts = (info.architecture or "", size_label(meta.get("general.size_label")) or
+                     parameter_size(info.parameters), info.quant or "")
         except (LocalspecError, OSError, ValueError):
             facts = ("", "", "")  # a listing still lists a model whose header it cannot read
         with self._lock:
             self._headers[key] = facts
         return facts
+
+
+def size_label(label: object) -> str | None:
+    """The GGUF's own size label ("1.5B", the size the model is known by: counting its tensors says
+    1.8B for Qwen2.5-Coder 1.5B); None when absent or not a short printable label (it is the file's)."""
+    if isinstance(label, str) and 0 < len(label) <= 16 and label.isprintable() and label.strip() == label:
+        return label
+    return None
 
 
 def parameter_size(n: int) -> str:
