@@ -110,6 +110,10 @@ def test_a_streamed_answer_is_the_typed_events_and_the_sdk_reads_the_whole_messa
     events = [(e, json.loads(d)) for e, d in re.findall(r"event: (\w+)\ndata: (.*)\n\n", raw.text)]
     kinds = [e for e, _ in events]
     assert kinds[:3] == ["message_start", "ping", "content_block_start"]
+    # The prompt's tokens come first (clients show the context used from them): they were 0.
+    counted = request(served.base_url, "POST", "/v1/messages/count_tokens", KEY, {
+        "model": MODEL, "messages": [{"role": "user", "content": "Name three colours."}]}).json()["input_tokens"]
+    assert events[0][1]["message"]["usage"]["input_tokens"] == counted > 0
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(kinds[3:-3]) == {"content_block_delta"}
     assert all(data["type"] == kind for kind, data in events)

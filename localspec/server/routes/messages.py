@@ -51,12 +51,29 @@ async def create_message(body: MessagesRequest, request: Request, state: State, 
         kept = state.keep(hold)
     reply = MessagesReply(state, b, plan_, job, who, chat=chat)
     if body.stream:
+        try:
+            reply.prompt_tokens = await prompt_count(b, plan_)
+        except BaseException:
+            kept.release()
+            raise
         return EventStream(reply.stream(), on_close=kept.release)
     try:
         _, done = await reply.whole(request)
         return reply.message(done)
     finally:
         kept.release()
+
+
+async def prompt_count(b: Backend, plan_: translate.Plan) -> int:
+    """The prompt's tokens, for message_start (clients show the context used from it before the answer
+    ends); counted again, as count_tokens does: the engine counts it when a slot admits the request."""
+    try:
+        tokens, _dropped = await asyncio.to_thread(b.engine.prompt_tokens, plan_.request)
+    except ContextOverflowError as exc:
+        return exc.prompt_tokens
+    except LocalspecError:
+        return 0  # the engine refuses it, and says why, when it admits it
+    return len(tokens)
 
 
 class CountTokensRequest(MessagesRequest):
@@ -118,6 +135,7 @@ class MessagesReply(StreamedReply):
         self.thought = ""  # of the thought, streamed so far
         self.thinking: bool | None = None  # a thinking block (index 0) is open (True) or was closed (False)
         self.text_open = False  # the text block (after the thinking block, if any) was started
+        self.prompt_tokens = 0  # streamed: the prompt's tokens, for message_start
 
     # -------------------------------------------------------------- the answer, whole
 
@@ -144,8 +162,10 @@ class MessagesReply(StreamedReply):
     # -------------------------------------------------------------- the answer, streamed
 
     def head(self) -> list[bytes]:
-        # The prompt's tokens are known once the engine has read it: message_delta carries the totals.
-        started = MessageObject(id=self.id, model=self.chat.model, usage=MessageUsage(input_tokens=0, output_tokens=0))
+        # The prompt's tokens; what the engine reuses from its KV cache is known once it has read the
+        # prompt, so message_delta's usage splits it (input_tokens and cache_read_input_tokens).
+        started = MessageObject(id=self.id, model=self.chat.model,
+                                usage=MessageUsage(input_tokens=self.prompt_tokens, output_tokens=0))
         return [event("message_start", message=started.model_dump(mode="json", exclude={"localspec"})), PING]
 
     @property
