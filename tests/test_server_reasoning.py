@@ -7,7 +7,7 @@ import pytest
 
 from localspec.engine.config import EngineConfig
 from localspec.engine.scheduler import Engine
-from localspec.server.reasoning import ThoughtSplit, split_reasoning
+from localspec.engine.thoughts import ThoughtSplit, split_reasoning
 from tests.fake_tier import ScriptedRuntime, scripted
 
 THOUGHTS = [  # (answer, opened, (thought, content))

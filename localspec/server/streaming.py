@@ -63,7 +63,7 @@ class Piece:
     text: str  # the content's
     tokens: list[Token]
     origin: Origin = "target"  # the origin of the token whose text this is
-    thought: str = ""  # a thinking model's thought, which comes before the content (reasoning.py)
+    thought: str = ""  # a thinking model's thought, which comes before the content (engine/thoughts.py)
 
 
 class TextGate(Protocol):

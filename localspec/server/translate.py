@@ -22,7 +22,7 @@ from localspec.engine.json_schema import (SchemaInvalid, bounded_ranges, check_r
                                           unenforced, with_range_rules)
 from localspec.engine.sampling import SamplingParams, with_fallbacks
 from localspec.server.errors import APIError
-from localspec.server.reasoning import ThoughtSplit, marker_start, split_reasoning
+from localspec.engine.thoughts import ThoughtSplit, marker_start, split_reasoning
 from localspec.server.schemas import (
     DEFAULT_TEMPERATURE,
     ChatCompletionRequest,
@@ -74,7 +74,7 @@ class Plan:
     prompt_field: str = "messages"  # the request's field its prompt came from (FieldNames.prompt)
     grammar_field: str | None = None  # the field a client's own grammar came in (llama.cpp's), named if it won't parse
     choices: int = 1  # the request's n: one engine job per choice (per_choice)
-    # A thinking model's thought is split from the content (reasoning.py): whether the prompt opened it;
+    # A thinking model's thought is split from the content (engine/thoughts.py): whether the prompt opened it;
     # None: the answer is left whole (reasoning_format "none", a raw prompt, a prefill, a grammar).
     thinking: bool | None = None
 
