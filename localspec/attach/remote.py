@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import ORIGINS, Done, Event, FinishReason, Origin, Stats, Token
+from localspec.engine.thoughts import CLOSE, OPEN
 from localspec.errors import LocalspecError
 
 if TYPE_CHECKING:  # openai loads only when a client is built
@@ -207,6 +208,7 @@ class RemoteGeneration:
         # A server that ignores max_tokens streamed 64 KB chunks forever, and the text grew 100 MB/s: no
         # token is this long, so past it the reply stops with an error.
         budget, received, chunks = self._request.max_tokens * MAX_CHARS_PER_TOKEN + 4096, 0, 0
+        thinking = ThoughtTags()
         try:
             self._stream = self._open()
             if (answered := _not_a_stream(self._stream)) is not None:
@@ -228,6 +230,7 @@ class RemoteGeneration:
                 for choice in chunk.choices or []:
                     delta = getattr(choice, "delta", None)
                     piece = delta.content if delta is not None else getattr(choice, "text", None)
+                    piece = thinking.wrap(reasoning_of(delta), piece if isinstance(piece, str) else None)
                     if isinstance(piece, str) and piece:  # a number or a list in its place is left out
                         received += len(piece)
                         if received > budget:
@@ -289,6 +292,35 @@ class RemoteGeneration:
     def cancel(self) -> None:
         self._cancel.set()
         self._close_stream()  # unblocks a read waiting on the socket
+
+
+def reasoning_of(delta: object) -> str | None:
+    """A thinking model's thought in a chunk's delta, where the server sends it apart from the content:
+    `reasoning_content` (llama-server, localspec, DeepSeek's API) or `reasoning` (vLLM, OpenRouter)."""
+    extra = getattr(delta, "model_extra", None) or {}
+    for name in ("reasoning_content", "reasoning"):
+        value = extra.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+class ThoughtTags:
+    """A thought sent apart from the content, put back in its `<think>` tags before the content, as
+    the model wrote it and as an in-process reply has it: the chat app shows (and stores) one shape."""
+
+    def __init__(self) -> None:
+        self.open = False
+
+    def wrap(self, thought: str | None, content: str | None) -> str:
+        out = ""
+        if thought:
+            out += thought if self.open else f"{OPEN}\n{thought}"
+            self.open = True
+        if content and self.open:
+            out += f"\n{CLOSE}\n\n"
+            self.open = False
+        return out + (content or "")
 
 
 def _read_prediction_usage(stats: Stats, details: Any) -> None:

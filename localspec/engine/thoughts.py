@@ -95,3 +95,8 @@ def closes_unopened(text: str) -> bool:
     the template, as a remote server's, reads `opened` from the answer)."""
     at = text.find(CLOSE)
     return at >= 0 and OPEN not in text[:at]
+
+
+def answer_only(text: str) -> str:
+    """An answer without its thought, `opened` read from the answer itself (a stored turn's prompt is gone)."""
+    return split_reasoning(text, opened=closes_unopened(text))[1]

@@ -43,6 +43,9 @@ CSS = """
 .message.interrupted .stats { color: $warning; }
 .message Markdown { margin: 0; padding: 0; }
 .message .origins { padding: 0 0 1 0; }
+.message .thought { margin: 0; padding: 0; border: none; background: transparent; }
+.message .thought Contents { padding: 0 0 0 2; }
+.message .thought-body { color: $text-muted; }
 .reply-footer { height: auto; color: $text-muted; }
 .reply-footer .stats { width: 1fr; }
 .reply-footer Label { margin-left: 1; }

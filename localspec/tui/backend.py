@@ -45,6 +45,9 @@ class BackendInfo:
     url: str | None = None
     # The server records each reply in this machine's metrics log (attached): the app must not again.
     logged_by_server: bool = False
+    # The chat template's prompt opens a thought (the answer holds only its `</think>`); None: unknown
+    # (a remote server's), read from the answer.
+    opens_thought: bool | None = None
 
 
 class Generation(Protocol):
@@ -151,6 +154,14 @@ class _LocalGeneration:
         self._job.cancel()
 
 
+def _opens_thought(engine: Engine) -> bool | None:
+    """Whether the engine's chat template opens a thought; None when it cannot say (no prompter)."""
+    try:
+        return bool(engine.prompter.opens_thought)
+    except Exception:  # noqa: BLE001 - a view's hint: the answer says it too
+        return None
+
+
 class LocalBackend:
     """The engine in this process behind the shared request pipeline (semantic cache included).
 
@@ -172,6 +183,7 @@ class LocalBackend:
         self.info = BackendInfo(
             kind="in-process", target=target, draft=draft if engine.draft is not None else None,
             accelerator=detect_accelerator(), n_ctx=engine.config.n_ctx, profile=profile,
+            opens_thought=_opens_thought(engine),
         )
 
     @classmethod

@@ -19,6 +19,7 @@ from textual.containers import VerticalScroll
 from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done, Stats, Token
 from localspec.engine.sampling import SamplingParams
+from localspec.engine.thoughts import answer_only
 from localspec.errors import LocalspecError
 from localspec.tui.backend import Backend, ServerLost
 from localspec.tui.base import ScreenPart
@@ -67,8 +68,10 @@ class Replies(ScreenPart):
         messages = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
         # An empty reply (interrupted before its first token) says nothing to the model; a role this version
         # does not write (a hand edit, a newer version) is shown but not sent: the engine refused the chat.
-        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(chat.id)
-                     if m.role in ROLES and (m.content or m.role != "assistant")]
+        # A reply's thought is not sent back (as thinking models' templates drop it): its answer is.
+        turns = [(m.role, answer_only(m.content) if m.role == "assistant" else m.content)
+                 for m in self.store.messages(chat.id) if m.role in ROLES]
+        messages += [{"role": role, "content": text} for role, text in turns if text or role != "assistant"]
         # Predicted Outputs: the code the user pasted into the message being answered (not earlier turns).
         last = messages[-1] if messages and messages[-1]["role"] == "user" else None
         prediction = predicted_reply(last["content"]) if last is not None and p.predict_code else None
@@ -103,6 +106,7 @@ class Replies(ScreenPart):
             self.screen.show_loading()
             return
         view.set_waiting(False)
+        view.opens_thought = backend.info.opens_thought
         try:
             request = self._request()
         except ValueError as exc:  # pydantic: parameters out of range

@@ -18,12 +18,12 @@ class ReplyTools(ScreenPart):
         if view is None:
             self.app.notify("No reply to copy.")
             return
-        self.app.copy_to_clipboard(encodable(view.content))  # the terminal is sent UTF-8
+        self.app.copy_to_clipboard(encodable(view.answer))  # the terminal is sent UTF-8; a thought is not copied
         self.app.notify("Reply copied to the clipboard.")
 
     def copy_code(self) -> None:
         view = self.screen.target_view("assistant")
-        blocks = code_blocks(view.content) if view else []
+        blocks = code_blocks(view.answer) if view else []
         if not blocks:
             self.app.notify("That reply has no code block.", severity="warning")
             return

@@ -10,9 +10,10 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message as TextualMessage
-from textual.widgets import Label, Markdown, Sparkline, Static, TextArea
+from textual.widgets import Collapsible, Label, Markdown, Sparkline, Static, TextArea
 
 from localspec.engine.events import Done, Stats, Token
+from localspec.engine.thoughts import closes_unopened, split_reasoning
 from localspec.tui.backend import BackendInfo
 from localspec.tui.safe_text import terminal_safe
 from localspec.tui.session_metrics import SessionSnapshot
@@ -146,11 +147,13 @@ class MessageView(Vertical, can_focus=True):
     """One message. An assistant reply streams in as Markdown and keeps its token origins."""
 
     def __init__(self, role: str, content: str = "", meta: dict | None = None, message_id: int | None = None,
-                 show_origins: bool = False) -> None:
+                 show_origins: bool = False, *, opens_thought: bool | None = None) -> None:
         # A stored role is untrusted: as a class name, '[/]x' or 'two words' would stop the app.
         super().__init__(classes=f"message {role if role in ROLES else 'other-role'}")
         self.role = role
-        self.content = content
+        self.content = content  # as the model wrote it: a thinking model's thought included
+        self.opens_thought = opens_thought  # the prompt opened the thought; None: read from the answer
+        self.shown = ""  # the answer as the body has drawn it, which a streaming reply appends to
         self.meta = dict(meta or {})
         self.message_id = message_id
         self.segments: list[list[str]] = [list(s) for s in self.meta.get("segments", [])]
@@ -165,13 +168,29 @@ class MessageView(Vertical, can_focus=True):
         """A stored reply the app never finished (it was closed or killed while the reply streamed)."""
         return bool(self.meta.get("interrupted"))
 
+    def split(self) -> tuple[str | None, str]:
+        """(the thought, the answer) of a reply (engine/thoughts.py); a user's text is all answer."""
+        if self.role != "assistant":
+            return None, self.content
+        opened = self.opens_thought if self.opens_thought is not None else closes_unopened(self.content)
+        return split_reasoning(self.content, opened=opened)
+
+    @property
+    def answer(self) -> str:
+        """What the reply says, without its thought: what is drawn as Markdown, copied and sent back."""
+        return self.split()[1]
+
     def compose(self) -> ComposeResult:
         yield Label(terminal_safe(ROLE_LABELS.get(self.role, self.role)), classes="role", markup=False)
-        if markdown_blocks(self.content) > MAX_MARKDOWN_BLOCKS:
+        thought, self.shown = self.split()
+        if self.role == "assistant":  # a thinking model's thought, folded: the answer is what is read
+            with Collapsible(title=self._thought_title(thought), collapsed=True, classes="thought"):
+                yield Static(Text(terminal_safe(thought or "")), classes="thought-body")
+        if markdown_blocks(self.shown) > MAX_MARKDOWN_BLOCKS:
             yield from self._plain_body()
         else:
             # A link's text is the model's and hides where it goes: the screen asks before opening it.
-            yield Markdown(terminal_safe(self.content), classes="body", open_links=False)
+            yield Markdown(terminal_safe(self.shown), classes="body", open_links=False)
         if self.role == "assistant":
             yield Static(origin_text(self.segments), classes="origins")
             with Horizontal(classes="reply-footer"):
@@ -183,6 +202,18 @@ class MessageView(Vertical, can_focus=True):
         self._apply_view()
         if self.role == "assistant":
             self.query_one(".cached").display = bool(self.meta.get("cached"))
+            self.query_one(".thought", Collapsible).display = self.split()[0] is not None
+
+    def _thought_title(self, thought: str | None) -> str:
+        size = f"{len(thought or ''):,} characters"
+        return f"Thinking… ({size})" if not self.finished and not self.shown else f"Thought ({size})"
+
+    def _show_thought(self, thought: str | None) -> None:
+        folded = self.query_one(".thought", Collapsible)
+        folded.display = thought is not None
+        if thought is not None:
+            folded.title = self._thought_title(thought)
+            self.query_one(".thought-body", Static).update(Text(terminal_safe(thought)))
 
     # ------------------------------------------------------------------ streaming
 
@@ -195,33 +226,40 @@ class MessageView(Vertical, can_focus=True):
         if not fragment:
             return
         self.content += fragment
+        thought, answer = self.split()
+        more, self.shown = answer[len(self.shown):] if answer.startswith(self.shown) else None, answer
         body = self._body()
         if isinstance(body, Static):
-            body.update(Text(terminal_safe(self.content)))
+            body.update(Text(terminal_safe(answer)))
+        elif more is None:  # the answer was read again: a `</think>` showed what came before it was thought
+            await body.update(terminal_safe(answer))
         # Appended and awaited here, not through Markdown's stream: frames and the reply's end run one
         # at a time on the screen, so no append is still in flight (or cancelled half way, as a
         # stream's stop does) when `finish` replaces the document.
-        elif len(body.query("*")) + markdown_blocks(fragment) > MAX_MARKDOWN_WIDGETS:
+        elif len(body.query("*")) + markdown_blocks(more) > MAX_MARKDOWN_WIDGETS:
             await self._to_plain(body)
-        else:
-            await body.append(terminal_safe(fragment))
+        elif more:
+            await body.append(terminal_safe(more))
+        self._show_thought(thought)
         if self.show_origins:
             self.query_one(".origins", Static).update(origin_text(self.segments))
 
     async def finish(self, done: Done, cached: bool | None, route: str | None, cache_entry: str | None = None) -> None:
         self.content = done.text or self.content
+        thought, self.shown = self.split()
         body = self._body()
         if isinstance(body, Static):
-            body.update(Text(terminal_safe(self.content)))
-        elif markdown_blocks(self.content) > MAX_MARKDOWN_BLOCKS:
+            body.update(Text(terminal_safe(self.shown)))
+        elif markdown_blocks(self.shown) > MAX_MARKDOWN_BLOCKS:
             await self._to_plain(body)
         else:
-            await body.update(terminal_safe(self.content))
+            await body.update(terminal_safe(self.shown))
         self.meta = {
             "stats": done.stats.to_dict(), "finish_reason": done.finish_reason, "segments": self.segments,
             "cached": cached, "route": route, "error": done.error, "cache_entry": cache_entry,
         }
         self.finished = True
+        self._show_thought(thought)
         self.remove_class("interrupted")
         self.query_one(".stats", Static).update(self._summary())
         self.query_one(".cached").display = bool(cached)
@@ -236,7 +274,7 @@ class MessageView(Vertical, can_focus=True):
 
     def _plain_body(self) -> list[Static]:
         return [Static(PLAIN_NOTE, classes="plain-note", markup=False),
-                Static(Text(terminal_safe(self.content)), classes="body plain")]
+                Static(Text(terminal_safe(self.shown)), classes="body plain")]
 
     async def _to_plain(self, markdown: Markdown) -> None:
         body = self._plain_body()

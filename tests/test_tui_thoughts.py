@@ -1,0 +1,141 @@
+"""A thinking model's thought in the chat app: folded apart from the answer while it streams, when it
+is stored and reopened, never copied or sent back; an attached server's `reasoning_content` is put
+back in its tags so the app shows one shape. Recorded replies through Textual's pilot; the server
+is the real app on loopback over a scripted model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.text import Text
+from textual.widgets import Collapsible, Markdown, Static
+
+from localspec.attach.remote import RemoteGeneration, ThoughtTags, openai_client
+from localspec.engine.config import GenerationRequest
+from localspec.engine.events import Done, Stats, Token
+from localspec.server import ServerSettings
+from localspec.tui import ChatApp, ChatStore, ReplayBackend
+from localspec.tui.backend import BackendInfo
+from localspec.tui.widgets import MessageView
+from tests.fake_tier import scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+from tests.server_harness import ServerThread
+from tests.tui_demo import DEMO_RSS, fixed_model_rows
+from tests.tui_support import wait_for
+
+SIZE = (120, 36)
+pytestmark = pytest.mark.anyio
+THOUGHT = "The user wants colours. [bold]Three[/] will do.\x1b[2J"
+RAW = f"<think>\n{THOUGHT}\n</think>\n\nRed, green, blue."
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _reply(text: str, *, piece: int = 3) -> list:
+    tokens = [Token(text[i:i + piece], (i,), "target") for i in range(0, len(text), piece)]
+    return [*tokens, Done("stop", Stats(mode="off", prompt_tokens=9, completion_tokens=len(tokens)), text)]
+
+
+def _app(tmp_path: Path, backend: ReplayBackend) -> ChatApp:
+    return ChatApp(lambda _p, **_: backend, store=ChatStore(tmp_path / "chats.sqlite"), memory_probe=lambda: DEMO_RSS,
+                   model_rows=fixed_model_rows, export_dir=tmp_path / "exports")
+
+
+def _reply_view(app) -> MessageView:
+    return [v for v in app.query(MessageView) if v.role == "assistant"][-1]
+
+
+def _shown(view: MessageView) -> tuple[str, str, bool, bool]:
+    """(the Markdown body's source, the thought's text, whether the fold shows, whether it is collapsed)."""
+    folded = view.query_one(".thought", Collapsible)
+    thought = view.query_one(".thought-body", Static).render()
+    return (view.query_one(".body", Markdown).source, thought.plain if isinstance(thought, Text) else str(thought),
+            bool(folded.display), folded.collapsed)
+
+
+async def test_a_thought_streams_folded_apart_and_only_the_answer_is_copied_and_sent_back(tmp_path):
+    backend = ReplayBackend([_reply(RAW), _reply("Cyan.")], delay=0.01)
+    app = _app(tmp_path, backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, 10, "the backend")
+        await app.send("Name three colours.")
+        await wait_for(pilot, lambda: "Thinking" in str(_reply_view(app).query_one(".thought", Collapsible).title),
+                       10, "the thought, while it streams")
+        assert _shown(_reply_view(app))[0] == ""  # nothing of the thought in the answer
+        await wait_for(pilot, lambda: not app.generating, 20, "the reply")
+        view = _reply_view(app)
+        assert _shown(view) == ("Red, green, blue.", THOUGHT.replace("\x1b", "\N{SYMBOL FOR ESCAPE}"), True, True)
+        assert view.query_one(".thought", Collapsible).title == f"Thought ({len(THOUGHT):,} characters)"
+        assert [m.content for m in app.store.messages(app.chat_id)][-1] == RAW  # stored as the model wrote it
+        await pilot.press("f9")
+        assert app.clipboard == "Red, green, blue."
+        await app.send("And one more?")
+        await wait_for(pilot, lambda: not app.generating, 20, "the second reply")
+        backend.requests.get_nowait()
+        sent = backend.requests.get_nowait().messages
+        assert [(m.role, m.content) for m in sent[-2:]] == [("assistant", "Red, green, blue."), ("user", "And one more?")]
+
+
+async def test_a_thought_the_prompt_opened_is_found_by_its_close_and_a_plain_reply_shows_no_fold(tmp_path):
+    opened = "Let me think.\n</think>\n\nHi."
+    backend = ReplayBackend([_reply(opened), _reply("Just an answer.")])  # replay: its template is unknown
+    app = _app(tmp_path, backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, 10, "the backend")
+        await app.send("Hello?")
+        await wait_for(pilot, lambda: not app.generating, 20, "the reply")
+        assert _shown(_reply_view(app)) == ("Hi.", "Let me think.", True, True)
+        await app.send("Again?")
+        await wait_for(pilot, lambda: not app.generating, 20, "the second reply")
+        assert _shown(_reply_view(app))[::2] == ("Just an answer.", False)
+
+
+async def test_a_template_that_opens_the_thought_shows_it_as_thought_from_the_first_token(tmp_path):
+    info = BackendInfo(kind="replay", target="recorded", n_ctx=4096, opens_thought=True)
+    backend = ReplayBackend([_reply("Pondering the question at some length. " * 3 + "</think>\n\nDone.")],
+                            info=info, delay=0.02)
+    app = _app(tmp_path, backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, 10, "the backend")
+        await app.send("Think first.")
+        await wait_for(pilot, lambda: "Pondering" in _shown(_reply_view(app))[1], 10, "the thought")
+        assert _shown(_reply_view(app))[0] == ""
+        await wait_for(pilot, lambda: not app.generating, 20, "the reply")
+        assert _shown(_reply_view(app))[0] == "Done."
+
+
+async def test_a_stored_reply_with_a_thought_reopens_folded(tmp_path):
+    store = ChatStore(tmp_path / "chats.sqlite")
+    chat = store.create_chat("stored")
+    store.add_message(chat.id, "user", "Colours?")
+    store.add_message(chat.id, "assistant", RAW, {"stats": Stats().to_dict(), "finish_reason": "stop"})
+    store.close()
+    app = _app(tmp_path, ReplayBackend([_reply("x")]))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: any(v.role == "assistant" for v in app.query(MessageView)), 10, "the chat")
+        source, thought, shows, collapsed = _shown(_reply_view(app))
+        assert (source, shows, collapsed) == ("Red, green, blue.", True, True) and "[bold]Three[/]" in thought
+
+
+def test_a_thought_sent_apart_goes_back_in_its_tags_before_the_content():
+    tags = ThoughtTags()
+    pieces = [tags.wrap("Hmm", None), tags.wrap(", yes.", None), tags.wrap(None, "Answer"), tags.wrap(None, " two.")]
+    assert "".join(pieces) == "<think>\nHmm, yes.\n</think>\n\nAnswer two."
+    assert ThoughtTags().wrap(None, "plain") == "plain" and ThoughtTags().wrap(None, None) == ""
+
+
+def test_an_attached_servers_reasoning_content_comes_back_as_the_model_wrote_it(module_home):
+    """The server splits the thought into `reasoning_content`; the remote reply was its content alone."""
+    tier = scripted_tier(model_id="thinker", script=lambda prompt: "<think>\nShort thought.\n</think>\n\nAn answer.")
+    app = scripted_app(backend=scripted_backend(pipeline=scripted_pipeline(tiers=[tier])),
+                       settings=ServerSettings(cache=False, router=False))
+    with ServerThread(app) as srv:
+        client = openai_client(f"{srv.base_url}/v1")
+        request = GenerationRequest(messages=[{"role": "user", "content": "Think."}], max_tokens=64)
+        events = list(RemoteGeneration(client, "thinker", request, localspec=True))
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "stop", done
+    assert done.text == "<think>\nShort thought.\n</think>\n\nAn answer."
