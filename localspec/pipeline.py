@@ -291,6 +291,8 @@ class Pipeline:
         sampling = request.sampling.model_dump()
         sampling.update(max_tokens=request.max_tokens, stop=request.stop, grammar=request.grammar,
                         tools=request.tools)
+        if request.template_vars:  # only when set: the scopes of requests without them stay as they were
+            sampling.update(template_vars=request.template_vars)
         if request.sampling.temperature > 0:  # a seeded draw depends on the drafting path too
             sampling.update(mode=request.mode, k=request.k)
         if request.messages is not None:

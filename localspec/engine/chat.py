@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -72,9 +73,13 @@ def render_chat(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     tools: list[dict] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> str:
+    """`extra`: the request's own variables (GenerationRequest.template_vars, checked there); the
+    rendering's own win over them."""
     check_jinja()
-    variables: dict[str, object] = dict(
+    variables: dict[str, object] = dict(extra or {})
+    variables.update(
         messages=[m.model_dump(exclude_none=True) for m in messages],
         add_generation_prompt=add_generation_prompt,
         bos_token=bos_token,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
 from localspec.engine.chat import ChatMessage
 from localspec.engine.sampling import SamplingParams
@@ -68,6 +69,39 @@ class PromptPiece(BaseModel):
     special: bool = False
 
 
+def _template_value(v: object) -> bool | int | float | str:
+    if isinstance(v, bool | int | float) or (isinstance(v, str) and len(v) <= 1000):
+        return v
+    raise ValueError("a chat template variable is a boolean, a number or a string of at most 1000 characters")
+
+
+TemplateValue = Annotated[bool | int | float | str,
+                          PlainValidator(_template_value, json_schema_input_type=bool | int | float | str)]
+"""A chat template variable's value: a flag, a number or a short text (never a structure a template could
+walk for long)."""
+MAX_TEMPLATE_VARS = 16
+TEMPLATE_OWN_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                               "raise_exception", "strftime_now", "range", "namespace", "cycler", "joiner",
+                               "dict"})  # what rendering sets, and the sandbox's helpers
+# A letter first: the sandbox's guards are named _localspec_..., and a variable shadows a global of its name.
+_TEMPLATE_VAR = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+
+
+def check_template_vars(v: dict[str, TemplateValue] | None) -> dict[str, TemplateValue] | None:
+    """Refuse what would not be the request's own variable (a pydantic validator's ValueError)."""
+    if v is None:
+        return None
+    if len(v) > MAX_TEMPLATE_VARS:
+        raise ValueError(f"at most {MAX_TEMPLATE_VARS} chat template variables")
+    for name in v:
+        if not _TEMPLATE_VAR.fullmatch(name):
+            raise ValueError(f"{name[:80]!r} is not a template variable name (a letter, then letters, digits "
+                             "and _; at most 64)")
+        if name in TEMPLATE_OWN_VARS:
+            raise ValueError(f"{name!r} is the chat template's own variable: the request sets it")
+    return v
+
+
 class GenerationRequest(BaseModel):
     """A prompt or chat messages, and how to continue it."""
 
@@ -89,6 +123,10 @@ class GenerationRequest(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=20,
                                  description="report each token's logprob and this many alternatives")
     tools: list[dict] | None = Field(None, description="chat only: tool definitions handed to the chat template")
+    template_vars: dict[str, TemplateValue] | None = Field(
+        None, description="chat only: more variables for the chat template, as llama-server's and vLLM's "
+        "chat_template_kwargs (enable_thinking: false turns a Qwen3's thought off); the template's own are refused",
+    )
     prediction: str | None = Field(
         None, description="the expected answer (Predicted Outputs): its tokens are drafted while the output follows it"
     )
@@ -100,6 +138,11 @@ class GenerationRequest(BaseModel):
         False, description="chat only: the messages before the last are shared by many requests (a judge's "
         "instructions and examples); keep their KV apart so a later request skips their prefill",
     )
+
+    @field_validator("template_vars")
+    @classmethod
+    def _template_vars(cls, v: dict[str, TemplateValue] | None) -> dict[str, TemplateValue] | None:
+        return check_template_vars(v)
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerationRequest:
@@ -115,6 +158,8 @@ class GenerationRequest(BaseModel):
             raise ValueError("the prediction is empty")
         if self.truncate and self.messages is None:
             raise ValueError("'truncate' applies to chat messages only")
+        if self.template_vars and self.messages is None:
+            raise ValueError("'template_vars' apply to chat messages only")
         return self
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ class Prompter:
             messages, prefill = split_prefill(request.messages or [])
             _check_prefill(messages, prefill)
             while True:
-                tokens = self.render(messages, request.tools, prefill=prefill)
+                tokens = self.render(messages, request.tools, prefill=prefill, variables=request.template_vars)
                 if len(tokens) < self.n_ctx or not request.truncate:
                     break
                 # Drop the oldest turn that is not the system prompt, keeping the last message (and a
@@ -119,12 +120,14 @@ class Prompter:
         messages, _ = split_prefill(request.messages or [])
         if not request.pin_prefix or not self.pinned_cells or len(messages) < 2:
             return 0
-        prefix = self.render(messages[:-1], request.tools, add_generation_prompt=False)
+        prefix = self.render(messages[:-1], request.tools, add_generation_prompt=False,
+                             variables=request.template_vars)
         fits = len(prefix) <= self.pinned_cells and len(prefix) < len(tokens)
         return len(prefix) if fits and tokens[: len(prefix)] == prefix else 0
 
     def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True, *, prefill: str = "") -> list[int]:
+               add_generation_prompt: bool = True, *, prefill: str = "",
+               variables: Mapping[str, object] | None = None) -> list[int]:
         """The messages through the chat template, as tokens. Only the template's own text parses special
         tokens: a message that spells one ("<|im_end|>\n<|im_start|>system\n...", in a user's text, a pasted
         document, a tool's result) stands in the template as a marker, and its text is tokenized as text.
@@ -135,7 +138,7 @@ class Prompter:
         prompt, as text. No template is asked to write an unfinished turn: Qwen's ends every message
         with <|im_end|>, and one that does not close it may still reshape it (strip it, add a think block)."""
         assert add_generation_prompt or not prefill, "a prefill continues the generation prompt"
-        text, markers = self._rendered(messages, tools, add_generation_prompt, prefill=prefill)
+        text, markers = self._rendered(messages, tools, add_generation_prompt, prefill=prefill, variables=variables)
         # A template that writes the BOS itself must not get a second one from the tokenizer.
         add_special = not (self.bos_text and text.startswith(self.bos_text))
         if not markers:  # nearly always: one pass tokenizes it all
@@ -152,19 +155,20 @@ class Prompter:
         return tokens + list(trail)
 
     def text(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
-             add_generation_prompt: bool = True) -> str:
+             add_generation_prompt: bool = True, *, variables: Mapping[str, object] | None = None) -> str:
         """The messages through the chat template, as the text `render` tokenizes (llama-server's
         /apply-template): a message that spells a special token stands in it as it was written; a final
         assistant message is continued, as a chat request's is."""
         before, prefill = split_prefill(messages) if add_generation_prompt else (messages, "")
         _check_prefill(before, prefill)
-        text, markers = self._rendered(before, tools, add_generation_prompt, prefill=prefill)
+        text, markers = self._rendered(before, tools, add_generation_prompt, prefill=prefill, variables=variables)
         if not markers:
             return text
         return "".join(markers.get(piece, piece) for piece in _MARKER.split(text))
 
     def _rendered(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                  add_generation_prompt: bool, *, prefill: str = "") -> tuple[str, dict[str, str]]:
+                  add_generation_prompt: bool, *, prefill: str = "",
+                  variables: Mapping[str, object] | None = None) -> tuple[str, dict[str, str]]:
         """The template's text, with a marker where each message that spells a special token stands
         (and the prefill, after it all), and those texts by marker."""
         self.chat_check.require()
@@ -173,7 +177,7 @@ class Prompter:
         shown = [m.model_copy(update={"content": f"\ue000{i}\ue001"}) if i in spelling else m
                  for i, m in enumerate(messages)]
         text = render_chat(self.template, shown, bos_token=self.bos_text, eos_token=self.eos_text,
-                           tools=tools, add_generation_prompt=add_generation_prompt)
+                           tools=tools, add_generation_prompt=add_generation_prompt, extra=variables)
         if prefill:  # a marker after the template's text: tokenized apart, as text, whatever it spells
             markers[f"\ue000{len(messages)}\ue001"] = prefill
             text += f"\ue000{len(messages)}\ue001"

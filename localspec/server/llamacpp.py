@@ -252,9 +252,11 @@ class ApplyTemplateRequest(_Body):
     model: str | None = Field(None, max_length=512, description="default: the server's model")
     messages: list[ChatMessageIn] = Field(..., min_length=1)
     tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # checked as the chat request's
 
     def chat(self, *, model: str) -> ChatCompletionRequest:
-        return ChatCompletionRequest(model=model, messages=self.messages, tools=self.tools)
+        return ChatCompletionRequest(model=model, messages=self.messages, tools=self.tools,
+                                     chat_template_kwargs=self.chat_template_kwargs)
 
 
 # ---------------------------------------------------------------- the infill prompt

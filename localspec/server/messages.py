@@ -11,9 +11,10 @@ this API (Claude Code with ANTHROPIC_BASE_URL), as llama-server and Ollama serve
 A conversation that ends on the assistant's turn is continued (Anthropic's prefill): the chat path
 continues a final assistant message. What the API has and a local server cannot do (images, PDF
 documents, server tools, MCP servers, containers) is a 400 naming it; an offered web search is
-dropped (the model answers from what it knows); `thinking` is accepted and has no effect: a
-thinking model's thought (its <think> block) comes as a `thinking` block before the text whether or
-not it was asked for, with an empty signature; one sent back in a conversation is dropped.
+dropped (the model answers from what it knows); `thinking` turns a thinking model's thought on or
+off where its chat template reads enable_thinking (Qwen3's); what thought there is (its <think> block)
+comes as a `thinking` block before the text, with an empty signature; one sent back in a conversation
+is dropped.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
+
+from localspec.engine.config import TemplateValue
 
 from localspec.server.errors import APIError
 from localspec.server.schemas import (MAX_STOPS, ChatCompletionRequest, ChatMessageIn, Extension, FunctionCall,
@@ -119,6 +122,17 @@ class OutputFormat(_Request):
     schema_: dict[str, Any] = Field(alias="schema")
 
 
+class ThinkingConfig(_Request):
+    """Whether to think: the chat template's enable_thinking (Qwen3's). A budget is not kept: a thought
+    runs until the model closes it, within max_tokens."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(None, ge=0)
+
+    def template_vars(self) -> dict[str, TemplateValue]:
+        return {"enable_thinking": self.type != "disabled"}
+
+
 class OutputConfig(_Request):
     format: OutputFormat | None = None
     effort: str | None = None  # how hard a Claude model thinks: these models have one effort
@@ -144,8 +158,8 @@ class MessagesRequest(_Body):
     tools: list[CustomTool] | None = None
     tool_choice: ToolChoice | None = None
     output_config: OutputConfig | None = None
-    thinking: dict[str, Any] | None = Field(None, description="accepted; a thinking model's thought comes as a "
-                                                              "thinking block whether or not it is asked for")
+    thinking: ThinkingConfig | None = Field(None, description="a thinking model's thought on (enabled, adaptive) "
+                                                             "or off (disabled), as its chat template reads it")
     metadata: dict[str, Any] | None = None
     mcp_servers: list[Any] | None = None
     container: Any = None
@@ -381,6 +395,7 @@ def as_chat(body: MessagesRequest, cap: int | None = None) -> ChatCompletionRequ
         tool_choice=_tool_choice(body.tool_choice),
         parallel_tool_calls=False if body.tool_choice and body.tool_choice.disable_parallel_tool_use else None,
         response_format=response_format, localspec=body.localspec, keep_alive=body.keep_alive,
+        chat_template_kwargs=body.thinking.template_vars() if body.thinking else None,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
 
+from localspec.engine.config import TemplateValue
 from localspec.engine.events import Done
 from localspec.server.errors import APIError
 from localspec.server.translate import FieldNames
@@ -126,9 +127,9 @@ class _Generation(_Body):
     options: Options | None = None
     stream: bool = True  # Ollama's default
     keep_alive: KeepAliveField = None
-    # Accepted, no effect: a thinking model's thought comes apart as `thinking` whatever it says (a
-    # model's thinking is its template's to turn off, not a request's here).
-    think: bool | str | None = None
+    # A thinking model's thought on or off, or its effort (gpt-oss), as its chat template reads them;
+    # a template that reads neither ignores it. What thought there is comes apart as `thinking`.
+    think: bool | Literal["high", "medium", "low"] | None = None
 
     def response_format(self) -> ResponseFormat | None:
         if not self.format:
@@ -136,6 +137,14 @@ class _Generation(_Body):
         if self.format == "json":
             return ResponseFormat(type="json_object")
         return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="format", schema=self.format))
+
+    def think_vars(self) -> dict[str, TemplateValue] | None:
+        """`think` as the chat template's variables (llama-server's chat_template_kwargs)."""
+        if self.think is None:
+            return None
+        if isinstance(self.think, bool):
+            return {"enable_thinking": self.think}
+        return {"enable_thinking": True, "reasoning_effort": self.think}
 
     def common(self) -> dict[str, Any]:
         """The endpoint request's fields these share: sampling, length, stream, keep-alive."""
@@ -176,7 +185,7 @@ def chat_request(body: OllamaChatRequest) -> ChatCompletionRequest:
         messages.append(ChatMessageIn(role=m.role, content=m.content, tool_calls=calls or None,
                                       name=m.tool_name if m.role == "tool" else None))
     return ChatCompletionRequest(messages=messages, tools=body.tools, response_format=body.response_format(),
-                                 **body.common())
+                                 chat_template_kwargs=body.think_vars(), **body.common())
 
 
 def generate_request(body: OllamaGenerateRequest) -> ChatCompletionRequest | CompletionRequest:
@@ -196,7 +205,8 @@ def generate_request(body: OllamaGenerateRequest) -> ChatCompletionRequest | Com
         return CompletionRequest(prompt=body.prompt, suffix=body.suffix, **body.common())
     system = [ChatMessageIn(role="system", content=body.system)] if body.system else []
     return ChatCompletionRequest(messages=[*system, ChatMessageIn(role="user", content=body.prompt)],
-                                 response_format=body.response_format(), **body.common())
+                                 response_format=body.response_format(), chat_template_kwargs=body.think_vars(),
+                                 **body.common())
 
 
 class OllamaEmbedRequest(_Body):

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from localspec.engine.config import TemplateValue, check_template_vars
+
 from localspec.server.keepalive import parse_keep_alive
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when `temperature` is omitted
@@ -252,6 +254,12 @@ class ChatCompletionRequest(_Sampling):
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = Field(
         None, description="(llama-server's) none: a thinking model's <think> thought stays in content; "
                           "otherwise it comes apart, as reasoning_content")
+    chat_template_kwargs: dict[str, TemplateValue] | None = Field(
+        None, description="(llama-server's and vLLM's) more variables for the chat template: enable_thinking "
+                          "false turns a Qwen3's thought off")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None, description="none: the template's thought off (enable_thinking false); else on, at this effort "
+                          "(reasoning_effort, which gpt-oss's template reads)")
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -259,6 +267,11 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceNamed | None = None
     parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call")
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_vars(cls, v: dict[str, TemplateValue] | None) -> dict[str, TemplateValue] | None:
+        return check_template_vars(v)
 
 
 class TopLogprob(BaseModel):

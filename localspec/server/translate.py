@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from localspec.engine.chat import ChatMessage
-from localspec.engine.config import GenerationRequest, PromptPiece
+from localspec.engine.config import GenerationRequest, PromptPiece, TemplateValue
 from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf, check_schema
 from localspec.engine.json_schema import (SchemaInvalid, bounded_ranges, check_refs, hoisted, root_ref_inlined,
                                           unenforced, with_range_rules)
@@ -353,12 +353,25 @@ def chat_plan(body: ChatCompletionRequest, cap: int, names: FieldNames = CHAT_FI
             schema = schema_grammar(js.schema_, names.schema)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     request = GenerationRequest(
-        messages=_messages(body), grammar=schema.gbnf if schema else None, logprobs=logprobs, tools=tools, **common
+        messages=_messages(body), grammar=schema.gbnf if schema else None, logprobs=logprobs, tools=tools,
+        template_vars=template_vars(body), **common
     )
     unkept = schema.unenforced if schema else ()
     return Plan(request, grammar_enforced=schema is not None, grammar_unenforced=unkept, tool_mode=tool_mode,
                 fallback=_fallback(request, unkept), one_tool_call=body.parallel_tool_calls is False,
                 prompt_field=names.prompt, choices=n, **_cache(body, n))
+
+
+def template_vars(body: ChatCompletionRequest) -> dict[str, TemplateValue] | None:
+    """The chat template's variables a request sets: `reasoning_effort` as thinking models' templates read
+    it (`none`: enable_thinking false, as Qwen3's; else true, and the effort for gpt-oss's), under its
+    own `chat_template_kwargs`."""
+    effort: dict[str, TemplateValue] = {}
+    if body.reasoning_effort == "none":
+        effort = {"enable_thinking": False}
+    elif body.reasoning_effort is not None:
+        effort = {"enable_thinking": True, "reasoning_effort": body.reasoning_effort}
+    return {**effort, **(body.chat_template_kwargs or {})} or None
 
 
 def completion_plan(body: CompletionRequest, cap: int, fim_ok: bool, names: FieldNames = CHAT_FIELDS, *,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -217,7 +218,8 @@ async def apply_template(body: ApplyTemplateRequest, state: State) -> dict[str, 
         chat = valid_or_400(body.chat, model=model)
         request = (await plan(translate.chat_plan, chat, state.settings.max_tokens_cap)).request
         try:
-            text = await asyncio.to_thread(b.engine.prompter.text, request.messages or [], request.tools)
+            text = await asyncio.to_thread(functools.partial(b.engine.prompter.text, request.messages or [],
+                                                             request.tools, variables=request.template_vars))
         except RequestError as exc:  # the template failed, or was refused when the model loaded
             raise APIError(400, str(exc), "invalid_request", "messages") from exc
     return {"prompt": text}

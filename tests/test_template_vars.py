@@ -1,0 +1,100 @@
+"""A request's own chat-template variables: llama-server's and vLLM's `chat_template_kwargs`,
+`reasoning_effort`, Ollama's `think` and Anthropic's `thinking`, which turn a thinking model's thought
+on or off where its template reads `enable_thinking` (Qwen3's does). The template here is written
+for the test in that manner; the server is the real app on loopback over a scripted model whose
+answer says which prompt it was given."""
+
+from __future__ import annotations
+
+import anthropic
+import ollama
+import openai
+import pytest
+from pydantic import ValidationError
+
+from localspec.engine.chat import ChatMessage, render_chat
+from localspec.engine.config import GenerationRequest
+from localspec.server import ServerSettings
+from tests.fake_tier import scripted_app, scripted_backend, scripted_pipeline, scripted_tier
+from tests.server_harness import ServerThread, request
+
+MODEL = "thinker"
+KEY = "template-vars-key"
+# Written for this test as thinking models' templates are: the thought is skipped with an empty one.
+THINKER_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{%- if reasoning_effort is defined %}[effort {{ reasoning_effort }}]{% endif %}{% endif %}"
+)
+HI = [ChatMessage(role="user", content="Hi.")]
+
+
+def answer(prompt: str) -> str:
+    effort = prompt[prompt.find("[effort"):].split("]")[0] + "] " if "[effort" in prompt else ""
+    if prompt.endswith("</think>\n\n"):
+        return "No thought."
+    return f"<think>\nA thought {effort}.\n</think>\n\nThought first."
+
+
+@pytest.fixture(scope="module")
+def served(module_home):
+    tier = scripted_tier(model_id=MODEL, script=answer, chat_template=THINKER_TEMPLATE)
+    app = scripted_app(backend=scripted_backend(pipeline=scripted_pipeline(tiers=[tier])),
+                       settings=ServerSettings(api_key=KEY, router=False))
+    with ServerThread(app) as srv:
+        yield srv
+
+
+def test_a_variable_reaches_the_template_and_the_templates_own_are_refused():
+    on = render_chat(THINKER_TEMPLATE, HI)
+    off = render_chat(THINKER_TEMPLATE, HI, extra={"enable_thinking": False})
+    assert off == on + "<think>\n\n</think>\n\n"
+    assert render_chat(THINKER_TEMPLATE, HI, extra={"messages": []}) == on  # the rendering's own win
+    for bad, said in [({"messages": 1}, "the chat template's own"), ({"_localspec_loop": 1}, "not a template"),
+                      ({"raise_exception": 1}, "own variable"), ({"a b": 1}, "not a template"),
+                      ({"deep": {"x": 1}}, "a boolean, a number or a string"), ({f"v{i}": i for i in range(17)}, "at most 16")]:
+        with pytest.raises(ValidationError, match=said):
+            GenerationRequest(messages=HI, template_vars=bad)
+    with pytest.raises(ValidationError, match="chat messages only"):
+        GenerationRequest(prompt="Hi.", template_vars={"enable_thinking": False})
+
+
+def test_chat_template_kwargs_and_reasoning_effort_turn_the_thought_off_and_on(served):
+    client = openai.OpenAI(base_url=f"{served.base_url}/v1", api_key=KEY, max_retries=0)
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Hi."}], temperature=0)
+    thought = client.chat.completions.create(**ask).choices[0].message
+    assert thought.content == "Thought first." and thought.model_extra["reasoning_content"] == "A thought ."
+    # The cache keys on the variables too: the answer without them is not the answer with them.
+    off = client.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.choices[0].message.content == "No thought."
+    none = client.chat.completions.create(**ask, reasoning_effort="none")
+    assert none.choices[0].message.content == "No thought."
+    high = client.chat.completions.create(**ask, reasoning_effort="high")
+    assert high.choices[0].message.model_extra["reasoning_content"] == "A thought [effort high] ."
+    with pytest.raises(openai.BadRequestError, match="own variable"):
+        client.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})
+    r = request(served.base_url, "POST", "/apply-template", KEY,
+                {"messages": [{"role": "user", "content": "Hi."}], "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.status_code == 200 and r.json()["prompt"].endswith("</think>\n\n"), r.text
+
+
+def test_ollamas_think_turns_the_thought_off_and_names_the_effort(served):
+    client = ollama.Client(host=served.base_url, headers={"Authorization": f"Bearer {KEY}"})
+    hi = [{"role": "user", "content": "Hi."}]
+    off = client.chat(model=MODEL, messages=hi, think=False, options={"temperature": 0})
+    assert off.message.content == "No thought." and not off.message.thinking
+    on = client.chat(model=MODEL, messages=hi, think="low", options={"temperature": 0})
+    assert on.message.thinking == "A thought [effort low] ." and on.message.content == "Thought first."
+    assert client.generate(model=MODEL, prompt="Hi.", think=False, options={"temperature": 0}).response == "No thought."
+    r = request(served.base_url, "POST", "/api/chat", KEY, {"model": MODEL, "messages": hi, "think": "lots"})
+    assert r.status_code == 400 and "think" in r.json()["error"], r.text
+
+
+def test_anthropics_thinking_disabled_turns_the_thought_off(served):
+    client = anthropic.Anthropic(base_url=served.base_url, api_key=KEY, max_retries=0)
+    ask = dict(model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "Hi."}], extra_body={"temperature": 0})
+    off = client.messages.create(**ask, thinking={"type": "disabled"})
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text == "No thought."
+    on = client.messages.create(**ask, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert [b.type for b in on.content] == ["thinking", "text"]
