@@ -6,6 +6,8 @@ answer says which prompt it was given."""
 
 from __future__ import annotations
 
+import argparse
+
 import anthropic
 import ollama
 import openai
@@ -14,6 +16,7 @@ from pydantic import ValidationError
 
 from localspec.engine.chat import ChatMessage, render_chat
 from localspec.engine.config import GenerationRequest
+from localspec.errors import UsageError
 from localspec.server import ServerSettings
 from tests.fake_tier import scripted_app, scripted_backend, scripted_pipeline, scripted_tier
 from tests.server_harness import ServerThread, request
@@ -98,3 +101,21 @@ def test_anthropics_thinking_disabled_turns_the_thought_off(served):
     assert [b.type for b in off.content] == ["text"] and off.content[0].text == "No thought."
     on = client.messages.create(**ask, thinking={"type": "enabled", "budget_tokens": 1024})
     assert [b.type for b in on.content] == ["thinking", "text"]
+
+
+def test_generate_sends_no_think_as_the_templates_variable_and_refuses_it_without_chat(served):
+    from localspec.attach.remote import RemoteGeneration, openai_client
+    from localspec.cli import generate_cmd
+    from localspec.engine.events import Done
+
+    parser = argparse.ArgumentParser()
+    generate_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["generate", "--chat", "--no-think", "Hi."])
+    req = generate_cmd._request(args)
+    assert req.template_vars == {"enable_thinking": False}
+    # Attached to a server, the variable goes along as chat_template_kwargs.
+    client = openai_client(f"{served.base_url}/v1", api_key=KEY)
+    done = list(RemoteGeneration(client, MODEL, req, localspec=True))[-1]
+    assert isinstance(done, Done) and done.text == "No thought."
+    with pytest.raises(UsageError, match="--chat"):
+        generate_cmd._request(parser.parse_args(["generate", "--think", "Hi."]))

@@ -177,6 +177,8 @@ class RemoteGeneration:
         if req.stop:
             kwargs["stop"] = req.stop
         extra: dict[str, Any] = {}
+        if req.template_vars:  # llama-server's and vLLM's name, as this server's
+            extra["chat_template_kwargs"] = req.template_vars
         if req.prediction is not None:  # Predicted Outputs; extra_body: clients before openai 1.54 lack the field
             extra["prediction"] = {"type": "content", "content": req.prediction}
         if self._localspec:

@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat-penalty", type=float, help="1.0 = off (default)")
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--think", action=argparse.BooleanOptionalAction,
+                   help="with --chat: a thinking model's thought on or off (its template's enable_thinking, "
+                        "as Qwen3's reads it); default: the template's own")
     p.add_argument("--profile", help="model profile from models.toml (default: settings.toml's profile, else the "
                                           "registry's default)")
     p.add_argument("--model", help="target model id, overriding the profile's")
@@ -104,7 +107,13 @@ def _request(args: argparse.Namespace) -> GenerationRequest:
             return GenerationRequest(
                 messages=messages, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop,
                 mode=args.mode, k=args.k,
+                template_vars=None if args.think is None else {"enable_thinking": args.think},
             )
+        if args.think is not None:
+            from localspec.errors import UsageError
+
+            raise UsageError("--think and --no-think go with --chat: a raw prompt has no chat template.",
+                             "Add --chat, or leave the flag out.")
         return GenerationRequest(
             prompt=prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, mode=args.mode, k=args.k
         )
