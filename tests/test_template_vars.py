@@ -119,3 +119,25 @@ def test_generate_sends_no_think_as_the_templates_variable_and_refuses_it_withou
     assert isinstance(done, Done) and done.text == "No thought."
     with pytest.raises(UsageError, match="--chat"):
         generate_cmd._request(parser.parse_args(["generate", "--think", "Hi."]))
+
+
+def test_a_models_own_template_variables_apply_under_a_chat_requests_own(tmp_path):
+    from localspec.engine.config import RequestDefaults
+    from localspec.errors import ConfigError
+    from localspec.models import ModelManager
+    from localspec.models.model_settings import target_settings
+    from tests.models_helpers import write_overlay
+
+    entry = ('[[models]]\nid = "my-qwen3"\nrole = "target"\n  [models.settings]\n'
+             '  template_vars = {{ {vars} }}\n  [[models.sources]]\n  kind = "file"\n  files = [{{ name = "q.gguf" }}]\n')
+    write_overlay(entry.format(vars="enable_thinking = false"))
+    defaults = target_settings("my-qwen3", ModelManager().resolve("my-qwen3").settings).defaults
+    assert defaults == RequestDefaults(template_vars={"enable_thinking": False})
+    chat = defaults.apply(GenerationRequest(messages=HI))
+    assert chat.template_vars == {"enable_thinking": False} and defaults.apply(chat) == chat
+    own = defaults.apply(GenerationRequest(messages=HI, template_vars={"enable_thinking": True, "x": 1}))
+    assert own.template_vars == {"enable_thinking": True, "x": 1}
+    assert defaults.apply(GenerationRequest(prompt="Hi.")).template_vars is None  # a raw prompt has no template
+    write_overlay(entry.format(vars='messages = "x"'))
+    with pytest.raises(ConfigError, match="template_vars"):
+        ModelManager().resolve("my-qwen3")

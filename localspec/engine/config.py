@@ -181,17 +181,21 @@ class RequestDefaults(BaseModel):
 
     sampling: SamplingParams = SamplingParams()  # only the fields set here (model_fields_set) count
     stop: list[str] = Field(default_factory=list)  # used when a request names no stop string
+    template_vars: dict[str, TemplateValue] = Field(default_factory=dict)  # under a chat request's own
 
     def apply(self, request: GenerationRequest) -> GenerationRequest:
         """The request with these defaults under its own values. Idempotent, so a face may apply it
         before the cache key and the engine again at submit."""
         own = request.sampling.model_fields_set if "sampling" in request.model_fields_set else set()
         mine = self.sampling.model_fields_set - own
-        if not mine and (request.stop or not self.stop):
+        variables = (None if request.messages is None or not self.template_vars
+                     else {**self.template_vars, **(request.template_vars or {})})
+        if not mine and (request.stop or not self.stop) and variables in (None, request.template_vars):
             return request
         sampling = request.sampling
         if mine:
             values = {**sampling.model_dump(), **self.sampling.model_dump(include=mine)}
             sampling = SamplingParams.model_construct(set(own) | mine, **values)
         stop = request.stop or list(self.stop)
-        return request.model_copy(update={"sampling": sampling, "stop": stop})
+        return request.model_copy(update={"sampling": sampling, "stop": stop,
+                                          "template_vars": variables or request.template_vars})

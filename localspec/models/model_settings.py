@@ -35,7 +35,8 @@ def target_settings(model_id: str, settings: ModelSettings | None) -> TargetSett
     template = read_chat_template(settings.chat_template, model_id=model_id) if settings.chat_template else None
     sampling = SamplingParams(**settings.sampling_values())  # validated by the registry already
     return TargetSettings(n_ctx=settings.n_ctx, chat_template=template,
-                          defaults=RequestDefaults(sampling=sampling, stop=list(settings.stop or [])))
+                          defaults=RequestDefaults(sampling=sampling, stop=list(settings.stop or []),
+                                                   template_vars=dict(settings.template_vars or {})))
 
 
 def _template_error(model_id: str, path: str, reason: str) -> ConfigError:

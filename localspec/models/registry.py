@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from localspec.engine.config import TemplateValue, check_template_vars
 from localspec.errors import ConfigError, ModelNotFoundError
 
 # Ids become directory names in the store, so they are restricted to a safe alphabet. Always
@@ -196,6 +197,14 @@ class ModelSettings(_Strict):
     presence_penalty: float | None = None
     penalty_last_n: int | None = None
     seed: int | None = None
+    # Chat template variables every chat request gets unless it sets its own: enable_thinking = false
+    # keeps a Qwen3's thought off by default (what LM Studio's per-model "thinking" switch does).
+    template_vars: dict[str, TemplateValue] | None = None
+
+    @field_validator("template_vars")
+    @classmethod
+    def _template_vars(cls, v: dict[str, TemplateValue] | None) -> dict[str, TemplateValue] | None:
+        return check_template_vars(v)  # the request's own rules
 
     @field_validator("chat_template")
     @classmethod
