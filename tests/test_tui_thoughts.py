@@ -139,3 +139,30 @@ def test_an_attached_servers_reasoning_content_comes_back_as_the_model_wrote_it(
     done = events[-1]
     assert isinstance(done, Done) and done.finish_reason == "stop", done
     assert done.text == "<think>\nShort thought.\n</think>\n\nAn answer."
+
+
+async def test_the_chat_settings_turn_the_thought_off_for_that_chat(tmp_path):
+    from localspec.tui import ChatParams
+    from localspec.tui.dialogs import ChatSettingsDialog
+
+    backend = ReplayBackend([_reply("Red.")])
+    app = _app(tmp_path, backend)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, 10, "the backend")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatSettingsDialog), 5, "the settings")
+        app.screen.query_one("#think").value = "off"
+        app.screen.query_one("#save").press()
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatSettingsDialog), 5, "the settings to close")
+        assert app.store.get_chat(app.chat_id).params == ChatParams(think=False)
+        await app.send("Colours?")
+        await wait_for(pilot, lambda: not app.generating, 20, "the reply")
+        assert backend.requests.get_nowait().template_vars == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize(("stored", "read"), [('{"think": false}', False), ('{"think": "false"}', None),
+                                              ('{"think": null}', None), ("{}", None)])
+def test_a_stored_thinking_setting_is_read_only_when_it_is_a_boolean(stored, read):
+    from localspec.tui import ChatParams
+
+    assert ChatParams.from_json(stored).think is read

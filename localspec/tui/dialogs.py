@@ -103,6 +103,9 @@ class ChoiceDialog(_Dialog):
 ROUTES = ("auto", "small", "large")
 
 
+THINKING = ("on", "off")
+
+
 class ChatSettingsDialog(_Dialog):
     """The chat's system prompt and parameters. Dismisses with (system_prompt, params) or None."""
 
@@ -149,6 +152,9 @@ class ChatSettingsDialog(_Dialog):
             yield Input("" if p.draft_k is None else str(p.draft_k), id="draft_k")
             yield Checkbox("Predict the reply from code in my message (Predicted Outputs)", p.predict_code,
                            id="predict_code")
+            yield Label("Thinking (a thinking model's thought, where its template can turn it off)")
+            yield Select([(label, label) for label in THINKING], id="think", prompt="the model's default",
+                         value=Select.NULL if p.think is None else THINKING[0 if p.think else 1])
             yield Static("", id="settings-error", classes="fix", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
@@ -169,9 +175,11 @@ class ChatSettingsDialog(_Dialog):
             raise ValueError("max tokens must be positive")
         if k is not None and not 0 <= k <= 64:
             raise ValueError("draft k must be between 0 and 64")
+        think = select("#think")
         return ChatParams(profile=select("#profile"), temperature=temperature, max_tokens=max_tokens,
                           mode=select("#mode"), draft_k=k, route=select("#route"),
-                          predict_code=self.query_one("#predict_code", Checkbox).value)
+                          predict_code=self.query_one("#predict_code", Checkbox).value,
+                          think=None if think is None else think == THINKING[0])
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id != "save":

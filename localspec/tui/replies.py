@@ -78,6 +78,7 @@ class Replies(ScreenPart):
         return GenerationRequest(  # pydantic validates the dicts and the mode string
             messages=messages, max_tokens=p.max_tokens, sampling=SamplingParams(temperature=p.temperature),
             mode=p.mode, k=p.draft_k, truncate=True, prediction=prediction,
+            template_vars=None if p.think is None else {"enable_thinking": p.think},
         )
 
     async def start(self, view: MessageView | None = None) -> None:

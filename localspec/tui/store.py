@@ -62,6 +62,7 @@ class ChatParams:
     draft_k: int | None = None
     route: str | None = None  # "auto" (the router), "small", "large"; None: the profile's target
     predict_code: bool = True  # send the code blocks of the user's message as the prediction (Predicted Outputs)
+    think: bool | None = None  # a thinking model's thought on or off (the template's enable_thinking); None: its own
 
     @classmethod
     def from_json(cls, text: str) -> ChatParams:
@@ -72,6 +73,8 @@ class ChatParams:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if not isinstance(known.get("predict_code", True), bool):  # "false" would read as true
             del known["predict_code"]
+        if not isinstance(known.get("think"), bool | None):
+            del known["think"]
         return cls(**known)
 
 
