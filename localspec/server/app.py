@@ -22,6 +22,7 @@ from localspec.server.backend import Backend, Loader
 from localspec.server.errors import install as install_errors
 from localspec.server.guards import Allowed, Auth, BodyLimit, HostGuard, loopback_origin_regex
 from localspec.server.keepalive import KeepAlive, parse_keep_alive
+from localspec.server.request_ids import RequestId
 from localspec.server.model_store import ManagerStore, ModelStore, NoStore
 from localspec.server.residents import InstalledModels, MemoryProbe, ModelSource, NoModels, system_memory
 from localspec.server.routes import ROUTERS
@@ -85,7 +86,8 @@ async def reap(state: ServerState) -> None:
 
 def install_guards(app: FastAPI, s: ServerSettings) -> None:
     """Each add_middleware wraps what is there: the last added runs first. Outermost to innermost:
-    host/origin guard (no keys), body limit, CORS (answers preflights before auth), auth (keys)."""
+    the request id, host/origin guard (no keys), body limit, CORS (answers preflights before auth),
+    auth (keys)."""
     keys = s.keys()
     if keys:
         app.add_middleware(Auth, keys=keys)
@@ -95,3 +97,4 @@ def install_guards(app: FastAPI, s: ServerSettings) -> None:
     if not keys:
         allowed = Allowed.build(bound_host=s.host, extra_hosts=s.allowed_hosts, extra_origins=s.origins)
         app.add_middleware(HostGuard, allowed=allowed)
+    app.add_middleware(RequestId)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,9 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec.server.schemas import JSON_TOO_DEEP, ErrorResponse
+
+logger = logging.getLogger(__name__)
+REQUEST_ID_KEY = "localspec.request_id"  # where server/request_ids.py leaves a request's id in its ASGI scope
 
 _TYPES = {
     400: "invalid_request_error",
@@ -191,7 +195,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        return render(request, 500, f"internal error: {type(exc).__name__}: {exc}")
+        rid = request.scope.get(REQUEST_ID_KEY, "?")
+        logger.error("request %s (%s %s) failed: %s: %s", rid, request.method, request.url.path,
+                     type(exc).__name__, exc)
+        return render(request, 500, f"internal error: {type(exc).__name__}: {exc} (request {rid})")
 
 
 _UNPARSED = "There was an error parsing the body"

@@ -55,7 +55,7 @@ async def send_error(scope: Scope, send: Send, status: int, message: str, code: 
     await send({"type": "http.response.body", "body": body})
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers") or []:
         if key == name:
             return str(value.decode("latin-1"))
@@ -104,14 +104,14 @@ class HostGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        host = _header(scope, b"host")
+        host = header(scope, b"host")
         if not self.allowed.host_ok(host):
             name = host_name(host) if host else "(none)"
             return await send_error(
                 scope, send, 403, f"Host '{name}' is not allowed: without an API key this server answers only to "
                 f"{', '.join(sorted(self.allowed.hosts))} (a guard against DNS rebinding). "
                 f"Fix: start it with --allowed-hosts {name}, or use an API key.", "host_not_allowed")
-        origin = _header(scope, b"origin")
+        origin = header(scope, b"origin")
         if origin is not None and not self.allowed.origin_ok(origin):
             return await send_error(
                 scope, send, 403, f"Origin '{origin[:200]}' is not allowed: web pages may use this server only from "
@@ -132,7 +132,7 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = _header(scope, b"content-length")
+        length = header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await send_error(scope, send, 413, self.message, "body_too_large")
         seen = 0
@@ -177,11 +177,11 @@ class Auth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        auth = (_header(scope, b"authorization") or "").encode("latin-1")
+        auth = (header(scope, b"authorization") or "").encode("latin-1")
         bearer = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
         # Anthropic's clients send the key as x-api-key (Claude Code's ANTHROPIC_API_KEY), and with
         # ANTHROPIC_AUTH_TOKEN also set, a Bearer beside it: a valid key in either header is taken.
-        api_key = (_header(scope, b"x-api-key") or "").encode("latin-1").strip()
+        api_key = (header(scope, b"x-api-key") or "").encode("latin-1").strip()
         principal = next((p for p in [self._principal(bearer), self._principal(api_key)] if p), None)
         if principal is None:
             return await send_error(scope, send, 401, "Missing or incorrect API key (send Authorization: Bearer "
