@@ -498,3 +498,22 @@ def test_a_file_the_registry_already_describes_is_pulled_as_that_entry(env, fake
     assert lines[-1]["model"] == "curated-tiny" and (tmp_store / "curated-tiny" / "manifest.json").is_file()
     listed = json.loads(run_cli("models", "list", "--json", "--no-fit", env=env).stdout)
     assert "acme-tiny-q4_k_m" not in [r["id"] for r in listed]  # no second entry for the same file
+
+
+def test_a_hub_reference_named_to_a_verb_is_pulled_on_first_use(env, fake_hub, files, tmp_store):  # noqa: F811
+    """`generate`, `serve` and `edit --model hf.co/USER/REPO:QUANT` pull a reference not pulled yet,
+    as `ollama run hf.co/...` does; before, only registry ids were fetched on first use."""
+    script = ("import sys; from localspec.cli.models_cmd import ensure_models; "
+              "ensure_models(ids=[sys.argv[1], None])")
+    proc = subprocess.run([sys.executable, "-c", script, "hf.co/acme/tiny-GGUF:Q8_0"], capture_output=True,
+                          text=True, env=env, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "First use: fetching hf.co/acme/tiny-GGUF:Q8_0" in proc.stderr
+    assert (tmp_store / "acme-tiny-q8_0" / "manifest.json").exists()
+    n = len(fake_hub.requests)
+    again = subprocess.run([sys.executable, "-c", script, "acme/tiny-GGUF:q8_0"], capture_output=True, text=True,
+                           env=env, timeout=120, cwd=REPO)
+    assert again.returncode == 0 and "First use" not in again.stderr and len(fake_hub.requests) == n, again.stderr
+    unknown = subprocess.run([sys.executable, "-c", script, "no-such-model"], capture_output=True, text=True,
+                             env=env, timeout=120, cwd=REPO)
+    assert unknown.returncode != 0 and "ModelNotFoundError" in unknown.stderr and len(fake_hub.requests) == n

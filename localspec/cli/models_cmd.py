@@ -429,18 +429,30 @@ def ensure_models(profile: str | None = None, ids: list[str | None] | None = Non
     model (the semantic cache, /v1/embeddings) is fetched too when it can be, and never blocks.
     """
     from localspec.cli.pull_progress import pull_view
-    from localspec.errors import DownloadError
+    from localspec.errors import DownloadError, ModelNotFoundError
+    from localspec.models.hub import parse_hub_ref
 
     mgr = _manager()
     prof = mgr.profile(profile)
-    wanted = [mgr.resolve(i).id for i in (ids or [prof.target, prof.draft]) if i]  # unknown ids fail here
+    wanted: list[str] = []
+    hub: list[str] = []  # Hub references not pulled yet: pulled by reference, as `ollama run hf.co/...` does
+    for name in (i for i in (ids or [prof.target, prof.draft]) if i):
+        try:
+            wanted.append(mgr.resolve(name).id)
+        except ModelNotFoundError:
+            if parse_hub_ref(name) is None:  # a malformed reference is a usage error here
+                raise  # unknown ids fail here
+            hub.append(name)
     missing = [i for i in wanted if mgr.installed_path(i) is None]
     optional = [prof.embedding] if prof.embedding and not ids and mgr.installed_path(prof.embedding) is None else []
-    if not missing and not optional:
+    if not missing and not optional and not hub:
         return
-    print(f"First use: fetching {', '.join(missing + optional)} (see `localspec models list`)", file=sys.stderr)
+    print(f"First use: fetching {', '.join(hub + missing + optional)} (see `localspec models list`)", file=sys.stderr)
     view = pull_view()
     try:
+        for reference in hub:
+            pulled = mgr.pull_hub(reference, progress=view)
+            view.note(f"{reference}: installed as {pulled.record.model_id} from {pulled.record.source}")
         for model_id in missing:
             record = mgr.pull(model_id, progress=view)
             view.note(f"{record.model_id}: installed from {record.source}")
