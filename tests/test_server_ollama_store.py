@@ -159,3 +159,46 @@ def test_a_ggufs_size_label_is_shown_only_when_it_is_a_short_printable_label(lab
 
 def test_a_parameter_count_is_written_as_ollama_lists_it():
     assert [parameter_size(n) for n in (0, 22_700_000, 494_000_000, 1_777_088_000)] == ["", "23M", "494M", "1.8B"]
+
+
+def test_delete_waits_for_a_load_in_flight_then_unloads_and_closes_the_model_loaded_on_demand(tiny_in_folder):
+    """A delete during an on-demand load answered 200 and dropped the resident: the load landed in a
+    model nobody held (never in /api/ps, never unloaded, never closed)."""
+    import threading
+
+    from localspec.server import create_app
+    from tests.server_harness import wait_until
+
+    ModelManager().pull(TINY)
+    gate, closed = threading.Event(), []
+
+    def load(settings):
+        if settings.target != TINY:
+            return scripted_backend(pipeline=scripted_pipeline(tiers=[scripted_tier(model_id=SERVED,
+                                                                                      script=lambda p: "x")]))
+        gate.wait(30)
+        backend = scripted_backend(pipeline=scripted_pipeline(tiers=[scripted_tier(model_id=TINY,
+                                                                                     script=lambda p: "From tiny.")]))
+        close = backend.close
+        backend.close = lambda drain=False: (closed.append(TINY), close(drain))[1]
+        return backend
+
+    app = create_app(settings=ServerSettings(cache=False, router=False), load=load, store=ManagerStore(),
+                     models=InstalledModels(None, 1, None))
+    state = app.state.server
+    with ServerThread(app) as srv:
+        answered: dict[str, object] = {}
+        asking = threading.Thread(target=lambda: answered.update(r=request(
+            srv.base_url, "POST", "/api/chat", json_body={"model": TINY, "stream": False,
+                                                          "messages": [{"role": "user", "content": "Hi"}]})))
+        asking.start()
+        assert wait_until(lambda: TINY in state.extra and state.extra[TINY].loader.loading, timeout=20)
+        r = request(srv.base_url, "DELETE", "/api/delete", json_body={"model": TINY})
+        assert r.status_code == 409 and "loading" in r.json()["error"], r.text
+        gate.set()
+        asking.join(30)
+        assert answered["r"].status_code == 200 and "From tiny." in answered["r"].text
+        assert request(srv.base_url, "DELETE", "/api/delete", json_body={"model": TINY}).status_code == 200
+        assert closed == [TINY] and TINY not in state.extra
+        assert TINY not in [m["name"] for m in request(srv.base_url, "GET", "/api/ps").json()["models"]]
+    assert ModelManager().installed_path(TINY) is None

@@ -85,7 +85,8 @@ class ModelStore(Protocol):
         ...
 
     def profile_models(self, profile: str | None) -> frozenset[str]:
-        """The ids a profile loads (target, draft, small tier, embedding): a delete leaves them to the server."""
+        """The ids a profile loads (target, draft, small tier, embedding): a delete leaves them to the server.
+        Raises LocalspecError when the registry cannot say."""
         ...
 
 
@@ -154,9 +155,11 @@ class ManagerStore:
             return None
 
     def remove(self, model_id: str) -> None:
+        """Frees the disk, as a client that deletes expects: a Hub download's file in the Hugging Face
+        cache goes too (`localspec models rm` keeps it unless --purge-hf-cache)."""
         from localspec.models import ModelManager
 
-        ModelManager().remove(model_id)
+        ModelManager().remove(model_id, purge_hf_cache=True)
 
     def describe(self, model_id: str) -> StoredModel | None:
         from localspec.models import ModelManager
@@ -181,11 +184,7 @@ class ManagerStore:
     def profile_models(self, profile: str | None) -> frozenset[str]:
         from localspec.models import ModelManager
 
-        try:
-            p = ModelManager().profile(profile)
-        except LocalspecError:
-            return frozenset()
-        return frozenset(p.model_ids())
+        return frozenset(ModelManager().profile(profile).model_ids())  # a registry it cannot read raises
 
     def _header_facts(self, path: Path, mtime_ns: int, size: int) -> tuple[str, str, str]:
         key = (path, mtime_ns, size)

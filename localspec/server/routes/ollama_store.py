@@ -65,10 +65,13 @@ async def delete(body: DeleteRequest, state: State) -> Response:
     if model_id in await served_by_profile(state):
         raise APIError(409, f"model '{body.model[:200]}' is one the server's profile loads; serve another profile "
                        "(localspec serve --profile NAME) before deleting it.", "model_in_use", "model")
-    for key, r in list(state.extra.items()):
-        if model_id == key or model_id in r.model_ids():  # loaded on demand, as a target or its draft
-            await state.unload(r)
-            state.extra.pop(key, None)
+    using = {key: r for key, r in state.extra.items() if model_id == key or model_id in r.model_ids()}
+    if any(r.loader.loading for r in using.values()):  # a load in flight would land in a resident nobody holds
+        raise APIError(409, f"model '{body.model[:200]}' is loading for a request; delete it once that request "
+                       "is answered.", "model_in_use", "model")
+    for key, r in using.items():  # loaded on demand, as a target or its draft: untracked first, then closed
+        state.extra.pop(key, None)
+        await state.unload(r)
     try:
         await asyncio.to_thread(state.store.remove, model_id)
     except ModelNotFoundError as exc:  # removed meanwhile by another delete or `localspec models rm`
@@ -79,9 +82,15 @@ async def delete(body: DeleteRequest, state: State) -> Response:
 
 
 async def served_by_profile(state: ServerState) -> frozenset[str]:
-    """The ids the profile's models load: its registry entry's, and what the load resolved (a --model pair)."""
-    listed = await asyncio.to_thread(state.store.profile_models, state.settings.profile)
-    return listed | frozenset(state.primary.model_ids())
+    """The ids the profile's models load: its registry entry's, what the load resolved, and a --model
+    pair's before it has loaded. A registry that cannot be read says nothing safe: the delete waits."""
+    try:
+        listed = await asyncio.to_thread(state.store.profile_models, state.settings.profile)
+    except LocalspecError as exc:
+        raise APIError(409, f"Cannot tell which models the server's profile loads ({exc}); fix the registry, "
+                       "then delete again.", "model_in_use", "model") from exc
+    flags = frozenset(m for m in (state.settings.target, state.settings.draft) if m)
+    return listed | flags | frozenset(state.primary.model_ids())
 
 
 class PullFeed:
@@ -126,19 +135,23 @@ class PullFeed:
                 await asyncio.wait({done})
 
         self.runner = self.loop.create_task(when_free())  # held: a task with no reference may be collected
+        done.add_done_callback(_retrieved)  # a client that left never awaits it: its failure is not an orphan
         return done
 
     async def lines(self, done: asyncio.Future[str]) -> AsyncIterator[bytes]:
         """Ollama's progress lines as the pull goes, then `success`, or its error line."""
         while True:
             getter = asyncio.ensure_future(self.steps.get())
-            either: set[asyncio.Future[Any]] = {getter, done}
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                yield ndjson_dict(progress_line(getter.result()))
-                continue
-            getter.cancel()
-            break
+            try:
+                either: set[asyncio.Future[Any]] = {getter, done}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiting = not getter.done()
+                if waiting:  # the pull ended first, or the client left
+                    getter.cancel()
+            if waiting:
+                break
+            yield ndjson_dict(progress_line(getter.result()))
         while not self.steps.empty():  # the steps it put before it returned were scheduled first
             yield ndjson_dict(progress_line(self.steps.get_nowait()))
         try:
@@ -147,6 +160,11 @@ class PullFeed:
             yield ndjson_dict({"error": exc.message})
             return
         yield ndjson_dict({"status": PullPhase.SUCCESS.value})
+
+
+def _retrieved(done: asyncio.Future[str]) -> None:
+    if not done.cancelled():
+        done.exception()
 
 
 def progress_line(step: PullStep) -> dict[str, Any]:
