@@ -214,19 +214,23 @@ def test_mixed_line_ends_are_kept_byte_for_byte(tmp_path):
 # ---------------------------------------------------------------------- the verb, through a server
 
 MODEL = "scripted-large"
+NOTES = "# a\n# b\n"  # a longer file: the reply's budget (from the file's size) holds the thought too
 ANSWERS = {
     "Add type hints": fenced(TYPED),
+    # A thinking model drafts in its thought, fences and all: the server sends it as reasoning_content,
+    # the reply puts it back in its tags, and the file is read from the answer after it.
+    "Think, then hint": "<think>\n" + fenced("x\n") + "</think>\n\n" + fenced(TYPED + NOTES),
     "Elide": fenced("def area(width, height):\n    # ... rest unchanged\n"),
     "Change nothing": fenced(FILE),
 }
 
 
-def _server():
-    tier = scripted_tier(model_id=MODEL, script=scripted(ANSWERS, default="No."), mode="lookup", n_ctx=512)
+def _server(n_ctx: int = 512):
+    tier = scripted_tier(model_id=MODEL, script=scripted(ANSWERS, default="No."), mode="lookup", n_ctx=n_ctx)
     # `edit` asks for auto: pinned costs, not a calibration timed on the scripted model's microsecond
     # passes, which made auto's choices (and the prediction's counts) depend on the box's load.
     tier.engine.costs = scripted_costs()
-    settings = ServerSettings(parallel=2, max_tokens_cap=256, n_ctx=512, cache=False, router=False)
+    settings = ServerSettings(parallel=2, max_tokens_cap=256, n_ctx=n_ctx, cache=False, router=False)
     with ServerThread(scripted_app(pipeline=scripted_pipeline(tiers=[tier]), settings=settings)) as server:
         assert wait_until(lambda: request(server.base_url, "GET", "/health").status_code == 200, timeout=60)
         yield server
@@ -257,6 +261,18 @@ def test_edit_through_a_server_prints_the_diff_and_the_prediction_counts(srv, tm
     assert out.startswith("--- a/geo.py\n+++ b/geo.py\n")
     assert "prediction: " in err and "Not written: add --write" in err
     assert path.read_text() == FILE
+
+
+def test_a_thinking_models_drafts_in_its_thought_are_not_the_file(module_home, tmp_path, capsys):
+    """Read whole, the reply had two code blocks (the thought's and the answer's) and was refused."""
+    path = tmp_path / "geo.py"
+    path.write_text(FILE + NOTES)
+    server = _server(n_ctx=1024)  # room for the thought beside the edit's prompt
+    try:
+        assert edit(next(server), path, "Think, then hint") == 0, capsys.readouterr().err
+    finally:
+        server.close()
+    assert "+def area(width: float, height: float) -> float:\n" in capsys.readouterr().out
 
 
 def test_edit_json_and_write_replace_the_file_keeping_a_backup(fresh_srv, tmp_path, capsys):

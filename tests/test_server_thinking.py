@@ -249,7 +249,8 @@ def _item(o) -> tuple:
 
 def _planned(opened: bool, **body) -> bool | None:
     """Plan.thinking of a chat request, for a model whose prompt opens the thought or not."""
-    stub = SimpleNamespace(engine=SimpleNamespace(prompter=SimpleNamespace(opens_thought=opened)))
+    prompter = SimpleNamespace(known_opens=lambda variables: opened, opens_thought_with=lambda variables: opened)
+    stub = SimpleNamespace(engine=SimpleNamespace(prompter=prompter, with_defaults=lambda request: request))
     request = ChatCompletionRequest(model=MODEL, **{"messages": [{"role": "user", "content": "hi"}], **body})
     split = request.reasoning_format != "none"
     return asyncio.run(with_thinking(chat_plan(request, 64), stub, split=split)).thinking

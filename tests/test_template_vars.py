@@ -141,3 +141,30 @@ def test_a_models_own_template_variables_apply_under_a_chat_requests_own(tmp_pat
     write_overlay(entry.format(vars='messages = "x"'))
     with pytest.raises(ConfigError, match="template_vars"):
         ModelManager().resolve("my-qwen3")
+
+
+# Opens the thought by default; enable_thinking false closes an empty one instead (written for the test).
+OPENING_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+
+
+def test_whether_the_prompt_opens_the_thought_is_asked_with_the_requests_variables(module_home):
+    """Asked once without them, a template that opens the thought unless told not to think split the
+    whole answer off as thought (content empty) when the request said enable_thinking false."""
+    def opened_answer(prompt: str) -> str:
+        return "The answer." if prompt.endswith("</think>\n\n") else "A thought.\n</think>\n\nThe answer."
+
+    tier = scripted_tier(model_id=MODEL, script=opened_answer, chat_template=OPENING_TEMPLATE)
+    app = scripted_app(backend=scripted_backend(pipeline=scripted_pipeline(tiers=[tier])),
+                       settings=ServerSettings(router=False, cache=False))
+    with ServerThread(app) as srv:
+        client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="x", max_retries=0)
+        ask = dict(model=MODEL, messages=[{"role": "user", "content": "Hi."}], temperature=0)
+        on = client.chat.completions.create(**ask).choices[0].message
+        assert (on.content, on.model_extra["reasoning_content"]) == ("The answer.", "A thought.")
+        off = client.chat.completions.create(**ask, reasoning_effort="none").choices[0].message
+        assert off.content == "The answer." and off.model_extra.get("reasoning_content") is None

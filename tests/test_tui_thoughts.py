@@ -79,18 +79,43 @@ async def test_a_thought_streams_folded_apart_and_only_the_answer_is_copied_and_
         assert [(m.role, m.content) for m in sent[-2:]] == [("assistant", "Red, green, blue."), ("user", "And one more?")]
 
 
-async def test_a_thought_the_prompt_opened_is_found_by_its_close_and_a_plain_reply_shows_no_fold(tmp_path):
-    opened = "Let me think.\n</think>\n\nHi."
-    backend = ReplayBackend([_reply(opened), _reply("Just an answer.")])  # replay: its template is unknown
-    app = _app(tmp_path, backend)
+async def test_a_thought_the_prompt_opened_is_kept_so_when_reopened_and_a_quoted_close_is_not_a_thought(tmp_path):
+    """Guessed from the text, a reply that quoted `</think>` lost what came before it, on screen and in
+    the history sent back; a reply whose prompt opened its thought stores that, for when it is reopened."""
+    quoting = "The answer ends at the closing tag </think>, and the answer follows."
+    info = BackendInfo(kind="replay", target="recorded", n_ctx=4096, opens_thought=True)
+    app = _app(tmp_path, ReplayBackend([_reply("Let me think.\n</think>\n\nHi.")], info=info))
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.backend is not None, 10, "the backend")
         await app.send("Hello?")
         await wait_for(pilot, lambda: not app.generating, 20, "the reply")
         assert _shown(_reply_view(app)) == ("Hi.", "Let me think.", True, True)
+    plain = ReplayBackend([_reply(quoting), _reply("Just an answer.")])  # its prompt opens no thought
+    app = _app(tmp_path, plain)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: any(v.role == "assistant" for v in app.query(MessageView)), 10, "the chat")
+        assert _shown(_reply_view(app)) == ("Hi.", "Let me think.", True, True)  # reopened: still a thought
+        await app.send("Quote it?")
+        await wait_for(pilot, lambda: not app.generating, 20, "the reply")
+        assert _shown(_reply_view(app))[::2] == (quoting, False)
         await app.send("Again?")
         await wait_for(pilot, lambda: not app.generating, 20, "the second reply")
-        assert _shown(_reply_view(app))[::2] == ("Just an answer.", False)
+        plain.requests.get_nowait()
+        sent = plain.requests.get_nowait().messages
+        assert [m.content for m in sent if m.role == "assistant"] == ["Hi.", quoting]
+
+
+def test_the_in_process_backend_asks_the_template_with_the_chats_variables():
+    from localspec.tui.backend import LocalBackend
+    from tests.fake_tier import scripted_engine
+    from tests.test_template_vars import OPENING_TEMPLATE
+
+    engine = scripted_engine(chat_template=OPENING_TEMPLATE)
+    backend = LocalBackend(engine, target="scripted", owns_engine=False)
+    hi = [{"role": "user", "content": "Hi."}]
+    assert backend.opens_thought(GenerationRequest(messages=hi)) is True
+    assert backend.opens_thought(GenerationRequest(messages=hi, template_vars={"enable_thinking": False})) is False
+    engine.close()
 
 
 async def test_a_template_that_opens_the_thought_shows_it_as_thought_from_the_first_token(tmp_path):

@@ -85,6 +85,7 @@ class EditOutcome:
     decode_s: float
     speedup: float | None  # against plain decoding, estimated from this machine's cost of one pass
     error: str | None = None
+    opens_thought: bool = False  # the prompt opened a thinking model's thought: the reply holds its </think>
 
     @property
     def target_passes(self) -> int:
@@ -187,6 +188,7 @@ def edit_locally(args: argparse.Namespace, task: EditTask, stream: TextIO | None
                              n_ctx=n_ctx, n_threads=args.threads, on_progress=show_progress)
     draft_loaded, t0 = engine.draft is not None, time.perf_counter()
     try:
+        opened = engine.prompter.opens_thought_with(engine.with_defaults(request).template_vars)
         done = _stream(engine.generate(request), stream)
         costs = engine.costs
     finally:
@@ -200,12 +202,14 @@ def edit_locally(args: argparse.Namespace, task: EditTask, stream: TextIO | None
         # Plain decoding would have paid one single-row pass per token at this context length.
         plain = (s.completion_tokens - 1) * costs.verify_cost(1, s.prompt_tokens + s.completion_tokens // 2)
         speedup = plain / (s.decode_ms / 1000)
-    return _outcome(done, need.reply_tokens, predicted=request.prediction is not None, speedup=speedup)
+    return _outcome(done, need.reply_tokens, predicted=request.prediction is not None, speedup=speedup,
+                    opens_thought=opened)
 
 
-def _outcome(done: Done, max_tokens: int, *, predicted: bool, speedup: float | None) -> EditOutcome:
+def _outcome(done: Done, max_tokens: int, *, predicted: bool, speedup: float | None,
+             opens_thought: bool = False) -> EditOutcome:
     s = done.stats
-    return EditOutcome(
+    return EditOutcome(opens_thought=opens_thought,
         reply=done.text, finish_reason=done.finish_reason, max_tokens=max_tokens, mode=s.mode,
         completion_tokens=s.completion_tokens, accepted=s.accepted,
         prediction_accepted=s.prediction_accepted if predicted else None,
@@ -298,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
     from localspec.edit.files import read_source, write_with_backup
     from localspec.edit.reply import NotWholeFile, extract_file
     from localspec.edit.task import EditTask
+    from localspec.engine.thoughts import answer_only
     from localspec.errors import UsageError
 
     utf8_text(args.instruction, "The instruction")
@@ -321,7 +326,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     refused, new_text = None, None
     try:
-        new_text = extract_file(outcome.reply, original=source.text, finish_reason=outcome.finish_reason,
+        # A thinking model's thought may draft code in fences of its own: the file is in the answer.
+        answer = answer_only(outcome.reply, opened=outcome.opens_thought)
+        new_text = extract_file(answer, original=source.text, finish_reason=outcome.finish_reason,
                                 max_tokens=outcome.max_tokens, allow_shrink=args.allow_shrink)
     except NotWholeFile as exc:
         refused = str(exc)

@@ -4,7 +4,6 @@ with the truncate policy, the shared prefix a request may pin, and an assistant 
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +37,9 @@ def split_prefill(messages: list[ChatMessage]) -> tuple[list[ChatMessage], str]:
     return list(messages[:-1]), last.content
 
 
+MAX_PROBES = 64  # sets of template variables whose opens_thought verdict is kept
+
+
 class Prompter:
     def __init__(self, target: ModelRuntime, *, n_ctx: int, pinned_cells: int,
                  chat_template: str | None = None) -> None:
@@ -47,22 +49,41 @@ class Prompter:
         self.n_ctx = n_ctx
         self.pinned_cells = pinned_cells  # 0: the engine keeps no pinned prefix
         self._framing: tuple[list[int], list[int]] | None = None  # see _frame
+        self._opens: dict[frozenset[tuple[str, object]], bool] = {}  # opens_thought_with, by variables
         self.bos_text = self._special_text(target.bos)
         self.eos_text = self._special_text(target.eos)
         # Chat waits for the probe's verdict; a raw prompt does not.
         self.chat_check = TemplateCheck(self.template, self.bos_text, self.eos_text,
                                         model=getattr(target, "path", Path("the target model")).name)
 
-    @functools.cached_property
+    @property
     def opens_thought(self) -> bool:
+        """`opens_thought_with` the template's own variables alone."""
+        return self.opens_thought_with(None)
+
+    def opens_thought_with(self, variables: Mapping[str, object] | None) -> bool:
         """Whether the generation prompt leaves the answer inside a thought (ends with `<think>`, as
-        DeepSeek-R1-Distill's template's does), so the answer holds only its `</think>`. Asked once,
-        of a one-message probe chat: a template that refuses it opens none."""
+        DeepSeek-R1-Distill's template's does), so the answer holds only its `</think>`. A request's
+        template variables may change it (a template that opens the thought only when asked, or closes
+        an empty one when told not to think). Asked once per set of variables, of a one-message probe
+        chat: a template that refuses it opens none."""
+        key = frozenset((variables or {}).items())
+        known = self.known_opens(variables)
+        if known is not None:
+            return known
         try:
-            text, _ = self._rendered([ChatMessage(role="user", content="Hi.")], None, True)
+            text, _ = self._rendered([ChatMessage(role="user", content="Hi.")], None, True, variables=variables)
+            opened = re.search(r"<think>\s*$", text) is not None
         except Exception:  # a refused template: chat requests fail on their own, with its reason
-            return False
-        return re.search(r"<think>\s*$", text) is not None
+            opened = False
+        if len(self._opens) >= MAX_PROBES:  # each set a client invents would stay: keep a bounded few
+            self._opens.clear()
+        self._opens[key] = opened
+        return opened
+
+    def known_opens(self, variables: Mapping[str, object] | None) -> bool | None:
+        """`opens_thought_with`'s answer when it was asked before (no render), else None."""
+        return self._opens.get(frozenset((variables or {}).items()))
 
     def tokens(self, request: GenerationRequest) -> tuple[list[int], int]:
         """The request's tokens and how many messages the truncate policy dropped to fit."""

@@ -90,13 +90,6 @@ def marker_start(text: str, marker: str) -> int:
     return 0
 
 
-def closes_unopened(text: str) -> bool:
-    """Whether an answer closes a thought it never opened: its prompt opened it (a face that cannot ask
-    the template, as a remote server's, reads `opened` from the answer)."""
-    at = text.find(CLOSE)
-    return at >= 0 and OPEN not in text[:at]
-
-
-def answer_only(text: str) -> str:
-    """An answer without its thought, `opened` read from the answer itself (a stored turn's prompt is gone)."""
-    return split_reasoning(text, opened=closes_unopened(text))[1]
+def answer_only(text: str, *, opened: bool) -> str:
+    """An answer without its thought."""
+    return split_reasoning(text, opened=opened)[1]

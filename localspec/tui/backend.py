@@ -45,8 +45,7 @@ class BackendInfo:
     url: str | None = None
     # The server records each reply in this machine's metrics log (attached): the app must not again.
     logged_by_server: bool = False
-    # The chat template's prompt opens a thought (the answer holds only its `</think>`); None: unknown
-    # (a remote server's), read from the answer.
+    # A recording's prompt opened a thought (the answer holds only its `</think>`); None: it did not say.
     opens_thought: bool | None = None
 
 
@@ -91,6 +90,11 @@ class Backend(Protocol):
 
     def mark_wrong(self, entry_id: str) -> bool:
         """Evict a cached answer the user marked wrong (F3); False when it was already gone."""
+        ...
+
+    def opens_thought(self, request: GenerationRequest) -> bool | None:
+        """Whether this request's prompt opens a thought (the answer holds only its `</think>`), as its
+        template variables render it; None when it cannot say (a server sends the thought in its tags)."""
         ...
 
     def close(self) -> None: ...
@@ -154,14 +158,6 @@ class _LocalGeneration:
         self._job.cancel()
 
 
-def _opens_thought(engine: Engine) -> bool | None:
-    """Whether the engine's chat template opens a thought; None when it cannot say (no prompter)."""
-    try:
-        return bool(engine.prompter.opens_thought)
-    except Exception:  # noqa: BLE001 - a view's hint: the answer says it too
-        return None
-
-
 class LocalBackend:
     """The engine in this process behind the shared request pipeline (semantic cache included).
 
@@ -183,7 +179,6 @@ class LocalBackend:
         self.info = BackendInfo(
             kind="in-process", target=target, draft=draft if engine.draft is not None else None,
             accelerator=detect_accelerator(), n_ctx=engine.config.n_ctx, profile=profile,
-            opens_thought=_opens_thought(engine),
         )
 
     @classmethod
@@ -204,6 +199,14 @@ class LocalBackend:
 
     def mark_wrong(self, entry_id: str) -> bool:
         return self.pipeline.mark_wrong(entry_id)
+
+    def opens_thought(self, request: GenerationRequest) -> bool | None:
+        """Asked of the default tier's template with the variables it will render with (the model's own
+        under the request's); a router's other tier, if it thinks, sends `<think>` itself."""
+        try:
+            return self.engine.prompter.opens_thought_with(self.engine.with_defaults(request).template_vars)
+        except Exception:  # noqa: BLE001 - a view's hint: an answer's own <think> tag still shows the thought
+            return None
 
     def close(self) -> None:
         self.pipeline.close()
@@ -287,6 +290,9 @@ class RemoteBackend:
             logger.warning("marking cache entry %s wrong failed: %s", entry_id, exc)
             return False
 
+    def opens_thought(self, request: GenerationRequest) -> bool | None:
+        return None  # the server sends the thought apart, and the reply puts it back in its tags
+
     def close(self) -> None:
         self.client.close()
 
@@ -351,6 +357,9 @@ class ReplayBackend:
 
     def mark_wrong(self, entry_id: str) -> bool:
         return False  # a recording has no cache
+
+    def opens_thought(self, request: GenerationRequest) -> bool | None:
+        return self.info.opens_thought
 
     def close(self) -> None:
         pass

@@ -27,7 +27,7 @@ from localspec.tui.dialogs import ErrorDialog
 from localspec.tui.safe_text import terminal_safe
 from localspec.tui.store import ROLES, PartialReply, interrupted_meta
 from localspec.tui.streaming import FRAMES_PER_S, ContextTrimmed, Reply, ReplyEnded, ReplyRefused, ServerGone
-from localspec.tui.widgets import MessageView, PromptInput, add_segment, predicted_reply
+from localspec.tui.widgets import MessageView, PromptInput, add_segment, opened_thought, predicted_reply
 
 if TYPE_CHECKING:
     from localspec.tui.chat_screen import ChatScreen
@@ -69,8 +69,8 @@ class Replies(ScreenPart):
         # An empty reply (interrupted before its first token) says nothing to the model; a role this version
         # does not write (a hand edit, a newer version) is shown but not sent: the engine refused the chat.
         # A reply's thought is not sent back (as thinking models' templates drop it): its answer is.
-        turns = [(m.role, answer_only(m.content) if m.role == "assistant" else m.content)
-                 for m in self.store.messages(chat.id) if m.role in ROLES]
+        turns = [(m.role, answer_only(m.content, opened=opened_thought(m.meta)) if m.role == "assistant"
+                  else m.content) for m in self.store.messages(chat.id) if m.role in ROLES]
         messages += [{"role": role, "content": text} for role, text in turns if text or role != "assistant"]
         # Predicted Outputs: the code the user pasted into the message being answered (not earlier turns).
         last = messages[-1] if messages and messages[-1]["role"] == "user" else None
@@ -107,7 +107,6 @@ class Replies(ScreenPart):
             self.screen.show_loading()
             return
         view.set_waiting(False)
-        view.opens_thought = backend.info.opens_thought
         try:
             request = self._request()
         except ValueError as exc:  # pydantic: parameters out of range
@@ -115,6 +114,7 @@ class Replies(ScreenPart):
             await view.remove()
             self.app.push_screen(ErrorDialog(f"Invalid chat parameters: {exc}.", "Fix them in chat settings (Ctrl+S)."))
             return
+        view.opens_thought = backend.opens_thought(request)
         # The reply has a row from its start, marked interrupted until it finishes: a killed app
         # reopens with what had streamed so far, marked, instead of a question without an answer.
         view.message_id = self.store.add_message(chat.id, "assistant", "", interrupted_meta([])).id

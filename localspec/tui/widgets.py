@@ -13,7 +13,7 @@ from textual.message import Message as TextualMessage
 from textual.widgets import Collapsible, Label, Markdown, Sparkline, Static, TextArea
 
 from localspec.engine.events import Done, Stats, Token
-from localspec.engine.thoughts import closes_unopened, split_reasoning
+from localspec.engine.thoughts import split_reasoning
 from localspec.tui.backend import BackendInfo
 from localspec.tui.safe_text import terminal_safe
 from localspec.tui.session_metrics import SessionSnapshot
@@ -143,6 +143,14 @@ class PromptInput(TextArea):
 ROLE_LABELS = {"user": "You", "assistant": "Assistant"}
 
 
+OPENS_THOUGHT = "opens_thought"  # a reply's meta: its prompt opened the thought
+
+
+def opened_thought(meta: dict | None) -> bool:
+    """Whether a stored reply's prompt opened its thought (only a stored `true` says so)."""
+    return meta is not None and meta.get(OPENS_THOUGHT) is True
+
+
 class MessageView(Vertical, can_focus=True):
     """One message. An assistant reply streams in as Markdown and keeps its token origins."""
 
@@ -152,7 +160,9 @@ class MessageView(Vertical, can_focus=True):
         super().__init__(classes=f"message {role if role in ROLES else 'other-role'}")
         self.role = role
         self.content = content  # as the model wrote it: a thinking model's thought included
-        self.opens_thought = opens_thought  # the prompt opened the thought; None: read from the answer
+        # The prompt opened the thought (the answer holds only its `</think>`): the backend says so for a
+        # new reply, the stored meta for an old one. Never guessed from the text: an answer may quote `</think>`.
+        self.opens_thought: bool | None = opens_thought if opens_thought is not None else opened_thought(meta)
         self.shown = ""  # the answer as the body has drawn it, which a streaming reply appends to
         self.meta = dict(meta or {})
         self.message_id = message_id
@@ -172,8 +182,7 @@ class MessageView(Vertical, can_focus=True):
         """(the thought, the answer) of a reply (engine/thoughts.py); a user's text is all answer."""
         if self.role != "assistant":
             return None, self.content
-        opened = self.opens_thought if self.opens_thought is not None else closes_unopened(self.content)
-        return split_reasoning(self.content, opened=opened)
+        return split_reasoning(self.content, opened=bool(self.opens_thought))
 
     @property
     def answer(self) -> str:
@@ -257,6 +266,7 @@ class MessageView(Vertical, can_focus=True):
         self.meta = {
             "stats": done.stats.to_dict(), "finish_reason": done.finish_reason, "segments": self.segments,
             "cached": cached, "route": route, "error": done.error, "cache_entry": cache_entry,
+            **({OPENS_THOUGHT: True} if self.opens_thought else {}),
         }
         self.finished = True
         self._show_thought(thought)

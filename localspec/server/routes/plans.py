@@ -55,7 +55,9 @@ async def with_thinking(plan_: Plan, b: Backend, *, split: bool = True) -> Plan:
         prompter = b.engine.prompter
     except TypeError:  # the default tier is not in this process: a thought, if any, starts with <think>
         return dataclasses.replace(plan_, thinking=False)
-    # Cached after the first request: only that one waits on the render (and the template's probe) off the loop.
-    cached = prompter.__dict__.get("opens_thought")
-    opened = cached if cached is not None else await asyncio.to_thread(lambda: prompter.opens_thought)
+    # Asked with the variables the engine will render with (the request's over the model's own); known
+    # after the first request with them, so only that one waits on the render off the loop.
+    variables = b.engine.with_defaults(plan_.request).template_vars
+    known = prompter.known_opens(variables)
+    opened = known if known is not None else await asyncio.to_thread(prompter.opens_thought_with, variables)
     return dataclasses.replace(plan_, thinking=opened)
