@@ -168,3 +168,24 @@ def test_whether_the_prompt_opens_the_thought_is_asked_with_the_requests_variabl
         assert (on.content, on.model_extra["reasoning_content"]) == ("The answer.", "A thought.")
         off = client.chat.completions.create(**ask, reasoning_effort="none").choices[0].message
         assert off.content == "The answer." and off.model_extra.get("reasoning_content") is None
+
+
+def test_counts_and_the_rendered_prompt_use_the_models_own_variables(module_home):
+    """count_tokens, message_start and /apply-template rendered without the model's own template
+    variables: a prompt the engine never ran (Qwen3's empty thought missing when it is off by default)."""
+    from localspec.engine.config import RequestDefaults
+
+    tier = scripted_tier(model_id=MODEL, script=answer, chat_template=THINKER_TEMPLATE)
+    tier.engine.defaults = RequestDefaults(template_vars={"enable_thinking": False})  # as models.toml would
+    app = scripted_app(backend=scripted_backend(pipeline=scripted_pipeline(tiers=[tier])),
+                       settings=ServerSettings(router=False, cache=False))
+    with ServerThread(app) as srv:
+        hi = [{"role": "user", "content": "Hi."}]
+        ran = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="x", max_retries=0).chat.completions.create(
+            model=MODEL, messages=hi, temperature=0)
+        assert ran.choices[0].message.content == "No thought."
+        counted = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0).messages.count_tokens(
+            model=MODEL, messages=hi).input_tokens
+        assert counted == ran.usage.prompt_tokens
+        r = request(srv.base_url, "POST", "/apply-template", None, {"messages": hi})
+        assert r.json()["prompt"].endswith("</think>\n\n"), r.text

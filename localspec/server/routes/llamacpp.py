@@ -218,8 +218,9 @@ async def apply_template(body: ApplyTemplateRequest, state: State) -> dict[str, 
         chat = valid_or_400(body.chat, model=model)
         request = (await plan(translate.chat_plan, chat, state.settings.max_tokens_cap)).request
         try:
+            variables = b.engine.with_defaults(request).template_vars  # the model's own under the request's
             text = await asyncio.to_thread(functools.partial(b.engine.prompter.text, request.messages or [],
-                                                             request.tools, variables=request.template_vars))
+                                                             request.tools, variables=variables))
         except RequestError as exc:  # the template failed, or was refused when the model loaded
             raise APIError(400, str(exc), "invalid_request", "messages") from exc
     return {"prompt": text}

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
+from localspec.engine.config import GenerationRequest
 from localspec.engine.events import Done
 from localspec.errors import ContextOverflowError, LocalspecError
 from localspec.jobs import Job
@@ -47,15 +48,12 @@ async def create_message(body: MessagesRequest, request: Request, state: State, 
     async with state.serving(chat.model, chat.keep_alive) as (b, hold):  # 404 for a name it cannot serve
         plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap, MESSAGES_FIELDS)
         plan_ = await with_thinking(plan_, b)
+        counted = await prompt_count(b, plan_) if body.stream else 0  # before the job: nothing runs unread
         job = await state.submit(b, plan_, model=chat.model, owner=who)
         kept = state.keep(hold)
     reply = MessagesReply(state, b, plan_, job, who, chat=chat)
     if body.stream:
-        try:
-            reply.prompt_tokens = await prompt_count(b, plan_)
-        except BaseException:
-            kept.release()
-            raise
+        reply.prompt_tokens = counted
         return EventStream(reply.stream(), on_close=kept.release)
     try:
         _, done = await reply.whole(request)
@@ -66,13 +64,19 @@ async def create_message(body: MessagesRequest, request: Request, state: State, 
 
 async def prompt_count(b: Backend, plan_: translate.Plan) -> int:
     """The prompt's tokens, for message_start (clients show the context used from it before the answer
-    ends); counted again, as count_tokens does: the engine counts it when a slot admits the request."""
+    ends); counted as count_tokens does (the default model's tokenizer, its own template variables
+    applied): the engine counts it again when a slot admits the request."""
     try:
-        tokens, _dropped = await asyncio.to_thread(b.engine.prompt_tokens, plan_.request)
+        return await count(b, plan_.request)
     except ContextOverflowError as exc:
         return exc.prompt_tokens
-    except LocalspecError:
-        return 0  # the engine refuses it, and says why, when it admits it
+    except Exception:  # noqa: BLE001 - the engine refuses it, saying why, at submit; a remote default tier has none
+        return 0
+
+
+async def count(b: Backend, request: GenerationRequest) -> int:
+    engine = b.engine
+    tokens, _dropped = await asyncio.to_thread(engine.prompt_tokens, engine.with_defaults(request))
     return len(tokens)
 
 
@@ -88,12 +92,12 @@ async def count_tokens(body: CountTokensRequest, state: State) -> TokenCount:
     async with state.serving(chat.model, chat.keep_alive) as (b, _):
         plan_ = await plan(translate.chat_plan, chat, state.settings.max_tokens_cap, MESSAGES_FIELDS)
         try:
-            tokens, _dropped = await asyncio.to_thread(b.engine.prompt_tokens, plan_.request)
+            counted = await count(b, plan_.request)
         except ContextOverflowError as exc:
             return TokenCount(input_tokens=exc.prompt_tokens)
         except LocalspecError as exc:
             raise APIError(400, str(exc), "invalid_request") from exc
-    return TokenCount(input_tokens=len(tokens))
+    return TokenCount(input_tokens=counted)
 
 
 def event(kind: str, **fields: Any) -> bytes:
