@@ -150,7 +150,7 @@ class RemoteRunner:
         try:
             for piece in self.remote.stream_chat(messages, request.max_tokens, request.sampling.temperature,
                                                  request.sampling.seed, request.stop or None, cancel,
-                                                 prediction=request.prediction):
+                                                 prediction=request.prediction, template_vars=request.template_vars):
                 if not text:
                     stats.ttft_ms = (time.perf_counter() - t0) * 1000
                 text.append(piece)

@@ -16,6 +16,7 @@ from localspec.errors import ContextOverflowError, RequestError
 
 
 _MARKER = re.compile("(\ue000\\d+\ue001)")  # where a message that spells a special token stands (see `render`)
+_MARKER_CHARS = frozenset("\ue000\ue001")
 
 
 def _check_prefill(before: list[ChatMessage], prefill: str) -> None:
@@ -193,6 +194,10 @@ class Prompter:
         """The template's text, with a marker where each message that spells a special token stands
         (and the prefill, after it all), and those texts by marker."""
         self.chat_check.require()
+        for name, value in (variables or {}).items():  # no marker stands in for them: their text is the template's
+            if isinstance(value, str) and (_MARKER_CHARS.intersection(value) or self._spells_special(value)):
+                raise RequestError(f"The chat template variable {name!r} spells a special token of the model.",
+                                   "Send it as plain text, without the model's control tokens.")
         spelling = [i for i, m in enumerate(messages) if self._spells_special(m.content)]
         markers = {f"\ue000{i}\ue001": messages[i].content for i in spelling}  # private-use: no vocabulary's special
         shown = [m.model_copy(update={"content": f"\ue000{i}\ue001"}) if i in spelling else m

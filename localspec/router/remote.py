@@ -13,10 +13,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from localspec.attach.remote import openai_client
+from localspec.attach.remote import ThoughtTags, openai_client, reasoning_of
 from localspec.errors import LocalspecError
 from localspec.router.breaker import CircuitBreaker
 from localspec.router.tiers import TierSpec, check_remote_spec
@@ -98,7 +98,8 @@ class RemoteTier:
 
     def stream_chat(self, messages: list[dict], max_tokens: int, temperature: float, seed: int | None,
                     stop: list[str] | None, cancel: threading.Event, *,
-                    prediction: str | None = None) -> Iterator[str]:
+                    prediction: str | None = None,
+                    template_vars: Mapping[str, object] | None = None) -> Iterator[str]:
         """Text deltas of the remote answer. Connects eagerly: when the tier cannot start, this
         call raises RemoteUnavailable before an iterator is returned. A failure mid-stream
         raises RemoteUnavailable from the iterator (the text so far has been yielded)."""
@@ -110,19 +111,23 @@ class RemoteTier:
             kwargs["stop"] = stop
         if prediction is not None:  # Predicted Outputs, passed on as the client sent its text
             kwargs["prediction"] = {"type": "content", "content": prediction}
+        if template_vars:  # llama-server's and vLLM's name for a request's chat template variables
+            kwargs["extra_body"] = {"chat_template_kwargs": dict(template_vars)}
         stream = self._open(**kwargs)
         return self._deltas(stream, cancel)
 
     def _deltas(self, stream, cancel: threading.Event) -> Iterator[str]:
         import openai
 
+        thinking = ThoughtTags()  # a thought the server sends apart goes back in its tags, for the split here
         try:
             for chunk in stream:
                 if cancel.is_set():
                     break
                 for choice in chunk.choices:
-                    if choice.delta is not None and choice.delta.content:
-                        yield choice.delta.content
+                    if choice.delta is not None and (text := thinking.wrap(reasoning_of(choice.delta),
+                                                                             choice.delta.content)):
+                        yield text
         except (openai.APIError, OSError) as exc:
             self.breaker.record_failure()
             raise self._unavailable(f"the stream broke ({exc})") from None

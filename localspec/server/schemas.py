@@ -257,9 +257,9 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, TemplateValue] | None = Field(
         None, description="(llama-server's and vLLM's) more variables for the chat template: enable_thinking "
                           "false turns a Qwen3's thought off")
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
-        None, description="none: the template's thought off (enable_thinking false); else on, at this effort "
-                          "(reasoning_effort, which gpt-oss's template reads)")
+    reasoning_effort: str | None = Field(
+        None, max_length=32, description="none: the template's thought off (enable_thinking false); else on, at "
+                                         "this effort (low, medium, high...: reasoning_effort, as gpt-oss's reads it)")
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
