@@ -65,6 +65,9 @@ async def test_a_thought_streams_folded_apart_and_only_the_answer_is_copied_and_
         await wait_for(pilot, lambda: "Thinking" in str(_reply_view(app).query_one(".thought", Collapsible).title),
                        10, "the thought, while it streams")
         assert _shown(_reply_view(app))[0] == ""  # nothing of the thought in the answer
+        _reply_view(app).query_one(".thought", Collapsible).collapsed = False  # opened while it streams
+        await wait_for(pilot, lambda: "colours" in _shown(_reply_view(app))[1], 10, "the thought so far, drawn")
+        _reply_view(app).query_one(".thought", Collapsible).collapsed = True
         await wait_for(pilot, lambda: not app.generating, 20, "the reply")
         view = _reply_view(app)
         assert _shown(view) == ("Red, green, blue.", THOUGHT.replace("\x1b", "\N{SYMBOL FOR ESCAPE}"), True, True)
@@ -126,10 +129,12 @@ async def test_a_template_that_opens_the_thought_shows_it_as_thought_from_the_fi
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.backend is not None, 10, "the backend")
         await app.send("Think first.")
-        await wait_for(pilot, lambda: "Pondering" in _shown(_reply_view(app))[1], 10, "the thought")
+        await wait_for(pilot, lambda: "Thinking…" in str(_reply_view(app).query_one(".thought", Collapsible).title)
+                       and "Pondering" in _reply_view(app).content, 10, "the thought under way")
         assert _shown(_reply_view(app))[0] == ""
         await wait_for(pilot, lambda: not app.generating, 20, "the reply")
-        assert _shown(_reply_view(app))[0] == "Done."
+        assert _shown(_reply_view(app))[:2] == ("Done.", "Pondering the question at some length. " * 2
+                                                + "Pondering the question at some length.")
 
 
 async def test_a_stored_reply_with_a_thought_reopens_folded(tmp_path):

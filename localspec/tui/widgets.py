@@ -220,8 +220,17 @@ class MessageView(Vertical, can_focus=True):
     def _show_thought(self, thought: str | None) -> None:
         folded = self.query_one(".thought", Collapsible)
         folded.display = thought is not None
+        if thought is None:
+            return
+        folded.title = self._thought_title(thought)
+        # Folded while it streams, a long thought's text is drawn once, when it is opened or ends: a frame
+        # spends nothing on what is not shown.
+        if not folded.collapsed or self.finished:
+            self.query_one(".thought-body", Static).update(Text(terminal_safe(thought)))
+
+    def on_collapsible_expanded(self, event: Collapsible.Expanded) -> None:
+        thought = self.split()[0]
         if thought is not None:
-            folded.title = self._thought_title(thought)
             self.query_one(".thought-body", Static).update(Text(terminal_safe(thought)))
 
     # ------------------------------------------------------------------ streaming
