@@ -100,7 +100,7 @@ def test_a_hub_model_that_cannot_be_reached_fails_with_the_cause_and_the_server_
     with _server() as srv:
         r = request(srv.base_url, "POST", "/api/pull", json_body={"model": "hf.co/nobody/nothing:Q4_K_M",
                                                                   "stream": False})
-        assert r.status_code in (404, 502) and r.json()["error"], r.text
+        assert r.status_code == 502 and "HF_HUB_OFFLINE" in r.json()["error"], r.text  # the cause, and the fix
         assert request(srv.base_url, "GET", "/api/tags").status_code == 200
 
 
