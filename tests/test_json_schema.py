@@ -194,3 +194,33 @@ def test_bounds_with_room_only_past_16_decimals_are_named_not_refused():
     assert sorted(p.rsplit(".", 1)[-1] for p in got.unenforced) == ["exclusiveMaximum", "exclusiveMinimum"]
     with pytest.raises(APIError, match="no number meets"):
         schema_grammar({"type": "number", "exclusiveMinimum": 0.5, "maximum": 0.5})
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": ["string", "null"]}, {"type": "object", "additionalProperties": False, "properties": {"a": {}}},
+    {"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, {"type": "object", "not": True},
+    {"type": "object", "patternProperties": {"^x": True}}, {"type": "string", "minLength": 1, "maxLength": 3},
+])
+def test_a_schema_the_converter_reads_passes_the_shape_check(schema):
+    """check_shapes refuses only what the converter failed on with a Python error: these compiled before it."""
+    from localspec.server.translate import schema_grammar
+
+    assert schema_grammar(schema).gbnf
+
+
+@pytest.mark.parametrize(("schema", "named"), [
+    ({"type": "array", "items": 5}, "s.items is a number, not a schema."),
+    ({"anyOf": [None]}, "s.anyOf[0] is null, not a schema."),
+    ({"type": "object", "properties": {"a": True}}, "s.properties.a is a boolean, not a schema."),
+    ({"type": "object", "properties": []}, "s.properties is a list, not an object."),
+    ({"enum": "abc"}, "s.enum is a string, not a list."),  # was taken as its characters
+    ({"type": ["string", 5]}, "s.type is a list holding a number, not a type name."),
+    ({"type": "string", "minLength": 2.0}, "s.minLength is 2.0, not an integer."),
+    ({"type": "string", "pattern": 5}, "s.pattern is a number, not a string."),
+])
+def test_a_value_of_the_wrong_json_type_in_a_schema_is_named_by_its_path(schema, named):
+    from localspec.engine.json_schema import SchemaInvalid, check_shapes
+
+    with pytest.raises(SchemaInvalid) as err:
+        check_shapes(schema, "s")
+    assert str(err.value).startswith(named) and "Fix: " in str(err.value)

@@ -276,3 +276,42 @@ def test_the_guards_answer_llama_servers_routes_in_its_shape(served, keyed):
         assert set(error) == {"code", "message", "type"}, r.text
     assert request(keyed.base_url, "POST", "/tokenize", key=KEY, json_body={"content": "hi"}).status_code == 200
     assert request(keyed.base_url, "POST", "/apply-template", key=KEY, json_body={"messages": HI}).status_code == 200
+
+
+NOT_A_SCHEMA = {"type": "object", "properties": {"a": 5}}  # a number where a property's schema goes
+SCHEMA_FIELDS = {  # where each face takes a JSON schema that becomes a grammar, and the path its 400 names
+    "chat response_format": ("/v1/chat/completions", lambda v: {
+        "model": MODEL, "messages": HI, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": v}}}, "response_format.json_schema.schema"),
+    "chat forced tool": ("/v1/chat/completions", lambda v: {
+        "model": MODEL, "messages": HI, "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": v}}]}, "tools[0].function.parameters"),
+    "responses text.format": ("/v1/responses", lambda v: {
+        "model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": v}}},
+        "text.format.schema"),
+    "responses forced tool": ("/v1/responses", lambda v: {
+        "model": MODEL, "input": "hi", "tool_choice": "required",
+        "tools": [{"type": "function", "name": "f", "parameters": v}]}, "tools[0].parameters"),
+    "messages output_config": ("/v1/messages", lambda v: {
+        "model": MODEL, "max_tokens": 8, "messages": HI, "output_config": {"format": {"type": "json_schema",
+                                                                                    "schema": v}}},
+        "output_config.format.schema"),
+    "messages forced tool": ("/v1/messages", lambda v: {
+        "model": MODEL, "max_tokens": 8, "messages": HI, "tool_choice": {"type": "any"},
+        "tools": [{"name": "f", "input_schema": v}]}, "tools[0].input_schema"),
+    "ollama format": ("/api/chat", lambda v: {"model": MODEL, "stream": False, "messages": HI, "format": v},
+                      "format"),
+    "llama.cpp json_schema": ("/completion", lambda v: {"prompt": "hi", "n_predict": 4, "json_schema": v},
+                              "json_schema"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCHEMA_FIELDS))
+def test_a_schema_with_a_non_schema_in_it_is_a_400_naming_its_path(served, case):
+    """{"properties": {"a": 5}} was "Unsupported JSON schema: 'int' object has no attribute 'get'" on every face:
+    the converter's Python error, naming neither the place nor the fix."""
+    path, body, field = SCHEMA_FIELDS[case]
+    r = request(served.base_url, "POST", path, json_body=body(NOT_A_SCHEMA))
+    assert r.status_code == 400, r.text
+    assert error_text(r).startswith(f"{field}.properties.a is a number, not a schema."), error_text(r)
+    assert "object has no attribute" not in error_text(r)

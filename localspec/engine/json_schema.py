@@ -17,6 +17,7 @@ formats. Two things it gets wrong are fixed here, and one is refused:
 from __future__ import annotations
 
 import copy
+import json
 import math
 import uuid
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from localspec.engine.grammar_limits import subschemas
+from localspec.engine.grammar_limits import _COMBINATORS, _NESTED_DICTS, _NESTED_MAPS, subschemas
 from localspec.errors import RequestError
 
 # Keywords that narrow what is valid and that the converter ignores. Annotations (title, description,
@@ -62,6 +63,57 @@ def unenforced(schema: Any, field: str, *, bounds_kept: bool = True) -> list[str
     them (`set[str]`, `Field(multiple_of=5)`): the request is served, and the reply says which."""
     return [f"{where}.{keyword}" for node, where in _subschemas(schema, field) for keyword in UNENFORCED
             if keyword in node and not (bounds_kept and keyword in BOUNDS and _bounded(node))]
+
+
+_SCHEMA_FIX = 'Send a schema object ({"type": ...}, or {} for any value)'
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, in words, for an error that names what came instead of a schema."""
+    kinds = ((type(None), "null"), (bool, "a boolean"), (int | float, "a number"), (str, "a string"), (list, "a list"))
+    return next((words for kind, words in kinds if isinstance(value, kind)), "an object")
+
+
+def check_shapes(schema: Any, field: str) -> None:
+    """SchemaInvalid for a keyword whose value has the wrong JSON type where the converter reads it (a
+    number where a schema goes, a string for a list of them, a non-string pattern): it raised a Python
+    error that the 400 named instead ("'int' object has no attribute 'get'"). A boolean schema (`true`)
+    is one where the converter takes it (additionalProperties, `items: false` after prefixItems) or ignores it."""
+    for node, where in _subschemas(schema, field):
+        for key, value in node.items():
+            at = f"{where}.{key}"
+            if key in _NESTED_MAPS:
+                if not isinstance(value, dict):
+                    raise SchemaInvalid(f"{at} is {_kind(value)}, not an object.", "Send an object of names, each "
+                                        f"with its schema ({key}: {{\"name\": {{\"type\": ...}}}}).")
+                bad = next(((name, sub) for name, sub in value.items()  # true/false: where the converter ignores them
+                            if not (isinstance(sub, dict) or (isinstance(sub, bool) and key != "properties"))), None)
+                if bad is not None:
+                    raise SchemaInvalid(f"{at}.{bad[0]} is {_kind(bad[1])}, not a schema.", f"{_SCHEMA_FIX}.")
+            elif key in (*_COMBINATORS, "prefixItems") or (key == "items" and isinstance(value, list)):
+                if not isinstance(value, list):
+                    raise SchemaInvalid(f"{at} is {_kind(value)}, not a list of schemas.", f"{_SCHEMA_FIX} in a list.")
+                bad = next(((i, sub) for i, sub in enumerate(value) if not isinstance(sub, dict)), None)
+                if bad is not None:
+                    raise SchemaInvalid(f"{at}[{bad[0]}] is {_kind(bad[1])}, not a schema.", f"{_SCHEMA_FIX}.")
+            elif key in _NESTED_DICTS and not (isinstance(value, dict) or value is False
+                                               or (value is True and key != "items")):
+                raise SchemaInvalid(f"{at} is {_kind(value)}, not a schema.", f"{_SCHEMA_FIX}.")
+            elif key in ("$ref", "pattern", "format") and not isinstance(value, str):
+                raise SchemaInvalid(f"{at} is {_kind(value)}, not a string.", f"Send {key} as a string.")
+            elif key == "enum" and not isinstance(value, list):
+                raise SchemaInvalid(f"{at} is {_kind(value)}, not a list.", "Send the allowed values in a list.")
+            elif key in ("minLength", "maxLength", "minItems", "maxItems") and (
+                    isinstance(value, bool) or not isinstance(value, int)):
+                shown = json.dumps(value) if isinstance(value, float) else _kind(value)
+                raise SchemaInvalid(f"{at} is {shown}, not an integer.", f"Send {key} as a whole number (2, not 2.0).")
+            elif key == "type" and not isinstance(value, str):
+                bad = next((t for t in value if not isinstance(t, str)), None) if isinstance(value, list) else value
+                what = ("an empty list" if value == [] else f"a list holding {_kind(bad)}" if isinstance(value, list)
+                        else _kind(value))
+                if value == [] or bad is not None:
+                    raise SchemaInvalid(f"{at} is {what}, not a type name.", 'Send a type name ("string", '
+                                        '"object", ...) or a list of them.')
 
 
 def check_refs(schema: Any, field: str) -> None:

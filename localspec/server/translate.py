@@ -18,8 +18,8 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 from localspec.engine.chat import ChatMessage
 from localspec.engine.config import GenerationRequest, PromptPiece, TemplateValue
 from localspec.engine.grammar_limits import GrammarTooLarge, check_gbnf, check_schema
-from localspec.engine.json_schema import (SchemaInvalid, bounded_ranges, check_refs, hoisted, root_ref_inlined,
-                                          unenforced, with_range_rules)
+from localspec.engine.json_schema import (SchemaInvalid, bounded_ranges, check_refs, check_shapes, hoisted,
+                                          root_ref_inlined, unenforced, with_range_rules)
 from localspec.engine.sampling import SamplingParams, with_fallbacks
 from localspec.server.errors import APIError
 from localspec.engine.thoughts import ThoughtSplit, marker_start, split_reasoning
@@ -221,6 +221,7 @@ def schema_grammar(schema: dict[str, Any] | None, field: str = "response_format.
     try:
         if checked is None:
             check_schema(schema, field)
+            check_shapes(schema, field)
             check_refs(schema, field)
         # Ranged before the root ref is inlined: the bounds replaced where `unenforced` reads them (a
         # root ref to a bounded number, inlined first, was an unbounded number counted as kept).
@@ -295,6 +296,7 @@ def _tool_grammar(body: ChatCompletionRequest, names: FieldNames) -> SchemaGramm
         field = names.tool_parameters.format(i=i)
         try:
             check_schema(params, field)
+            check_shapes(params, field)
             check_refs(params, field)
             dropped += unenforced(params, field)
         except GrammarTooLarge as exc:
