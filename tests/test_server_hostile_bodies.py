@@ -315,3 +315,35 @@ def test_a_schema_with_a_non_schema_in_it_is_a_400_naming_its_path(served, case)
     assert r.status_code == 400, r.text
     assert error_text(r).startswith(f"{field}.properties.a is a number, not a schema."), error_text(r)
     assert "object has no attribute" not in error_text(r)
+
+
+UNION_FIELDS = {  # a value no branch of a field's union takes: the field itself is named, with every branch
+    "chat content": ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": 5}]},
+                     "messages.0.content: Input should be a valid string, or a valid list"),
+    "chat stop": ("/v1/chat/completions", {"model": MODEL, "messages": HI, "stop": 5},
+                  "stop: Input should be a valid string, or a valid list"),
+    "chat tool_choice": ("/v1/chat/completions", {"model": MODEL, "messages": HI, "tool_choice": 5},
+                         "tool_choice: Input should be 'none', 'auto' or 'required'"),
+    "completions stop item": ("/v1/completions", {"model": MODEL, "prompt": "hi", "stop": [5]},
+                              "stop.0: Input should be a valid string"),  # the list's branch: its item named
+    "responses input": ("/v1/responses", {"model": MODEL, "input": 5},
+                        "input: Input should be a valid string, or a valid list"),
+    "messages keep_alive": ("/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": HI, "keep_alive": [1]},
+                            "keep_alive: Input should be a valid string, or a valid number"),
+    "ollama format": ("/api/chat", {"model": MODEL, "stream": False, "messages": HI, "format": "yaml"},
+                      "format: Input should be 'json' or '', or a valid dictionary"),
+    "llama.cpp prompt": ("/completion", {"prompt": 5}, "prompt: Input should be a valid string, or a valid list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNION_FIELDS))
+def test_a_value_no_branch_of_a_union_takes_names_the_field_not_a_branch(served, case):
+    """Each was named by its first branch's tag ("stop.str: Input should be a valid string", "format.literal['json',
+    '']: ...", OpenAI's param "tool_choice.literal['none','auto','required']"): a field the client never sent,
+    and only one of the shapes it could have sent."""
+    path, body, said = UNION_FIELDS[case]
+    r = request(served.base_url, "POST", path, json_body=body)
+    assert r.status_code == 400 and error_text(r) == said, error_text(r)
+    if path.startswith("/v1/") and path != "/v1/messages":
+        assert r.json()["error"]["param"] == said.split(":")[0]
+

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -175,12 +175,10 @@ def install(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's default is 422 {"detail": [...]}; OpenAI clients expect 400 and an error object.
         errs = exc.errors()
-        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+        first: Any = errs[0] if errs else {"loc": (), "msg": "invalid request"}
         if (not_json := _not_json(request, first)) is not None:
             return render(request, 400, not_json, "invalid_json")
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        why = str(first["msg"]).removeprefix("Value error, ")  # pydantic's words for a validator's ValueError
+        param, why = field_error(errs)
         msg = f"{param}: {why}" if param else why
         code = JSON_TOO_DEEP if first.get("type") == JSON_TOO_DEEP else "invalid_value"
         return render(request, 400, msg, code, param)
@@ -199,6 +197,39 @@ def install(app: FastAPI) -> None:
         logger.error("request %s (%s %s) failed: %s: %s", rid, request.method, request.url.path,
                      type(exc).__name__, exc)
         return render(request, 500, f"internal error: {type(exc).__name__}: {exc} (request {rid})")
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+def _branch(part: Any) -> bool:
+    """A union branch's tag in pydantic's loc ("str", "literal['json','']", "list[TextPart]"): not a field the
+    client sent, so an error that named it ("format.literal['json','']: ...") named a field that is not there."""
+    return isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)
+
+
+def field_error(errs: Sequence[Any]) -> tuple[str | None, str]:
+    """The first error's field, as the client spelled it, and why. Where each branch of a union refused the
+    value at that field, each branch's words are joined: "Input should be a valid string, or a valid list",
+    not the first branch's alone, which said a string was wanted where a list was as good."""
+    def named(err: Any) -> list[Any]:
+        return [p for p in err.get("loc", ()) if p != "body" and not _branch(p)]
+
+    first: Any = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+    loc = named(first)
+    if any(_branch(p) for p in first.get("loc", ())):  # a branch the value's own type took says more ("stop.0")
+        first = next((e for e in errs if len(named(e)) > len(loc) and named(e)[:len(loc)] == loc
+                      and any(_branch(p) for p in e.get("loc", ()))), first)
+        loc = named(first)
+    whys: list[str] = []
+    for err in errs:
+        if named(err) == loc:
+            why = str(err["msg"]).removeprefix("Value error, ")  # pydantic's words for a validator's ValueError
+            if why not in whys:
+                whys.append(why)
+    rest = [w.removeprefix("Input should be ") for w in whys[1:] if w.startswith("Input should be ")]
+    why = ", or ".join([whys[0], *rest]) if whys and whys[0].startswith("Input should be ") else str(first["msg"])
+    return ".".join(str(p) for p in loc) or None, why.removeprefix("Value error, ")
 
 
 _UNPARSED = "There was an error parsing the body"

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from localspec.engine.prompt import split_prefill
 from localspec.server.backend import Backend
-from localspec.server.errors import APIError
+from localspec.server.errors import APIError, field_error
 from localspec.server.translate import Plan
 
 T = TypeVar("T")
@@ -31,9 +31,8 @@ def valid_or_400(build: Callable[..., T], *args: object, **kwargs: object) -> T:
     try:
         return build(*args, **kwargs)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or None
-        raise APIError(400, f"{field}: {err['msg']}" if field else err["msg"], "invalid_value", field) from exc
+        field, why = field_error(list(exc.errors()))
+        raise APIError(400, f"{field}: {why}" if field else why, "invalid_value", field) from exc
 
 
 async def plan(build: Callable[..., Plan], *args: object, **kwargs: object) -> Plan:
