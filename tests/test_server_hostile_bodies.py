@@ -347,3 +347,26 @@ def test_a_value_no_branch_of_a_union_takes_names_the_field_not_a_branch(served,
     if path.startswith("/v1/") and path != "/v1/messages":
         assert r.json()["error"]["param"] == said.split(":")[0]
 
+
+NO_VALUE = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 1}}}
+FORCED_TOOLS = {  # a forced call's tool whose bounds leave no value: named by the tool's own field on each face
+    "chat": ("/v1/chat/completions", {"model": MODEL, "messages": HI, "tool_choice": "required", "tools": [
+        {"type": "function", "function": {"name": "g"}},
+        {"type": "function", "function": {"name": "f", "parameters": NO_VALUE}}]}, "tools[1].function.parameters"),
+    "responses": ("/v1/responses", {"model": MODEL, "input": "hi", "tool_choice": "required", "tools": [
+        {"type": "function", "name": "g"}, {"type": "function", "name": "f", "parameters": NO_VALUE}]},
+        "tools[1].parameters"),
+    "messages": ("/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": HI, "tool_choice": {"type": "any"},
+                                  "tools": [{"name": "g"}, {"name": "f", "input_schema": NO_VALUE}]},
+                 "tools[1].input_schema"),
+}
+
+
+@pytest.mark.parametrize("face", sorted(FORCED_TOOLS))
+def test_a_forced_tools_bounds_that_leave_no_value_name_the_tools_own_field(served, face):
+    """They were "tools.$defs.tool0.properties.n: no integer is from 3 to 1": the path in the schema the server
+    builds of every tool together, which the client never sent."""
+    path, body, field = FORCED_TOOLS[face]
+    r = request(served.base_url, "POST", path, json_body=body)
+    assert r.status_code == 400, r.text
+    assert error_text(r).startswith(f"{field}.properties.n: no integer is from 3 to 1"), error_text(r)

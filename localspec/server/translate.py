@@ -298,7 +298,8 @@ def _tool_grammar(body: ChatCompletionRequest, names: FieldNames) -> SchemaGramm
             check_schema(params, field)
             check_shapes(params, field)
             check_refs(params, field)
-            dropped += unenforced(params, field)
+            bounded_ranges(params, field)  # bounds that leave no value, named here: in the tools together they
+            dropped += unenforced(params, field)  # were "tools.$defs.tool0...", a path the client never sent
         except GrammarTooLarge as exc:
             raise APIError(400, exc.cause, "schema_too_large", "tools") from exc
         except SchemaInvalid as exc:
