@@ -41,6 +41,7 @@ ANSWERS = {
     "trailing-whitespace": "Paris.\n\n",
     "not-a-call": "<tool_call>not JSON</tool_call> Sorry.",
     "multi-byte": f"Café ☕ {call('Lyon')} ok",
+    "lone-surrogate": call("Par\\udfffis"),  # a model wrote an escape JSON allows and no answer can encode
 }
 PACED = "Paris is the capital of France, and its largest city by far."
 
@@ -205,3 +206,11 @@ def test_text_with_tools_offered_streams_while_the_answer_is_decoding(served, fa
     finally:
         stream.close()
     assert len(pieces) > 1 and "".join(pieces) == PACED
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_a_lone_surrogate_escape_in_a_calls_arguments_reads_as_a_replacement_character(served, face):
+    """{"city": "Par\\udfffis"} in a call was a 500 and a traceback on /v1/messages and /api/chat (a stream cut
+    off mid-way on /api/chat): the parsed arguments held a lone surrogate, which no JSON answer can encode."""
+    for stream in (False, True):
+        assert FACES[face](served, "Answer lone-surrogate.", stream=stream) == ("", [("weather", {"city": "Par\ufffdis"})])

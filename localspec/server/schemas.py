@@ -95,13 +95,26 @@ def json_within_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
 
 def loads_bounded(text: str) -> Any:
     """JSON text (a tool call's arguments) parsed, or ValueError when it is not JSON or nests over
-    MAX_JSON_DEPTH: json.loads raised RecursionError (a 500) for text nested past the stack's depth."""
+    MAX_JSON_DEPTH: json.loads raised RecursionError (a 500) for text nested past the stack's depth.
+    A lone surrogate escape ("\\ud800", which a model may write) reads as U+FFFD, as an undecodable byte
+    does: kept, no JSON answer could encode it (a 500, or a stream cut off, on /v1/messages and /api/chat)."""
     try:
         value = json.loads(text)
     except RecursionError:
         raise ValueError("JSON nested too deep to read") from None
     if not json_within_depth(value):
         raise ValueError(f"JSON nested over {MAX_JSON_DEPTH} levels")
+    return _unpaired_replaced(value) if "\\u" in text else value
+
+
+def _unpaired_replaced(value: Any) -> Any:
+    """`value` with each lone UTF-16 surrogate in its strings (keys too) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace") if not value.isascii() else value
+    if isinstance(value, dict):
+        return {_unpaired_replaced(k): _unpaired_replaced(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unpaired_replaced(v) for v in value]
     return value
 
 
