@@ -370,3 +370,11 @@ def test_a_forced_tools_bounds_that_leave_no_value_name_the_tools_own_field(serv
     r = request(served.base_url, "POST", path, json_body=body)
     assert r.status_code == 400, r.text
     assert error_text(r).startswith(f"{field}.properties.n: no integer is from 3 to 1"), error_text(r)
+
+
+@pytest.mark.parametrize("tool", [None, 5, "web_search"])
+def test_a_responses_tool_that_is_no_object_is_named_as_what_it_came(served, tool):
+    """It was "tools[0] is a 'None' tool, which is not served" for null, a number and a string alike."""
+    r = request(served.base_url, "POST", "/v1/responses", json_body={"model": MODEL, "input": "hi", "tools": [tool]})
+    assert r.status_code == 400
+    assert error_text(r).startswith(f"tools: tools[0] is {json.dumps(tool)}, not a tool: send"), error_text(r)

@@ -208,7 +208,10 @@ class ResponsesRequest(_Body):
             return value
         kept = []
         for i, tool in enumerate(value):
-            kind = tool.get("type", "function") if isinstance(tool, dict) else None
+            if not isinstance(tool, dict):  # was "a 'None' tool" for null, a number, a string
+                raise ValueError(f"tools[{i}] is {json.dumps(tool)[:40]}, not a tool: send "
+                                 '{"type": "function", "name": ..., "parameters": {...}}')
+            kind = tool.get("type", "function")
             if kind in WEB_SEARCH_TOOLS:
                 continue
             if kind != "function":
