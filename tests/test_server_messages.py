@@ -251,6 +251,11 @@ def test_what_a_local_server_cannot_read_is_a_400_in_anthropics_shape_naming_it(
      "output_config.format cannot be combined with a forced tool call"),
     ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "bogus"}}}},
      "output_config.format.schema: Unsupported JSON schema"),
+    # Before: "tool_choice asks for a tool call but the request has no tools", to a client that had sent one
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}], "tool_choice": {"type": "any"}},
+     "tool_choice 'any' forces a web search, which is not served here"),
+    ({"tools": [*WEATHER, {"type": "web_search_20250305", "name": "web_search"}],
+      "tool_choice": {"type": "tool", "name": "web_search"}}, "tool_choice 'tool' forces a web search"),
 ])
 def test_a_malformed_block_is_a_400_naming_its_place_and_field(served, body, named):
     """Pydantic named the union's string branch for any bad block ("messages.0.content.str: Input should be a

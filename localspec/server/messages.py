@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from localspec.engine.config import TemplateValue
 
@@ -235,6 +235,21 @@ class MessagesRequest(_Body):
                                  "your client defines (name, description, input_schema) and your client calls")
             kept.append(tool)
         return kept
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_search_forced(cls, data: Any) -> Any:
+        """A call forced where the tool it would call is an offered web search (dropped) was "the request has no
+        tools": the client had sent one. It is named as what it is, before the tools are dropped."""
+        choice, tools = (data.get("tool_choice"), data.get("tools")) if isinstance(data, dict) else (None, None)
+        if not isinstance(choice, dict) or not isinstance(tools, list) or not tools:
+            return data
+        search = [t for t in tools if isinstance(t, dict) and str(t.get("type") or "").startswith(WEB_SEARCH)]
+        if (choice.get("type") == "any" and len(search) == len(tools)) or (
+                choice.get("type") == "tool" and any(t.get("name") == choice.get("name") for t in search)):
+            raise ValueError(f"tool_choice {choice.get('type')!r} forces a web search, which is not served here (the "
+                             "model answers from what it knows): offer your own tools, or send type 'auto'")
+        return data
 
     def check_served(self) -> None:
         """A 400 for a field whose value would change the answer in a way this server cannot."""
