@@ -378,3 +378,16 @@ def test_a_responses_tool_that_is_no_object_is_named_as_what_it_came(served, too
     r = request(served.base_url, "POST", "/v1/responses", json_body={"model": MODEL, "input": "hi", "tools": [tool]})
     assert r.status_code == 400
     assert error_text(r).startswith(f"tools: tools[0] is {json.dumps(tool)}, not a tool: send"), error_text(r)
+
+
+@pytest.mark.parametrize(("method", "path", "status", "said"), [
+    ("POST", "/v1/messages/batches", 404, "POST /v1/messages/batches is not a route of this server: GET /openapi.json"),
+    ("POST", "/v1/a%07b", 404, "POST /v1/a?b is not a route of this server"),  # printable, whatever the path held
+    ("GET", "/v1/messages", 405, "/v1/messages takes POST, not GET; send a POST request."),
+    ("GET", "/v1/chat/completions", 405, "/v1/chat/completions takes POST, not GET; send a POST request."),
+    ("GET", "/infill", 405, "/infill takes POST, not GET; send a POST request."),
+])
+def test_a_path_not_served_or_asked_the_wrong_way_says_so_and_what_to_do(served, method, path, status, said):
+    """They were Starlette's bare "Not Found" and "Method Not Allowed": neither the cause nor the fix."""
+    r = request(served.base_url, method, path)
+    assert r.status_code == status and error_text(r).startswith(said), error_text(r)

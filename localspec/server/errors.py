@@ -189,7 +189,7 @@ def install(app: FastAPI) -> None:
             return render(request, 400, f"The body could not be read as JSON. {_JSON_FIX}", "invalid_json")
         code = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
                 413: "body_too_large"}.get(exc.status_code)
-        return render(request, exc.status_code, str(exc.detail), code, headers=exc.headers)
+        return render(request, exc.status_code, _routing(request, exc), code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -230,6 +230,18 @@ def field_error(errs: Sequence[Any]) -> tuple[str | None, str]:
     rest = [w.removeprefix("Input should be ") for w in whys[1:] if w.startswith("Input should be ")]
     why = ", or ".join([whys[0], *rest]) if whys and whys[0].startswith("Input should be ") else str(first["msg"])
     return ".".join(str(p) for p in loc) or None, why.removeprefix("Value error, ")
+
+
+def _routing(request: Request, exc: StarletteHTTPException) -> str:
+    """Starlette's bare "Not Found" and "Method Not Allowed" (a path this server has not, POST /v1/messages/batches,
+    or GET /v1/chat/completions) as the cause and the fix; any other detail as it is."""
+    path = "".join(ch if ch.isprintable() else "?" for ch in request.url.path[:100])  # one line, whatever it held
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        return f"{request.method} {path} is not a route of this server: GET /openapi.json lists the routes it serves."
+    allow = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow")
+    if exc.status_code == 405 and exc.detail == "Method Not Allowed" and allow:
+        return f"{path} takes {allow}, not {request.method}; send a {allow} request."
+    return str(exc.detail)
 
 
 _UNPARSED = "There was an error parsing the body"
