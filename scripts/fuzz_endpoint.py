@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -30,6 +31,19 @@ from tests.server_harness import request, wait_until  # noqa: E402
 KEY = "fuzz-key"
 CHAT_MODELS = ["auto", "qwen2.5-coder-0.5b-instruct-q4_k_m"]
 EMBEDDING_MODELS = ["all-minilm-l6-v2-f16"]
+
+
+# A refusal that carries Python's own words names neither the field nor the fix: it let an exception's text
+# through ("Unsupported JSON schema: 'int' object has no attribute 'get'"), a finding though its status is a 400.
+PYTHON_WORDS = re.compile(r"has no attribute|is not iterable|not supported between instances|unhashable type|"
+                          r"can't (?:multiply|concatenate|convert|encode|decode)|object is not subscriptable|"
+                          r"Traceback|\b(?:Key|Index|Type|Attribute|Unicode\w*|Recursion|PydanticSerialization)Error\b")
+
+
+def python_words(text: str) -> str | None:
+    """The Python exception wording in an error's text, or None."""
+    m = PYTHON_WORDS.search(text)
+    return m.group(0) if m else None
 
 
 def steer(case, cap: int, pick: int) -> None:
@@ -116,6 +130,8 @@ def fuzz(
             statuses[str(response.status_code)] += 1
             if response.status_code >= 500:
                 run["server_errors"] += 1
+            elif response.status_code >= 400 and (words := python_words(response.text)):
+                finding("python_error", case, f"{response.status_code} with Python's words ({words}): {response.text}")
             try:
                 case.validate_response(response, checks=checks, headers=auth)
             except FailureGroup as exc:
@@ -155,8 +171,14 @@ def _schema_strategy():
                                                                      ("maxLength", hi), ("pattern", pattern)) if v is not None},
                        st.none() | around(LIMITS.max_string_length), st.none() | around(LIMITS.max_string_length),
                        st.none() | _pattern_strategy())
+    # A keyword holding a value of the wrong JSON type (a number for a schema, a string for a list): a 400 naming it.
+    junk = st.one_of(st.none(), st.integers(-3, 3), st.booleans(), st.text(max_size=3), st.lists(st.integers(), max_size=2))
+    malformed = st.builds(lambda key, value: {"type": "object", key: value} if key == "properties" else {key: value},
+                          st.sampled_from(["type", "items", "properties", "enum", "anyOf", "allOf", "prefixItems", "$ref",
+                                           "pattern", "format", "minLength", "maxItems", "additionalProperties", "$defs"]),
+                          junk)
     scalar = st.one_of(string, st.just({"type": "integer"}), st.just({"type": "boolean"}),
-                       st.builds(lambda n: {"enum": [f"v{i}" for i in range(n)]}, around(LIMITS.max_enum)))
+                       st.builds(lambda n: {"enum": [f"v{i}" for i in range(n)]}, around(LIMITS.max_enum)), malformed)
 
     def extend(inner):
         array = st.builds(lambda items, lo, hi: {k: v for k, v in (("type", "array"), ("items", items), ("minItems", lo),
@@ -255,6 +277,9 @@ def fuzz_schemas(base_url: str, key: str | None, cases: int, seed: int = 0, mode
             if r.status_code not in (200, 400, 413) or (over and r.status_code == 400 and not too_large):
                 findings.append({"kind": "status", "status": r.status_code, "over_bounds": over,
                                  "detail": r.text[:500], "body": json.dumps(body)[:2000]})
+            elif r.status_code == 400 and (words := python_words(r.text)):
+                findings.append({"kind": "python_error", "status": 400, "words": words, "detail": r.text[:500],
+                                 "body": json.dumps(body)[:2000]})
         try:
             alive = request(base_url, "GET", "/health", key=key, timeout=60).status_code == 200
         except OSError:
