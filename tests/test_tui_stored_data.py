@@ -139,6 +139,45 @@ async def test_a_message_role_this_version_does_not_know_shows_as_written(tmp_pa
         assert _notices(app, "the role '[/]weird role', which this version does not know")
 
 
+def _foreign(tmp_path: Path, *statements: str) -> bytes:
+    """A file in another program's (or version's) schema, written before the app first opens it."""
+    with sqlite3.connect(_db(tmp_path)) as db:
+        for sql in statements:
+            db.execute(sql)
+    db.close()
+    return _db(tmp_path).read_bytes()
+
+
+@pytest.mark.parametrize("statements", [
+    ("CREATE TABLE chats (id INTEGER PRIMARY KEY, title TEXT, created REAL, updated REAL)",
+     "INSERT INTO chats VALUES (1, 'old', 1, 1)"),  # no system prompt nor settings: the app stopped (IndexError)
+    ("CREATE TABLE t (x)", "CREATE VIEW chats AS SELECT 1 AS id"),  # stopped the app (no such column)
+    ("CREATE TABLE messages (id INTEGER PRIMARY KEY, chat_id INT, text TEXT)",),  # failed at the first send
+])
+async def test_a_database_in_another_schema_is_kept_aside_and_the_app_says_where(tmp_path, statements):
+    before = _foreign(tmp_path, *statements)
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _replied(app, pilot)
+        [notice] = _notices(app, "moved it to chats.sqlite.corrupt-")
+        assert "is not a localspec chat database" in notice and "Fix:" in notice and "\n" not in notice
+        assert [m.role for m in app.store.messages(app.chat_id)] == ["user", "assistant"]
+    [aside] = tmp_path.glob("chats.sqlite.corrupt-*")
+    assert aside.read_bytes() == before
+
+
+async def test_an_unreadable_database_is_kept_aside_and_the_app_says_where(tmp_path):
+    """It was moved aside with a line in the log file only: the app opened with every chat gone, unexplained."""
+    _db(tmp_path).write_bytes(b"SQLite format 3\x00" + b"\xff" * 4000)
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        [notice] = _notices(app, "moved it to chats.sqlite.corrupt-")
+        assert "could not be read" in notice and "Fix:" in notice
+    [aside] = tmp_path.glob("chats.sqlite.corrupt-*")
+    assert aside.read_bytes() == b"SQLite format 3\x00" + b"\xff" * 4000
+
+
 # ---------------------------------------------------------------------- what the app writes
 
 

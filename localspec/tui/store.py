@@ -116,12 +116,35 @@ def _decode(raw: bytes) -> str:
 BUSY_TIMEOUT_S = 5.0  # how long a write waits for another process (a second chat app) to finish its own
 
 
+# The columns the app reads and writes: a file whose tables lack one (another program's, an older
+# layout) is not one this version can use, however readable.
+_COLUMNS = {"chats": ("id", "title", "system_prompt", "params", "created", "updated"),
+            "messages": ("id", "chat_id", "role", "content", "meta", "created"), "prefs": ("key", "value")}
+
+
+class _ForeignSchema(sqlite3.DatabaseError):
+    """A readable SQLite file whose tables are not the app's."""
+
+
+def _check_schema(db: sqlite3.Connection) -> None:
+    """Before anything is written: the tables the file already has are the app's (missing ones are made)."""
+    for table, wanted in _COLUMNS.items():
+        kind = db.execute("SELECT type FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+        if kind is None:
+            continue
+        missing = [c for c in wanted if c not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}]
+        if kind[0] != "table" or missing:
+            what = f"'{table}' is a {kind[0]}" if kind[0] != "table" else f"'{table}' has no column '{missing[0]}'"
+            raise _ForeignSchema(f"is not a localspec chat database ({what})")
+
+
 def _open(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
     try:
         db.text_factory = _decode
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA foreign_keys = ON")
+        _check_schema(db)
         db.executescript(_SCHEMA)
         db.commit()
         db.execute("SELECT count(*) FROM chats").fetchone()
@@ -155,9 +178,10 @@ class ChatStore:
                     "Let that program finish or close it, then start the chat again.") from None
             self.recovered_from = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
             self.path.replace(self.recovered_from)
-            logging.getLogger(__name__).warning(
-                "chat database %s is unreadable (%s); moved it to %s and started a new one",
-                self.path, exc, self.recovered_from)
+            problem = str(exc) if isinstance(exc, _ForeignSchema) else f"could not be read ({_short(exc)})"
+            aside = self.recovered_from.name
+            self._notice(f"{self.path.name} {problem}; moved it to {aside} and started a new one. Fix: none needed "
+                         f"to chat; the earlier chats stay in {aside} (`sqlite3 {aside} .recover` may save them).")
             self._db = _open(self.path)
 
     def close(self) -> None:
