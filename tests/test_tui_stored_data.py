@@ -290,3 +290,26 @@ async def test_a_chat_holding_a_role_this_version_does_not_know_can_be_continued
         await wait_for(pilot, lambda: not app.screen.replies.generating, 20, "the reply")
         assert [m.role for m in app.store.messages(1)] == ["critic", "user", "assistant"]
         assert app.store.messages(1)[2].content
+
+
+async def test_the_models_screen_opens_when_models_toml_cannot_be_read(tmp_path):
+    """Ctrl+L (and `a` there) read models.toml unguarded: a broken overlay stopped the whole app."""
+    from localspec.tui.models_screen import ModelsScreen
+
+    app = ChatApp(lambda _p, **_: demo_backend(), store=ChatStore(_db(tmp_path)), memory_probe=lambda: DEMO_RSS,
+                  export_dir=tmp_path / "exports")  # no fixed rows: the models screen reads the store
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        write_overlay("[[models]\n")  # broken while the app runs (a hand edit)
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), 10, "the models screen")
+        assert app.screen.rows == []
+        [notice] = _notices(app, "invalid TOML")
+        assert "Fix the syntax in" in notice and "models.toml" in notice
+        await pilot.press("a")
+        await pilot.pause()
+        assert app.is_running and isinstance(app.screen, ModelsScreen)
+        assert len(_notices(app, "invalid TOML")) == 2
+        await pilot.press("P")  # pull the active profile: none chosen, so the registry's default
+        await wait_for(pilot, lambda: len(_notices(app, "invalid TOML")) == 3, 10, "the pull's refusal")
+        assert app.is_running and not app.screen.busy

@@ -122,7 +122,11 @@ class ModelsScreen(Screen):
             return f"Active profile: {self.active_profile or '?'} ({exc.cause})"
 
     def action_refresh(self) -> None:
-        self.rows = self._rows_source()
+        try:
+            self.rows = self._rows_source()
+        except LocalspecError as exc:  # models.toml broken (a hand edit): the screen says so, the app goes on
+            self.rows = []
+            self.notify(str(exc), title="Models", severity="error", timeout=15)
         table = self.query_one("#models-table", DataTable)
         table.clear()
         for r in self.rows:
@@ -202,7 +206,7 @@ class ModelsScreen(Screen):
         self._pull(model_id=row.id)
 
     def action_pull_profile(self) -> None:
-        self._pull(profile=self.active_profile or ModelManager().registry.default_profile)
+        self._pull(profile=self.active_profile)  # None: the registry's default, read in the worker (it may be broken)
 
     def _pull(self, model_id: str | None = None, profile: str | None = None) -> None:
         if self.busy:
@@ -279,8 +283,11 @@ class ModelsScreen(Screen):
         self.app.push_screen(ConfirmDialog(f"Delete {row.id} from the model store?", yes="Delete"), confirmed)
 
     def action_pick_profile(self) -> None:
-        mgr = ModelManager()
-        options = [(f"{name} — {p.description}", name) for name, p in mgr.registry.profiles.items()]
+        try:
+            options = [(f"{name} — {p.description}", name) for name, p in ModelManager().registry.profiles.items()]
+        except LocalspecError as exc:
+            self.notify(str(exc), title="Profiles", severity="error", timeout=15)
+            return
 
         def picked(name: str | None) -> None:
             if name:
