@@ -321,6 +321,20 @@ def test_a_report_never_moves_or_creates_what_db_names(tmp_path, capsys, what):
     assert (path.read_bytes() if path.is_file() else None) == contents
 
 
+def test_a_broken_default_database_gets_a_fix_that_applies_without_db(capsys):
+    """The fix read "leave --db out for the one in the data dir" to a user who had left it out."""
+    from localspec.metrics import default_db_path
+
+    path = default_db_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"not a database" * 100)
+    assert main(["stats"]) == 1
+    err = capsys.readouterr().err
+    assert "is not a readable SQLite database" in err and "leave --db out" not in err
+    assert f"Move {path} aside" in err and len(err.strip().splitlines()) == 2
+    assert path.read_bytes() == b"not a database" * 100
+
+
 def test_a_report_reads_and_migrates_a_metrics_database_it_is_pointed_at(db):
     """A version-1 file (no feedback table yet) was refused as "not localspec's metrics"."""
     from localspec.metrics.store import MIGRATIONS

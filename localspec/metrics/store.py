@@ -245,7 +245,9 @@ def open_reader(path: Path) -> sqlite3.Connection:
     see today's columns. Never creates or moves anything: `stats --db` names any path, and opening it
     as the writer does (a file it cannot read is moved aside as corrupt) renamed a user's folder, a text
     file and /dev/null. Anything that is not a localspec metrics database is refused in one line."""
-    fix = "Point --db at a localspec metrics.sqlite, or leave --db out for the one in the data dir."
+    fix = (f"Move {path} aside (the next request logged starts a new one), or point --db at another file."
+           if path == default_db_path() else
+           "Point --db at a localspec metrics.sqlite, or leave --db out for the one in the data dir.")
     if not path.is_file():
         raise ConfigError(f"{path} is not a file, so not a metrics database.", fix)
     conn = _connect(path)
