@@ -59,6 +59,16 @@ def test_an_unknown_profile_from_settings_says_where_it_was_set(isolated_home, c
     assert f"Correct or remove it in {settings}." in err
 
 
+@pytest.mark.parametrize("argv", [["edit", "{dir}/\x1b]0;pwned\x07\x1b[2J.py", "x"],
+                                  ["models", "info", "{dir}/\x1b[31mred.gguf"]])
+def test_an_error_line_shows_control_characters_in_a_name_as_stand_ins(tmp_path, capsys, argv):
+    """A file name (from a cloned repository, a shell glob) went into the error line raw: its escape
+    sequences set the window title and cleared the screen of the terminal reading stderr."""
+    assert main([a.format(dir=tmp_path) for a in argv]) in (1, 2)
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "\ufffd" in err and not any(c in err for c in "\x1b\x07")
+
+
 def test_a_keep_alive_that_is_no_duration_is_refused_before_any_model_loads(capsys):
     # An unknown model would fail with status 1 when looked up: 2 means the flag was refused first.
     assert main(["generate", "hi", "--keep-alive", "xyz", "--local", "--no-pull", "--model", "no-such-model"]) == 2

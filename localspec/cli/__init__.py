@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from localspec import __version__
-from localspec.cli.output import EXIT_PIPE_CLOSED, silence_stdout, stdout_reader_gone
+from localspec.cli.output import EXIT_PIPE_CLOSED, printable, silence_stdout, stdout_reader_gone
 from localspec.cli.parsing import attach_completers, show_defaults
 from localspec.errors import LocalspecError, UsageError
 
@@ -94,9 +94,10 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         code = int(args.func(args) or 0)
     except LocalspecError as exc:
         sys.stdout.flush()  # what the verb printed before failing comes first
-        print(f"error: {exc.cause}", file=sys.stderr)
+        # Causes quote names (files, model ids, registry text) that may hold escape sequences.
+        print(f"error: {printable(exc.cause)}", file=sys.stderr)
         if exc.fix:
-            print(f"  fix: {exc.fix}", file=sys.stderr)
+            print(f"  fix: {printable(exc.fix)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILURE
     except KeyboardInterrupt as exc:  # a verb may note what the interruption left (a pull: what it kept)
         print("; ".join(["interrupted", *getattr(exc, "__notes__", ())]), file=sys.stderr)
