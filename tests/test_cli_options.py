@@ -112,6 +112,18 @@ def test_bench_from_a_missing_result_is_one_line(tmp_path, capsys):
     assert err.startswith(f"error: Cannot read {tmp_path / 'nope.json'}") and "Traceback" not in err
 
 
+@pytest.mark.parametrize("result", [{"runs": []}, {"runs": [], "schema": 1, "machine": {}, "command": "", "plan": "quick",
+                                               "summary": [], "acceptance_by_position": {}, "goals": {}}])
+def test_bench_from_a_result_missing_its_parts_is_one_line_and_writes_nothing(tmp_path, capsys, result):
+    """A bench.json cut short or from another version was a traceback (ValueError, AttributeError)."""
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(result))
+    assert main(["bench", "--from-json", str(path), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path} is not a whole bench result") and len(err.splitlines()) == 2
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------- one name per option
 
 

@@ -130,9 +130,9 @@ def _publish(result: dict, out: Path, readme: str | None) -> None:
         raise no_readme_for_edits()
     if edit:  # derived from the runs, so a redraw applies the current ceiling and goals
         predicted.analyse(result)
+    md = predicted.markdown(result) if edit else report.markdown(result)  # before writing: it checks the result
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
-    md = predicted.markdown(result) if edit else report.markdown(result)
     (out / "bench.md").write_text(md)
     report.chart(result, out / "bench.png")
     print(md)
@@ -318,7 +318,15 @@ def run(args: argparse.Namespace) -> int:
     if args.readme:
         current_docs(Path(args.readme))  # a missing README or marker fails now, not after the run
     if args.from_json:  # before the engine's imports: this only redraws
-        _publish(_read_result(Path(args.from_json)), Path(args.out), args.readme)
+        path = Path(args.from_json)
+        result = _read_result(path)
+        try:
+            _publish(result, Path(args.out), args.readme)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:  # what the file lacks
+            from localspec.errors import ConfigError
+
+            raise ConfigError(f"{path} is not a whole bench result ({type(exc).__name__}: {exc}).",
+                              "Give the bench.json of an earlier `localspec bench` run.") from None
         return 0
     from localspec.bench import anchors, hog, runner
     from localspec.bench import goals as bench_goals
