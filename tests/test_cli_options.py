@@ -124,6 +124,19 @@ def test_bench_from_a_result_missing_its_parts_is_one_line_and_writes_nothing(tm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("content", [b"\xff\xfe{}\n", b"not json\n", b"[1, 2]\n", b'{"a": "x"}\n'])
+@pytest.mark.parametrize("argv", [["router", "train", "{f}", "--no-embedding", "--out", "{dir}/w.json"],
+                                  ["router", "eval", "--tasks", "{f}", "--limit", "1"],
+                                  ["cache", "eval", "--file", "{f}", "--exact-only"]])
+def test_a_hostile_jsonl_file_is_one_line_naming_it(tmp_path, capsys, argv, content):
+    """Bytes that are not UTF-8 were a traceback in all three; any bad line was one in `cache eval`."""
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(content)
+    assert main([a.format(f=path, dir=tmp_path) for a in argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}") and len(err.splitlines()) == 2 and "Traceback" not in err
+
+
 # ---------------------------------------------------------------- one name per option
 
 

@@ -14,7 +14,6 @@ paraphrases served and at most GOAL_FALSE_HIT_RATE of the traps.
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import tempfile
 import time
@@ -51,14 +50,17 @@ def pair_files(split: str) -> list[Path]:
 
 
 def load_pairs(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """The labelled pairs of a JSON-lines file; a file or line that is not one is a ConfigError naming it."""
+    from localspec.errors import ConfigError
+    from localspec.router.tasks import jsonl_rows
+
+    fix = "Each line is a JSON object with texts 'a' and 'b' and the label 'hit' or 'miss'."
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                row = json.loads(line)
-                if row.get("label") not in ("hit", "miss") or not row.get("a") or not row.get("b"):
-                    raise ValueError(f"{path}: each line needs 'a', 'b' and label 'hit' or 'miss'")
-                rows.append(row)
+    for n, row in jsonl_rows(path, "labelled pair", fix):
+        if row.get("label") not in ("hit", "miss") or not isinstance(row.get("a"), str) or not row["a"] \
+                or not isinstance(row.get("b"), str) or not row["b"]:
+            raise ConfigError(f"{path}:{n}: not a valid labelled pair (it needs 'a', 'b' and the label).", fix)
+        rows.append(row)
     return rows[:limit] if limit else rows
 
 

@@ -54,6 +54,9 @@ def jsonl_rows(path: Path, what: str, fix: str) -> Iterator[tuple[int, dict[str,
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise ConfigError(f"Cannot read the {what} file {path}: {exc.strerror or exc}.", fix) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a {what} file: it is not UTF-8 (byte 0x{exc.object[exc.start]:02x} at "
+                          f"offset {exc.start}).", fix) from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
