@@ -445,6 +445,22 @@ def test_bad_serve_flags_are_one_line_errors(capsys):
         assert words in err and "Traceback" not in err and err.startswith("error: "), (argv, err)
 
 
+def test_tls_files_that_are_not_pem_and_a_key_file_that_is_not_text_are_one_line_errors(tmp_path, capsys):
+    """Both were tracebacks: uvicorn's ssl.SSLError ("PEM lib") once the server started, and a
+    UnicodeDecodeError reading the keys."""
+    from localspec.cli import main
+
+    junk, keys = tmp_path / "junk.pem", tmp_path / "keys"
+    junk.write_text("not a certificate\n")
+    keys.write_bytes(b"\xff\xfekey\n")
+    keys.chmod(0o600)
+    for argv, words in ((["--ssl-certfile", str(junk), "--ssl-keyfile", str(junk)], "do not load"),
+                        (["--api-key-file", str(keys)], "is not UTF-8")):
+        assert main(["serve", "--no-pull", "--port", "0", *argv]) == 1
+        err = capsys.readouterr().err
+        assert words in err and err.startswith("error: ") and len(err.splitlines()) == 2, (argv, err)
+
+
 def test_an_unknown_profile_is_refused_before_the_server_starts(monkeypatch, capsys):
     """With --no-pull it started, and every request got the load's 503; from $LOCALSPEC_PROFILE or
     settings.toml the refusal names where it was set."""

@@ -104,6 +104,16 @@ class ServerSettings(BaseModel):
         for label, path in (("certificate", self.ssl_certfile), ("key", self.ssl_keyfile)):
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"The TLS {label} {path} does not exist.", "Give the path of a PEM file.")
+        if self.ssl_certfile is not None and self.ssl_keyfile is not None:
+            import ssl
+
+            try:  # as uvicorn will once the server starts, where a bad file was a traceback
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                    self.ssl_certfile, self.ssl_keyfile, password=lambda: b"")  # never a prompt on the terminal
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError(f"The TLS certificate {self.ssl_certfile} and key {self.ssl_keyfile} do not load "
+                                  f"({getattr(exc, 'reason', None) or exc}).",
+                                  "Give a PEM certificate and its own private key, unencrypted.") from None
 
 
 def read_key_file(path: Path) -> list[str]:
@@ -113,6 +123,9 @@ def read_key_file(path: Path) -> list[str]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"Cannot read the API key file {path}: {exc.strerror}.", "Give a readable file.") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"The API key file {path} is not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}).", "Write one key per line, as text.") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(f"The API key file {path} is readable by other users (mode {stat.S_IMODE(mode):o}).",
                           f"Run `chmod 600 {path}`.")
