@@ -288,6 +288,27 @@ def test_edit_json_and_write_replace_the_file_keeping_a_backup(fresh_srv, tmp_pa
     assert stats["prediction_accepted"] + stats["prediction_rejected"] <= stats["completion_tokens"] + 16
 
 
+def test_a_write_that_fails_is_one_line_and_the_file_and_backup_stay(srv, tmp_path, capsys, monkeypatch):
+    """A full disk (or a read-only folder, a file deleted meanwhile) at --write was a traceback after
+    the whole reply had streamed."""
+    path = tmp_path / "geo.py"
+    path.write_text(FILE)
+    real = os.replace
+
+    def no_space(src, dst):
+        if os.fspath(dst) == str(path):
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", no_space)
+    assert edit(srv, path, "Add type hints", "--write") == 1
+    out, err = capsys.readouterr()
+    assert "+def area(width: float, height: float) -> float:\n" in out  # the reply is not lost
+    assert f"error: Cannot write {path}: No space left on device; it is unchanged" in err and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("  fix: ")
+    assert path.read_text() == FILE and (tmp_path / "geo.py.bak").read_text() == FILE
+
+
 def test_a_partial_reply_is_refused_and_nothing_written(srv, tmp_path, capsys):
     path = tmp_path / "geo.py"
     path.write_text(FILE)

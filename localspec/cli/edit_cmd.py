@@ -333,7 +333,12 @@ def run(args: argparse.Namespace) -> int:
     except NotWholeFile as exc:
         refused = str(exc)
     diff = unified_diff(source.text, new_text, task.name) if new_text is not None else ""
-    backup = write_with_backup(source, new_text) if args.write and new_text is not None and diff else None
+    backup, unwritten = None, None
+    if args.write and new_text is not None and diff:
+        try:
+            backup = write_with_backup(source, new_text)
+        except OSError as exc:  # a full disk, a read-only folder: the reply is still printed, then this
+            unwritten = f"Cannot write {source.path}: {exc.strerror or exc}; it is unchanged"
     if args.json:
         print(json.dumps({
             "file": str(source.path), "changed": bool(diff), "text": new_text, "diff": diff, "refused": refused,
@@ -341,7 +346,8 @@ def run(args: argparse.Namespace) -> int:
             "stats": {**{k: v for k, v in asdict(outcome).items() if k != "reply"},
                       "target_passes": outcome.target_passes, "tokens_per_pass": round(outcome.tokens_per_pass, 3)},
         }, ensure_ascii=False))
-        return 1 if refused else 0
+        _unwritten(unwritten)
+        return 1 if refused or unwritten else 0
     print(summary(outcome), file=sys.stderr)
     if refused:
         print(f"error: not written, the reply is not a whole file: {refused}.", file=sys.stderr)
@@ -350,8 +356,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"No changes to {source.path}.", file=sys.stderr)
         return 0
     sys.stdout.write(coloured(printable(diff)) if sys.stdout.isatty() else diff)
+    if unwritten:
+        _unwritten(unwritten)
+        return 1
     if backup is not None:
         print(f"Wrote {source.path} (the old file is {backup}).", file=sys.stderr)
     else:
         print(f"Not written: add --write to replace {source.path} (a backup is kept).", file=sys.stderr)
     return 0
+
+
+def _unwritten(cause: str | None) -> None:
+    """The one error and fix lines of a --write that failed, after the reply was printed (nothing lost)."""
+    if cause:
+        sys.stdout.flush()
+        print(f"error: {printable(cause)}.", file=sys.stderr)
+        print("  fix: Free space or make the folder writable, then apply the diff above (or run the edit again).",
+              file=sys.stderr)
