@@ -321,6 +321,31 @@ def test_a_report_never_moves_or_creates_what_db_names(tmp_path, capsys, what):
     assert (path.read_bytes() if path.is_file() else None) == contents
 
 
+@pytest.mark.parametrize("args", [[], ["--by", "model"], ["--by", "face"], ["--by", "day"], ["--drift"], ["--json"]])
+def test_rows_another_writer_left_with_values_of_the_wrong_type_are_left_out_and_said(db, capsys, caplog, args):
+    """SQLite keeps whatever a hand edit or another tool writes: text in a numeric column made every
+    report a traceback (int + str)."""
+    with Metrics(db) as m:
+        for i in range(3):
+            m.record(RequestRecord(face="cli", request_id=f"r{i}", completion_tokens=10, decode_tps=20.0,
+                                   target_model="[bold]t[/]"))
+        assert m.flush()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE requests SET decode_tps = 'fast', completion_tokens = 'many' WHERE request_id = 'r1'")
+        conn.execute("UPDATE requests SET drafted_by_position = 'not json' WHERE request_id = 'r2'")
+    conn.close()
+    before = db.read_bytes()
+    assert main(["stats", "--db", str(db), *args]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    [line] = [r.getMessage() for r in caplog.records if "wrong type" in r.getMessage()]  # once, --drift too
+    assert "2 of 3 requests" in line and "column 'completion_tokens' = 'many'" in line and "left out" in line
+    assert "Fix:" in line and "\n" not in line
+    if "--json" in args:
+        assert json.loads(out)["groups"][0]["requests"] == 1
+    assert db.read_bytes() == before
+
+
 def test_a_broken_default_database_gets_a_fix_that_applies_without_db(capsys):
     """The fix read "leave --db out for the one in the data dir" to a user who had left it out."""
     from localspec.metrics import default_db_path

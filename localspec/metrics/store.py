@@ -7,12 +7,13 @@ so the upgrade path is the path every install takes. A file SQLite cannot read i
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from localspec.errors import ConfigError
 from localspec.metrics.record import COLUMNS, RequestRecord
@@ -234,7 +235,45 @@ def fetch_rows(
     )
     lo = since if since is not None else float("-inf")
     hi = until if until is not None else float("inf")
-    return [dict(r) for r in conn.execute(sql, (lo, hi))]
+    rows = [dict(r) for r in conn.execute(sql, (lo, hi))]
+    wrong = [(row, col) for row in rows if (col := _wrong_column(row))]
+    if not wrong:
+        return rows
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    if path not in _SAID:  # once per file: `--drift` reads its windows again
+        _SAID.add(path)
+        row, col = wrong[0]
+        log.warning("%d of %d requests in %s hold values of the wrong type (first: column '%s' = %.40r); they are "
+                    "left out of the report. Fix: none needed, the file is left as it is (a hand edit or another "
+                    "tool wrote them).", len(wrong), len(rows), path, col, row[col])
+    bad = {id(row) for row, _ in wrong}
+    return [row for row in rows if id(row) not in bad]
+
+
+# What each column holds as this version writes it; SQLite keeps whatever another writer put there.
+_KINDS = {name: ("positions" if name.endswith("_by_position") else "text" if hint in (str, str | None) else "number")
+          for name, hint in get_type_hints(RequestRecord).items()}
+_SAID: set[str] = set()
+
+
+def _wrong_column(row: dict[str, Any]) -> str | None:
+    """The first column whose value a report cannot use (None: the row is sound). NULL is every column's default."""
+    for name, kind in _KINDS.items():
+        value = row.get(name)
+        if value is None:
+            continue
+        if kind == "text" and not isinstance(value, str):
+            return name
+        if kind == "number" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return name
+        if kind == "positions":
+            try:
+                parsed = json.loads(value) if value else []
+            except (TypeError, ValueError):
+                return name
+            if not isinstance(parsed, list) or not all(isinstance(n, int) for n in parsed):
+                return name
+    return None
 
 
 _TABLES = ("requests",)  # every version has it; `feedback` came with version 2, and migrating adds it
