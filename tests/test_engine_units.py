@@ -98,6 +98,16 @@ def test_sandboxed_chat_template_refuses_python_internals():
     assert "unsafe" in str(exc.value)
 
 
+@pytest.mark.parametrize("broken", ["{{ x", "{% for m in messages %}{{ m.content }}", "{% endif %}"])
+def test_a_chat_template_that_is_not_jinja_says_so_and_where(broken):
+    """A syntax error in the template (a hand-written `chat_template` file, a bad GGUF) read "Check the
+    messages' roles and order", a fix no message could make, and ended in two full stops."""
+    with pytest.raises(RequestError) as exc:
+        render_chat(broken, [ChatMessage(role="user", content="hi")])
+    assert exc.value.cause.startswith("The chat template is not valid Jinja (line 1: ")
+    assert not exc.value.cause.endswith("..") and "roles" not in exc.value.fix and "without --chat" in exc.value.fix
+
+
 def test_chatml_fallback_renders_generation_prompt():
     text = render_chat(None, [ChatMessage(role="user", content="hi")])
     assert text.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nhi<|im_end|>" in text

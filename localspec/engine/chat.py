@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 import jinja2
-from jinja2 import TemplateError
+from jinja2 import TemplateError, TemplateSyntaxError
 from jinja2.exceptions import SecurityError
 from pydantic import BaseModel, ConfigDict
 
@@ -100,8 +100,15 @@ def render_chat(
             f"The model's chat template tried something unsafe and was refused: {exc}.",
             "Use a GGUF with a trustworthy chat template, or pass a raw prompt instead of messages.",
         ) from exc
+    except TemplateSyntaxError as exc:  # whatever the messages: the template itself is broken
+        raise RequestError(
+            f"The chat template is not valid Jinja (line {exc.lineno}: {str(exc.message or exc).rstrip('.')}).",
+            "Fix the template (a model's settings.chat_template in models.toml) or use another GGUF; a raw "
+            "prompt needs none (`localspec generate` without --chat, /v1/completions).",
+        ) from exc
     except TemplateError as exc:
-        raise RequestError(f"The chat template failed: {exc}.", "Check the messages' roles and order.") from exc
+        raise RequestError(f"The chat template failed: {str(exc).rstrip('.')}.",
+                           "Check the messages' roles and order.") from exc
     except Exception as exc:  # noqa: BLE001 - the template's own bug (`1 + 'a'`): a request error, not a crash
         raise RequestError(
             f"The chat template failed: {type(exc).__name__}: {exc}.",
