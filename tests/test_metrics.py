@@ -346,6 +346,16 @@ def test_rows_another_writer_left_with_values_of_the_wrong_type_are_left_out_and
     assert db.read_bytes() == before
 
 
+def test_names_in_the_log_reach_the_terminal_without_their_escape_sequences(db, capsys):
+    """A model id or profile is any text another writer left: "\x1b[2J" cleared the screen of `stats`."""
+    with Metrics(db) as m:
+        m.record(RequestRecord(face="cli", target_model="[bold]t[/]\x1b[2J\x1b]0;title\x07", completion_tokens=1))
+        assert m.flush()
+    assert main(["stats", "--db", str(db), "--by", "model"]) == 0
+    out = capsys.readouterr().out
+    assert "[bold]t[/]" in out and "\x1b" not in out and "\x07" not in out
+
+
 def test_a_broken_default_database_gets_a_fix_that_applies_without_db(capsys):
     """The fix read "leave --db out for the one in the data dir" to a user who had left it out."""
     from localspec.metrics import default_db_path

@@ -132,6 +132,8 @@ def _summary_table(rows: list[Summary], settings: MetricsSettings, period: str, 
     from rich.markup import escape
     from rich.table import Table
 
+    from localspec.cli.output import printable
+
     t = Table(title=f"localspec requests, {period}", title_justify="left")
     cols: list[tuple[str, JustifyMethod]] = [
         (by or "period", "left"), ("requests", "right"), ("errors", "right"), ("prompt tok", "right"),
@@ -146,7 +148,7 @@ def _summary_table(rows: list[Summary], settings: MetricsSettings, period: str, 
     for name, justify in cols:
         t.add_column(name, justify=justify)
     for s in rows:
-        cells = [escape(s.group), str(s.requests), str(s.errors), str(s.prompt_tokens), str(s.reused_tokens),
+        cells = [escape(printable(s.group)), str(s.requests), str(s.errors), str(s.prompt_tokens), str(s.reused_tokens),
                  str(s.completion_tokens), _fmt(s.tokens_per_second, ".1f"), _fmt(s.ttft_ms, ".0f"),
                  _fmt(s.e2e_ms, ".0f"), _fmt(s.acceptance_rate, ".1%"), _fmt(s.mean_accepted_length, ".2f"),
                  _fmt(s.cache_hit_rate, ".1%"), _fmt(s.feedback_score, "+.2f"), f"{s.compute_s:.1f}"]
