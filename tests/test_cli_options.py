@@ -266,6 +266,16 @@ def test_profiles_say_what_each_needs(capsys):
         assert big["size_basis"] == "estimate" and 18e9 < big["size"] < 22e9
 
 
+def test_a_profile_name_and_description_reach_the_terminal_without_escape_sequences(capsys):
+    """models.toml's profile names and descriptions are any text: "\x1b]0;..." set the window title."""
+    from tests.models_helpers import write_overlay
+
+    write_overlay('[profiles."p\\u001b[2J"]\ntarget = "%s"\ndescription = "d \\u001b]0;title\\u0007"\n' % TARGET_ID)
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "p\ufffd[2J: d \ufffd]0;title\ufffd" in out and "\x1b" not in out and "\x07" not in out
+
+
 def test_the_active_profile_is_marked_and_is_what_a_bare_pull_fetches(monkeypatch, capsys):
     """settings.toml's profile (here $LOCALSPEC_PROFILE) is what serve, chat and generate load: a bare
     `models pull` fetched the registry's default instead, and `profiles` did not say which was in use."""

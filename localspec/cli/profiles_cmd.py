@@ -7,7 +7,7 @@ import argparse
 import textwrap
 from dataclasses import asdict, dataclass
 
-from localspec.cli.output import print_json, text_width
+from localspec.cli.output import print_json, printable, text_width
 
 # Bits per weight of common GGUF quantisations (llama.cpp's figures, rounded): a size estimate for
 # a model that is neither installed nor listed with its file sizes.
@@ -155,5 +155,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json([s.to_dict() for s in statuses])
     else:
-        print(render(statuses))
+        print(printable(render(statuses)))  # names and descriptions from models.toml: any text
     return 0
