@@ -319,9 +319,9 @@ def run(args: argparse.Namespace) -> int:
         current_docs(Path(args.readme))  # a missing README or marker fails now, not after the run
     if args.from_json:  # before the engine's imports: this only redraws
         path = Path(args.from_json)
-        result = _read_result(path)
+        earlier = _read_result(path)
         try:
-            _publish(result, Path(args.out), args.readme)
+            _publish(earlier, Path(args.out), args.readme)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:  # what the file lacks
             from localspec.errors import ConfigError
 
