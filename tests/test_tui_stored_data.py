@@ -313,3 +313,51 @@ async def test_the_models_screen_opens_when_models_toml_cannot_be_read(tmp_path)
         await pilot.press("P")  # pull the active profile: none chosen, so the registry's default
         await wait_for(pilot, lambda: len(_notices(app, "invalid TOML")) == 3, 10, "the pull's refusal")
         assert app.is_running and not app.screen.busy
+
+
+async def test_a_database_another_program_locks_while_the_app_runs_is_a_notice_and_the_message_stays(
+        tmp_path, monkeypatch):
+    """An sqlite3 shell (or a backup) holding chats.sqlite's lock past the busy timeout: sending stopped
+    the app with "database is locked"."""
+    from localspec.tui import store as store_module
+    from localspec.tui.widgets import PromptInput
+
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.05)
+    app = _app(tmp_path, _replaying(["hello"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        holder = sqlite3.connect(_db(tmp_path), isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            await pilot.click("#prompt")
+            await pilot.press("h", "i", "enter")
+            await wait_for(pilot, lambda: _notices(app, "is locked by another program"), 10, "the notice")
+            assert app.is_running and app.query_one("#prompt", PromptInput).text == "hi"  # nothing lost
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        await pilot.press("enter")  # the lock gone: the same message goes
+        await wait_for(pilot, lambda: len(app.store.messages(app.chat_id)) == 2 and not app.generating, 10)
+        assert [m.content for m in app.store.messages(app.chat_id)] == ["hi", "hello"]
+
+
+def test_a_streaming_reply_saves_again_after_another_program_let_the_file_go(tmp_path, monkeypatch):
+    """The partial save runs on the UI thread's frame timer: a lock held past the busy timeout stopped the app."""
+    from localspec.tui import store as store_module
+    from localspec.tui.store import PartialReply
+
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.05)
+    store = ChatStore(_db(tmp_path))
+    chat = store.create_chat()
+    row = store.add_message(chat.id, "assistant", "")
+    partial = PartialReply(store, row.id, every_s=0)
+    holder = sqlite3.connect(_db(tmp_path), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        partial.grew("hel", [])  # not saved, and no exception
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    partial.grew("hello", [])
+    assert store.messages(chat.id)[0].content == "hello"
+    store.close()

@@ -25,7 +25,7 @@ from localspec.tui.backend import Backend, ServerLost
 from localspec.tui.base import ScreenPart
 from localspec.tui.dialogs import ErrorDialog
 from localspec.tui.safe_text import terminal_safe
-from localspec.tui.store import ROLES, PartialReply, interrupted_meta
+from localspec.tui.store import ROLES, ChatStoreBusy, PartialReply, interrupted_meta
 from localspec.tui.streaming import FRAMES_PER_S, ContextTrimmed, Reply, ReplyEnded, ReplyRefused, ServerGone
 from localspec.tui.widgets import MessageView, PromptInput, add_segment, opened_thought, predicted_reply
 
@@ -54,8 +54,12 @@ class Replies(ScreenPart):
             self.app.notify("No models loaded: Ctrl+L opens the models screen.", severity="warning")
             return
         chats = self.screen.chats
-        chat = chats.chat
-        message = self.store.add_message(chat.id, "user", text)
+        try:
+            chat = chats.chat
+            message = self.store.add_message(chat.id, "user", text)
+        except ChatStoreBusy as exc:  # another program holds chats.sqlite: the text stays in the prompt
+            self.app.notify(str(exc), title="Not sent", severity="error", timeout=15)
+            return
         if chat.title == "New chat":
             await chats.rename(chat.id, text.splitlines()[0][:40])
         self.screen.query_one("#prompt", PromptInput).clear()
@@ -208,8 +212,11 @@ class Replies(ScreenPart):
         self.screen.record_reply(done, generation, e2e_ms=(time.perf_counter() - reply.started) * 1000)
         if done.text or done.finish_reason != "cancelled":
             assert view.message_id is not None
-            self.store.update_message(view.message_id, view.content, view.meta)
-            self.store.touch(reply.chat_id)
+            try:
+                self.store.update_message(view.message_id, view.content, view.meta)
+                self.store.touch(reply.chat_id)
+            except ChatStoreBusy as exc:  # the reply stays on screen; its row keeps the last partial save
+                self.app.notify(str(exc), title="Reply not saved", severity="error", timeout=15)
         else:
             self._forget_row(view)
             await view.remove()

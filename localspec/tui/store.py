@@ -138,8 +138,38 @@ def _check_schema(db: sqlite3.Connection) -> None:
             raise _ForeignSchema(f"is not a localspec chat database ({what})")
 
 
+class ChatStoreBusy(LocalspecError):
+    """Another program held the chat database's lock past the busy timeout while the app ran: what the
+    action would have written is not saved, and the app says so instead of stopping."""
+
+
+class _Connection(sqlite3.Connection):
+    """Once the store is open, SQLite's bare "database is locked" becomes a ChatStoreBusy naming the file."""
+
+    path: Path | None = None  # set when the store is open; None while opening, where the store decides
+
+    def execute(self, *args: Any, **kwargs: Any) -> sqlite3.Cursor:
+        try:
+            return super().execute(*args, **kwargs)
+        except sqlite3.OperationalError as exc:
+            raise self._busy_error(exc) from exc
+
+    def commit(self) -> None:
+        try:
+            super().commit()
+        except sqlite3.OperationalError as exc:
+            raise self._busy_error(exc) from exc
+
+    def _busy_error(self, exc: sqlite3.OperationalError) -> Exception:
+        if self.path is None or not _busy(exc):
+            return exc
+        return ChatStoreBusy(f"The chat database {self.path} is locked by another program (another `localspec chat`, "
+                             "a backup, or an sqlite3 shell in a transaction); this was not saved.",
+                             "Let that program finish or close it, then do it again.")
+
+
 def _open(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, factory=_Connection)
     try:
         db.text_factory = _decode
         db.row_factory = sqlite3.Row
@@ -151,6 +181,7 @@ def _open(path: Path) -> sqlite3.Connection:
     except BaseException:
         db.close()
         raise
+    db.path = path
     return db
 
 
@@ -354,7 +385,10 @@ class PartialReply:
 
     def flush(self) -> None:
         self._saved_at = self._clock()
-        self.store.update_message(self.message_id, self._content, interrupted_meta(self._segments))
+        try:
+            self.store.update_message(self.message_id, self._content, interrupted_meta(self._segments))
+        except ChatStoreBusy as exc:  # another program holds the file: the next save (or the last) tries again
+            logging.getLogger(__name__).warning("%s", exc)
 
 
 def _inserted_id(cur: sqlite3.Cursor) -> int:
