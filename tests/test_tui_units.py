@@ -411,6 +411,21 @@ def test_logs_go_to_a_file_not_the_terminal(tmp_path):
         logging.lastResort = saved[2]
 
 
+@pytest.mark.parametrize("blocker", ["file", "dir"])
+def test_a_log_file_that_cannot_be_opened_is_one_line_before_the_app_starts(tmp_path, blocker):
+    """A file where the logs folder goes (or a folder where the log goes) was a traceback at `localspec chat`."""
+    from localspec.errors import LocalspecError
+    from localspec.tui.logsetup import route_logs_to_file
+
+    (tmp_path / "logs").write_text("x") if blocker == "file" else (tmp_path / "logs" / "tui.log").mkdir(parents=True)
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    with pytest.raises(LocalspecError) as err:
+        route_logs_to_file(tmp_path / "logs" / "tui.log")
+    assert root.handlers == saved  # the terminal's logging is left as it was
+    assert "Cannot open the chat app's log file" in err.value.cause and "\n" not in str(err.value)
+
+
 async def test_replies_go_to_the_shared_metrics_log(tmp_path):
     from localspec.metrics import Metrics, fetch_rows, open_reader
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from localspec.errors import LocalspecError
 from localspec.paths import resolve_paths
 
 
@@ -21,12 +22,16 @@ def route_logs_to_file(path: Path | None = None, level: int = logging.INFO) -> P
     from localspec.engine import llama_log
 
     path = path or log_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError as exc:  # a file where the folder goes, a folder where the file goes, no permission
+        raise LocalspecError(f"Cannot open the chat app's log file {path}: {exc.strerror or exc}.",
+                             f"Make {path.parent} a folder you can write to (move aside what is there).") from None
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
-    handler = logging.FileHandler(path, encoding="utf-8")
+    for old in list(root.handlers):
+        root.removeHandler(old)
+        old.close()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(min(root.level, level))
