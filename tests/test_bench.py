@@ -489,3 +489,17 @@ def test_server_pool_keeps_one_server_per_config_and_reports_one_that_fails(tmp_
     assert row == {"suite": "editing", "prompt": 3, "rep": 2, "mode": "llama-server:ngram-simple",
                    "engine": "llama-server", "tokens": 16, "tps": 50.0, "ttft_ms": 5.0, "drafted": 16, "accepted": 8}
     assert all(p.returncode is not None for p in procs)  # stopped and reaped on leaving the block
+
+
+def test_the_bar_counts_a_step_once_it_is_over_so_the_last_one_keeps_its_clock_running():
+    """Each step ticks as it starts: the bar read 7/7 with its clock stopped while the last step (the
+    long prompt's prefill, minutes on a loaded 2-core box) still ran, so the bench looked hung."""
+    from localspec.cli.bench_cmd import progress_bar
+
+    with progress_bar(2) as bar:
+        task = bar._bar.tasks[0]
+        bar.tick("first")
+        assert task.completed == 0 and task.description == "first"
+        bar.tick("last")
+        assert task.completed == 1 and not task.finished  # the last step runs: its clock runs too
+    assert task.completed == 2 and task.finished

@@ -216,17 +216,25 @@ def _known_suites(names: str, plan: BenchPlan) -> list[str]:
 
 
 class ProgressBar:
-    """One progress bar: `tick` counts a finished run, `say` only relabels."""
+    """One progress bar: `tick` names the step that starts and counts the one before it as done (the
+    last is counted when the bar closes); `say` only relabels."""
 
     def __init__(self, bar: Progress, total: int) -> None:
         self._bar = bar
         self._task = bar.add_task("loading models", total=total)
+        self._running = False  # a step has started and is not counted yet
 
     def tick(self, label: str) -> None:
-        self._bar.update(self._task, advance=1, description=label[:42])
+        self._bar.update(self._task, advance=1 if self._running else 0, description=label[:42])
+        self._running = True
 
     def say(self, label: str) -> None:
         self._bar.update(self._task, description=label[:42])
+
+    def close(self) -> None:
+        if self._running:
+            self._bar.update(self._task, advance=1)
+            self._running = False
 
 
 @contextlib.contextmanager
@@ -234,7 +242,9 @@ def progress_bar(total: int) -> Iterator[ProgressBar]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description:<42}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        yield ProgressBar(bar, total)
+        progress = ProgressBar(bar, total)
+        yield progress
+        progress.close()  # the last step is over (not on an exception: it did not finish)
 
 
 def _models(profile: str | None) -> tuple[Path, Path]:
