@@ -104,6 +104,19 @@ def test_generate_attaches_prints_the_same_text_and_a_stats_line(served, loads, 
     assert "accepted" in line and "tokens/pass" in line  # the server's speculation stats, read from the stream
 
 
+def test_a_metrics_log_that_fails_is_said_after_the_stats_line_not_glued_to_the_answer(loads, capsys, monkeypatch):
+    """The warning was printed before the answer's closing newline: "...Paris.warning: request not logged"."""
+    from localspec import metrics
+
+    def broken(*_a, **_kw):
+        raise OSError(17, "File exists")
+
+    monkeypatch.setattr(metrics.Metrics, "from_settings", broken)
+    assert main(["generate", "--no-pull", "--local", "What is the capital of France?"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-2].startswith("[draft] ") and err[-1].startswith("warning: request not logged to metrics")
+
+
 def test_generate_json_attached(served, loads, capsys):
     assert main(["generate", "--no-pull", "--json", "What is the capital of France?"]) == 0
     record = json.loads(capsys.readouterr().out)

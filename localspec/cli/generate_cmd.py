@@ -221,8 +221,11 @@ def _run_local(args: argparse.Namespace, request: GenerationRequest, lora: LoraS
         done = _stream(args, iter(engine.generate(request)))
     finally:
         engine.close()
-    _log_metrics(args, request, done, (time.perf_counter() - t_gen) * 1000, draft_file is not None, draft_file)
-    return _report(args, done, load_s)
+    e2e_ms = (time.perf_counter() - t_gen) * 1000
+    code = _report(args, done, load_s)
+    # After the answer's closing newline and the stats line: a warning here reads as a line of its own.
+    _log_metrics(args, request, done, e2e_ms, draft_file is not None, draft_file)
+    return code
 
 
 def _report(args: argparse.Namespace, done: Done, load_s: float, attached: str | None = None) -> int:
