@@ -361,3 +361,46 @@ def test_a_streaming_reply_saves_again_after_another_program_let_the_file_go(tmp
     partial.grew("hello", [])
     assert store.messages(chat.id)[0].content == "hello"
     store.close()
+
+
+@pytest.mark.parametrize("action", ["new", "rename", "open", "delete", "settings", "f2", "ctrl+s", "theme"])
+async def test_chat_list_actions_while_another_program_locks_the_file_are_a_notice(tmp_path, monkeypatch, action):
+    """New chat, rename, switching chats, delete and saving the chat settings stopped the app too."""
+    from localspec.tui import store as store_module
+    from localspec.tui.dialogs import ConfirmDialog
+
+    _write(tmp_path, _chat_row(title="first"), _chat_row(title="second"))
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.05)
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(app, pilot)
+        chats = app.chat_screen.chats
+        other = 1 if app.chat_id == 2 else 2
+        if action == "delete":  # the dialogs open before the lock is taken; confirming writes
+            chats.ask_delete()
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), 5)
+        elif action == "settings":
+            dialog = await _settings(app, pilot)
+        holder = sqlite3.connect(_db(tmp_path), isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            if action == "new":
+                await chats.new()
+            elif action == "rename":
+                await chats.rename(app.chat_id, "renamed")
+            elif action == "open":
+                await chats.open(other)
+            elif action == "delete":
+                app.screen.dismiss(True)
+            elif action == "settings":
+                dialog.query_one("#save", Button).press()
+            elif action == "theme":
+                app.theme = next(t for t in app.available_themes if t != app.theme)
+            else:  # opening a dialog reads the chat
+                await pilot.press(action)
+            await wait_for(pilot, lambda: _notices(app, "is locked by another program"), 10, "the notice")
+            assert app.is_running
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert sorted(c.title for c in app.store.list_chats()) == ["first", "second"]  # nothing half-done

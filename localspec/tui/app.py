@@ -7,6 +7,7 @@ global keys; the chat screen and its controllers do the rest (see `chat_screen.p
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
+from textual.theme import Theme
 
 from localspec.models import ModelRow
 from localspec.paths import resolve_paths
@@ -23,7 +25,7 @@ from localspec.tui.dialogs import HelpScreen
 from localspec.tui.models_screen import ModelsChanged, ModelsScreen
 from localspec.tui.safe_text import terminal_safe
 from localspec.tui.session_metrics import SessionMetrics
-from localspec.tui.store import ChatParams, ChatStore
+from localspec.tui.store import ChatParams, ChatStore, ChatStoreBusy
 from localspec.tui.widgets import NEWLINE_KEYS
 
 __all__ = ["KEYS", "ChatApp"]
@@ -123,7 +125,13 @@ class ChatApp(App[None]):
         theme = self.store.get_pref("theme")
         if theme and theme in self.available_themes:
             self.theme = theme
-        self.theme_changed_signal.subscribe(self, lambda t: self.store.set_pref("theme", t.name))
+        self.theme_changed_signal.subscribe(self, self._save_theme)
+
+    def _save_theme(self, theme: Theme) -> None:
+        try:
+            self.store.set_pref("theme", theme.name)
+        except ChatStoreBusy as exc:  # another program holds chats.sqlite: the theme applies, unsaved
+            self.notify(str(exc), title="Theme not saved", severity="warning")
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
@@ -145,7 +153,8 @@ class ChatApp(App[None]):
         from localspec.settings import write_profile
 
         self.active_profile = name
-        self.store.set_pref("active_profile", name)  # what older versions read
+        with contextlib.suppress(ChatStoreBusy):  # settings.toml (below) is what counts
+            self.store.set_pref("active_profile", name)  # what older versions read
         try:
             write_profile(name)
         except LocalspecError as exc:

@@ -11,7 +11,7 @@ from localspec.errors import LocalspecError
 from localspec.tui.base import ScreenPart
 from localspec.tui.dialogs import ChatSettingsDialog, ConfirmDialog, TextPrompt
 from localspec.tui.safe_text import terminal_safe
-from localspec.tui.store import Chat, ChatParams, Message, export_chat
+from localspec.tui.store import Chat, ChatParams, ChatStoreBusy, Message, export_chat
 from localspec.tui.widgets import MessageView
 
 if TYPE_CHECKING:
@@ -79,12 +79,20 @@ class Chats(ScreenPart):
                 view.index = i
         self.tell_repairs()
 
+    def _locked(self, exc: ChatStoreBusy) -> None:
+        """Another program holds chats.sqlite: the action did nothing, and says so (the app goes on)."""
+        self.app.notify(str(exc), title="Chat database busy", severity="error", timeout=15)
+
     async def open(self, chat_id: int) -> None:
+        try:
+            messages = self.store.messages(chat_id)
+            self.store.set_pref("last_chat", str(chat_id))
+        except ChatStoreBusy as exc:  # the chat shown stays
+            self._locked(exc)
+            return
         self.chat_id = chat_id
-        self.store.set_pref("last_chat", str(chat_id))
         box = self.screen.query_one("#messages", VerticalScroll)
         await box.remove_children()
-        messages = self.store.messages(chat_id)
         self.earlier, shown = messages[:-PAGE], messages[-PAGE:]
         if self.earlier:
             await box.mount(Button(self._earlier_label(), id="earlier", compact=True))
@@ -116,7 +124,11 @@ class Chats(ScreenPart):
         return f"Show {min(PAGE, len(self.earlier))} earlier messages ({len(self.earlier)} not shown)"
 
     async def rename(self, chat_id: int, title: str) -> None:
-        self.store.rename_chat(chat_id, title)
+        try:
+            self.store.rename_chat(chat_id, title)
+        except ChatStoreBusy as exc:
+            self._locked(exc)
+            return
         self._set_title(title)
         await self.refresh_list()
 
@@ -134,13 +146,21 @@ class Chats(ScreenPart):
         if self.screen.replies.generating:
             self.app.notify(_BUSY, severity="warning")
             return
-        self.chat_id = self.store.create_chat(params=self.app.new_chat_params).id
+        try:
+            self.chat_id = self.store.create_chat(params=self.app.new_chat_params).id
+        except ChatStoreBusy as exc:
+            self._locked(exc)
+            return
         await self.refresh_list()
         await self.open(self.chat_id)
         self.screen.focus_prompt()
 
     def ask_rename(self) -> None:
-        chat = self.chat
+        try:
+            chat = self.chat
+        except ChatStoreBusy as exc:
+            self._locked(exc)
+            return
 
         async def renamed(title: str | None) -> None:
             if title:
@@ -152,14 +172,22 @@ class Chats(ScreenPart):
         if self.screen.replies.generating:
             self.app.notify("Cancel the running reply first (Esc).", severity="warning")
             return
-        chat = self.chat
+        try:
+            chat = self.chat
+        except ChatStoreBusy as exc:
+            self._locked(exc)
+            return
 
         async def confirmed(yes: bool | None) -> None:
             if not yes:
                 return
-            self.store.delete_chat(chat.id)
-            rest = self.store.list_chats()
-            self.chat_id = rest[0].id if rest else self.store.create_chat(params=self.app.new_chat_params).id
+            try:
+                self.store.delete_chat(chat.id)
+                rest = self.store.list_chats()
+                self.chat_id = rest[0].id if rest else self.store.create_chat(params=self.app.new_chat_params).id
+            except ChatStoreBusy as exc:
+                self._locked(exc)
+                return
             await self.refresh_list()
             await self.open(self.chat_id)
             self.app.notify(f"Deleted '{chat.title}'.")
@@ -168,7 +196,11 @@ class Chats(ScreenPart):
                              confirmed)
 
     def export(self) -> None:
-        chat = self.chat
+        try:
+            chat = self.chat
+        except ChatStoreBusy as exc:
+            self._locked(exc)
+            return
         try:
             path = export_chat(chat, self.store.messages(chat.id), self.app.export_dir)
         except OSError as exc:
@@ -177,7 +209,11 @@ class Chats(ScreenPart):
         self.app.notify(f"Exported to {path}", title="Export")
 
     def edit_settings(self) -> None:
-        chat = self.chat
+        try:
+            chat = self.chat
+        except ChatStoreBusy as exc:
+            self._locked(exc)
+            return
         try:
             from localspec.models import ModelManager
 
@@ -189,7 +225,11 @@ class Chats(ScreenPart):
         def saved(result: tuple[str, ChatParams] | None) -> None:
             if result:
                 system_prompt, params = result
-                self.store.update_settings(chat.id, system_prompt, params)
+                try:
+                    self.store.update_settings(chat.id, system_prompt, params)
+                except ChatStoreBusy as exc:
+                    self._locked(exc)
+                    return
                 self.app.notify("Chat settings saved.")
 
         self.app.push_screen(ChatSettingsDialog(chat.system_prompt, chat.params, profiles), saved)

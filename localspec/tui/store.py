@@ -164,7 +164,7 @@ class _Connection(sqlite3.Connection):
         if self.path is None or not _busy(exc):
             return exc
         return ChatStoreBusy(f"The chat database {self.path} is locked by another program (another `localspec chat`, "
-                             "a backup, or an sqlite3 shell in a transaction); this was not saved.",
+                             "a backup, or an sqlite3 shell in a transaction); nothing was changed.",
                              "Let that program finish or close it, then do it again.")
 
 
