@@ -152,17 +152,21 @@ class _Connection(sqlite3.Connection):
         try:
             return super().execute(*args, **kwargs)
         except sqlite3.OperationalError as exc:
-            raise self._busy_error(exc) from exc
+            if (busy := self._busy_error(exc)) is None:
+                raise
+            raise busy from exc
 
     def commit(self) -> None:
         try:
             super().commit()
         except sqlite3.OperationalError as exc:
-            raise self._busy_error(exc) from exc
+            if (busy := self._busy_error(exc)) is None:
+                raise
+            raise busy from exc
 
-    def _busy_error(self, exc: sqlite3.OperationalError) -> Exception:
+    def _busy_error(self, exc: sqlite3.OperationalError) -> ChatStoreBusy | None:
         if self.path is None or not _busy(exc):
-            return exc
+            return None
         return ChatStoreBusy(f"The chat database {self.path} is locked by another program (another `localspec chat`, "
                              "a backup, or an sqlite3 shell in a transaction); nothing was changed.",
                              "Let that program finish or close it, then do it again.")
