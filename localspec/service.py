@@ -24,7 +24,7 @@ from localspec.engine.embedder import Embedder
 from localspec.engine.events import ProgressFn
 from localspec.engine.offload import ALL_LAYERS, OffloadPlanner
 from localspec.engine.scheduler import Engine
-from localspec.errors import ConfigError, LocalspecError
+from localspec.errors import ConfigError, LocalspecError, UsageError
 from localspec.models import ModelManager
 from localspec.models.compat import check_draft_compat, check_lora
 from localspec.models.gguf_info import validate_gguf
@@ -59,7 +59,15 @@ def engine_config(profile_n_ctx: int | None = None, *, model_n_ctx: int | None =
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"Engine setting '{field}': {err['msg']}.", "Correct the flag or settings.toml.") from exc
+        if overrides.get(field) is not None:  # a flag's value: a usage error naming the flag, as --max-tokens 0 is
+            flag = _FLAGS.get(field, f"--{field.replace('_', '-')}")
+            raise UsageError(f"Invalid {flag} {overrides[field]}: {err['msg']}.",
+                             "See the command's --help for the values it takes.") from exc
+        raise ConfigError(f"Engine setting '{field}': {err['msg']}.",
+                          "Correct it in settings.toml (or the model's or profile's entry in models.toml).") from exc
+
+
+_FLAGS = {"n_threads": "--threads"}  # EngineConfig fields whose flag is not the field's name
 
 
 @dataclass(frozen=True)

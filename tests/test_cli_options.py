@@ -69,6 +69,13 @@ def test_an_error_line_shows_control_characters_in_a_name_as_stand_ins(tmp_path,
     assert err.startswith("error: ") and "\ufffd" in err and not any(c in err for c in "\x1b\x07")
 
 
+def test_an_engine_flag_out_of_range_is_a_usage_error_naming_the_flag(capsys):
+    """`--n-ctx 10` was exit status 1 saying "Engine setting 'n_ctx'", where `--max-tokens 0` is 2."""
+    assert main(["generate", "--no-pull", "--local", "--mode", "off", "--n-ctx", "10", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: Invalid --n-ctx 10: ") and len(err.splitlines()) == 2
+
+
 def test_a_keep_alive_that_is_no_duration_is_refused_before_any_model_loads(capsys):
     # An unknown model would fail with status 1 when looked up: 2 means the flag was refused first.
     assert main(["generate", "hi", "--keep-alive", "xyz", "--local", "--no-pull", "--model", "no-such-model"]) == 2
