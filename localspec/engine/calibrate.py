@@ -144,8 +144,8 @@ def measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, seq: i
     """Time target batches up to k_max+1 rows and a draft step. Uses (and clears) sequence `seq`.
 
     A few batch sizes are measured and the rest interpolated. An attempt that fails its checks is
-    retried; if every attempt fails, the last is used but marked UNSETTLED, so it is not saved as
-    this machine's curve: the passes that follow correct it, and then it is saved (see `Costs`).
+    retried; if every attempt fails, the last is used but marked UNSETTLED (so `doctor --calibration`
+    says so): the passes that follow correct it, exploration included (see `Costs`).
     `progress` hears the fraction of measuring rounds done (a retry's rounds pause it).
     """
     sizes = sorted({1, 2, 3, 5, 9, 17, 33, k_max + 1} & set(range(1, k_max + 2)))
@@ -165,7 +165,7 @@ def measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int, seq: i
             break
         last = attempt == attempts or m.over_budget  # too busy to finish once: a second try won't do better
         logger.warning("calibration attempt %d of %d was disturbed (%s)%s", attempt, attempts, "; ".join(m.problems),
-                       "; using it unsaved until real passes correct it" if last else "; retrying")
+                       "; using it, marked unsettled, while real passes correct it" if last else "; retrying")
         if last:
             break
     done = max(done, rounds)  # progress skips what a retry or an early stop left out, never back
@@ -204,13 +204,15 @@ def cache_key(target: ModelRuntime, draft: ModelRuntime | None, k_max: int) -> s
 
 
 # This process's cost curves, by calibration directory and cache key: a reload (an idle unload,
-# keep_alive 0, `stop`) starts from the one its last engine of these models reported. A disturbed
-# calibration is not saved to disk until real passes have corrected it, so every reload on a busy box
-# measured again: 20-26 s before each answer with keep_alive 0 (field test). A new process still gets
-# its chance at a quiet measure. Each is a snapshot no engine learns in: an engine reports copies from
-# its own thread (CostFile.save), and a load copies the snapshot. Copying a curve an engine is still
-# learning in from another thread (two engines of the same models at once) read it half-updated: a
-# shape longer than its weights, which broke every later pass of the engine that started from it.
+# keep_alive 0, `stop`) starts from the one its last engine of these models reported. Without it every
+# reload on a busy box measured again: 20-26 s before each answer with keep_alive 0 (field test). A
+# disturbed calibration is saved too, marked unsettled: kept back until 200 passes had corrected it,
+# every `generate` shorter than that on a busy box measured again, 45 s before its answer (field test),
+# and a wrong start heals by the passes and exploration anyway. Each is a snapshot no engine learns in:
+# an engine reports copies from its own thread (CostFile.save), and a load copies the snapshot. Copying
+# a curve an engine is still learning in from another thread (two engines of the same models at once)
+# read it half-updated: a shape longer than its weights, which broke every later pass of the engine
+# that started from it.
 _MemoKey = tuple[str, str]  # (the calibration directory, or "" for none; the cache key)
 _LEARNED: dict[_MemoKey, Costs] = {}
 _LEARNED_LOCK = threading.Lock()
@@ -229,15 +231,12 @@ class CostFile:
 
     def save(self, learned: Costs, *, every: int = 0) -> bool:
         """Report what the passes taught to this process's memo, and persist it (atomically) once more
-        than `every` passes were learned since the last save; call it from the engine's thread. A disturbed
-        calibration waits until real passes have corrected it before it is written. False when the disk
+        than `every` passes were learned since the last save; call it from the engine's thread. False when the disk
         refused: a read-only or full disk only costs re-learning next time (the memo still follows)."""
         if self.memo is not None and learned.passes != self.passes_remembered:
             _remember(self.memo, learned)
             self.passes_remembered = learned.passes
         if self.path is None or learned.passes - self.passes_saved <= every:
-            return True
-        if learned.obtained is Obtained.UNSETTLED and learned.passes < SAVE_EVERY:
             return True
         try:
             learned.save(self.path)
@@ -271,7 +270,7 @@ def load_or_measure(target: ModelRuntime, draft: ModelRuntime | None, k_max: int
     measured = measure(target, draft, k_max, progress=progress)
     measured.about = f"{target.path.name} + {draft.path.name if draft else 'no draft'}, {target.n_threads} threads"
     logger.info("calibrated in %.1f s", time.perf_counter() - t0)  # faces without on_progress (serve) log it
-    if path and measured.obtained is Obtained.CALIBRATED:
+    if path:  # unsettled too (see _LEARNED): the next process starts from it instead of measuring again
         try:
             measured.save(path)
         except OSError as exc:  # a read-only or full disk only costs a re-measure next time
