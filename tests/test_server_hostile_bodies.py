@@ -391,3 +391,10 @@ def test_a_path_not_served_or_asked_the_wrong_way_says_so_and_what_to_do(served,
     """They were Starlette's bare "Not Found" and "Method Not Allowed": neither the cause nor the fix."""
     r = request(served.base_url, method, path)
     assert r.status_code == status and error_text(r).startswith(said), error_text(r)
+
+
+def test_a_bad_query_parameter_is_named_as_the_client_spelled_it(served):
+    """It was named `query.limit`: FastAPI's part of the request, not a name the client sent."""
+    r = request(served.base_url, "GET", "/v1/responses/resp_x/input_items?limit=abc")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
+    assert r.json()["error"]["message"].startswith("limit: ")

@@ -213,7 +213,9 @@ def field_error(errs: Sequence[Any]) -> tuple[str | None, str]:
     value at that field, each branch's words are joined: "Input should be a valid string, or a valid list",
     not the first branch's alone, which said a string was wanted where a list was as good."""
     def named(err: Any) -> list[Any]:
-        return [p for p in err.get("loc", ()) if p != "body" and not _branch(p)]
+        loc = list(err.get("loc", ()))
+        where = loc[1:] if loc[:1] in (["body"], ["query"], ["path"]) else loc  # FastAPI's part, not the client's name
+        return [p for p in where if not _branch(p)]
 
     first: Any = errs[0] if errs else {"loc": (), "msg": "invalid request"}
     loc = named(first)
