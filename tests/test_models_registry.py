@@ -154,6 +154,17 @@ def test_installed_requires_complete_manifest(tmp_path, tmp_store):  # noqa: F81
     assert mgr.verify("tiny-import") is False
 
 
+def test_a_corrupt_manifest_is_said_once_not_only_a_model_gone(tmp_path, tmp_store, caplog):  # noqa: F811
+    """It read as "not installed" with no word of why: the model was simply gone from every listing."""
+    mgr = ModelManager()
+    rec = mgr.import_file(make_gguf(tmp_path / "m.gguf"), model_id="tiny-torn", role="draft")
+    (rec.path.parent / "manifest.json").write_text("{torn")
+    with caplog.at_level("WARNING"):
+        assert mgr.installed_path("tiny-torn") is None and mgr.installed_path("tiny-torn") is None
+    said = [r.getMessage() for r in caplog.records if "manifest" in r.getMessage()]
+    assert len(said) == 1 and "tiny-torn" in said[0] and "localspec models pull tiny-torn" in said[0]
+
+
 def test_import_unknown_id_writes_overlay(tmp_path, tmp_store):  # noqa: F811
     src = make_gguf(tmp_path / "My Model.Q8.gguf")
     mgr = ModelManager()

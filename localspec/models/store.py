@@ -11,6 +11,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -24,10 +25,12 @@ from typing import Any, BinaryIO
 from localspec.errors import DiskFullError, IntegrityError, LocalspecError
 from localspec.models.registry import check_model_id
 
+logger = logging.getLogger(__name__)
 CHUNK = 4 * 1024 * 1024
 MANIFEST = "manifest.json"
 QUARANTINE_KEEP = 3  # bad files kept per model, newest first
 QUARANTINE_MAX_AGE_S = 7 * 24 * 3600  # and none older than a week
+_UNREADABLE: set[Path] = set()  # manifests already said to be unreadable, in this process
 
 
 @dataclass(frozen=True)
@@ -199,8 +202,15 @@ class Store:
             return Manifest.from_json(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # a corrupt manifest means "not installed"; a pull rewrites it
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # A corrupt manifest means "not installed"; a pull rewrites it. Said once, or the model was
+            # simply gone from every listing with no word of why.
+            if p not in _UNREADABLE:
+                _UNREADABLE.add(p)
+                logger.warning("model %r looks not installed: its manifest %s is unreadable (%s); "
+                               "`localspec models pull %s` installs it again", model_id, p,
+                               type(exc).__name__, model_id)
+            return None
 
     def write_manifest(self, manifest: Manifest) -> Path:
         p = self.manifest_path(manifest.model_id)
