@@ -312,3 +312,18 @@ def test_a_request_over_its_token_budget_is_refused_before_cutting_every_text():
     with pytest.raises(RequestError, match="embeds at most 1000"):
         model.embed(texts, max_tokens=1000, truncate=True)
     assert Counting.cuts <= 4  # 256 tokens a text: the fourth is past 1,000
+
+
+@pytest.mark.parametrize("content_type", [None, "application/octet-stream", "application/x-www-form-urlencoded"])
+def test_a_body_is_read_as_json_whatever_its_content_type_as_ollama_reads_it(served, content_type):
+    """litellm's `ollama/` and `ollama_chat/` send no Content-Type (its async client octet-stream), Ollama's
+    own curl examples curl's form type: Ollama reads the JSON anyway, and each was a 400 here."""
+    import httpx
+
+    body = json.dumps({"model": MODEL, "stream": False, "messages": [{"role": "user", "content": "Greet me."}]})
+    headers = {"Content-Type": content_type} if content_type else {}
+    r = httpx.post(served.base_url + "/api/chat", content=body, headers=headers, timeout=120)
+    assert r.status_code == 200 and r.json()["message"]["content"] == "Hello.", r.text
+    r = httpx.post(served.base_url + "/api/embed", content=json.dumps({"model": EMBEDDER, "input": "hi"}),
+                   headers=headers, timeout=120)
+    assert r.status_code == 200 and len(r.json()["embeddings"]) == 1, r.text

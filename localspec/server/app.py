@@ -26,6 +26,7 @@ from localspec.server.request_ids import RequestId
 from localspec.server.model_store import ManagerStore, ModelStore, NoStore
 from localspec.server.residents import InstalledModels, MemoryProbe, ModelSource, NoModels, system_memory
 from localspec.server.routes import ROUTERS
+from localspec.server.routes.ollama import JsonBodies
 from localspec.server.settings import ServerSettings
 from localspec.server.state import Admission, ServerState
 
@@ -70,6 +71,7 @@ def create_app(settings: ServerSettings | None = None, load: Callable[[ServerSet
     install_errors(app)
     for router in ROUTERS:
         app.include_router(router)
+    app.add_middleware(JsonBodies)  # innermost: Ollama's routes read a body of any Content-Type
     install_guards(app, s)
     return app
 

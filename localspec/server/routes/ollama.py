@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from localspec.engine.events import Done
 from localspec.jobs import Job
@@ -41,6 +42,23 @@ AN_OBJECT = {"schema": {"type": "object"}}
 NDJSON_OR_JSON = {"description": "NDJSON lines (stream true, the default), or one JSON object",
                   "content": {NDJSON: AN_OBJECT, "application/json": AN_OBJECT}}
 RUNNING = "Ollama is running"  # Ollama's answer at its root, which its clients probe before a request
+
+
+class JsonBodies:
+    """Ollama reads a body as JSON whatever its Content-Type says (Go's decoder on the raw bytes):
+    litellm's `ollama/` and `ollama_chat/` send none (`application/octet-stream` from its async
+    client), Ollama's own curl examples send curl's form type. FastAPI reads JSON only under a JSON
+    type, and each of those was a 400, so on Ollama's routes the body is read as JSON whatever its
+    type. A web page's form post is still refused by the host and origin guard, or the key, first."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/api/"):
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
 
 
 class Shape(Enum):
