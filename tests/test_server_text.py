@@ -169,6 +169,9 @@ UNTAGGED = [  # what Qwen2.5-Coder 1.5B wrote for a call at temperature 1, and n
     '```json\n{"name": "forecast", "arguments": {}}\n```',  # a tool not offered: text
     '{"name": "weather"} is how a call looks.',  # not one JSON object: text
     'Use ```json blocks\n```python\nprint(1)\n```',
+    # the template's example, `{{"name": <function-name>, ...}}`, copied with its braces doubled (pydantic-ai's
+    # and openai-agents' tool agents got this from the 1.5B, and saw text)
+    '{{"name": "weather", "arguments": {"city": "Paris"}}}',
 ]
 
 
@@ -177,6 +180,7 @@ UNTAGGED = [  # what Qwen2.5-Coder 1.5B wrote for a call at temperature 1, and n
     (UNTAGGED[1], None, [("weather", {"city": "Paris"})]),
     (UNTAGGED[2], UNTAGGED[2], []),
     (UNTAGGED[3], UNTAGGED[3], []),
+    (UNTAGGED[5], None, [("weather", {"city": "Paris"})]),
     ('{"function": {"name": "weather", "arguments": "{\\"city\\": \\"Rome\\"}"}}', None, [("weather", {"city": "Rome"})]),
     # where the answer has tagged calls, those are its calls: a code block beside them is text
     (f'{CALL} and ```json\n{{"name": "weather", "arguments": {{}}}}\n```',

@@ -42,6 +42,10 @@ ANSWERS = {
     "not-a-call": "<tool_call>not JSON</tool_call> Sorry.",
     "multi-byte": f"Café ☕ {call('Lyon')} ok",
     "lone-surrogate": call("Par\\udfffis"),  # a model wrote an escape JSON allows and no answer can encode
+    # Qwen2.5's template shows a call as `{{"name": ...}}` and the 1.5B copies the braces: pydantic-ai's and
+    # openai-agents' tool agents read that answer as text and stopped
+    "doubled-braces": '{{"name": "weather", "arguments": {"city": "Paris"}}}',
+    "doubled-braces-tagged": '<tool_call>\n{{"name": "weather", "arguments": {"city": "Rome"}}}\n</tool_call>',
 }
 PACED = "Paris is the capital of France, and its largest city by far."
 

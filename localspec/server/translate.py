@@ -493,13 +493,24 @@ def parse_tool_calls(text: str, forced: bool, *, names: Collection[str] = ()) ->
     return (rest.strip() or None), calls
 
 
+def _call_json(blob: str) -> Any:
+    """A call's JSON, or None where it is not JSON (or nested too deep to be a call). Qwen2.5's chat
+    template shows the call as `{{"name": <function-name>, ...}}` (a Jinja string, so the braces stay
+    doubled) and the model copies them: `{{...}}` is read as the object inside."""
+    inner = blob.strip()
+    doubled = inner.startswith("{{") and inner.endswith("}}")
+    for text in (blob, inner[1:-1]) if doubled else (blob,):
+        try:
+            return loads_bounded(text)
+        except ValueError:
+            continue
+    return None
+
+
 def _call(blob: str, names: Collection[str] | None = None) -> ToolCall | None:
     """One call's JSON as a ToolCall: `name` (or `function`, a name or OpenAI's {"name", "arguments"}) and
     `arguments` (or `parameters`); with `names`, only a call of one of them."""
-    try:
-        obj = loads_bounded(blob)
-    except ValueError:  # not JSON, or nested too deep to be a call
-        return None
+    obj = _call_json(blob)
     if not isinstance(obj, dict):
         return None
     if isinstance(obj.get("function"), dict) and "name" not in obj:
