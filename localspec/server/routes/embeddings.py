@@ -52,9 +52,12 @@ def _texts(body: EmbeddingRequest, max_inputs: int) -> list[str]:
     """The texts to embed, or a 400 naming what is wrong with the input."""
     given = [body.input] if isinstance(body.input, str) else body.input
     texts = [t for t in given if isinstance(t, str)]
+    if given and all(isinstance(t, int) or isinstance(t, list) and all(isinstance(i, int) for i in t) for t in given):
+        raise APIError(400, "input holds token ids, which are another tokenizer's (OpenAI's tiktoken), not this "
+                       "server's embedding model's: send the texts themselves (langchain's OpenAIEmbeddings sends "
+                       "ids unless check_embedding_ctx_length=False).", "invalid_value", "input")
     if not texts or len(texts) != len(given):
-        raise APIError(400, "input must be a string or a non-empty list of strings (token ids are not supported).",
-                       "invalid_value", "input")
+        raise APIError(400, "input must be a string or a non-empty list of strings.", "invalid_value", "input")
     if len(texts) > max_inputs:
         raise APIError(400, f"input has {len(texts)} texts; this server embeds at most {max_inputs} "
                        "per request. Send them in several requests.", "too_many_inputs", "input")
