@@ -273,6 +273,27 @@ def test_prose_with_tools_offered_streams_as_the_whole_answer_says_it(model_clie
     assert len(pieces) > 1 and "".join(pieces) == whole.content
 
 
+def test_a_forced_call_with_a_text_format_too_is_the_call(model_client):
+    """instructor's RESPONSES_TOOLS mode forces its one tool and sends the same schema as text.format, and a
+    chat client may send a response_format beside a forced call. OpenAI answers with the call (the format
+    shapes text, which a forced call does not write): here both were a 400."""
+    user = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"], "additionalProperties": False}
+    ask = [{"role": "user", "content": "Extract: John is 30 years old."}]
+    r = model_client.responses.create(
+        model=TARGET_ID, input=ask, max_output_tokens=48, temperature=0,
+        text={"format": {"type": "json_schema", "name": "User", "strict": True, "schema": user}},
+        tool_choice={"type": "function", "name": "User"}, tools=[{"type": "function", "name": "User", "parameters": user}])
+    [call] = r.output
+    assert call.type == "function_call" and call.name == "User" and set(json.loads(call.arguments)) == {"name", "age"}
+    chat = model_client.chat.completions.create(
+        model=TARGET_ID, messages=ask, max_tokens=48, temperature=0, tool_choice="required",
+        response_format={"type": "json_schema", "json_schema": {"name": "User", "schema": user}},
+        tools=[{"type": "function", "function": {"name": "User", "parameters": user}}])
+    [tool_call] = chat.choices[0].message.tool_calls
+    assert set(json.loads(tool_call.function.arguments)) == {"name", "age"}
+
+
 def test_responses_api_round_trip_on_the_real_pair(model_client):
     """/v1/responses on the real model: a forced call's arguments, its output answered after
     previous_response_id, a schema kept through text.format, and a stream equal to the whole answer."""

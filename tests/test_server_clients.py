@@ -38,3 +38,4 @@ def test_token_ids_for_embedding_name_the_setting_that_sends_texts(served, ids):
     assert "token ids" in caught.value.body["message"]
     assert "check_embedding_ctx_length=False" in caught.value.body["message"]
     assert len(client.embeddings.create(model=EMBEDDER, input=["hello", "world"]).data) == 2
+

@@ -342,10 +342,9 @@ def chat_plan(body: ChatCompletionRequest, cap: int, names: FieldNames = CHAT_FI
             schema, tool_mode = _tool_grammar(body, names), "forced"
         else:
             tool_mode = "auto"  # free text; <tool_call> blocks in the answer become tool_calls
-    if body.response_format and body.response_format.type != "text":
-        if schema is not None:
-            raise APIError(400, "response_format cannot be combined with a forced tool call.",
-                           "invalid_value", "response_format")
+    # A forced call's grammar wins: response_format shapes text, and the call writes none (OpenAI takes
+    # both; instructor's RESPONSES_TOOLS mode sends its schema as the format and as the forced tool).
+    if body.response_format and body.response_format.type != "text" and schema is None:
         if body.response_format.type == "json_object":
             schema = SchemaGrammar(JSON_GBNF)
         else:
