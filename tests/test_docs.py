@@ -28,7 +28,7 @@ RUN_DOCS = ["README.md", "docs/clients.md"]  # every bash/python block here is r
 LINKED_DOCS = ["README.md", "SECURITY.md", "packaging/README.md", *sorted(
     p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md"))]
 # Blocks marked `<!-- not run: ... -->`, per file: a new one must be added here, in review's sight.
-EXPECTED_NOT_RUN = {"README.md": 2, "docs/clients.md": 4}
+EXPECTED_NOT_RUN = {"README.md": 2, "docs/clients.md": 5}
 README_MAX_LINES = 150
 BLOCKS = blocks_of(REPO, RUN_DOCS)
 RUNNABLE = [b for b in BLOCKS if b.kind in (Kind.CURL, Kind.PYTHON)]
