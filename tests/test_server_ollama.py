@@ -327,3 +327,6 @@ def test_a_body_is_read_as_json_whatever_its_content_type_as_ollama_reads_it(ser
     r = httpx.post(served.base_url + "/api/embed", content=json.dumps({"model": EMBEDDER, "input": "hi"}),
                    headers=headers, timeout=120)
     assert r.status_code == 200 and len(r.json()["embeddings"]) == 1, r.text
+    # a web page's form post (no CORS preflight) is still refused, by its Origin, not by its type
+    r = httpx.post(served.base_url + "/api/chat", content=body, headers={**headers, "Origin": "http://evil.example"})
+    assert r.status_code == 403 and "evil.example" in r.text
