@@ -14,8 +14,9 @@ pinned verify curve says, so two policies differ only by their choices.
 
 `ceiling`: per answer, the most any policy over the engine's lookup proposal could reach on the curve
 if it knew where each copy ends (each pass drafts any prefix of the proposal, or nothing), beside fixed
-rules (draft k tokens at matches of m or more) and `auto`'s replay: what a first ask can gain by copying
-its prompt and its own answer so far (no draft model, no other question's answer).
+rules (draft k tokens at matches of m or more), `auto`'s replay and llama-server's n-gram drafters
+(`localspec.bench.ngram_rules`): what a first ask can gain by copying its prompt and its own answer so far
+(no draft model, no other question's answer).
 
 Per item and position: lookup's proposal and the prediction's (the engine's own PromptLookupDrafter
 and Prediction), the real Controller's choice, the drafted prefix the answer keeps; a pass of n rows
@@ -44,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localspec.bench.ngram_rules import price_rules
 from localspec.engine.config import GenerationRequest
 from localspec.engine.controller import AcceptanceBook, Controller, Explorer
 from localspec.engine.costs import Costs
@@ -270,6 +272,10 @@ def ceiling_table(items: Sequence[Recorded], costs: Costs, auto: dict[tuple[str,
         for k, m in FIXED_RULES:
             rows[f"k={k} at m>={m}"] = [fixed_rule(i, costs, k=k, min_match=m) for i in mine]
         rows["auto (replay)"] = [auto[suite, "auto"][i.key] for i in mine]
+        # llama-server's n-gram drafters on the same answers and curve: what they draft, not how fast their passes run.
+        for i in mine:
+            for name, priced in price_rules(i.prompt, i.answer, costs.steps).items():
+                rows.setdefault(f"llama.cpp {name}", []).append(priced.speedup)
         lines.append(f"{suite}: " + " ".join(i.key for i in mine))
         lines += [f"  {name:15} median {statistics.median(v):.3f} | " + " ".join(f"{x:.2f}" for x in v)
                   for name, v in rows.items()]
