@@ -503,3 +503,29 @@ def test_the_bar_counts_a_step_once_it_is_over_so_the_last_one_keeps_its_clock_r
         bar.tick("last")
         assert task.completed == 1 and not task.finished  # the last step runs: its clock runs too
     assert task.completed == 2 and task.finished
+
+
+def test_full_plan_interleaves_the_ngram_configurations_p3_weighs_and_runs_the_draft_sweep_apart():
+    """Run apart, a configuration is timed minutes after our modes and its ratio carries the box's drift."""
+    pooled, apart = runner.server_split(runner.full_plan())
+    assert [c["name"] for c in pooled] == ["ngram-simple", "ngram-mod", "ngram-map-k"]
+    assert [c["name"] for c in apart] and all(c["draft"] for c in apart)  # the draft-model sweep
+    goals_pooled, goals_apart = runner.server_split(runner.goals_plan())
+    assert [c["name"] for c in goals_pooled] == ["ngram-simple", "ngram-mod"] and goals_apart == []
+    assert runner.server_split(runner.quick_plan())[0] == []
+
+
+def test_configurations_run_apart_leave_out_target_only_when_the_pool_ran_it(tmp_path):
+    import sys
+
+    from localspec.bench.anchors import llama_server
+
+    binary = tmp_path / "llama-server"
+    binary.write_text(FAKE_SERVER.format(python=sys.executable))
+    binary.chmod(0o755)
+    configs = [{"name": "ngram-simple", "args": ["--spec-type", "ngram-simple"], "draft": False}]
+    prompts = [("editing", 0, "Fix this.")]
+    run = lambda **kw: llama_server(str(binary), tmp_path / "t.gguf", None, configs, prompts, 16, 512, 2,  # noqa: E731
+                                    None, lambda _: None, **kw)
+    assert [r["mode"] for r in run()] == ["llama-server:off", "llama-server:ngram-simple"]
+    assert [r["mode"] for r in run(with_off=False)] == ["llama-server:ngram-simple"]

@@ -145,10 +145,12 @@ def _error(name: str, message: str, pid: int = -1, rep: int = 0) -> dict:
 def llama_server(
     binary: str, target: Path, draft: Path | None, configs: list[dict], prompts: list[tuple[str, int, str]],
     max_tokens: int, n_ctx: int, threads: int | None, template: str | None, tick: Callable[[str], None],
+    *, with_off: bool = True,
 ) -> list[dict]:
-    """Target-only plus each configuration; each is a fresh server process on 127.0.0.1."""
+    """Target-only (unless `with_off` is False: a pool ran it interleaved) plus each configuration; each is a
+    fresh server process on 127.0.0.1."""
     runs: list[dict] = []
-    for cfg in [{"name": "off", "args": [], "draft": False}, *configs]:
+    for cfg in [{"name": "off", "args": [], "draft": False}][: int(with_off)] + list(configs):
         port = _free_port()
         proc = subprocess.Popen(_server_cmd(binary, target, draft, cfg, port, n_ctx, threads),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick",
                    action="store_true", help="a smoke run: a few prompts, 4 modes, no long-context suite (< 5 min)")
     p.add_argument("--plan", choices=["quick", "full", "goals", "predicted"],
-                   help="a named plan: quick (= --quick), full (the default, ~1 h on 2 cores), goals (issue #31's "
+                   help="a named plan: quick (= --quick), full (the default, ~70 min on 2 cores), goals (issue #31's "
                         "P1-P3: editing and code, 256 tokens, 3 repeats, off/lookup/auto and llama-server "
                         "interleaved, <= 30 min on 2 cores) or predicted (issue #26: whole-file edits as off, "
                         "lookup, auto and auto with the file as the prediction, 2 repeats, ~30 min on 2 cores)")
@@ -357,14 +357,14 @@ def run(args: argparse.Namespace) -> int:
     n_anchor = plan.anchor_prompts_per_suite
     anchor_prompts = [(s, i, t) for s, i, t in prompts if n_anchor is None or i < n_anchor]
     server_bin = None if args.no_anchors else anchors.find_llama_server()
-    interleave = bool(server_bin) and plan.interleave_servers
+    pooled, apart = runner.server_split(plan)
+    interleave = bool(server_bin) and bool(pooled)  # else no configuration is pooled: all run apart
     python_anchor = not args.no_anchors and plan.python_anchor
-    n_servers = 1 + len(plan.llama_server_configs)
     total = len(prompts) * len(plan.modes) * plan.repeats + (1 if plan.ttft else 0)
     if interleave:
-        total += len(prompts) * n_servers * plan.repeats
+        total += len(prompts) * (1 + len(pooled)) * plan.repeats + len(prompts) * len(apart)
     elif server_bin:
-        total += len(prompts) * n_servers
+        total += len(prompts) * (1 + len(apart))
     if python_anchor:
         total += len(anchor_prompts)
     if not args.no_memory:
@@ -394,7 +394,7 @@ def run(args: argparse.Namespace) -> int:
             bar.say("starting llama-server")
             # Up (and idle) before the hog and our calibration: its loading is no part of either.
             pool = stack.enter_context(anchors.LlamaServerPool(
-                server_bin, target, draft, plan.llama_server_configs, n_ctx=plan.n_ctx, threads=threads))
+                server_bin, target, draft, pooled, n_ctx=plan.n_ctx, threads=threads))
         cal_dir = calibration_dir()
         hog_proc = None
         if schedule is not None:
@@ -424,9 +424,9 @@ def run(args: argparse.Namespace) -> int:
             runs += anchors.llama_cpp_python_lookup(target, anchor_prompts, plan.max_tokens, plan.n_ctx, plan.threads,
                                                     template, tick)
             checkpoint(runs)
-        if server_bin and not interleave:
-            runs += anchors.llama_server(server_bin, target, draft, plan.llama_server_configs, prompts,
-                                         plan.max_tokens, plan.n_ctx, plan.threads, template, tick)
+        if server_bin and (apart or not interleave):  # target-only runs here unless the pool ran it
+            runs += anchors.llama_server(server_bin, target, draft, apart, prompts, plan.max_tokens, plan.n_ctx,
+                                         plan.threads, template, tick, with_off=not interleave)
         if not args.no_memory:
             result["memory"] = runner.memory_by_mode(plan, tick, calibration_dir=cal_dir if schedule else None)
         if hog_proc is not None and schedule is not None:
