@@ -69,8 +69,7 @@ class Prompter:
         an empty one when told not to think). Asked once per set of variables, of a one-message probe
         chat: a template that refuses it opens none."""
         key = frozenset((variables or {}).items())
-        known = self.known_opens(variables)
-        if known is not None:
+        if (known := self._opens.get(key)) is not None:
             return known
         try:
             text, _ = self._rendered([ChatMessage(role="user", content="Hi.")], None, True, variables=variables)

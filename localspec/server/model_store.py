@@ -132,7 +132,7 @@ class ManagerStore:
         from localspec.models.hub import parse_hub_ref
 
         mm = ModelManager()
-        steps = PullSteps(on_step, pinned=lambda mid: _pinned_sha256(mid))
+        steps = PullSteps(on_step, pinned=_pinned_sha256)
         steps.say(PullPhase.MANIFEST, name)
         if parse_hub_ref(name) is not None:  # a malformed reference raises here, before any download
             model_id = mm.pull_hub(name, progress=steps).record.model_id
